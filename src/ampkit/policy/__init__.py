@@ -1,0 +1,25 @@
+"""Precision policies: one class per family, resolved by name through :mod:`ampkit.policy.registry`."""
+
+from .base import Policy
+from .device import Support
+from .full import FullPrecision, TF32Precision
+from .half import BF16True, BF16TrueMasters, FP16True, FP16TrueMasters
+from .mixed import BF16Mixed, FP16Mixed
+from .registry import ALIASES, POLICIES, get_policy, policy_names
+
+__all__ = [
+    "Policy",
+    "Support",
+    "FullPrecision",
+    "TF32Precision",
+    "BF16Mixed",
+    "FP16Mixed",
+    "BF16True",
+    "FP16True",
+    "BF16TrueMasters",
+    "FP16TrueMasters",
+    "POLICIES",
+    "ALIASES",
+    "get_policy",
+    "policy_names",
+]

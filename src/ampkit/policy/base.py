@@ -1,0 +1,86 @@
+"""The precision-policy interface: a frozen description plus hooks that default to doing nothing.
+
+Each family (full, mixed, half) overrides only the hooks that differ, after Lightning Fabric's precision
+plugins. A policy never holds training state; the engine does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from dataclasses import dataclass, field
+from typing import ClassVar, ContextManager, Literal
+
+import torch
+from torch import nn
+
+from ..errors import UnsupportedPolicyError
+from .device import Support, as_device
+from .islands import make_fp32_island, match_modules
+
+__all__ = ["Policy"]
+
+LossScaling = Literal["none", "dynamic"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Policy:
+    """A precision policy: how the model is stored, how the forward computes, whether the loss is scaled.
+
+    Build one through :func:`ampkit.get_policy`, which resolves aliases:
+
+    >>> import ampkit
+    >>> p = ampkit.get_policy("bf16", keep_fp32=["head"])
+    >>> p.name, p.compute_dtype, p.keep_fp32
+    ('bf16-mixed', torch.bfloat16, ('head',))
+    """
+
+    name: str
+    """Canonical name, e.g. ``"bf16-mixed"``."""
+    keep_fp32: tuple[str | type[nn.Module], ...] = field(default=())
+    """Module names (shell wildcards allowed) or module types that always run in float32."""
+
+    param_dtype: ClassVar[torch.dtype] = torch.float32
+    compute_dtype: ClassVar[torch.dtype | None] = None
+    master_weights: ClassVar[bool] = False
+    loss_scaling: ClassVar[LossScaling] = "none"
+    description: ClassVar[str] = ""
+
+    # -- what a device can do -------------------------------------------------------------------
+    def support(self, device: torch.device | str | None = None) -> Support:
+        """Whether this policy runs on ``device``, whether it is fast there, and why."""
+        return Support(True, True, "runs everywhere")
+
+    def check_device(self, device: torch.device | str | None = None) -> None:
+        """Raise UnsupportedPolicyError, naming an alternative, if ``device`` cannot run this policy."""
+        s = self.support(as_device(device))
+        if not s.supported:
+            raise UnsupportedPolicyError(f"Policy {self.name!r} cannot run on {as_device(device)}: {s.reason}")
+
+    # -- hooks ----------------------------------------------------------------------------------
+    def convert_module(self, module: nn.Module, device_type: str) -> None:
+        """Convert ``module`` in place (parameter identity is kept, so optimizers stay valid)."""
+        for _, island in match_modules(module, self.keep_fp32):
+            make_fp32_island(island, device_type)
+
+    def converted_modules(self, module: nn.Module) -> list[nn.Module]:
+        """The modules whose own parameters :meth:`convert_module` turns 16-bit (none by default)."""
+        return []
+
+    def forward_context(self, device_type: str) -> ContextManager[None]:
+        """The context the forward pass and loss run in."""
+        return contextlib.nullcontext()
+
+    # -- convenience ----------------------------------------------------------------------------
+    def with_keep_fp32(self, *modules: str | type[nn.Module]) -> "Policy":
+        """A copy of this policy that also keeps ``modules`` in fp32.
+
+        >>> import ampkit
+        >>> ampkit.get_policy("16-mixed").with_keep_fp32("decoder.out").keep_fp32
+        ('decoder.out',)
+        """
+        return dataclasses.replace(self, keep_fp32=tuple(self.keep_fp32) + tuple(modules))
+
+    def __str__(self) -> str:
+        return self.name
+

@@ -1,0 +1,56 @@
+"""Full-precision policies: ``32-true`` (plain fp32) and ``tf32`` (fp32 storage, TF32 tensor-core matmuls)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import ClassVar, ContextManager
+
+import torch
+
+from .base import Policy
+from .device import Support, as_device, cuda_tf32_supported
+
+__all__ = ["FullPrecision", "TF32Precision"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class FullPrecision(Policy):
+    """``32-true``: weights, activations and gradients in float32; the reference every other policy is held to."""
+
+    name: str = "32-true"
+    description: ClassVar[str] = "fp32 weights and compute (the reference)"
+
+
+@contextlib.contextmanager
+def _tf32_matmuls() -> Iterator[None]:
+    # set_float32_matmul_precision is process-global, so restore the caller's setting on the way out.
+    previous_matmul = torch.get_float32_matmul_precision()
+    previous_cudnn = torch.backends.cudnn.allow_tf32
+    torch.set_float32_matmul_precision("high")
+    torch.backends.cudnn.allow_tf32 = True
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(previous_matmul)
+        torch.backends.cudnn.allow_tf32 = previous_cudnn
+
+
+@dataclass(frozen=True, kw_only=True)
+class TF32Precision(Policy):
+    """``tf32``: fp32 storage; matmuls and convolutions on TF32 tensor cores (10-bit mantissa). CUDA, Ampere+."""
+
+    name: str = "tf32"
+    description: ClassVar[str] = "fp32 weights, TF32 tensor-core matmuls (CUDA sm80+)"
+
+    def support(self, device: torch.device | str | None = None) -> Support:
+        device = as_device(device)
+        if device.type != "cuda":
+            return Support(False, False, "TF32 is a CUDA tensor-core mode; on CPU use 'bf16-mixed' (AMX) or '32-true'")
+        if not cuda_tf32_supported(device):
+            return Support(False, False, f"{torch.cuda.get_device_name(device)} has no TF32 (needs sm80+); use '16-mixed'")
+        return Support(True, True, "TF32 tensor cores")
+
+    def forward_context(self, device_type: str) -> ContextManager[None]:
+        return _tf32_matmuls()
