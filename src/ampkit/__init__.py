@@ -3,11 +3,18 @@
 __version__ = "0.1.0"
 
 from .errors import AmpkitError, CheckpointError, LossScaleCollapseError, PolicyError, UnsupportedPolicyError
+from .engine import Engine
 from .policy import Policy, get_policy, policy_names
+from .scaling import DynamicLossScaler, LossScaler, ScalerConfig, StaticLossScaler
 
 __all__ = [
     "__version__",
+    "Engine",
     "Policy",
+    "ScalerConfig",
+    "LossScaler",
+    "DynamicLossScaler",
+    "StaticLossScaler",
     "get_policy",
     "policy_names",
     "AmpkitError",

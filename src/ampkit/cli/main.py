@@ -1,0 +1,77 @@
+"""Entry point of the ``ampkit`` command: builds the parser and dispatches to a subcommand module.
+
+Each subcommand lives in its own module (as in Accelerate's CLI) exposing ``register(subparsers)``, which
+adds its parser and sets ``func``: a callable taking the parsed namespace and returning an exit code.
+Adding a command means writing that module and listing it in :data:`SUBCOMMANDS`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from types import ModuleType
+
+import torch
+
+from .. import __version__
+from ..errors import AmpkitError
+from . import env
+
+__all__ = ["main", "build_parser", "SUBCOMMANDS"]
+
+logger = logging.getLogger("ampkit")
+
+SUBCOMMANDS: tuple[ModuleType, ...] = (env,)
+"""Modules that each expose ``register(subparsers) -> None``."""
+
+# Exit code for usage errors and for errors ampkit reports on purpose, as argparse uses for bad arguments.
+EXIT_USAGE = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``ampkit`` parser with every subcommand in :data:`SUBCOMMANDS` registered."""
+    # prog is fixed so help reads "ampkit" under `python -m ampkit` too, not "__main__.py".
+    parser = argparse.ArgumentParser(
+        prog="ampkit",
+        description="Fast, memory-lean and safe mixed-precision training on native PyTorch.",
+    )
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"ampkit {__version__} (torch {torch.__version__})",
+    )
+    subparsers = parser.add_subparsers(title="commands", dest="command", metavar="COMMAND")
+    for module in SUBCOMMANDS:
+        module.register(subparsers)
+    return parser
+
+
+def _one_line(exc: BaseException) -> str:
+    # Messages may span lines; the CLI promises a single "ampkit: error: ..." line that scripts can grep.
+    message = " ".join(part.strip() for part in str(exc).splitlines() if part.strip())
+    return message or type(exc).__name__
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the ``ampkit`` command with ``argv`` (``sys.argv[1:]`` when None) and return its exit code.
+
+    Argument errors, ``--help`` and ``--version`` end through argparse's usual ``SystemExit``. An
+    :class:`~ampkit.errors.AmpkitError` or ``ValueError`` raised by a subcommand is a user error: it is printed
+    as one ``ampkit: error: ...`` line on stderr and gives exit code 2. Anything else is a bug and keeps its
+    traceback.
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func = getattr(args, "func", None)
+    if func is None:
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
+    try:
+        return int(func(args))
+    except (AmpkitError, ValueError) as exc:
+        logger.debug("ampkit %s failed", args.command, exc_info=True)
+        print(f"ampkit: error: {_one_line(exc)}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130  # the shell's convention for SIGINT

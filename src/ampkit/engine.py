@@ -1,0 +1,388 @@
+"""The training-step engine: precision, loss scaling, accumulation, clipping and skipping, inside the user's loop.
+
+    engine = Engine(precision="bf16-mixed", accumulate=4, clip_grad_norm=1.0)
+    model, optimizer = engine.setup(model, optimizer)
+    for x, y in loader:
+        with engine.autocast():
+            loss = criterion(model(x), y)
+        engine.backward(loss)
+        engine.step()            # updates the weights only at the accumulation boundary
+
+Per optimizer step the engine adds no host-device sync beyond the one that decides whether to skip (none at
+all with a fused optimizer and no engine-managed scheduler), and no per-tensor kernel loop: unscaling,
+master-gradient copies and clipping are single foreach launches.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any, ContextManager
+
+import torch
+from torch import nn
+
+from .clipping import clip_grad_norm, clip_grad_value
+from .errors import LossScaleCollapseError
+from .masters import MasterWeights
+from .policy import Policy, get_policy
+from .scaling import DynamicLossScaler, LossScaler, ScalerConfig, StaticLossScaler
+from .scaling.diagnosis import collapse_message, nonfinite_parameters
+from .scaling.kernels import grads_of, unscale_grads_
+
+__all__ = ["Engine"]
+
+log = logging.getLogger("ampkit")
+
+ScalerSpec = "LossScaler | ScalerConfig | str | float | None"
+
+
+def _build_scaler(spec: Any, policy: Policy) -> LossScaler | None:
+    if spec is None:
+        spec = policy.loss_scaling
+    if isinstance(spec, LossScaler):
+        return spec
+    if isinstance(spec, ScalerConfig):
+        return DynamicLossScaler(spec)
+    if isinstance(spec, bool) or not isinstance(spec, (str, int, float)):
+        raise ValueError(f"scaler={spec!r} is not understood; pass 'dynamic', 'none', a float (static scale), a ScalerConfig or a LossScaler.")
+    if isinstance(spec, (int, float)):
+        return StaticLossScaler(float(spec))
+    if spec == "dynamic":
+        return DynamicLossScaler()
+    if spec == "none":
+        return None
+    raise ValueError(f"scaler={spec!r} is not understood; pass 'dynamic', 'none', a float (static scale), a ScalerConfig or a LossScaler.")
+
+
+class Engine:
+    """Runs the precision-sensitive parts of a training step and leaves the loop to the user.
+
+    Args:
+        precision: a policy name or alias (``"bf16-mixed"``, ``"fp16"``, ``"O2"``) or a Policy.
+        accumulate: micro-batches per optimizer step; the loss is divided accordingly.
+        clip_grad_norm: clip the unscaled (master, where they exist) gradients to this total norm.
+        clip_grad_value: clamp unscaled gradients to this absolute value (exclusive with clip_grad_norm).
+        scaler: loss scaling; default: the policy's (dynamic for fp16, none otherwise).
+        skip_nonfinite: skip steps whose gradients hold inf/NaN; default: on when the loss is scaled.
+        keep_fp32: module names or types that run in fp32, added to the policy's.
+
+    >>> model = nn.Linear(4, 1); opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    >>> engine = Engine(precision="bf16-mixed", accumulate=2)
+    >>> model, opt = engine.setup(model, opt)
+    >>> for _ in range(2):
+    ...     with engine.autocast():
+    ...         loss = model(torch.ones(3, 4)).float().pow(2).mean()
+    ...     engine.backward(loss)
+    ...     stepped = engine.step()
+    >>> stepped, engine.steps
+    (True, 1)
+    """
+
+    def __init__(
+        self,
+        precision: str | int | Policy = "32-true",
+        *,
+        accumulate: int = 1,
+        clip_grad_norm: float | None = None,
+        clip_grad_value: float | None = None,
+        scaler: Any = None,
+        skip_nonfinite: bool | None = None,
+        keep_fp32: Sequence[str | type[nn.Module]] = (),
+    ) -> None:
+        self.policy = get_policy(precision, keep_fp32=keep_fp32)
+        if isinstance(accumulate, bool) or not isinstance(accumulate, int) or accumulate < 1:
+            raise ValueError(f"accumulate must be an int >= 1 (micro-batches per optimizer step), got {accumulate!r}.")
+        for arg, value in (("clip_grad_norm", clip_grad_norm), ("clip_grad_value", clip_grad_value)):
+            if value is not None and not (isinstance(value, (int, float)) and value > 0):
+                raise ValueError(f"{arg} must be a positive number or None, got {value!r}.")
+        if clip_grad_norm is not None and clip_grad_value is not None:
+            raise ValueError("Pass clip_grad_norm or clip_grad_value, not both.")
+        self.accumulate = accumulate
+        self.clip_grad_norm = clip_grad_norm
+        self.clip_grad_value = clip_grad_value
+        self.scaler = _build_scaler(scaler, self.policy)
+        if self.scaler is not None and skip_nonfinite is False:
+            raise ValueError("A scaled loss must skip steps whose gradients overflowed; drop skip_nonfinite=False or pass scaler='none'.")
+        self.skip_nonfinite = self.scaler is not None or bool(skip_nonfinite)
+
+        self.device = torch.device("cpu")
+        self.models: list[nn.Module] = []
+        self.optimizers: list[torch.optim.Optimizer] = []
+        self.schedulers: list[Any] = []
+        self.masters: MasterWeights | None = None
+        self._param_names: dict[int, str] = {}
+        # Accumulation position: micro-batches since the epoch (or run) began; epoch length when declared.
+        self._micro = 0
+        self._epoch_len: int | None = None
+        # Step outcome. Device tensors where the answer lives on the device; host mirrors once synced.
+        self.steps = 0
+        self._skipped_total: torch.Tensor | None = None
+        self._last_found: torch.Tensor | None = None
+        self._last_found_host: bool | None = None
+        self._last_norm: torch.Tensor | None = None
+
+    # ------------------------------------------------------------------------------------------ setup
+    def setup(self, models: nn.Module | Sequence[nn.Module], *optimizers: torch.optim.Optimizer, schedulers: Any = None) -> Any:
+        """Apply the policy to the model(s) and adopt the optimizers (and LR schedulers, stepped only on real steps).
+
+        Build the optimizers on the fp32 model and pass them here; for master-weight policies the optimizers'
+        parameters are swapped for fp32 masters. Returns ``(model, *optimizers)``, or the model alone.
+        """
+        if self.models:
+            raise RuntimeError("Engine.setup() was already called; create one Engine per training run.")
+        model_list = [models] if isinstance(models, nn.Module) else list(models) if isinstance(models, (list, tuple)) else []
+        if not model_list or not all(isinstance(m, nn.Module) for m in model_list):
+            raise TypeError(f"setup() takes an nn.Module (or a list of them) first, got {type(models).__name__}.")
+        for opt in optimizers:
+            if not isinstance(opt, torch.optim.Optimizer):
+                raise TypeError(f"setup() takes torch.optim.Optimizer instances after the model, got {type(opt).__name__}.")
+        first = next((p for m in model_list for p in m.parameters()), None)
+        self.device = first.device if first is not None else torch.device("cpu")
+        self.policy.check_device(self.device)
+
+        named = [
+            (f"{i}.{n}" if len(model_list) > 1 else n, p)
+            for i, m in enumerate(model_list)
+            for n, p in m.named_parameters(remove_duplicate=True)
+        ]
+        if self.policy.master_weights:
+            converted = {id(p) for m in model_list for c in self.policy.converted_modules(m) for p in c.parameters(recurse=False)}
+            self.masters = MasterWeights.clone([(n, p) for n, p in named if id(p) in converted], optimizers)
+        for m in model_list:
+            self.policy.convert_module(m, self.device.type)
+        self._param_names = {id(p): n for n, p in named}
+        if self.masters is not None:
+            self._param_names.update({id(m): n for n, m in zip(self.masters.names, self.masters.masters)})
+
+        self.schedulers = self._adopt_schedulers(schedulers, optimizers)
+        if self.scaler is not None:
+            self.scaler.to(self.device)
+        self._skipped_total = torch.zeros((), dtype=torch.int64, device=self.device)
+        self.models, self.optimizers = model_list, list(optimizers)
+        out_model = model_list[0] if isinstance(models, nn.Module) else model_list
+        return (out_model, *optimizers) if optimizers else out_model
+
+    @staticmethod
+    def _adopt_schedulers(schedulers: Any, optimizers: Sequence[torch.optim.Optimizer]) -> list[Any]:
+        if schedulers is None:
+            return []
+        scheds = list(schedulers) if isinstance(schedulers, (list, tuple)) else [schedulers]
+        for s in scheds:
+            if isinstance(s, torch.optim.lr_scheduler.ReduceLROnPlateau):
+                raise TypeError("ReduceLROnPlateau needs a metric: step it yourself, guarded by `not engine.step_was_skipped`.")
+            if not hasattr(s, "step") or getattr(s, "optimizer", None) not in optimizers:
+                raise ValueError("Each scheduler must be an LR scheduler built on one of the optimizers passed to setup().")
+        return scheds
+
+    # ------------------------------------------------------------------------------------------ loop
+    def autocast(self) -> ContextManager[None]:
+        """The context for the forward pass and the loss (autocast for mixed policies, a no-op otherwise)."""
+        return self.policy.forward_context(self.device.type)
+
+    def start_epoch(self, num_micro_batches: int | None = None) -> None:
+        """Declare the micro-batches of the coming epoch, so its last window may be short (``len(loader)``).
+
+        Without it, windows of exactly ``accumulate`` micro-batches run across epochs.
+        """
+        if self._micro % self.accumulate and self._epoch_len is None:
+            raise RuntimeError(
+                f"start_epoch() called with {self._micro % self.accumulate} micro-batch(es) of gradients pending; "
+                "call it at an accumulation boundary, or pass num_micro_batches to the previous start_epoch()."
+            )
+        if num_micro_batches is not None and (isinstance(num_micro_batches, bool) or not isinstance(num_micro_batches, int) or num_micro_batches < 1):
+            raise ValueError(f"num_micro_batches must be a positive int (e.g. len(loader)), got {num_micro_batches!r}.")
+        self._micro = 0
+        self._epoch_len = num_micro_batches
+
+    def _window(self) -> tuple[int, bool]:
+        """(size of the current window, whether the current micro-batch ends it)."""
+        start = self._micro - self._micro % self.accumulate
+        size = self.accumulate if self._epoch_len is None else min(self.accumulate, self._epoch_len - start)
+        return size, self._micro + 1 - start >= size
+
+    @property
+    def is_boundary(self) -> bool:
+        """True when the next ``step()`` ends an accumulation window and updates the weights."""
+        return self._window()[1]
+
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """Backward of ``loss`` divided by the window size and multiplied by the loss scale.
+
+        Call it once or several times (several losses) per micro-batch; ``kwargs`` go to ``Tensor.backward``.
+        """
+        self._require_setup("backward")
+        if not isinstance(loss, torch.Tensor):
+            raise TypeError(f"backward() takes the loss tensor, got {type(loss).__name__}.")
+        size, _ = self._window()
+        if size > 1:
+            loss = loss / size
+        if self.scaler is not None:
+            loss = self.scaler.scale(loss)
+        loss.backward(**kwargs)
+
+    def grad(self, outputs: torch.Tensor, inputs: Sequence[torch.Tensor], create_graph: bool = True) -> tuple[torch.Tensor, ...]:
+        """Unscaled gradients of ``outputs`` w.r.t. ``inputs`` for gradient penalties (double backward).
+
+        The gradients are computed on the scaled loss, so they do not underflow in fp16, then divided by the
+        scale; an overflow shows up as inf in the penalty and the step is skipped. No sync.
+        """
+        self._require_setup("grad")
+        scaled = self.scaler.scale(outputs) if self.scaler is not None else outputs
+        grads = torch.autograd.grad(scaled, list(inputs), create_graph=create_graph)
+        if self.scaler is None:
+            return grads
+        return tuple(torch._foreach_mul(list(grads), self.scaler.inv_scale()))
+
+    def step(self, *optimizers: torch.optim.Optimizer) -> bool:
+        """End a micro-batch; at the window's end, unscale, clip, step (or skip) and zero the gradients.
+
+        Steps the given optimizers (default: all from setup) and updates the loss scale once. Returns True
+        when this call ended a window; whether that step was skipped for overflow is ``step_was_skipped``.
+        """
+        self._require_setup("step")
+        opts = list(optimizers) or self.optimizers
+        unknown = [type(o).__name__ for o in opts if not any(o is s for s in self.optimizers)]
+        if unknown:
+            raise ValueError(f"Optimizer(s) {unknown} were not passed to engine.setup(); pass them there first.")
+        _, boundary = self._window()
+        self._micro += 1
+        if not boundary:
+            return False
+        if self._epoch_len is not None and self._micro >= self._epoch_len:
+            self._micro, self._epoch_len = 0, None  # the declared epoch is over
+        self.steps += 1
+        self._optimizer_step(opts)
+        return True
+
+    def _optimizer_step(self, opts: list[torch.optim.Optimizer]) -> None:
+        if self.masters is not None:
+            self.masters.copy_grads_to_masters()
+        scaler, dev = self.scaler, self.device
+        params = [[p for g in o.param_groups for p in g["params"]] for o in opts]
+        found = [torch.zeros((), dtype=torch.float32, device=dev) for _ in opts] if self.skip_nonfinite else []
+        fused = [scaler is not None and bool(getattr(o, "_step_supports_amp_scaling", False)) for o in opts]
+        clipping = self.clip_grad_norm is not None or self.clip_grad_value is not None
+        unscaled = scaler is not None and (clipping or not all(fused))
+        norms = []
+        for i, ps in enumerate(params):
+            if self.skip_nonfinite:
+                grads = grads_of(ps)
+                if unscaled:
+                    scaler.unscale_(grads, found[i])  # type: ignore[union-attr]
+                elif scaler is not None:
+                    scaler.check_(grads, found[i])  # fused optimizer unscales inside its own kernel
+                else:
+                    unscale_grads_(grads, torch.ones((), device=dev), found[i])  # check only
+            if self.clip_grad_norm is not None:
+                norms.append(clip_grad_norm(ps, self.clip_grad_norm))
+            elif self.clip_grad_value is not None:
+                clip_grad_value(ps, self.clip_grad_value)
+        self._last_norm = torch.linalg.vector_norm(torch.stack(norms)) if norms else None
+
+        # The one sync: a non-fused optimizer has to be told on the host whether to step.
+        host_found = [bool(v) for v in torch.stack(found).tolist()] if found and not all(fused) else None
+        for i, opt in enumerate(opts):
+            if fused[i]:
+                opt.grad_scale = None if unscaled else scaler.scale_tensor  # type: ignore[attr-defined,union-attr]
+                opt.found_inf = found[i]  # type: ignore[attr-defined]
+                try:
+                    opt.step()
+                finally:
+                    del opt.grad_scale, opt.found_inf  # type: ignore[attr-defined]
+            elif host_found is None or not host_found[i]:
+                opt.step()
+        any_found = torch.stack(found).amax() if found else None
+        if scaler is not None:
+            scaler.update(any_found)  # type: ignore[arg-type]
+        self._record_outcome(any_found, host_found)
+        if self._last_found_host is None and self.schedulers:
+            self._last_found_host = bool(any_found.item()) if any_found is not None else False  # schedulers need it
+        # Diagnose while the offending gradients still exist, but finish the step before raising, so a
+        # caller that catches the error holds a consistent model, optimizer and gradient state.
+        collapse = self._collapse_message() if self._last_found_host and scaler is not None else None
+        if self.masters is not None:
+            self.masters.copy_masters_to_model()
+        for s in self.schedulers:
+            if not self._last_found_host and any(s.optimizer is o for o in opts):
+                s.step()
+        self._zero_grad(opts)
+        if collapse is not None:
+            if getattr(getattr(scaler, "config", None), "on_collapse", "raise") == "warn":
+                log.warning(collapse)
+            else:
+                raise LossScaleCollapseError(collapse)
+
+    def _record_outcome(self, any_found: torch.Tensor | None, host_found: list[bool] | None) -> None:
+        self._last_found = any_found
+        self._last_found_host = any(host_found) if host_found is not None else (False if any_found is None else None)
+        if any_found is not None:
+            self._skipped_total.add_((any_found > 0).to(torch.int64))  # type: ignore[union-attr]
+        if self._last_found_host:
+            log.debug("step %d skipped: non-finite gradients", self.steps)
+
+    def _collapse_message(self) -> str | None:
+        reason = self.scaler.collapse_reason() if self.scaler is not None else None
+        if reason is None:
+            return None
+        named = [(self._param_names.get(id(p), "?"), p) for o in self.optimizers for g in o.param_groups for p in g["params"]]
+        return collapse_message(reason, nonfinite_parameters(named), self.policy.name)
+
+    def _zero_grad(self, opts: list[torch.optim.Optimizer]) -> None:
+        for opt in opts:
+            opt.zero_grad(set_to_none=True)
+        if self.masters is not None:
+            for m in self.models:
+                m.zero_grad(set_to_none=True)
+
+    def _require_setup(self, what: str) -> None:
+        if not self.models:
+            raise RuntimeError(f"engine.{what}() called before engine.setup(model, optimizer); call setup() first.")
+
+    # ------------------------------------------------------------------------------------------ outcome
+    @property
+    def step_was_skipped(self) -> bool:
+        """Whether the last optimizer step was skipped for non-finite gradients. May sync once."""
+        if self._last_found_host is None:
+            self._last_found_host = bool(self._last_found.item()) if self._last_found is not None else False
+        return self._last_found_host
+
+    @property
+    def skipped_steps(self) -> int:
+        """Optimizer steps skipped so far. Syncs."""
+        return int(self._skipped_total.item()) if self._skipped_total is not None else 0
+
+    @property
+    def grad_norm(self) -> float | None:
+        """Total norm of the unscaled gradients before clipping, at the last step (with clip_grad_norm). Syncs."""
+        return float(self._last_norm.item()) if self._last_norm is not None else None
+
+    @property
+    def scale(self) -> float | None:
+        """The current loss scale, or None without scaling. Syncs."""
+        return self.scaler.get_scale() if self.scaler is not None else None
+
+    # ------------------------------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """Engine state for exact resume: policy, counters, scaler, masters, pending gradients."""
+        from .checkpoint import engine_state
+
+        return engine_state(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (after setup, with the same policy)."""
+        from .checkpoint import load_engine_state
+
+        load_engine_state(self, state)
+
+    def save(self, path: Any, extra: dict[str, Any] | None = None) -> None:
+        """Write models, optimizers, schedulers, engine state and RNG atomically to ``path``."""
+        from .checkpoint import save_training_state
+
+        save_training_state(self, path, extra)
+
+    def load(self, path: Any) -> dict[str, Any] | None:
+        """Restore everything :meth:`save` wrote; returns its ``extra``. Nothing changes if the file is bad."""
+        from .checkpoint import load_training_state
+
+        return load_training_state(self, path)

@@ -1,0 +1,99 @@
+"""fp32 master weights for a model stored in 16 bits (Apex O2's recipe).
+
+The masters are cloned from the fp32 parameters *before* the model is cast down, so no precision is lost,
+and they replace the 16-bit parameters inside the optimizers' param groups: the optimizer steps fp32 values
+and keeps fp32 state, and the 16-bit model is refreshed from them after each step. Gradients travel
+16-bit -> fp32 through one ``torch._foreach_copy_`` launch, weights fp32 -> 16-bit through another; master
+gradients live in persistent buffers that are overwritten, not reallocated, at every optimizer step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import torch
+from torch import nn
+
+__all__ = ["MasterWeights"]
+
+
+class MasterWeights:
+    """Pairs each 16-bit model parameter with the fp32 master the optimizer steps.
+
+    >>> model = nn.Linear(2, 2); opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    >>> masters = MasterWeights.clone(model.named_parameters(), [opt])
+    >>> _ = model.to(torch.bfloat16)  # the policy casts the model after cloning
+    >>> opt.param_groups[0]["params"][0].dtype
+    torch.float32
+    """
+
+    def __init__(self, pairs: Sequence[tuple[str, nn.Parameter, nn.Parameter]]) -> None:
+        self.names = [name for name, _, _ in pairs]
+        self.model_params = [p for _, p, _ in pairs]
+        self.masters = [m for _, _, m in pairs]
+        self._grad_buffers = [torch.empty_like(m) for m in self.masters]
+
+    @classmethod
+    def clone(cls, named_params: Iterable[tuple[str, nn.Parameter]], optimizers: Sequence[torch.optim.Optimizer]) -> "MasterWeights":
+        """Clone fp32 masters of ``named_params`` that the optimizers hold, and put them in the optimizers."""
+        optimized = {id(p) for opt in optimizers for g in opt.param_groups for p in g["params"]}
+        pairs: list[tuple[str, nn.Parameter, nn.Parameter]] = []
+        swap: dict[int, nn.Parameter] = {}
+        for name, p in named_params:
+            if id(p) in swap or id(p) not in optimized or not p.is_floating_point():
+                continue
+            master = nn.Parameter(p.detach().to(torch.float32, copy=True), requires_grad=p.requires_grad)
+            swap[id(p)] = master
+            pairs.append((name, p, master))
+        for opt in optimizers:
+            for group in opt.param_groups:
+                group["params"] = [swap.get(id(p), p) for p in group["params"]]
+            # State created before setup (rare) follows its parameter to the master.
+            for old_id, master in swap.items():
+                for key in [k for k in opt.state if id(k) == old_id]:
+                    opt.state[master] = opt.state.pop(key)
+        return cls(pairs)
+
+    def __len__(self) -> int:
+        return len(self.masters)
+
+    def copy_grads_to_masters(self) -> None:
+        """Give each master the fp32 copy of its model parameter's gradient (None where that is None)."""
+        src: list[torch.Tensor] = []
+        dst: list[torch.Tensor] = []
+        for p, m, buf in zip(self.model_params, self.masters, self._grad_buffers):
+            g = p.grad
+            if g is None:
+                m.grad = None
+            elif g.is_sparse:
+                m.grad = g.to(torch.float32)  # rare: sparse grads cannot share a dense buffer
+            else:
+                if m.grad is not buf:
+                    m.grad = buf
+                src.append(g)
+                dst.append(buf)
+        if src:
+            torch._foreach_copy_(dst, src)
+
+    @torch.no_grad()
+    def copy_masters_to_model(self) -> None:
+        """Refresh the 16-bit model from the masters (harmless after a skipped step: masters are unchanged)."""
+        if self.masters:
+            torch._foreach_copy_(self.model_params, self.masters)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """fp32 master values by model parameter name (Apex lost these, so O2 resumes spiked)."""
+        return {name: m.detach().clone() for name, m in zip(self.names, self.masters)}
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Restore masters by name and refresh the model from them; raises KeyError/ValueError on mismatch."""
+        missing = [n for n in self.names if n not in state]
+        unexpected = [n for n in state if n not in set(self.names)]
+        if missing or unexpected:
+            raise ValueError(f"master weights do not match this model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        for name, m in zip(self.names, self.masters):
+            if state[name].shape != m.shape:
+                raise ValueError(f"master weight {name!r} has shape {tuple(state[name].shape)}, model has {tuple(m.shape)}")
+        torch._foreach_copy_(self.masters, [state[n].to(m.device) for n, m in zip(self.names, self.masters)])
+        self.copy_masters_to_model()

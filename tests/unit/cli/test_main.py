@@ -1,0 +1,98 @@
+"""Tests for the ``ampkit`` entry point: version, help, error reporting and ``python -m ampkit``."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import ampkit
+from ampkit.cli import env as env_cmd
+from ampkit.cli.main import main
+from ampkit.errors import AmpkitError, PolicyError
+
+VERSION_LINE = f"ampkit {ampkit.__version__} (torch {torch.__version__})"
+
+
+def test_version_prints_ampkit_and_torch(capsys: pytest.CaptureFixture[str]) -> None:
+    # argparse's version action exits by itself, with status 0.
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.strip() == VERSION_LINE
+
+
+def test_no_subcommand_prints_help_and_returns_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 2
+    captured = capsys.readouterr()
+    assert "usage: ampkit" in captured.err
+    assert "env" in captured.err
+
+
+def test_unknown_subcommand_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["no-such-command"])
+    assert info.value.code == 2
+    assert "invalid choice" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "error",
+    [AmpkitError("boom"), PolicyError("boom"), ValueError("boom")],
+    ids=["AmpkitError", "PolicyError", "ValueError"],
+)
+def test_user_errors_become_one_stderr_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], error: Exception
+) -> None:
+    def failing(args: argparse.Namespace) -> int:
+        raise error
+
+    monkeypatch.setattr(env_cmd, "run", failing)
+    assert main(["env"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == "ampkit: error: boom\n"
+    assert "Traceback" not in captured.err
+    assert captured.out == ""
+
+
+def test_multiline_error_is_joined_onto_one_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    def failing(args: argparse.Namespace) -> int:
+        raise AmpkitError("first line\n  second line\n")
+
+    monkeypatch.setattr(env_cmd, "run", failing)
+    assert main(["env"]) == 2
+    assert capsys.readouterr().err == "ampkit: error: first line second line\n"
+
+
+def test_real_policy_error_message_reaches_stderr(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # An error from ampkit itself, not a stand-in: the message keeps its "Did you mean" hint.
+    def failing(args: argparse.Namespace) -> int:
+        ampkit.get_policy("01")
+        return 0
+
+    monkeypatch.setattr(env_cmd, "run", failing)
+    assert main(["env"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ampkit: error: Unknown precision '01'. Did you mean 'O1'?")
+    assert err.count("\n") == 1
+
+
+def test_bugs_keep_their_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Only user errors are softened; an unexpected exception must surface as itself.
+    def failing(args: argparse.Namespace) -> int:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(env_cmd, "run", failing)
+    with pytest.raises(RuntimeError, match="a bug"):
+        main(["env"])
+
+
+def test_python_dash_m_ampkit_version() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "ampkit", "--version"], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == VERSION_LINE

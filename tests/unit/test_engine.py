@@ -1,0 +1,572 @@
+"""Engine tests: each numeric claim is checked against a control run with identical weights and data.
+
+The control is the hand-written torch.amp loop that torch documents (autocast + GradScaler + unscale_ before
+clipping); the treatment is the same run through ampkit.Engine. Where the recipes match, parameters must match
+bitwise, and the loss scale exactly.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import ampkit
+from ampkit import Engine, LossScaleCollapseError, ScalerConfig
+
+INF = float("inf")
+
+
+def mlp(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.ReLU(), nn.Linear(16, 3))
+
+
+def batches(n: int, size: int = 8, seed: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(size, 8, generator=g), torch.randint(0, 3, (size,), generator=g)) for _ in range(n)]
+
+
+def loss_fn(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(out.float(), y)
+
+
+def assert_params_equal(a: nn.Module, b: nn.Module) -> None:
+    for (name, p), q in zip(a.named_parameters(), b.parameters()):
+        assert torch.equal(p, q), f"parameter {name} differs"
+
+
+def poison_grad(model: nn.Module) -> None:
+    """Put an inf into the first layer's weight gradient, as an fp16 overflow would."""
+    model[0].weight.grad[0, 0] = INF
+
+
+# ------------------------------------------------------------------------------------- control vs treatment
+@pytest.mark.parametrize("fused", [False, True], ids=["sgd", "fused-adamw"])
+@pytest.mark.parametrize("clip", [None, 0.5])
+def test_16_mixed_matches_gradscaler_loop_bitwise(fused: bool, clip: float | None) -> None:
+    """Injected overflows at known steps: same skips, same scale, bitwise-equal parameters as torch's loop."""
+    k, steps, poisoned = 2, 12, {3, 4, 9}
+    cfg = dict(init_scale=2.0**10, growth_interval=3)
+
+    def make_opt(m: nn.Module) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(m.parameters(), lr=1e-2, fused=True) if fused else torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+
+    control = mlp()
+    c_opt = make_opt(control)
+    gs = torch.amp.GradScaler("cpu", **cfg)
+    treat = mlp()
+    engine = Engine("16-mixed", accumulate=k, clip_grad_norm=clip, scaler=ScalerConfig(**cfg, min_scale=2.0**-20))
+    treat, t_opt = engine.setup(treat, make_opt(treat))
+
+    data = batches(steps * k)
+    skipped = 0
+    for step in range(steps):
+        for j in range(k):
+            x, y = data[step * k + j]
+            with torch.autocast("cpu", dtype=torch.float16):
+                c_loss = loss_fn(control(x), y)
+            gs.scale(c_loss / k).backward()
+            with engine.autocast():
+                t_loss = loss_fn(treat(x), y)
+            engine.backward(t_loss)
+            if j == k - 1 and step in poisoned:
+                poison_grad(control)
+                poison_grad(treat)
+            if j == k - 1:
+                if clip is not None:
+                    gs.unscale_(c_opt)
+                    torch.nn.utils.clip_grad_norm_(control.parameters(), clip)
+                gs.step(c_opt)
+                gs.update()
+                c_opt.zero_grad(set_to_none=True)
+            assert engine.step() is (j == k - 1)
+        skipped += step in poisoned
+        assert engine.step_was_skipped is (step in poisoned)
+        assert engine.scale == gs.get_scale(), f"scale differs after step {step}"
+        assert_params_equal(treat, control)
+    assert engine.steps == steps and engine.skipped_steps == skipped
+    # Independent of both implementations: 2^10, grown once per 3 clean steps in a row, halved per overflow.
+    expected, clean = 2.0**10, 0
+    for step in range(steps):
+        if step in poisoned:
+            expected, clean = expected * 0.5, 0
+        else:
+            clean += 1
+            if clean == 3:
+                expected, clean = expected * 2, 0
+    assert engine.scale == expected
+
+
+def test_bf16_mixed_matches_autocast_loop_bitwise() -> None:
+    control, treat = mlp(), mlp()
+    c_opt = torch.optim.AdamW(control.parameters(), lr=1e-2)
+    engine = Engine("bf16", clip_grad_norm=1.0)
+    treat, t_opt = engine.setup(treat, torch.optim.AdamW(treat.parameters(), lr=1e-2))
+    assert engine.scaler is None
+    for x, y in batches(10):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = loss_fn(control(x), y)
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(control.parameters(), 1.0)
+        c_opt.step()
+        c_opt.zero_grad()
+        with engine.autocast():
+            loss = loss_fn(treat(x), y)
+        engine.backward(loss)
+        engine.step()
+        assert engine.grad_norm == norm.item()
+        assert_params_equal(treat, control)
+
+
+def test_several_optimizers_and_losses_skip_per_optimizer_like_gradscaler() -> None:
+    """Two models, two losses, two optimizers; an overflow in one model's grads skips only its optimizer."""
+    cfg = dict(init_scale=2.0**8, growth_interval=4)
+    ca, cb, ta, tb = mlp(0), mlp(1), mlp(0), mlp(1)
+    ca_opt, cb_opt = torch.optim.SGD(ca.parameters(), lr=0.1), torch.optim.SGD(cb.parameters(), lr=0.1)
+    gs = torch.amp.GradScaler("cpu", **cfg)
+    engine = Engine("16-mixed", scaler=ScalerConfig(**cfg))
+    (ta, tb), ta_opt, tb_opt = engine.setup([ta, tb], torch.optim.SGD(ta.parameters(), lr=0.1), torch.optim.SGD(tb.parameters(), lr=0.1))
+    for step, (x, y) in enumerate(batches(8)):
+        with torch.autocast("cpu", dtype=torch.float16):
+            l0, l1 = loss_fn(ca(x), y), loss_fn(cb(x), y)
+        gs.scale(l0).backward()
+        gs.scale(l1).backward()
+        with engine.autocast():
+            m0, m1 = loss_fn(ta(x), y), loss_fn(tb(x), y)
+        engine.backward(m0)
+        engine.backward(m1)
+        if step == 2:
+            poison_grad(cb)
+            poison_grad(tb)
+        gs.step(ca_opt)
+        gs.step(cb_opt)
+        gs.update()
+        ca_opt.zero_grad()
+        cb_opt.zero_grad()
+        engine.step()
+        assert engine.scale == gs.get_scale()
+        assert_params_equal(ta, ca)
+        assert_params_equal(tb, cb)
+    assert engine.skipped_steps == 1
+
+
+# ------------------------------------------------------------------------------------- accumulation
+def test_accumulation_equals_one_big_batch_in_fp32() -> None:
+    """k micro-batches of b give the gradients of one batch of k*b (fp32, 1e-6 relative)."""
+    k, b = 4, 8
+    control, treat = mlp(), mlp()
+    engine = Engine("32-true", accumulate=k)
+    treat, opt = engine.setup(treat, torch.optim.SGD(treat.parameters(), lr=0.5))
+    c_opt = torch.optim.SGD(control.parameters(), lr=0.5)
+    data = batches(3 * k, size=b)
+    for step in range(3):
+        chunk = data[step * k : (step + 1) * k]
+        x = torch.cat([c[0] for c in chunk])
+        y = torch.cat([c[1] for c in chunk])
+        loss_fn(control(x), y).backward()
+        for j, (xb, yb) in enumerate(chunk):
+            engine.backward(loss_fn(treat(xb), yb))
+            if j == k - 1:
+                for p, q in zip(treat.parameters(), control.parameters()):
+                    torch.testing.assert_close(p.grad, q.grad, rtol=1e-6, atol=1e-7)
+            engine.step()
+        c_opt.step()
+        c_opt.zero_grad()
+        for p, q in zip(treat.parameters(), control.parameters()):
+            torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
+    assert engine.steps == 3
+
+
+def test_short_last_window_is_divided_by_its_own_length() -> None:
+    """10 micro-batches with accumulate=4: windows of 4, 4 and 2, each the mean over its own samples."""
+    control, treat = mlp(), mlp()
+    engine = Engine("32-true", accumulate=4)
+    treat, _ = engine.setup(treat, torch.optim.SGD(treat.parameters(), lr=0.5))
+    c_opt = torch.optim.SGD(control.parameters(), lr=0.5)
+    data = batches(10)
+    engine.start_epoch(len(data))
+    boundaries = []
+    for i, (x, y) in enumerate(data):
+        engine.backward(loss_fn(treat(x), y))
+        if engine.step():
+            boundaries.append(i)
+    for lo, hi in ((0, 4), (4, 8), (8, 10)):
+        x = torch.cat([d[0] for d in data[lo:hi]])
+        y = torch.cat([d[1] for d in data[lo:hi]])
+        loss_fn(control(x), y).backward()
+        c_opt.step()
+        c_opt.zero_grad()
+    assert boundaries == [3, 7, 9]
+    for p, q in zip(treat.parameters(), control.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
+    # The next epoch starts a fresh window.
+    engine.start_epoch(2)
+    assert engine.is_boundary is False
+
+
+def test_windows_run_across_epochs_without_start_epoch() -> None:
+    engine = Engine(accumulate=3)
+    model, _ = engine.setup(mlp(), torch.optim.SGD(mlp().parameters(), lr=0.1))
+    ends = []
+    for i, (x, y) in enumerate(batches(7)):
+        engine.backward(loss_fn(model(x), y))
+        ends.append(engine.step())
+    assert ends == [False, False, True, False, False, True, False]
+    with pytest.raises(RuntimeError, match="pending"):
+        engine.start_epoch(5)
+
+
+# ------------------------------------------------------------------------------------- clipping, schedulers
+def test_clipping_sees_unscaled_gradients() -> None:
+    """The grad norm under 16-mixed (scale 2^16) equals the fp32 control's within fp16 tolerance."""
+    norms = {}
+    for precision in ("32-true", "16-mixed"):
+        engine = Engine(precision, clip_grad_norm=1e-3)
+        model = mlp()
+        model, _ = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        x, y = batches(1)[0]
+        with engine.autocast():
+            loss = loss_fn(model(x), y)
+        engine.backward(loss)
+        engine.step()
+        norms[precision] = engine.grad_norm
+    assert norms["16-mixed"] == pytest.approx(norms["32-true"], rel=1e-2)
+    assert 1e-3 < norms["32-true"] < 1e3  # a real norm, not the 2^16-scaled one
+
+
+def test_scheduler_does_not_advance_on_a_skipped_step() -> None:
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5**s)
+    engine = Engine("16-mixed")
+    model, opt = engine.setup(model, opt, schedulers=sched)
+    for step, (x, y) in enumerate(batches(5)):
+        with engine.autocast():
+            loss = loss_fn(model(x), y)
+        engine.backward(loss)
+        if step in (0, 3):
+            poison_grad(model)
+        engine.step()
+    assert engine.skipped_steps == 2
+    assert sched.last_epoch == 3  # 5 steps, 2 skipped
+    assert opt.param_groups[0]["lr"] == 0.5**3
+
+
+# ------------------------------------------------------------------------------------- master weights
+def test_masters_match_a_hand_written_master_weight_loop_bitwise() -> None:
+    """bf16 model + fp32 masters + fp32 LayerNorm, against the same recipe written out by hand."""
+    # Control: fp32 masters `ref`, a bf16 working copy `work` with its LayerNorm left in fp32.
+    ref = mlp()
+    work = copy.deepcopy(ref)
+    work[0].to(torch.bfloat16)
+    work[3].to(torch.bfloat16)
+    c_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+
+    def work_forward(x: torch.Tensor) -> torch.Tensor:
+        h = work[0](x.to(torch.bfloat16))
+        h = work[1](h.float()).to(torch.bfloat16)
+        return work[3](work[2](h)).float()
+
+    engine = Engine("bf16-true-masters")
+    treat = mlp()
+    treat, t_opt = engine.setup(treat, torch.optim.AdamW(treat.parameters(), lr=1e-2))
+    assert {p.dtype for g in t_opt.param_groups for p in g["params"]} == {torch.float32}
+    assert treat[0].weight.dtype == torch.bfloat16 and treat[1].weight.dtype == torch.float32
+
+    for x, y in batches(6):
+        loss_fn(work_forward(x), y).backward()
+        for p_ref, p_work in zip(ref.parameters(), work.parameters()):
+            p_ref.grad = p_work.grad.float()
+        c_opt.step()
+        c_opt.zero_grad()
+        work.zero_grad()
+        with torch.no_grad():
+            for p_ref, p_work in zip(ref.parameters(), work.parameters()):
+                p_work.copy_(p_ref)
+
+        with engine.autocast():
+            loss = loss_fn(treat(x), y)
+        engine.backward(loss)
+        engine.step()
+        assert_params_equal(treat, work)
+        for m, p_ref in zip(engine.masters.masters, [p for i in (0, 3) for p in ref[i].parameters()]):
+            assert torch.equal(m, p_ref)
+
+
+def test_masters_keep_updates_that_16_bit_weights_round_away() -> None:
+    """An update far below bf16's resolution vanishes in bf16-true and survives in the masters.
+
+    d(mean(x @ w))/dw = 1 for x = ones, so 50 SGD steps of lr 1e-5 move each weight by 5e-4 < 2^-8.
+    """
+    results = {}
+    for precision in ("bf16-true", "bf16-true-masters"):
+        model = nn.Sequential(nn.Linear(8, 1, bias=False))
+        nn.init.constant_(model[0].weight, 1.0)
+        engine = Engine(precision)
+        model, opt = engine.setup(model, torch.optim.SGD(model.parameters(), lr=1e-5))
+        for _ in range(50):
+            engine.backward(model(torch.ones(4, 8)).mean())
+            engine.step()
+        results[precision] = model[0].weight.float() if engine.masters is None else engine.masters.masters[0]
+    assert torch.equal(results["bf16-true"], torch.ones(1, 8))  # every update rounded away
+    torch.testing.assert_close(results["bf16-true-masters"], torch.full((1, 8), 1 - 50 * 1e-5), rtol=0, atol=1e-6)
+
+
+def test_16_true_masters_trains_like_fp32() -> None:
+    final = {}
+    for precision in ("32-true", "16-true-masters"):
+        model = mlp()
+        engine = Engine(precision, clip_grad_norm=5.0)
+        model, _ = engine.setup(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
+        data = batches(4, size=32)
+        for epoch in range(10):
+            for x, y in data:
+                with engine.autocast():
+                    loss = loss_fn(model(x), y)
+                engine.backward(loss)
+                engine.step()
+        final[precision] = loss.item()
+    assert final["16-true-masters"] == pytest.approx(final["32-true"], rel=0.05)
+    assert final["32-true"] < 0.9  # it did learn (chance is ln 3 = 1.10)
+
+
+# ------------------------------------------------------------------------------------- penalties, sparse
+def test_gradient_penalty_matches_torch_recipe_bitwise() -> None:
+    """Double backward under scaling: engine.grad() returns unscaled gradients, as torch's documented recipe."""
+    cfg = dict(init_scale=2.0**12)
+    control, treat = mlp(), mlp()
+    c_opt = torch.optim.SGD(control.parameters(), lr=0.1)
+    gs = torch.amp.GradScaler("cpu", **cfg)
+    engine = Engine("16-mixed", scaler=ScalerConfig(**cfg))
+    treat, _ = engine.setup(treat, torch.optim.SGD(treat.parameters(), lr=0.1))
+    for x, y in batches(4):
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = loss_fn(control(x), y)
+        scaled = torch.autograd.grad(gs.scale(loss), list(control.parameters()), create_graph=True)
+        inv = 1.0 / gs.get_scale()
+        unscaled = [g * inv for g in scaled]
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = loss + torch.stack([g.pow(2).sum() for g in unscaled]).sum().sqrt()
+        gs.scale(loss).backward()
+        gs.step(c_opt)
+        gs.update()
+        c_opt.zero_grad()
+
+        with engine.autocast():
+            t_loss = loss_fn(treat(x), y)
+        grads = engine.grad(t_loss, list(treat.parameters()))
+        for g, u in zip(grads, unscaled):
+            assert torch.equal(g, u)
+        with engine.autocast():
+            t_loss = t_loss + torch.stack([g.pow(2).sum() for g in grads]).sum().sqrt()
+        engine.backward(t_loss)
+        engine.step()
+        assert_params_equal(treat, control)
+
+
+def test_gradient_penalty_gradients_match_fp32() -> None:
+    model = mlp()
+    x, y = batches(1)[0]
+    ref = torch.autograd.grad(loss_fn(model(x), y), list(model.parameters()))
+    engine = Engine("16-mixed")
+    model, _ = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    with engine.autocast():
+        loss = loss_fn(model(x), y)
+    for g, r in zip(engine.grad(loss, list(model.parameters()), create_graph=False), ref):
+        torch.testing.assert_close(g, r, rtol=2e-2, atol=1e-3)
+
+
+class SparseNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = nn.Embedding(50, 8, sparse=True)
+        self.out = nn.Linear(8, 3)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.out(self.emb(idx).mean(1))
+
+
+def sparse_batches(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(3)
+    return [(torch.randint(0, 50, (8, 5), generator=g), torch.randint(0, 3, (8,), generator=g)) for _ in range(n)]
+
+
+def test_sparse_gradients_match_gradscaler_loop_bitwise() -> None:
+    control, treat = SparseNet(), SparseNet()
+    c_opt = torch.optim.SGD(control.parameters(), lr=0.5)
+    gs = torch.amp.GradScaler("cpu")
+    engine = Engine("16-mixed")
+    treat, _ = engine.setup(treat, torch.optim.SGD(treat.parameters(), lr=0.5))
+    for step, (idx, y) in enumerate(sparse_batches(6)):
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = loss_fn(control(idx), y)
+        gs.scale(loss).backward()
+        with engine.autocast():
+            t_loss = loss_fn(treat(idx), y)
+        engine.backward(t_loss)
+        assert treat.emb.weight.grad.is_sparse
+        if step == 2:  # an overflow inside the sparse gradient's values must be seen too
+            control.emb.weight.grad._values()[0, 0] = INF
+            treat.emb.weight.grad._values()[0, 0] = INF
+        gs.step(c_opt)
+        gs.update()
+        c_opt.zero_grad()
+        engine.step()
+        assert engine.step_was_skipped is (step == 2)
+        assert_params_equal(treat, control)
+
+
+def test_sparse_gradients_are_clipped_by_the_global_norm() -> None:
+    norms = {}
+    for precision in ("32-true", "16-mixed"):
+        model = SparseNet()
+        engine = Engine(precision, clip_grad_norm=1e-2)
+        model, _ = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.5))
+        idx, y = sparse_batches(1)[0]
+        expected = torch.linalg.vector_norm(
+            torch.cat([g.coalesce()._values().flatten() if g.is_sparse else g.flatten() for g in torch.autograd.grad(loss_fn(model(idx), y), list(model.parameters()))])
+        )
+        with engine.autocast():
+            loss = loss_fn(model(idx), y)
+        engine.backward(loss)
+        engine.step()
+        norms[precision] = engine.grad_norm
+        if precision == "32-true":
+            assert norms[precision] == pytest.approx(expected.item(), rel=1e-5)
+    assert norms["16-mixed"] == pytest.approx(norms["32-true"], rel=1e-2)
+
+
+# ------------------------------------------------------------------------------------- collapse, keep_fp32
+class ExplodingGrad(nn.Module):
+    """Wraps a layer whose weight gradient is always inf: no loss scale can save it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = mlp()
+        self.body[3].weight.register_hook(lambda g: g * INF)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+def test_collapse_raises_naming_the_parameter_and_the_fix() -> None:
+    model = ExplodingGrad()
+    engine = Engine("16-mixed", scaler=ScalerConfig(init_scale=2.0**4, min_scale=1.0))
+    model, _ = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    before = [p.detach().clone() for p in model.parameters()]
+    x, y = batches(1)[0]
+    with pytest.raises(LossScaleCollapseError) as info:
+        for _ in range(10):
+            with engine.autocast():
+                loss = loss_fn(model(x), y)
+            engine.backward(loss)
+            engine.step()
+    message = str(info.value)
+    assert "floor" in message and "body.3.weight" in message and "keep_fp32=['body.3']" in message and "bf16-mixed" in message
+    assert engine.steps == 5  # 2^4 -> 1 in four back-offs; the fifth overflow, at the floor, is the collapse
+    for p, q in zip(model.parameters(), before):
+        assert torch.equal(p, q)  # every step was skipped
+
+
+def test_collapse_can_warn_instead(caplog: pytest.LogCaptureFixture) -> None:
+    model = ExplodingGrad()
+    engine = Engine("16-mixed", scaler=ScalerConfig(init_scale=2.0, max_consecutive_skips=3, on_collapse="warn"))
+    model, _ = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    x, y = batches(1)[0]
+    with caplog.at_level(logging.WARNING, logger="ampkit"):
+        for _ in range(4):
+            with engine.autocast():
+                loss = loss_fn(model(x), y)
+            engine.backward(loss)
+            engine.step()
+    assert engine.skipped_steps == 4
+    assert any("body.3.weight" in r.message for r in caplog.records)
+
+
+def test_keep_fp32_runs_the_named_module_in_fp32_under_autocast() -> None:
+    engine = Engine("bf16-mixed", keep_fp32=["3"])
+    model, _ = engine.setup(mlp(), torch.optim.SGD(mlp().parameters(), lr=0.1))
+    with engine.autocast():
+        hidden = model[0](torch.randn(2, 8))
+        out = model(torch.randn(2, 8))
+    assert hidden.dtype == torch.bfloat16 and out.dtype == torch.float32
+
+
+def test_skip_nonfinite_without_scaling() -> None:
+    model = mlp()
+    engine = Engine("bf16-mixed", skip_nonfinite=True)
+    model, _ = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    before = [p.detach().clone() for p in model.parameters()]
+    x, y = batches(1)[0]
+    with engine.autocast():
+        loss = loss_fn(model(x), y)
+    engine.backward(loss)
+    model[0].weight.grad[0, 0] = math.nan
+    engine.step()
+    assert engine.step_was_skipped and engine.skipped_steps == 1
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before))
+
+
+# ------------------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(accumulate=0), "accumulate must be an int >= 1"),
+        (dict(accumulate="4"), "accumulate must be an int >= 1"),
+        (dict(accumulate=True), "accumulate must be an int >= 1"),
+        (dict(clip_grad_norm=-1.0), "clip_grad_norm must be a positive number"),
+        (dict(clip_grad_norm=1.0, clip_grad_value=1.0), "not both"),
+        (dict(scaler="bogus"), "scaler='bogus' is not understood"),
+        (dict(precision="16-mixed", skip_nonfinite=False), "must skip steps"),
+        (dict(precision="01"), "Did you mean 'O1'"),
+    ],
+)
+def test_bad_engine_arguments(kwargs: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        Engine(**kwargs)
+
+
+def test_tf32_on_cpu_is_refused_with_the_alternative() -> None:
+    engine = Engine("tf32")
+    with pytest.raises(ampkit.UnsupportedPolicyError, match="bf16-mixed"):
+        engine.setup(mlp(), torch.optim.SGD(mlp().parameters(), lr=0.1))
+
+
+def test_call_order_mistakes() -> None:
+    engine = Engine()
+    loss = mlp()(torch.randn(2, 8)).sum()
+    with pytest.raises(RuntimeError, match="before engine.setup"):
+        engine.backward(loss)
+    with pytest.raises(RuntimeError, match="before engine.setup"):
+        engine.step()
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(TypeError, match="nn.Module"):
+        engine.setup(opt)
+    with pytest.raises(TypeError, match="Optimizer"):
+        engine.setup(model, model)
+    engine.setup(model, opt)
+    with pytest.raises(RuntimeError, match="already"):
+        engine.setup(model, opt)
+    with pytest.raises(ValueError, match="not passed to engine.setup"):
+        engine.step(torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(TypeError, match="loss tensor"):
+        engine.backward(1.0)
+    with pytest.raises(ValueError, match="positive int"):
+        engine.start_epoch(0)
+
+
+def test_bad_schedulers() -> None:
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    other = torch.optim.SGD(mlp().parameters(), lr=0.1)
+    with pytest.raises(TypeError, match="ReduceLROnPlateau"):
+        Engine().setup(model, opt, schedulers=torch.optim.lr_scheduler.ReduceLROnPlateau(opt))
+    with pytest.raises(ValueError, match="built on one of the optimizers"):
+        Engine().setup(model, opt, schedulers=torch.optim.lr_scheduler.StepLR(other, 1))
