@@ -73,7 +73,7 @@ def load_engine_state(engine: "Engine", state: dict[str, Any]) -> None:
     _check_engine_state(engine, state)
     engine._micro, engine._epoch_len, engine.steps = state["micro"], state["epoch_len"], state["steps"]
     engine._skipped_total.fill_(int(state["skipped_steps"]))  # type: ignore[union-attr]
-    engine._last_found = engine._last_found_host = engine._last_norm = None
+    engine._last_found = engine._last_found_host = engine._last_norm = engine._deferred = None
     if engine.scaler is not None:
         engine.scaler.load_state_dict(state["scaler"])
     if engine.masters is not None:
@@ -94,8 +94,10 @@ def _check_safe(value: Any, where: str) -> None:
         for i, v in enumerate(value):
             _check_safe(v, f"{where}[{i}]")
     elif not isinstance(value, _SAFE_LEAVES):
+        # Name functions as such: "builtin_function_or_method" tells a user less than "a function".
+        what = f"a function ({getattr(value, '__name__', '?')})" if callable(value) and not isinstance(value, type) else f"a {type(value).__name__}"
         raise CheckpointError(
-            f"{where} holds a {type(value).__name__}, which a safe (weights_only) load refuses; "
+            f"{where} holds {what}, which a safe (weights_only) load refuses; "
             "store only tensors, numbers, strings and lists/dicts of them."
         )
 

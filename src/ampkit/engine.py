@@ -121,6 +121,8 @@ class Engine:
         self._last_found: torch.Tensor | None = None
         self._last_found_host: bool | None = None
         self._last_norm: torch.Tensor | None = None
+        self._deferred: tuple[torch.Tensor, Any] | None = None
+        self._collapse_warned = False
 
     # ------------------------------------------------------------------------------------------ setup
     def setup(self, models: nn.Module | Sequence[nn.Module], *optimizers: torch.optim.Optimizer, schedulers: Any = None) -> Any:
@@ -256,6 +258,7 @@ class Engine:
         return True
 
     def _optimizer_step(self, opts: list[torch.optim.Optimizer]) -> None:
+        self._resolve_deferred_outcome()
         if self.masters is not None:
             self.masters.copy_grads_to_masters()
         scaler, dev = self.scaler, self.device
@@ -280,8 +283,11 @@ class Engine:
                 clip_grad_value(ps, self.clip_grad_value)
         self._last_norm = torch.linalg.vector_norm(torch.stack(norms)) if norms else None
 
-        # The one sync: a non-fused optimizer has to be told on the host whether to step.
-        host_found = [bool(v) for v in torch.stack(found).tolist()] if found and not all(fused) else None
+        # The one sync: a non-fused optimizer (or a scheduler) has to know on the host whether to step. A CPU
+        # "device" is the host, so reading there costs nothing; only fused optimizers on an accelerator
+        # defer the read to the next step (see _defer_outcome), keeping the step free of syncs.
+        sync_now = bool(found) and (not all(fused) or bool(self.schedulers) or dev.type == "cpu")
+        host_found = [bool(v) for v in torch.stack(found).tolist()] if sync_now else None
         for i, opt in enumerate(opts):
             if fused[i]:
                 opt.grad_scale = None if unscaled else scaler.scale_tensor  # type: ignore[attr-defined,union-attr]
@@ -296,30 +302,68 @@ class Engine:
         if scaler is not None:
             scaler.update(any_found)  # type: ignore[arg-type]
         self._record_outcome(any_found, host_found)
-        if self._last_found_host is None and self.schedulers:
-            self._last_found_host = bool(any_found.item()) if any_found is not None else False  # schedulers need it
         # Diagnose while the offending gradients still exist, but finish the step before raising, so a
         # caller that catches the error holds a consistent model, optimizer and gradient state.
-        collapse = self._collapse_message() if self._last_found_host and scaler is not None else None
+        collapse = self._collapse_message() if self._last_found_host else None
         if self.masters is not None:
             self.masters.copy_masters_to_model()
         for s in self.schedulers:
             if not self._last_found_host and any(s.optimizer is o for o in opts):
                 s.step()
         self._zero_grad(opts)
-        if collapse is not None:
-            if getattr(getattr(scaler, "config", None), "on_collapse", "raise") == "warn":
-                log.warning(collapse)
-            else:
-                raise LossScaleCollapseError(collapse)
+        self._report_collapse(collapse)
 
     def _record_outcome(self, any_found: torch.Tensor | None, host_found: list[bool] | None) -> None:
         self._last_found = any_found
-        self._last_found_host = any(host_found) if host_found is not None else (False if any_found is None else None)
-        if any_found is not None:
-            self._skipped_total.add_((any_found > 0).to(torch.int64))  # type: ignore[union-attr]
+        self._deferred = None
+        if any_found is None:
+            self._last_found_host = False
+            return
+        self._skipped_total.add_((any_found > 0).to(torch.int64))  # type: ignore[union-attr]
+        if host_found is not None:
+            self._last_found_host = any(host_found)
+        else:
+            self._last_found_host = None
+            self._defer_outcome(any_found)
         if self._last_found_host:
             log.debug("step %d skipped: non-finite gradients", self.steps)
+
+    def _defer_outcome(self, any_found: torch.Tensor) -> None:
+        # Copy the flag to pinned host memory behind an event: by the next optimizer step the copy has long
+        # landed, so reading it waits for nothing queued after this step (unlike .item(), which drains the stream).
+        host = torch.empty((), dtype=any_found.dtype, pin_memory=torch.cuda.is_available())
+        host.copy_(any_found, non_blocking=True)
+        event = torch.cuda.Event() if any_found.is_cuda else None
+        if event is not None:
+            event.record()
+        self._deferred = (host, event)
+
+    def _resolve_deferred_outcome(self) -> None:
+        """Learn whether the previous (fused, unsynced) step was skipped, and diagnose a collapse if so.
+
+        Runs at the start of the next optimizer step: the gradients at hand are that step's, which are the
+        ones to name when the scale has collapsed (an overflow that persists shows up in them too).
+        """
+        if self._deferred is None:
+            return
+        host, event = self._deferred
+        if event is not None:
+            event.synchronize()
+        self._deferred = None
+        self._last_found_host = bool(host.item())
+        if self._last_found_host:
+            self._report_collapse(self._collapse_message())
+
+    def _report_collapse(self, message: str | None) -> None:
+        if message is None:
+            if self._last_found_host is False:
+                self._collapse_warned = False  # a clean step ends the episode; warn again on the next one
+            return
+        if getattr(getattr(self.scaler, "config", None), "on_collapse", "raise") == "raise":
+            raise LossScaleCollapseError(message)
+        if not self._collapse_warned:  # once per episode: a stuck scale must not flood the log
+            log.warning(message)
+            self._collapse_warned = True
 
     def _collapse_message(self) -> str | None:
         reason = self.scaler.collapse_reason() if self.scaler is not None else None
@@ -343,6 +387,7 @@ class Engine:
     @property
     def step_was_skipped(self) -> bool:
         """Whether the last optimizer step was skipped for non-finite gradients. May sync once."""
+        self._resolve_deferred_outcome()
         if self._last_found_host is None:
             self._last_found_host = bool(self._last_found.item()) if self._last_found is not None else False
         return self._last_found_host

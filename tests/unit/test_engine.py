@@ -489,6 +489,39 @@ def test_collapse_can_warn_instead(caplog: pytest.LogCaptureFixture) -> None:
     assert any("body.3.weight" in r.message for r in caplog.records)
 
 
+def test_collapse_is_diagnosed_with_a_fused_optimizer_too() -> None:
+    # Fused AdamW unscales inside its own kernel and needs no host read to skip; the diagnosis must not vanish.
+    model = ExplodingGrad()
+    engine = Engine("16-mixed", scaler=ScalerConfig(init_scale=2.0**4, min_scale=1.0))
+    model, _ = engine.setup(model, torch.optim.AdamW(model.parameters(), lr=0.1, fused=True))
+    x, y = batches(1)[0]
+    with pytest.raises(LossScaleCollapseError, match=r"floor.*body\.3\.weight"):
+        for _ in range(10):
+            with engine.autocast():
+                loss = loss_fn(model(x), y)
+            engine.backward(loss)
+            engine.step()
+    assert engine.steps == 5 and engine.skipped_steps == 5
+
+
+def test_collapse_warning_is_logged_once_per_episode(caplog: pytest.LogCaptureFixture) -> None:
+    model = mlp()
+    engine = Engine("16-mixed", scaler=ScalerConfig(init_scale=2.0, max_consecutive_skips=2, on_collapse="warn"))
+    model, _ = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    x, y = batches(1)[0]
+    with caplog.at_level(logging.WARNING, logger="ampkit"):
+        for poisoned in [True] * 5 + [False] + [True] * 3:
+            with engine.autocast():
+                loss = loss_fn(model(x), y)
+            engine.backward(loss)
+            if poisoned:
+                poison_grad(model)
+            engine.step()
+    collapses = [r for r in caplog.records if "collapsed" in r.message]
+    assert len(collapses) == 2  # one for the first run of skips, one after the clean step broke it
+    assert engine.skipped_steps == 8
+
+
 def test_keep_fp32_runs_the_named_module_in_fp32_under_autocast() -> None:
     engine = Engine("bf16-mixed", keep_fp32=["3"])
     model, _ = engine.setup(mlp(), torch.optim.SGD(mlp().parameters(), lr=0.1))

@@ -8,6 +8,8 @@ from typing import Any, Literal
 
 __all__ = ["ScalerConfig"]
 
+_FP32_TINY = 2.0**-126
+
 
 @dataclass(frozen=True, kw_only=True)
 class ScalerConfig:
@@ -49,7 +51,12 @@ class ScalerConfig:
         need(0.0 < self.backoff_factor < 1.0, f"backoff_factor must be in (0, 1), got {self.backoff_factor}.")
         need(isinstance(self.growth_interval, int) and self.growth_interval >= 1, f"growth_interval must be an int >= 1, got {self.growth_interval!r}.")
         need(isinstance(self.hysteresis, int) and self.hysteresis >= 1, f"hysteresis must be an int >= 1 (1 = back off on every overflow), got {self.hysteresis!r}.")
-        need(self.min_scale > 0, f"min_scale must be > 0, got {self.min_scale}.")
+        # The scale is an fp32 tensor: a floor below fp32's smallest normal number would round to 0 (or lose
+        # its precision) there, and a zero scale multiplies every loss by 0.
+        need(
+            self.min_scale >= _FP32_TINY,
+            f"min_scale must be at least {_FP32_TINY:.3g} (fp32's smallest normal number; the scale is stored in fp32), got {self.min_scale}.",
+        )
         need(math.isfinite(self.max_scale) and self.max_scale <= 3.0e38, f"max_scale must be finite and fit in fp32, got {self.max_scale}.")
         need(self.min_scale <= self.init_scale <= self.max_scale, f"need min_scale <= init_scale <= max_scale, got {self.min_scale} <= {self.init_scale} <= {self.max_scale}; adjust one of them.")
         need(isinstance(self.max_consecutive_skips, int) and self.max_consecutive_skips >= 1, f"max_consecutive_skips must be an int >= 1, got {self.max_consecutive_skips!r}.")

@@ -45,10 +45,16 @@ class DynamicLossScaler(LossScaler):
         back_off = found & (budget <= 0)
         budget = budget.clamp(min=0)  # a spent budget stays spent: every further overflow backs off
         blocked = back_off & (self._scale <= c.min_scale)
-        scale = torch.where(back_off, (self._scale * c.backoff_factor).clamp(min=c.min_scale), self._scale)
+        # Products are formed in fp64 and rounded to fp32 once, as torch's _amp_update_scale_ does (it multiplies
+        # the fp32 scale by a double factor): rounding the factor to fp32 first would drift from GradScaler for
+        # factors such as 0.3. The clamps then compare in fp32, where the floor and ceiling are stored.
+        wide = self._scale.double()
+        backed_off = (wide * c.backoff_factor).float().clamp(min=c.min_scale)
+        grown = (wide * c.growth_factor).float().clamp(max=c.max_scale)
+        scale = torch.where(back_off, backed_off, self._scale)
         tracker = torch.where(found, 0, self._growth_tracker + 1)
         grow = tracker >= c.growth_interval
-        scale = torch.where(grow, (scale * c.growth_factor).clamp(max=c.max_scale), scale)
+        scale = torch.where(grow, grown, scale)
         tracker = torch.where(grow, 0, tracker)
         refill = (grow | ~found) if c.consecutive_hysteresis else grow
         budget = torch.where(refill, c.hysteresis, budget)

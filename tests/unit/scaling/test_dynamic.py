@@ -128,15 +128,6 @@ def test_expected_final_scale_for_the_documented_schedule():
     assert _expected_final_scale(2.0**10, 2.0, 0.5, 3, 30, {4, 5, 11}) == 2.0 ** (10 + 8 - 3)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG: with a backoff/growth factor that is not exactly representable in fp32 the scale drifts from "
-        "torch.amp.GradScaler's: update() computes `self._scale * c.backoff_factor` in fp32 (factor rounded to "
-        "fp32 first), torch's _amp_update_scale_ multiplies by the fp64 factor and rounds once "
-        "(growth 3, backoff 0.3, step 4: 3072 * 0.3 -> ours 921.6000366, torch 921.5999756)"
-    ),
-)
 def test_matches_torch_gradscaler_with_non_power_of_two_factors():
     control, treatment, _ = _train_control_and_treatment({4, 5, 11}, growth=3.0, backoff=0.3)
     assert control == treatment
@@ -367,22 +358,17 @@ def test_skips_absorbed_by_hysteresis_still_count():
     assert "2 steps in a row" in s.collapse_reason()  # ... but two skipped steps
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG: ScalerConfig accepts a min_scale below fp32's range (here 1e-50); update() clamps in fp32, where "
-        "it rounds to 0, so the scale reaches 0.0 < min_scale (the loss is then multiplied by 0). Expected: "
-        "the config rejects it (as it does for max_scale) or the floor holds."
-    ),
-)
-def test_floor_below_fp32_range_is_rejected_or_holds():
-    try:
-        cfg = ScalerConfig(init_scale=1.0, min_scale=1e-50, max_consecutive_skips=10**6)
-    except ValueError:
-        return
+def test_floor_below_fp32_range_is_rejected():
+    # A floor fp32 cannot hold would round to 0 in the scale tensor, and a zero scale zeroes every loss.
+    with pytest.raises(ValueError, match="min_scale must be at least"):
+        ScalerConfig(init_scale=1.0, min_scale=1e-50)
+
+
+def test_smallest_accepted_floor_holds():
+    cfg = ScalerConfig(init_scale=1.0, min_scale=2.0**-126, max_consecutive_skips=10**6)
     s = DynamicLossScaler(cfg)
     run(s, [O] * 200)
-    assert s.get_scale() >= cfg.min_scale
+    assert s.get_scale() == 2.0**-126
 
 
 # --- identity of the scale tensor -------------------------------------------------------------------------
