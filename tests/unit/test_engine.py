@@ -239,6 +239,30 @@ def test_clipping_sees_unscaled_gradients() -> None:
     assert 1e-3 < norms["32-true"] < 1e3  # a real norm, not the 2^16-scaled one
 
 
+@pytest.mark.parametrize(
+    ("precision", "rel"), [("16-mixed", 1e-2), ("bf16-mixed", 5e-2), ("16-true-masters", 2e-2), ("bf16-true-masters", 8e-2)]
+)
+def test_clipped_update_matches_the_fp32_control(precision: str, rel: float) -> None:
+    """Clipping is applied to unscaled (master) gradients: the weight update equals fp32's within tolerance."""
+    updates = {}
+    for p in ("32-true", precision):
+        engine = Engine(p, clip_grad_norm=1e-3)  # far below the real norm: clipping decides the update
+        model = mlp()
+        start = [q.detach().clone() for q in model.parameters()]
+        model, opt = engine.setup(model, torch.optim.SGD(model.parameters(), lr=1.0))
+        x, y = batches(1)[0]
+        with engine.autocast():
+            loss = loss_fn(model(x), y)
+        engine.backward(loss)
+        engine.step()
+        after = opt.param_groups[0]["params"]  # fp32 masters (fp32 norms) where the policy has them
+        updates[p] = torch.cat([(a.float() - s).flatten() for a, s in zip(after, start)])
+    assert torch.linalg.vector_norm(updates["32-true"]).item() == pytest.approx(1e-3, rel=1e-4)
+    assert torch.linalg.vector_norm(updates[precision]).item() == pytest.approx(1e-3, rel=1e-3)
+    error = torch.linalg.vector_norm(updates[precision] - updates["32-true"]) / torch.linalg.vector_norm(updates["32-true"])
+    assert error.item() < rel
+
+
 def test_scheduler_does_not_advance_on_a_skipped_step() -> None:
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=1.0)

@@ -1,0 +1,60 @@
+"""The README's promises about the repository itself: its commands, example and benchmark actually run."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def readme_commands() -> list[str]:
+    return re.findall(r"```bash\n(.+?)\n```", (ROOT / "README.md").read_text(encoding="utf-8"))
+
+
+def test_ci_runs_the_readme_test_command_verbatim() -> None:
+    tests = [c for c in readme_commands() if "pytest" in c]
+    assert len(tests) == 1, "the README must give exactly one test command"
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    assert tests[0] in ci.splitlines()
+    assert "set -euo pipefail" in ci  # a failing command fails CI
+
+
+def test_readme_main_job_is_the_example_script() -> None:
+    (main,) = [c for c in readme_commands() if "pytest" not in c]
+    assert main.endswith("python examples/train_digits.py")
+
+
+def run(*args: str) -> str:
+    done = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_example_trains_and_resumes(tmp_path: Path) -> None:
+    pytest.importorskip("sklearn", reason="Requires: scikit-learn (pip install -e '.[examples]')")
+    ckpt = str(tmp_path / "digits.pt")
+    first = run("examples/train_digits.py", "--precision", "bf16", "--epochs", "2", "--checkpoint", ckpt)
+    assert "[bf16-mixed] epoch 2/2" in first
+    accuracy = float(first.strip().splitlines()[-1].split()[3])
+    assert accuracy > 0.8  # two epochs on real digits; chance is 0.1
+    again = run("examples/train_digits.py", "--precision", "bf16", "--epochs", "2", "--checkpoint", ckpt)
+    assert "resumed from" in again and "at epoch 2" in again
+
+
+def test_example_rejects_an_unknown_policy_in_one_line() -> None:
+    done = subprocess.run(
+        [sys.executable, "examples/train_digits.py", "--precision", "01"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert done.returncode == 2 and "Did you mean 'O1'?" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_engine_overhead_benchmark_runs_and_prints_a_table(tmp_path: Path) -> None:
+    out = run("benchmarks/engine_overhead.py", "--precision", "32-true,bf16-mixed", "--steps", "2", "--rounds", "2", "--warmup", "1", "--width", "32", "--json", str(tmp_path / "r.json"))
+    rows = [line for line in out.splitlines() if line.startswith("| 32-true") or line.startswith("| bf16-mixed")]
+    assert len(rows) == 2
+    assert (tmp_path / "r.json").exists()
