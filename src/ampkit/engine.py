@@ -241,6 +241,11 @@ class Engine:
 
         Steps the given optimizers (default: all from setup) and updates the loss scale once. Returns True
         when this call ended a window; whether that step was skipped for overflow is ``step_was_skipped``.
+        Each call ends one micro-batch: to update several optimizers together, pass them in one call (the
+        default); separate calls (a GAN's discriminator, then its generator) each count as a micro-batch.
+
+        Clipping applies per optimizer: each one's gradients are clipped to ``clip_grad_norm`` on their own
+        (a GAN's two networks are clipped apart); ``grad_norm`` reports the norm over all of them.
         """
         self._require_setup("step")
         opts = list(optimizers) or self.optimizers
@@ -376,8 +381,8 @@ class Engine:
         for opt in opts:
             opt.zero_grad(set_to_none=True)
         if self.masters is not None:
-            for m in self.models:
-                m.zero_grad(set_to_none=True)
+            # Only the 16-bit gradients of what was stepped: another optimizer's pending gradients must survive.
+            self.masters.zero_model_grads({id(p) for o in opts for g in o.param_groups for p in g["params"]})
 
     def _require_setup(self, what: str) -> None:
         if not self.models:

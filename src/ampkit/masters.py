@@ -75,6 +75,12 @@ class MasterWeights:
         if src:
             torch._foreach_copy_(dst, src)
 
+    def zero_model_grads(self, master_ids: set[int]) -> None:
+        """Drop the 16-bit model gradients of the masters whose ``id`` is in ``master_ids`` (after their step)."""
+        for p, m in zip(self.model_params, self.masters):
+            if id(m) in master_ids:
+                p.grad = None
+
     @torch.no_grad()
     def copy_masters_to_model(self) -> None:
         """Refresh the 16-bit model from the masters (harmless after a skipped step: masters are unchanged)."""

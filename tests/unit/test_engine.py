@@ -155,6 +155,19 @@ def test_several_optimizers_and_losses_skip_per_optimizer_like_gradscaler() -> N
     assert engine.skipped_steps == 1
 
 
+def test_stepping_one_optimizer_keeps_the_other_models_pending_gradients_under_masters() -> None:
+    engine = Engine("bf16-true-masters")
+    a, b = mlp(0), mlp(1)
+    (a, b), opt_a, opt_b = engine.setup([a, b], torch.optim.SGD(a.parameters(), lr=0.1), torch.optim.SGD(b.parameters(), lr=0.1))
+    x, y = batches(1)[0]
+    with engine.autocast():
+        loss = loss_fn(a(x), y) + loss_fn(b(x), y)
+    engine.backward(loss)
+    engine.step(opt_a)
+    assert all(p.grad is None for p in a.parameters())
+    assert all(p.grad is not None for p in b.parameters())  # still there for opt_b
+
+
 # ------------------------------------------------------------------------------------- accumulation
 def test_accumulation_equals_one_big_batch_in_fp32() -> None:
     """k micro-batches of b give the gradients of one batch of k*b (fp32, 1e-6 relative)."""
