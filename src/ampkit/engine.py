@@ -244,8 +244,10 @@ class Engine:
         Each call ends one micro-batch: to update several optimizers together, pass them in one call (the
         default); separate calls (a GAN's discriminator, then its generator) each count as a micro-batch.
 
-        Clipping applies per optimizer: each one's gradients are clipped to ``clip_grad_norm`` on their own
-        (a GAN's two networks are clipped apart); ``grad_norm`` reports the norm over all of them.
+        ``clip_grad_norm`` clips by the total norm over every optimizer stepped in the call (a model split over
+        two optimizers is clipped as one); since that norm is inf when any gradient is, an overflow then skips
+        every optimizer of the call. Without clipping by norm, each optimizer skips on its own overflow only,
+        as with ``GradScaler``.
         """
         self._require_setup("step")
         opts = list(optimizers) or self.optimizers
@@ -272,9 +274,8 @@ class Engine:
         fused = [scaler is not None and bool(getattr(o, "_step_supports_amp_scaling", False)) for o in opts]
         clipping = self.clip_grad_norm is not None or self.clip_grad_value is not None
         unscaled = scaler is not None and (clipping or not all(fused))
-        norms = []
-        for i, ps in enumerate(params):
-            if self.skip_nonfinite:
+        if self.skip_nonfinite:
+            for i, ps in enumerate(params):
                 grads = grads_of(ps)
                 if unscaled:
                     scaler.unscale_(grads, found[i])  # type: ignore[union-attr]
@@ -282,11 +283,16 @@ class Engine:
                     scaler.check_(grads, found[i])  # fused optimizer unscales inside its own kernel
                 else:
                     unscale_grads_(grads, torch.ones((), device=dev), found[i])  # check only
-            if self.clip_grad_norm is not None:
-                norms.append(clip_grad_norm(ps, self.clip_grad_norm))
-            elif self.clip_grad_value is not None:
-                clip_grad_value(ps, self.clip_grad_value)
-        self._last_norm = torch.linalg.vector_norm(torch.stack(norms)) if norms else None
+        self._last_norm = None
+        if self.clip_grad_norm is not None:
+            # One total norm over everything stepped together, as clip_grad_norm_(model.parameters()) would.
+            self._last_norm = clip_grad_norm([p for ps in params for p in ps], self.clip_grad_norm)
+            if len(found) > 1:
+                # That norm is inf if any gradient is, and it has just scaled every gradient: one overflow
+                # poisons the whole update, so every optimizer of the call skips.
+                found = [torch.stack(found).amax()] * len(found)
+        elif self.clip_grad_value is not None:
+            clip_grad_value([p for ps in params for p in ps], self.clip_grad_value)
 
         # The one sync: a non-fused optimizer (or a scheduler) has to know on the host whether to step. A CPU
         # "device" is the host, so reading there costs nothing; only fused optimizers on an accelerator

@@ -168,6 +168,41 @@ def test_stepping_one_optimizer_keeps_the_other_models_pending_gradients_under_m
     assert all(p.grad is not None for p in b.parameters())  # still there for opt_b
 
 
+def test_clipping_spans_every_optimizer_of_the_step() -> None:
+    """A model split over two optimizers is clipped by its total norm, exactly as clip_grad_norm_ over it."""
+    control, treat = mlp(), mlp()
+    c_opt = torch.optim.SGD(control.parameters(), lr=0.5)
+    engine = Engine("32-true", clip_grad_norm=0.1)
+    treat, *_ = engine.setup(
+        treat, torch.optim.SGD(treat[0].parameters(), lr=0.5), torch.optim.SGD(list(treat[1].parameters()) + list(treat[3].parameters()), lr=0.5)
+    )
+    for x, y in batches(3):
+        loss_fn(control(x), y).backward()
+        ref_norm = torch.nn.utils.clip_grad_norm_(control.parameters(), 0.1)
+        c_opt.step()
+        c_opt.zero_grad()
+        engine.backward(loss_fn(treat(x), y))
+        engine.step()
+        assert engine.grad_norm == ref_norm.item()
+        assert_params_equal(treat, control)
+
+
+def test_an_overflow_under_joint_clipping_skips_every_optimizer_of_the_step() -> None:
+    engine = Engine("16-mixed", clip_grad_norm=1.0)
+    model = mlp()
+    model, opt_a, opt_b = engine.setup(model, torch.optim.SGD(model[0].parameters(), lr=0.1), torch.optim.SGD(model[3].parameters(), lr=0.1, weight_decay=0.1))
+    before = [p.detach().clone() for p in model.parameters()]
+    x, y = batches(1)[0]
+    with engine.autocast():
+        loss = loss_fn(model(x), y)
+    engine.backward(loss)
+    poison_grad(model)  # only opt_a's parameters overflow
+    engine.step()
+    assert engine.step_was_skipped and engine.skipped_steps == 1
+    for p, q in zip(model.parameters(), before):
+        assert torch.equal(p, q)  # opt_b did not step on gradients the inf norm had zeroed
+
+
 # ------------------------------------------------------------------------------------- accumulation
 def test_accumulation_equals_one_big_batch_in_fp32() -> None:
     """k micro-batches of b give the gradients of one batch of k*b (fp32, 1e-6 relative)."""
