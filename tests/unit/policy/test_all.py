@@ -1,0 +1,200 @@
+"""Rules every policy obeys, checked for each entry of ampkit.policy.POLICIES."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from torch import nn
+
+from ampkit.errors import UnsupportedPolicyError
+from ampkit.policy import POLICIES, Policy, Support, get_policy
+
+NAMES = list(POLICIES)
+
+
+def mlp(seed: int = 0) -> nn.Sequential:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(4, 8), nn.LayerNorm(8), nn.ReLU(), nn.Linear(8, 2))
+
+
+class Boom(Exception):
+    pass
+
+
+def _globals() -> tuple:
+    return (
+        torch.is_autocast_enabled("cpu"),
+        torch.get_autocast_dtype("cpu"),
+        torch.get_default_dtype(),
+        torch.get_float32_matmul_precision(),
+        torch.backends.cudnn.allow_tf32,
+    )
+
+
+@pytest.fixture(params=NAMES)
+def name(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+# ------------------------------------------------------------------------------------- identity
+def test_registry_key_is_the_class_default_name(name: str) -> None:
+    assert POLICIES[name]().name == name
+
+
+def test_name_round_trips_through_get_policy(name: str) -> None:
+    policy = get_policy(name)
+    again = get_policy(policy.name)
+    assert type(again) is type(policy) is POLICIES[name]
+    assert again == policy
+    assert get_policy(str(policy)) == policy
+
+
+def test_str_is_the_name(name: str) -> None:
+    assert str(get_policy(name)) == name
+    assert str(get_policy(name, keep_fp32=["x"])) == name
+    assert f"{get_policy(name)}" == name
+
+
+def test_policy_is_a_frozen_hashable_value(name: str) -> None:
+    policy = get_policy(name)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        policy.name = "other"  # type: ignore[misc]
+    assert hash(policy) == hash(get_policy(name))
+    assert policy != get_policy(name, keep_fp32=["x"])
+
+
+def test_description_and_class_facts_are_consistent(name: str) -> None:
+    policy = get_policy(name)
+    assert isinstance(policy, Policy)
+    assert policy.description.strip()
+    assert policy.param_dtype in (torch.float32, torch.bfloat16, torch.float16)
+    assert policy.compute_dtype in (None, torch.bfloat16, torch.float16)
+    assert policy.loss_scaling in ("none", "dynamic")
+    # Only fp16 can underflow gradients, so only an fp16 policy may scale the loss; bf16 and fp32 never do.
+    if policy.loss_scaling == "dynamic":
+        assert torch.float16 in (policy.param_dtype, policy.compute_dtype)
+    if "bf16" in name or name in ("32-true", "tf32"):
+        assert policy.loss_scaling == "none"
+    # Master weights only make sense when the model itself is 16-bit; autocast never converts weights.
+    if policy.master_weights:
+        assert policy.param_dtype != torch.float32
+    if policy.compute_dtype is not None:
+        assert policy.param_dtype == torch.float32
+
+
+# ------------------------------------------------------------------------------------- with_keep_fp32
+def test_with_keep_fp32_returns_a_new_policy_and_leaves_the_original(name: str) -> None:
+    original = get_policy(name)
+    extended = original.with_keep_fp32("head", nn.LayerNorm)
+    assert extended is not original
+    assert type(extended) is type(original) and extended.name == original.name
+    assert extended.keep_fp32 == ("head", nn.LayerNorm)
+    assert original.keep_fp32 == ()
+    again = extended.with_keep_fp32("tail")
+    assert again.keep_fp32 == ("head", nn.LayerNorm, "tail")
+    assert extended.keep_fp32 == ("head", nn.LayerNorm)
+
+
+# ------------------------------------------------------------------------------------- support
+@pytest.mark.parametrize("device", [None, "cpu", torch.device("cpu")])
+def test_cpu_support_is_a_support_and_agrees_across_spellings(name: str, device: object) -> None:
+    policy = get_policy(name)
+    s = policy.support(device)  # type: ignore[arg-type]
+    assert isinstance(s, Support)
+    assert isinstance(s.supported, bool) and isinstance(s.fast, bool) and s.reason
+    assert s == policy.support("cpu")
+    assert not (s.fast and not s.supported), "an unsupported policy cannot be fast"
+
+
+def test_check_device_raises_exactly_when_unsupported(name: str) -> None:
+    policy = get_policy(name)
+    if policy.support("cpu").supported:
+        policy.check_device("cpu")
+    else:
+        with pytest.raises(UnsupportedPolicyError, match=f"Policy {name!r} cannot run on cpu: "):
+            policy.check_device("cpu")
+
+
+def test_only_tf32_is_refused_on_cpu(name: str) -> None:
+    assert get_policy(name).support("cpu").supported is (name != "tf32")
+
+
+# ------------------------------------------------------------------------------------- forward_context
+def test_forward_context_restores_globals_on_normal_exit(name: str) -> None:
+    before = _globals()
+    with get_policy(name).forward_context("cpu"):
+        pass
+    assert _globals() == before
+
+
+def test_forward_context_restores_globals_when_the_body_raises(name: str) -> None:
+    before = _globals()
+    with pytest.raises(Boom):
+        with get_policy(name).forward_context("cpu"):
+            torch.ones(1) @ torch.ones(1)
+            raise Boom
+    assert _globals() == before
+
+
+def test_forward_context_restores_an_enclosing_autocast(name: str) -> None:
+    with torch.autocast("cpu", dtype=torch.float16):
+        before = _globals()
+        assert before[:2] == (True, torch.float16)
+        with pytest.raises(Boom):
+            with get_policy(name).forward_context("cpu"):
+                raise Boom
+        assert _globals() == before
+    assert not torch.is_autocast_enabled("cpu")
+
+
+def test_forward_context_restores_a_non_default_dtype(name: str) -> None:
+    torch.set_default_dtype(torch.float64)
+    try:
+        with pytest.raises(Boom):
+            with get_policy(name).forward_context("cpu"):
+                raise Boom
+        assert torch.get_default_dtype() == torch.float64
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
+def test_forward_context_can_be_used_repeatedly(name: str) -> None:
+    policy = get_policy(name)
+    before = _globals()
+    for _ in range(3):
+        with policy.forward_context("cpu"):
+            pass
+    assert _globals() == before
+
+
+# ------------------------------------------------------------------------------------- convert_module
+def test_convert_module_keeps_every_parameter_object(name: str) -> None:
+    model = mlp()
+    params = list(model.parameters())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    get_policy(name).convert_module(model, "cpu")
+    assert all(p is q for p, q in zip(model.parameters(), params))
+    assert all(p is q for p, q in zip(opt.param_groups[0]["params"], params))
+
+
+def test_converted_modules_are_exactly_the_ones_turned_16_bit(name: str) -> None:
+    """The engine builds fp32 masters for converted_modules' parameters; the two must never disagree."""
+    model = mlp()
+    policy = get_policy(name)
+    claimed = {id(p) for m in policy.converted_modules(model) for p in m.parameters(recurse=False)}
+    policy.convert_module(model, "cpu")
+    actual = {id(p) for p in model.parameters() if p.dtype != torch.float32}
+    assert claimed == actual
+    assert all(p.dtype == policy.param_dtype for p in model.parameters() if id(p) in actual)
+
+
+def test_converted_model_answers_in_fp32_or_the_compute_dtype(name: str) -> None:
+    model = mlp()
+    policy = get_policy(name)
+    policy.convert_module(model, "cpu")
+    with policy.forward_context("cpu"):
+        out = model(torch.randn(3, 4))
+    assert out.dtype == (policy.compute_dtype or torch.float32)
+    assert torch.isfinite(out).all()

@@ -1,0 +1,174 @@
+"""Full-precision policies: ``32-true`` is the untouched reference; ``tf32`` is CUDA-only and restores globals."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+
+import pytest
+import torch
+from torch import nn
+
+from ampkit.errors import PolicyError, UnsupportedPolicyError
+from ampkit.policy import FullPrecision, Support, TF32Precision, get_policy
+from ampkit.policy.islands import is_fp32_island
+
+
+def mlp(seed: int = 0) -> nn.Sequential:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(6, 8), nn.LayerNorm(8), nn.ReLU(), nn.Linear(8, 3))
+
+
+def fake_gpu(monkeypatch: pytest.MonkeyPatch, capability: tuple[int, int], name: str) -> None:
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+
+
+@pytest.fixture
+def matmul_precision() -> Iterator[None]:
+    """Let a test set the float32 matmul precision and cudnn's TF32 flag; put both back afterwards."""
+    precision, cudnn = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    yield
+    torch.set_float32_matmul_precision(precision)
+    torch.backends.cudnn.allow_tf32 = cudnn
+
+
+# ------------------------------------------------------------------------------------- 32-true
+def test_32_true_describes_fp32_everything() -> None:
+    p = FullPrecision()
+    assert p.name == "32-true"
+    assert p.param_dtype == torch.float32 and p.compute_dtype is None
+    assert p.loss_scaling == "none" and p.master_weights is False
+
+
+@pytest.mark.parametrize("device", [None, "cpu", torch.device("cpu"), "cuda:0", "meta"])
+def test_32_true_runs_everywhere(device: object) -> None:
+    s = FullPrecision().support(device)  # type: ignore[arg-type]
+    assert s == Support(True, True, "runs everywhere")
+    FullPrecision().check_device(device)  # type: ignore[arg-type]
+
+
+def test_32_true_leaves_the_model_and_forward_untouched() -> None:
+    control, treat = mlp(), mlp()
+    policy = FullPrecision()
+    params = list(treat.parameters())
+    policy.convert_module(treat, "cpu")
+    assert all(p is q for p, q in zip(params, treat.parameters()))
+    assert all(t.dtype == torch.float32 for t in treat.state_dict().values())
+    assert not treat._forward_hooks and not treat._forward_pre_hooks
+    assert policy.converted_modules(treat) == []
+    x = torch.randn(4, 6)
+    with policy.forward_context("cpu"):
+        assert not torch.is_autocast_enabled("cpu")
+        out = treat(x)
+    assert torch.equal(out, control(x))
+
+
+def test_32_true_keep_fp32_still_makes_islands() -> None:
+    model = mlp()
+    FullPrecision(keep_fp32=("1",)).convert_module(model, "cpu")
+    assert is_fp32_island(model[1])
+    assert not is_fp32_island(model[0])
+
+
+# ------------------------------------------------------------------------------------- tf32 support
+@pytest.mark.parametrize("device", [None, "cpu", torch.device("cpu")])
+def test_tf32_is_unsupported_on_cpu_and_names_alternatives(device: object) -> None:
+    s = TF32Precision().support(device)  # type: ignore[arg-type]
+    assert s.supported is False and s.fast is False
+    assert "'bf16-mixed'" in s.reason and "'32-true'" in s.reason
+
+
+def test_tf32_check_device_on_cpu_raises_unsupported_policy_error() -> None:
+    with pytest.raises(UnsupportedPolicyError, match=r"Policy 'tf32' cannot run on cpu: .*'bf16-mixed'") as info:
+        get_policy("tf32").check_device("cpu")
+    assert isinstance(info.value, PolicyError) and isinstance(info.value, ValueError)
+    with pytest.raises(UnsupportedPolicyError, match="cannot run on cpu"):
+        get_policy("tf32").check_device(None)
+
+
+def test_tf32_on_pre_ampere_gpu_is_unsupported_naming_the_gpu_and_16_mixed(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_gpu(monkeypatch, (7, 0), "Tesla V100")
+    s = TF32Precision().support("cuda:0")
+    assert s.supported is False and s.fast is False
+    assert "Tesla V100" in s.reason and "'16-mixed'" in s.reason
+    with pytest.raises(UnsupportedPolicyError, match="cannot run on cuda:0: Tesla V100"):
+        TF32Precision().check_device("cuda:0")
+
+
+def test_tf32_on_ampere_is_supported_and_fast(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_gpu(monkeypatch, (8, 0), "A100")
+    assert TF32Precision().support("cuda:0") == Support(True, True, "TF32 tensor cores")
+    TF32Precision().check_device("cuda:0")
+
+
+# ------------------------------------------------------------------------------------- tf32 forward context
+@pytest.mark.parametrize("previous", ["highest", "medium", "high"])
+def test_tf32_context_sets_high_precision_and_restores_the_previous(matmul_precision: None, previous: str) -> None:
+    torch.set_float32_matmul_precision(previous)
+    torch.backends.cudnn.allow_tf32 = False
+    with TF32Precision().forward_context("cpu"):
+        assert torch.get_float32_matmul_precision() == "high"
+        assert torch.backends.cudnn.allow_tf32 is True
+    assert torch.get_float32_matmul_precision() == previous
+    assert torch.backends.cudnn.allow_tf32 is False
+
+
+def test_tf32_context_restores_after_an_exception(matmul_precision: None) -> None:
+    torch.set_float32_matmul_precision("highest")
+    torch.backends.cudnn.allow_tf32 = False
+    with pytest.raises(KeyError, match="boom"):
+        with TF32Precision().forward_context("cpu"):
+            assert torch.get_float32_matmul_precision() == "high"
+            raise KeyError("boom")
+    assert torch.get_float32_matmul_precision() == "highest"
+    assert torch.backends.cudnn.allow_tf32 is False
+
+
+def test_tf32_contexts_nest(matmul_precision: None) -> None:
+    torch.set_float32_matmul_precision("medium")
+    policy = TF32Precision()
+    with policy.forward_context("cpu"):
+        with policy.forward_context("cpu"):
+            assert torch.get_float32_matmul_precision() == "high"
+        assert torch.get_float32_matmul_precision() == "high"
+    assert torch.get_float32_matmul_precision() == "medium"
+
+
+def test_tf32_forward_context_is_fresh_each_call(matmul_precision: None) -> None:
+    # A generator-based context manager can be entered once; the policy must hand out a new one per call.
+    policy = TF32Precision()
+    for _ in range(2):
+        with policy.forward_context("cpu"):
+            pass
+
+
+def test_tf32_keeps_fp32_weights_and_does_not_autocast() -> None:
+    model = mlp()
+    reference = copy.deepcopy(model)
+    policy = TF32Precision()
+    assert policy.param_dtype == torch.float32 and policy.compute_dtype is None and policy.loss_scaling == "none"
+    policy.convert_module(model, "cpu")
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert p.dtype == torch.float32 and torch.equal(p, q)
+    with policy.forward_context("cpu"):
+        assert not torch.is_autocast_enabled("cpu")
+        assert model(torch.randn(2, 6)).dtype == torch.float32
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=RuntimeError,
+    reason="BUG: TF32Precision.forward_context reads torch.get_float32_matmul_precision(), which raises "
+    "RuntimeError once per-backend precisions disagree, e.g. after torch's newer API "
+    "torch.backends.cuda.matmul.fp32_precision = 'tf32'; so 'tf32' fails for users of that API",
+)
+def test_tf32_context_works_alongside_torch_per_backend_precision_api() -> None:
+    saved = (torch.backends.cuda.matmul.fp32_precision, torch.backends.mkldnn.matmul.fp32_precision)
+    try:
+        torch.backends.cuda.matmul.fp32_precision = "tf32"
+        with TF32Precision().forward_context("cpu"):
+            assert torch.backends.cuda.matmul.fp32_precision == "tf32"
+        assert torch.backends.cuda.matmul.fp32_precision == "tf32"
+    finally:
+        torch.backends.cuda.matmul.fp32_precision, torch.backends.mkldnn.matmul.fp32_precision = saved
