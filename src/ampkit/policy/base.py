@@ -48,7 +48,19 @@ class Policy:
 
     # -- what a device can do -------------------------------------------------------------------
     def support(self, device: torch.device | str | None = None) -> Support:
-        """Whether this policy runs on ``device``, whether it is fast there, and why."""
+        """Whether this policy runs on ``device``, whether it is fast there, and why.
+
+        >>> import ampkit
+        >>> ampkit.get_policy("tf32").support("cpu").supported
+        False
+        """
+        device = as_device(device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            return Support(False, False, "CUDA is not available here (a CPU-only torch build, or no GPU visible); train on 'cpu'")
+        return self._support(device)
+
+    def _support(self, device: torch.device) -> Support:
+        # Each family overrides this with what it knows of the device; base: runs anywhere at full speed.
         return Support(True, True, "runs everywhere")
 
     def check_device(self, device: torch.device | str | None = None) -> None:

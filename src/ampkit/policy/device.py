@@ -33,6 +33,8 @@ def as_device(device: torch.device | str | int | None) -> torch.device:
     """
     if device is None:
         return torch.device("cpu")
+    if isinstance(device, bool):
+        raise TypeError(f"device must be a torch.device, a string such as 'cuda:0', or a CUDA index; got {device!r}.")
     if isinstance(device, int):
         return torch.device("cuda", device)
     device = torch.device(device)

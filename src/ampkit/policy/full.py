@@ -10,7 +10,7 @@ from typing import ClassVar, ContextManager
 import torch
 
 from .base import Policy
-from .device import Support, as_device, cuda_tf32_supported
+from .device import Support, cuda_tf32_supported
 
 __all__ = ["FullPrecision", "TF32Precision"]
 
@@ -23,9 +23,27 @@ class FullPrecision(Policy):
     description: ClassVar[str] = "fp32 weights and compute (the reference)"
 
 
+def _per_backend_api() -> bool:
+    # torch >= 2.9 keeps one fp32 precision per backend (torch.backends.cuda.matmul.fp32_precision, ...).
+    return hasattr(torch.backends.cuda.matmul, "fp32_precision") and hasattr(getattr(torch.backends.cudnn, "conv", None), "fp32_precision")
+
+
 @contextlib.contextmanager
 def _tf32_matmuls() -> Iterator[None]:
-    # set_float32_matmul_precision is process-global, so restore the caller's setting on the way out.
+    # These settings are process-global, so the caller's are restored on the way out. Where torch has per-backend
+    # settings, only the CUDA ones are touched: the legacy global getter raises once backends disagree, so
+    # reading or writing it would break users of the newer API (and the CPU's oneDNN setting is not ours).
+    if _per_backend_api():
+        backends = (torch.backends.cuda.matmul, torch.backends.cudnn.conv)
+        previous = [b.fp32_precision for b in backends]
+        for b in backends:
+            b.fp32_precision = "tf32"
+        try:
+            yield
+        finally:
+            for b, value in zip(backends, previous):
+                b.fp32_precision = value
+        return
     previous_matmul = torch.get_float32_matmul_precision()
     previous_cudnn = torch.backends.cudnn.allow_tf32
     torch.set_float32_matmul_precision("high")
@@ -44,8 +62,7 @@ class TF32Precision(Policy):
     name: str = "tf32"
     description: ClassVar[str] = "fp32 weights, TF32 tensor-core matmuls (CUDA sm80+)"
 
-    def support(self, device: torch.device | str | None = None) -> Support:
-        device = as_device(device)
+    def _support(self, device: torch.device) -> Support:
         if device.type != "cuda":
             return Support(False, False, "TF32 is a CUDA tensor-core mode; on CPU use 'bf16-mixed' (AMX) or '32-true'")
         if not cuda_tf32_supported(device):

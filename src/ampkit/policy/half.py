@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from .base import LossScaling, Policy
-from .device import Support, as_device, cpu_bf16_native, cuda_bf16_supported
+from .device import Support, cpu_bf16_native, cuda_bf16_supported
 from .islands import NORM_TYPES, cast_floating, make_fp32_island, match_modules
 
 __all__ = ["BF16True", "FP16True", "BF16TrueMasters", "FP16TrueMasters"]
@@ -34,8 +34,7 @@ def _cast_outputs(module: nn.Module, args: Any, output: Any) -> Any:
 
 @dataclass(frozen=True, kw_only=True)
 class _Half(Policy):
-    def support(self, device: torch.device | str | None = None) -> Support:
-        device = as_device(device)
+    def _support(self, device: torch.device) -> Support:
         dtype = self.param_dtype
         if device.type == "cuda":
             if dtype == torch.bfloat16 and not cuda_bf16_supported(device):

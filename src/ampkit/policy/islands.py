@@ -8,6 +8,7 @@ rather than a closure, so ``copy.deepcopy`` and pickling carry the island to the
 
 from __future__ import annotations
 
+import copy
 import fnmatch
 import functools
 from collections.abc import Iterable, Sequence
@@ -50,7 +51,11 @@ def cast_floating(value: Any, dtype: torch.dtype) -> Any:
     if isinstance(value, (list, tuple)):
         return type(value)(cast_floating(v, dtype) for v in value)
     if isinstance(value, dict):
-        return type(value)((k, cast_floating(v, dtype)) for k, v in value.items())
+        # A shallow copy keeps the mapping's type and extras (a defaultdict's factory, an OrderedDict's order).
+        out = copy.copy(value)
+        for k, v in value.items():
+            out[k] = cast_floating(v, dtype)
+        return out
     return value
 
 
@@ -108,6 +113,11 @@ def make_fp32_island(module: nn.Module, device_type: str, output_dtype: torch.dt
             f"{type(module).__name__} already has an instance-level forward; ampkit cannot keep it in fp32. "
             "Remove the patched forward or leave this module out of keep_fp32."
         )
+    # The island's own weights must be fp32 too: a model that arrived in 16 bits would otherwise meet fp32
+    # inputs with 16-bit weights. Assigning .data keeps each Parameter object, so optimizers stay valid.
+    for t in [*module.parameters(), *module.buffers()]:
+        if t.is_floating_point() and t.dtype != torch.float32:
+            t.data = t.data.float()
     module.forward = functools.partial(_island_forward, module, device_type, output_dtype)  # type: ignore[method-assign]
 
 

@@ -8,7 +8,7 @@ from typing import ClassVar, ContextManager
 import torch
 
 from .base import LossScaling, Policy
-from .device import Support, as_device, cpu_bf16_native, cuda_bf16_supported
+from .device import Support, cpu_bf16_native, cuda_bf16_supported
 
 __all__ = ["BF16Mixed", "FP16Mixed"]
 
@@ -27,8 +27,7 @@ class BF16Mixed(_Mixed):
     compute_dtype: ClassVar[torch.dtype] = torch.bfloat16
     description: ClassVar[str] = "fp32 weights, bf16 autocast, no loss scaling"
 
-    def support(self, device: torch.device | str | None = None) -> Support:
-        device = as_device(device)
+    def _support(self, device: torch.device) -> Support:
         if device.type == "cuda":
             if not cuda_bf16_supported(device):
                 return Support(False, False, f"{torch.cuda.get_device_name(device)} has no bf16 (needs sm80+); use '16-mixed'")
@@ -49,8 +48,7 @@ class FP16Mixed(_Mixed):
     loss_scaling: ClassVar[LossScaling] = "dynamic"
     description: ClassVar[str] = "fp32 weights, fp16 autocast, dynamic loss scaling"
 
-    def support(self, device: torch.device | str | None = None) -> Support:
-        device = as_device(device)
+    def _support(self, device: torch.device) -> Support:
         if device.type == "cuda":
             return Support(True, True, "fp16 tensor cores")
         if device.type == "cpu":

@@ -80,7 +80,8 @@ def get_policy(precision: "str | int | Policy", keep_fp32: Iterable[str | type[n
     ...
     ampkit.errors.PolicyError: Unknown precision '01'. Did you mean 'O1'? Valid: 32-true, tf32, ...
     """
-    keep = tuple(keep_fp32)
+    # One name or type on its own is one entry, not an iterable of characters.
+    keep = (keep_fp32,) if isinstance(keep_fp32, (str, type)) else tuple(keep_fp32)
     if isinstance(precision, Policy):
         return precision.with_keep_fp32(*keep) if keep else precision
     if isinstance(precision, bool) or not isinstance(precision, (str, int)):

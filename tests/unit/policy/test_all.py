@@ -198,3 +198,12 @@ def test_converted_model_answers_in_fp32_or_the_compute_dtype(name: str) -> None
         out = model(torch.randn(3, 4))
     assert out.dtype == (policy.compute_dtype or torch.float32)
     assert torch.isfinite(out).all()
+
+
+def test_cuda_without_cuda_is_unsupported_with_a_reason(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    policy = get_policy(name)
+    s = policy.support("cuda")
+    assert not s.supported and "CUDA is not available" in s.reason
+    with pytest.raises(UnsupportedPolicyError, match="CUDA is not available"):
+        policy.check_device("cuda:0")

@@ -178,3 +178,8 @@ def test_cuda_bf16_and_tf32_need_sm80(monkeypatch: pytest.MonkeyPatch, capabilit
     assert cuda_bf16_supported(dev) is expected
     assert cuda_tf32_supported(dev) is expected
     assert asked == [dev, dev], "the capability of the device asked about, not of the current one"
+
+
+def test_a_bool_is_not_taken_for_a_cuda_index() -> None:
+    with pytest.raises(TypeError, match="CUDA index"):
+        as_device(True)  # type: ignore[arg-type]

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import copy
 from collections.abc import Iterator
 
 import pytest
 import torch
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    FakeGpu = Callable[[tuple[int, int], str], None]
 from torch import nn
 
 from ampkit.errors import PolicyError, UnsupportedPolicyError
 from ampkit.policy import FullPrecision, Support, TF32Precision, get_policy
+from ampkit.policy import full as full_mod
 from ampkit.policy.islands import is_fp32_island
 
 
@@ -19,18 +27,18 @@ def mlp(seed: int = 0) -> nn.Sequential:
     return nn.Sequential(nn.Linear(6, 8), nn.LayerNorm(8), nn.ReLU(), nn.Linear(8, 3))
 
 
-def fake_gpu(monkeypatch: pytest.MonkeyPatch, capability: tuple[int, int], name: str) -> None:
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
 
 
 @pytest.fixture
 def matmul_precision() -> Iterator[None]:
-    """Let a test set the float32 matmul precision and cudnn's TF32 flag; put both back afterwards."""
-    precision, cudnn = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    """Let a test change the CUDA backends' fp32 precision; put it back afterwards."""
+    saved = (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision)
     yield
-    torch.set_float32_matmul_precision(precision)
-    torch.backends.cudnn.allow_tf32 = cudnn
+    torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision = saved
+
+
+def cuda_precisions() -> tuple[str, str]:
+    return torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision
 
 
 # ------------------------------------------------------------------------------------- 32-true
@@ -41,7 +49,7 @@ def test_32_true_describes_fp32_everything() -> None:
     assert p.loss_scaling == "none" and p.master_weights is False
 
 
-@pytest.mark.parametrize("device", [None, "cpu", torch.device("cpu"), "cuda:0", "meta"])
+@pytest.mark.parametrize("device", [None, "cpu", torch.device("cpu"), "meta"])
 def test_32_true_runs_everywhere(device: object) -> None:
     s = FullPrecision().support(device)  # type: ignore[arg-type]
     assert s == Support(True, True, "runs everywhere")
@@ -87,8 +95,8 @@ def test_tf32_check_device_on_cpu_raises_unsupported_policy_error() -> None:
         get_policy("tf32").check_device(None)
 
 
-def test_tf32_on_pre_ampere_gpu_is_unsupported_naming_the_gpu_and_16_mixed(monkeypatch: pytest.MonkeyPatch) -> None:
-    fake_gpu(monkeypatch, (7, 0), "Tesla V100")
+def test_tf32_on_pre_ampere_gpu_is_unsupported_naming_the_gpu_and_16_mixed(fake_gpu: FakeGpu) -> None:
+    fake_gpu((7, 0), "Tesla V100")
     s = TF32Precision().support("cuda:0")
     assert s.supported is False and s.fast is False
     assert "Tesla V100" in s.reason and "'16-mixed'" in s.reason
@@ -96,43 +104,59 @@ def test_tf32_on_pre_ampere_gpu_is_unsupported_naming_the_gpu_and_16_mixed(monke
         TF32Precision().check_device("cuda:0")
 
 
-def test_tf32_on_ampere_is_supported_and_fast(monkeypatch: pytest.MonkeyPatch) -> None:
-    fake_gpu(monkeypatch, (8, 0), "A100")
+def test_tf32_on_ampere_is_supported_and_fast(fake_gpu: FakeGpu) -> None:
+    fake_gpu((8, 0), "A100")
     assert TF32Precision().support("cuda:0") == Support(True, True, "TF32 tensor cores")
     TF32Precision().check_device("cuda:0")
 
 
 # ------------------------------------------------------------------------------------- tf32 forward context
-@pytest.mark.parametrize("previous", ["highest", "medium", "high"])
-def test_tf32_context_sets_high_precision_and_restores_the_previous(matmul_precision: None, previous: str) -> None:
-    torch.set_float32_matmul_precision(previous)
-    torch.backends.cudnn.allow_tf32 = False
-    with TF32Precision().forward_context("cpu"):
-        assert torch.get_float32_matmul_precision() == "high"
-        assert torch.backends.cudnn.allow_tf32 is True
-    assert torch.get_float32_matmul_precision() == previous
-    assert torch.backends.cudnn.allow_tf32 is False
+@pytest.mark.parametrize("previous", ["ieee", "none"])
+def test_tf32_context_sets_the_cuda_backends_to_tf32_and_restores_them(matmul_precision: None, previous: str) -> None:
+    torch.backends.cuda.matmul.fp32_precision = previous
+    torch.backends.cudnn.conv.fp32_precision = previous
+    with TF32Precision().forward_context("cuda"):
+        assert cuda_precisions() == ("tf32", "tf32")
+    assert cuda_precisions() == (previous, previous)
+
+
+def test_tf32_context_leaves_the_cpu_backend_alone(matmul_precision: None) -> None:
+    before = torch.backends.mkldnn.matmul.fp32_precision
+    with TF32Precision().forward_context("cuda"):
+        assert torch.backends.mkldnn.matmul.fp32_precision == before
+    assert torch.get_float32_matmul_precision() == "highest"  # the legacy getter still works afterwards
 
 
 def test_tf32_context_restores_after_an_exception(matmul_precision: None) -> None:
-    torch.set_float32_matmul_precision("highest")
-    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.fp32_precision = "ieee"
     with pytest.raises(KeyError, match="boom"):
-        with TF32Precision().forward_context("cpu"):
-            assert torch.get_float32_matmul_precision() == "high"
+        with TF32Precision().forward_context("cuda"):
+            assert cuda_precisions()[0] == "tf32"
             raise KeyError("boom")
-    assert torch.get_float32_matmul_precision() == "highest"
-    assert torch.backends.cudnn.allow_tf32 is False
+    assert cuda_precisions()[0] == "ieee"
 
 
 def test_tf32_contexts_nest(matmul_precision: None) -> None:
-    torch.set_float32_matmul_precision("medium")
+    torch.backends.cuda.matmul.fp32_precision = "ieee"
     policy = TF32Precision()
-    with policy.forward_context("cpu"):
-        with policy.forward_context("cpu"):
-            assert torch.get_float32_matmul_precision() == "high"
-        assert torch.get_float32_matmul_precision() == "high"
-    assert torch.get_float32_matmul_precision() == "medium"
+    with policy.forward_context("cuda"):
+        with policy.forward_context("cuda"):
+            assert cuda_precisions()[0] == "tf32"
+        assert cuda_precisions()[0] == "tf32"
+    assert cuda_precisions()[0] == "ieee"
+
+
+def test_tf32_context_falls_back_to_the_legacy_api_on_older_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(full_mod, "_per_backend_api", lambda: False)
+    previous = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        with TF32Precision().forward_context("cuda"):
+            assert torch.get_float32_matmul_precision() == "high" and torch.backends.cudnn.allow_tf32 is True
+        assert torch.get_float32_matmul_precision() == previous[0] and torch.backends.cudnn.allow_tf32 is False
+    finally:
+        torch.set_float32_matmul_precision(previous[0])
+        torch.backends.cudnn.allow_tf32 = previous[1]
 
 
 def test_tf32_forward_context_is_fresh_each_call(matmul_precision: None) -> None:
@@ -156,13 +180,6 @@ def test_tf32_keeps_fp32_weights_and_does_not_autocast() -> None:
         assert model(torch.randn(2, 6)).dtype == torch.float32
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=RuntimeError,
-    reason="BUG: TF32Precision.forward_context reads torch.get_float32_matmul_precision(), which raises "
-    "RuntimeError once per-backend precisions disagree, e.g. after torch's newer API "
-    "torch.backends.cuda.matmul.fp32_precision = 'tf32'; so 'tf32' fails for users of that API",
-)
 def test_tf32_context_works_alongside_torch_per_backend_precision_api() -> None:
     saved = (torch.backends.cuda.matmul.fp32_precision, torch.backends.mkldnn.matmul.fp32_precision)
     try:

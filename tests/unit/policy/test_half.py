@@ -6,11 +6,18 @@ Each forward is checked bitwise against a hand-built reference: the same fp32 we
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import copy
 from collections.abc import Callable
 
 import pytest
 import torch
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    FakeGpu = Callable[[tuple[int, int], str], None]
 from torch import nn
 
 from ampkit.policy import BF16True, BF16TrueMasters, FP16True, FP16TrueMasters, Policy, Support, get_policy
@@ -36,9 +43,6 @@ def inputs(seed: int = 1) -> torch.Tensor:
     return torch.randn(6, 4, generator=torch.Generator().manual_seed(seed))
 
 
-def fake_gpu(monkeypatch: pytest.MonkeyPatch, capability: tuple[int, int], name: str) -> None:
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
 
 
 def masters_reference(fp32_model: nn.Sequential, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -312,8 +316,8 @@ def test_bf16_cpu_support_follows_the_cpu(monkeypatch: pytest.MonkeyPatch, nativ
     assert (s.supported, s.fast) == (True, fast) and words in s.reason
 
 
-def test_pre_ampere_gpu_refuses_bf16_and_runs_fp16(monkeypatch: pytest.MonkeyPatch) -> None:
-    fake_gpu(monkeypatch, (7, 0), "Tesla V100")
+def test_pre_ampere_gpu_refuses_bf16_and_runs_fp16(fake_gpu: FakeGpu) -> None:
+    fake_gpu((7, 0), "Tesla V100")
     for policy in (BF16True(), BF16TrueMasters()):
         s = policy.support("cuda:0")
         assert s.supported is False and "Tesla V100" in s.reason and "'16-true-masters'" in s.reason
@@ -321,8 +325,8 @@ def test_pre_ampere_gpu_refuses_bf16_and_runs_fp16(monkeypatch: pytest.MonkeyPat
         assert policy.support("cuda:0") == Support(True, True, "16-bit tensor cores")
 
 
-def test_ampere_gpu_runs_all_16_bit_policies_fast(monkeypatch: pytest.MonkeyPatch) -> None:
-    fake_gpu(monkeypatch, (8, 6), "RTX 3090")
+def test_ampere_gpu_runs_all_16_bit_policies_fast(fake_gpu: FakeGpu) -> None:
+    fake_gpu((8, 6), "RTX 3090")
     for name in HALF:
         assert get_policy(name).support("cuda:0") == Support(True, True, "16-bit tensor cores")
 
@@ -334,14 +338,17 @@ def test_other_devices_run_but_are_not_claimed_fast(name: str) -> None:
 
 
 # ------------------------------------------------------------------------------------- bugs
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: _Half.convert_module casts only non-island modules, so a model that arrives in 16 bits keeps its "
-    "norm layers (and keep_fp32 modules) 16-bit under the -masters policies; the fp32 island then feeds fp32 "
-    "inputs to bf16 weights and the forward fails ('mixed dtype (CPU)')",
-)
 def test_masters_make_norms_fp32_even_when_the_model_arrives_in_16_bits() -> None:
     model = normed().to(torch.bfloat16)
     BF16TrueMasters().convert_module(model, "cpu")
     assert all(p.dtype == torch.float32 for p in model[1].parameters())
     assert model(inputs()).dtype == torch.float32
+
+
+def test_keep_fp32_module_with_children_becomes_fp32_when_the_model_arrives_in_16_bits() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Sequential(nn.Linear(4, 4), nn.GELU(), nn.Linear(4, 2))).bfloat16()
+    get_policy("bf16-true-masters", keep_fp32=["1"]).convert_module(model, "cpu")
+    assert all(p.dtype == torch.float32 for p in model[1].parameters())
+    assert model[0].weight.dtype == torch.bfloat16
+    assert model(torch.randn(3, 4)).dtype == torch.float32

@@ -290,12 +290,6 @@ def test_cast_floating_keeps_autograd_connected() -> None:
     assert torch.equal(x.grad, torch.ones(2))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=TypeError,
-    reason="BUG: cast_floating rebuilds a dict as type(value)(pairs), which fails for collections.defaultdict "
-    "('first argument must be callable or None'), so a module returning a defaultdict breaks the I/O hooks",
-)
 def test_cast_floating_handles_defaultdict() -> None:
     value = collections.defaultdict(list, a=torch.ones(1))
     out = cast_floating(value, torch.bfloat16)

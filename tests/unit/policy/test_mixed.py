@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import copy
 
 import pytest
 import torch
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    FakeGpu = Callable[[tuple[int, int], str], None]
 from torch import nn
 
 from ampkit.policy import BF16Mixed, FP16Mixed, Support, get_policy
@@ -23,9 +30,6 @@ def inputs(seed: int = 1) -> torch.Tensor:
     return torch.randn(8, 16, generator=torch.Generator().manual_seed(seed))
 
 
-def fake_gpu(monkeypatch: pytest.MonkeyPatch, capability: tuple[int, int], name: str) -> None:
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
 
 
 # ------------------------------------------------------------------------------------- what they are
@@ -160,15 +164,15 @@ def test_16_mixed_on_cpu_runs_but_is_not_fast_and_points_to_bf16_mixed() -> None
     FP16Mixed().check_device("cpu")
 
 
-def test_bf16_mixed_on_pre_ampere_gpu_is_unsupported_and_points_to_16_mixed(monkeypatch: pytest.MonkeyPatch) -> None:
-    fake_gpu(monkeypatch, (7, 5), "Tesla T4")
+def test_bf16_mixed_on_pre_ampere_gpu_is_unsupported_and_points_to_16_mixed(fake_gpu: FakeGpu) -> None:
+    fake_gpu((7, 5), "Tesla T4")
     s = BF16Mixed().support("cuda:0")
     assert s.supported is False and "Tesla T4" in s.reason and "'16-mixed'" in s.reason
     assert FP16Mixed().support("cuda:0") == Support(True, True, "fp16 tensor cores")
 
 
-def test_bf16_mixed_on_ampere_is_supported_and_fast(monkeypatch: pytest.MonkeyPatch) -> None:
-    fake_gpu(monkeypatch, (8, 0), "A100")
+def test_bf16_mixed_on_ampere_is_supported_and_fast(fake_gpu: FakeGpu) -> None:
+    fake_gpu((8, 0), "A100")
     assert BF16Mixed().support("cuda:0") == Support(True, True, "bf16 tensor cores")
 
 

@@ -134,11 +134,6 @@ def test_keep_fp32_accepts_any_iterable() -> None:
     assert get_policy("bf16", keep_fp32=(n for n in ["a", "b"])).keep_fp32 == ("a", "b")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: get_policy(..., keep_fp32='head') (and Engine(keep_fp32='head')) runs tuple() over the bare "
-    "string, storing the characters ('h', 'e', 'a', 'd') instead of the one module name 'head'",
-)
 def test_keep_fp32_given_a_bare_string_is_one_name_not_its_characters() -> None:
     policy = get_policy("bf16", keep_fp32="head")
     assert policy.keep_fp32 == ("head",)
