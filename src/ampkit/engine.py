@@ -298,7 +298,10 @@ class Engine:
         # "device" is the host, so reading there costs nothing; only fused optimizers on an accelerator
         # defer the read to the next step (see _defer_outcome), keeping the step free of syncs.
         sync_now = bool(found) and (not all(fused) or bool(self.schedulers) or dev.type == "cpu")
-        host_found = [bool(v) for v in torch.stack(found).tolist()] if sync_now else None
+        any_found = None if not found else found[0] if len(found) == 1 else torch.stack(found).amax()
+        host_found = None
+        if sync_now:
+            host_found = [bool(any_found.item())] if len(found) == 1 else [bool(v) for v in torch.stack(found).tolist()]  # type: ignore[union-attr]
         for i, opt in enumerate(opts):
             if fused[i]:
                 opt.grad_scale = None if unscaled else scaler.scale_tensor  # type: ignore[attr-defined,union-attr]
@@ -309,7 +312,6 @@ class Engine:
                     del opt.grad_scale, opt.found_inf  # type: ignore[attr-defined]
             elif host_found is None or not host_found[i]:
                 opt.step()
-        any_found = torch.stack(found).amax() if found else None
         if scaler is not None:
             scaler.update(any_found)  # type: ignore[arg-type]
         self._record_outcome(any_found, host_found)
