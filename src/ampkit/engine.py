@@ -122,6 +122,7 @@ class Engine:
         self._last_found_host: bool | None = None
         self._last_norm: torch.Tensor | None = None
         self._deferred: tuple[torch.Tensor, Any] | None = None
+        self._diagnose_late = False
         self._collapse_warned = False
 
     # ------------------------------------------------------------------------------------------ setup
@@ -266,6 +267,10 @@ class Engine:
 
     def _optimizer_step(self, opts: list[torch.optim.Optimizer]) -> None:
         self._resolve_deferred_outcome()
+        # A collapse learnt late (see _resolve_deferred_outcome) is diagnosed on the gradients at hand, before
+        # they are unscaled or zeroed, and reported once this step is complete.
+        late_collapse = self._collapse_message() if self._diagnose_late else None
+        self._diagnose_late = False
         if self.masters is not None:
             self.masters.copy_grads_to_masters()
         scaler, dev = self.scaler, self.device
@@ -297,7 +302,7 @@ class Engine:
         # The one sync: a non-fused optimizer (or a scheduler) has to know on the host whether to step. A CPU
         # "device" is the host, so reading there costs nothing; only fused optimizers on an accelerator
         # defer the read to the next step (see _defer_outcome), keeping the step free of syncs.
-        sync_now = bool(found) and (not all(fused) or bool(self.schedulers) or dev.type == "cpu")
+        sync_now = bool(found) and (not all(fused) or bool(self.schedulers) or self._reads_are_free())
         any_found = None if not found else found[0] if len(found) == 1 else torch.stack(found).amax()
         host_found = None
         if sync_now:
@@ -324,7 +329,7 @@ class Engine:
             if not self._last_found_host and any(s.optimizer is o for o in opts):
                 s.step()
         self._zero_grad(opts)
-        self._report_collapse(collapse)
+        self._report_collapse(collapse or late_collapse)
 
     def _record_outcome(self, any_found: torch.Tensor | None, host_found: list[bool] | None) -> None:
         self._last_found = any_found
@@ -341,6 +346,10 @@ class Engine:
         if self._last_found_host:
             log.debug("step %d skipped: non-finite gradients", self.steps)
 
+    def _reads_are_free(self) -> bool:
+        # On CPU the "device" is the host: reading a flag costs no sync, so the outcome is known at once.
+        return self.device.type == "cpu"
+
     def _defer_outcome(self, any_found: torch.Tensor) -> None:
         # Copy the flag to pinned host memory behind an event: by the next optimizer step the copy has long
         # landed, so reading it waits for nothing queued after this step (unlike .item(), which drains the stream).
@@ -352,10 +361,11 @@ class Engine:
         self._deferred = (host, event)
 
     def _resolve_deferred_outcome(self) -> None:
-        """Learn whether the previous (fused, unsynced) step was skipped, and diagnose a collapse if so.
+        """Learn whether the previous (fused, unsynced) step was skipped.
 
-        Runs at the start of the next optimizer step: the gradients at hand are that step's, which are the
-        ones to name when the scale has collapsed (an overflow that persists shows up in them too).
+        A skipped one is diagnosed for collapse at the start of the next optimizer step: the scaler still holds
+        the state that step left, and the gradients at hand are the ones to name (a persistent overflow shows
+        in them too), whereas right after a step they have been zeroed.
         """
         if self._deferred is None:
             return
@@ -364,8 +374,9 @@ class Engine:
             event.synchronize()
         self._deferred = None
         self._last_found_host = bool(host.item())
-        if self._last_found_host:
-            self._report_collapse(self._collapse_message())
+        self._diagnose_late = self._last_found_host
+        if not self._last_found_host:
+            self._collapse_warned = False  # a clean step ends a collapse episode
 
     def _report_collapse(self, message: str | None) -> None:
         if message is None:

@@ -576,6 +576,32 @@ def test_collapse_is_diagnosed_with_a_fused_optimizer_too() -> None:
     assert engine.steps == 5 and engine.skipped_steps == 5
 
 
+def test_deferred_outcome_of_fused_steps_is_counted_and_diagnosed_one_step_late(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On an accelerator a fused step is not synced: the engine learns its outcome at the next step."""
+    monkeypatch.setattr(Engine, "_reads_are_free", lambda self: False)  # behave as on CUDA
+    model = ExplodingGrad()
+    engine = Engine("16-mixed", scaler=ScalerConfig(init_scale=2.0**4, min_scale=1.0))
+    model, _ = engine.setup(model, torch.optim.AdamW(model.parameters(), lr=0.1, fused=True))
+    x, y = batches(1)[0]
+
+    def one_step() -> None:
+        with engine.autocast():
+            loss = loss_fn(model(x), y)
+        engine.backward(loss)
+        engine.step()
+
+    one_step()
+    assert engine._deferred is not None  # nothing read yet
+    assert engine.step_was_skipped and engine._deferred is None
+    with pytest.raises(LossScaleCollapseError, match=r"floor.*body\.3\.weight"):
+        for _ in range(10):
+            one_step()
+    # The fifth step overflows at the floor; its outcome is read as the sixth begins, which completes (skipped
+    # too) before the error is raised, so a caller that catches it holds a consistent state.
+    assert engine.steps == 6 and engine.skipped_steps == 6
+    assert all(p.grad is None for p in model.parameters())
+
+
 def test_collapse_warning_is_logged_once_per_episode(caplog: pytest.LogCaptureFixture) -> None:
     model = mlp()
     engine = Engine("16-mixed", scaler=ScalerConfig(init_scale=2.0, max_consecutive_skips=2, on_collapse="warn"))
