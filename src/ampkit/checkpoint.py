@@ -73,7 +73,7 @@ def load_engine_state(engine: "Engine", state: dict[str, Any]) -> None:
     _check_engine_state(engine, state)
     engine._micro, engine._epoch_len, engine.steps = state["micro"], state["epoch_len"], state["steps"]
     engine._skipped_total.fill_(int(state["skipped_steps"]))  # type: ignore[union-attr]
-    engine._last_found = engine._last_found_host = engine._last_norm = engine._deferred = None
+    engine._last_found_host = engine._last_norm = engine._deferred = None
     engine._diagnose_late = False
     if engine.scaler is not None:
         engine.scaler.load_state_dict(state["scaler"])

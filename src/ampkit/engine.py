@@ -118,7 +118,6 @@ class Engine:
         # Step outcome. Device tensors where the answer lives on the device; host mirrors once synced.
         self.steps = 0
         self._skipped_total: torch.Tensor | None = None
-        self._last_found: torch.Tensor | None = None
         self._last_found_host: bool | None = None
         self._last_norm: torch.Tensor | None = None
         self._deferred: tuple[torch.Tensor, Any] | None = None
@@ -332,7 +331,6 @@ class Engine:
         self._report_collapse(collapse or late_collapse)
 
     def _record_outcome(self, any_found: torch.Tensor | None, host_found: list[bool] | None) -> None:
-        self._last_found = any_found
         self._deferred = None
         if any_found is None:
             self._last_found_host = False
@@ -412,9 +410,7 @@ class Engine:
     def step_was_skipped(self) -> bool:
         """Whether the last optimizer step was skipped for non-finite gradients. May sync once."""
         self._resolve_deferred_outcome()
-        if self._last_found_host is None:
-            self._last_found_host = bool(self._last_found.item()) if self._last_found is not None else False
-        return self._last_found_host
+        return bool(self._last_found_host)  # None only before the first step, or right after a load
 
     @property
     def skipped_steps(self) -> int:
