@@ -1,0 +1,10 @@
+"""``ampkit bench``: the same training run under several precision policies, measured side by side.
+
+A :class:`Workload` (built-in, or the user's model and data) is trained from identical weights on identical
+batches under each policy; the runner records time, memory, loss and eval figures into a :class:`BenchResult`.
+"""
+
+from .results import BenchResult, RunResult
+from .workload import Accuracy, Batch, Metric, Workload
+
+__all__ = ["Workload", "Metric", "Accuracy", "Batch", "BenchResult", "RunResult"]

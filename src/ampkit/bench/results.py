@@ -1,0 +1,160 @@
+"""The figures one ``ampkit bench`` produces, and results.json, the file that keeps them.
+
+results.json (``BenchResult.to_dict()``) holds:
+
+- ``schema``: the format version (1); ``workload``, ``description``, ``command``, ``date`` (UTC, ISO 8601),
+  ``torch``, ``ampkit``, ``device`` (``type``, ``name``, and for CPUs the bf16/fp16 instruction support),
+  ``settings`` (steps, warm-up, seed, size, interleaving chunk), ``workload_info`` (parameter count, shapes).
+- ``reference``: the policy speed-ups and memory savings are measured against (``32-true``).
+- ``runs``: one object per policy, the fields of :class:`RunResult`. Times are seconds, memory is bytes,
+  ``throughput`` counts ``throughput_unit`` per second. Figures a run could not produce are ``null``.
+
+    >>> r = RunResult(precision="bf16-mixed", status="ok", step_time_median_s=0.01)
+    >>> b = BenchResult(workload="gpt", runs=[r])
+    >>> BenchResult.from_dict(b.to_dict()).runs[0].step_time_median_s
+    0.01
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["RunResult", "BenchResult", "SCHEMA_VERSION", "STATUSES"]
+
+SCHEMA_VERSION = 1
+
+STATUSES = ("ok", "diverged", "failed", "unsupported")
+"""``ok``: trained with finite loss; ``diverged``: the loss became inf/NaN; ``failed``: an exception ended the run
+(``error`` says which); ``unsupported``: the device cannot run the policy (not attempted)."""
+
+
+@dataclass(kw_only=True)
+class RunResult:
+    """One policy's figures. Every field is documented because results.json is read by people and scripts."""
+
+    precision: str
+    """Canonical policy name, e.g. ``bf16-mixed``."""
+    status: str = "ok"
+    """One of :data:`STATUSES`."""
+    error: str | None = None
+    """Why the run failed or was not attempted; None when ``status`` is ok or diverged."""
+    step_time_median_s: float | None = None
+    """Median wall time of one optimizer step (forward, backward, step), warm-up excluded."""
+    step_time_p10_s: float | None = None
+    """10th percentile of the step times: with p90, the spread."""
+    step_time_p90_s: float | None = None
+    """90th percentile of the step times."""
+    timed_steps: int = 0
+    """How many step times the median is taken over."""
+    throughput: float | None = None
+    """``throughput_unit`` per second at the median step time."""
+    throughput_unit: str = "samples"
+    """``samples`` or ``tokens``."""
+    speedup_vs_fp32: float | None = None
+    """Reference median step time / this median step time: above 1 means faster than 32-true."""
+    peak_memory_bytes: int | None = None
+    """CUDA: the allocator's peak during this policy's run. CPU: parameters + gradients + optimizer state +
+    saved activations, counted exactly (the training step's resident tensors)."""
+    memory_breakdown: dict[str, int] = field(default_factory=dict)
+    """Exact bytes of ``parameters``, ``gradients``, ``optimizer_state``, ``master_weights`` and ``activations``."""
+    activation_bytes: int | None = None
+    """Bytes the autograd graph saves for backward in one step (parameters themselves excluded)."""
+    peak_rss_bytes: int | None = None
+    """Process peak resident set size while this policy's run was measured alone (CPU; Linux VmHWM)."""
+    memory_saved_vs_fp32: float | None = None
+    """1 - peak_memory_bytes / reference peak_memory_bytes: 0.3 means 30% less memory than 32-true."""
+    final_loss: float | None = None
+    """Mean training loss over the last 10% of steps (at least one)."""
+    losses: list[float] = field(default_factory=list)
+    """Training loss of every step, in order (the loss curve)."""
+    eval_metric_name: str | None = None
+    """Name of the headline eval metric (``accuracy``, ``mIoU``, ``perplexity``); None for throughput-only workloads."""
+    eval_metric: float | None = None
+    """Its value after training."""
+    eval_metrics: dict[str, float] = field(default_factory=dict)
+    """Every eval figure the workload computes (e.g. pixel accuracy and mIoU; eval loss and perplexity)."""
+    within_tolerance: bool | None = None
+    """Whether ``eval_metric`` is within the workload's tolerance of the reference's; None without a metric."""
+    skipped_steps: int = 0
+    """Optimizer steps skipped because gradients overflowed (loss-scaled policies)."""
+    final_loss_scale: float | None = None
+    """The loss scale at the end; None for policies that do not scale the loss."""
+    flops_per_step: float | None = None
+    """Floating-point operations of one training step, from torch's FlopCounterMode (matmuls and convolutions)."""
+    achieved_flops: float | None = None
+    """flops_per_step / median step time (FLOP/s)."""
+    mfu: float | None = None
+    """achieved_flops / the device's peak for the policy's compute dtype (GPU only; None when the peak is unknown)."""
+    verdict: str | None = None
+    """One line: faster or slower, memory saved, eval metric within or outside tolerance."""
+
+    @property
+    def ok(self) -> bool:
+        """True when the run produced figures (``ok`` or ``diverged``)."""
+        return self.status in ("ok", "diverged")
+
+
+@dataclass(kw_only=True)
+class BenchResult:
+    """A whole bench: what ran, where, and one :class:`RunResult` per policy."""
+
+    workload: str
+    description: str = ""
+    command: str = ""
+    date: str = ""
+    torch: str = ""
+    ampkit: str = ""
+    device: dict[str, Any] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
+    workload_info: dict[str, Any] = field(default_factory=dict)
+    reference: str = "32-true"
+    eval_tolerance: str | None = None
+    """The tolerance in words, e.g. ``"within 0.02 of 32-true"``."""
+    runs: list[RunResult] = field(default_factory=list)
+
+    def run(self, precision: str) -> RunResult | None:
+        """The run of ``precision``, or None."""
+        return next((r for r in self.runs if r.precision == precision), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready data; non-finite floats become None (JSON has no NaN)."""
+        data = dataclasses.asdict(self)
+        data["schema"] = SCHEMA_VERSION
+        return _finite(data)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "BenchResult":
+        """Rebuild from ``to_dict()`` output (unknown keys are ignored, so newer files still load)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        run_fields = {f.name for f in dataclasses.fields(RunResult)}
+        kwargs = {k: v for k, v in data.items() if k in known and k != "runs"}
+        runs = [RunResult(**{k: v for k, v in r.items() if k in run_fields}) for r in data.get("runs", [])]
+        return cls(**kwargs, runs=runs)
+
+    def write_json(self, path: str | Path) -> Path:
+        """Write results.json atomically (a crash leaves any previous file whole)."""
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
+        tmp.replace(path)
+        return path
+
+    @classmethod
+    def read_json(cls, path: str | Path) -> "BenchResult":
+        """Load a results.json written by :meth:`write_json`."""
+        return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
