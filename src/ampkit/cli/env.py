@@ -21,7 +21,7 @@ from rich.text import Text
 
 from .. import __version__
 from ..policy import ALIASES, get_policy, policy_names
-from ..policy.device import Support, cpu_bf16_native, cpu_fp16_native, cuda_bf16_supported
+from ..policy.device import Support, cpu_bf16_native, cpu_fp16_native, cpu_name, cuda_bf16_supported
 
 __all__ = ["register", "run", "collect_env", "recommend", "RECOMMEND_ORDER"]
 
@@ -57,23 +57,11 @@ def run(args: argparse.Namespace) -> int:
 # -- facts ----------------------------------------------------------------------------------------------
 
 
-def _cpu_model() -> str:
-    # /proc/cpuinfo names the CPU on Linux x86; platform.processor() is often just "x86_64" or empty.
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        logger.debug("no /proc/cpuinfo; falling back to platform.processor()")
-    return platform.processor() or platform.machine() or "unknown"
-
-
 def _device_facts() -> list[dict[str, Any]]:
     devices: list[dict[str, Any]] = [
         {
             "device": "cpu",
-            "name": _cpu_model(),
+            "name": cpu_name(),
             "cores": os.cpu_count(),
             "torch_threads": torch.get_num_threads(),
             "bf16_native": cpu_bf16_native(),

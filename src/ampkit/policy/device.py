@@ -9,11 +9,12 @@ convolution backward, because oneDNN has no fast fp16 convolution-backward kerne
 from __future__ import annotations
 
 import functools
+import platform
 from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Support", "as_device", "cpu_bf16_native", "cpu_fp16_native", "cuda_bf16_supported", "cuda_tf32_supported"]
+__all__ = ["Support", "as_device", "cpu_bf16_native", "cpu_fp16_native", "cpu_name", "cuda_bf16_supported", "cuda_tf32_supported"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +61,19 @@ def _cpu_flags() -> frozenset[str]:
         if fn is not None and fn():
             flags.add(flag)
     return frozenset(flags)
+
+
+def cpu_name() -> str:
+    """The CPU's model name, as /proc/cpuinfo gives it on Linux; platform's guess elsewhere."""
+    # platform.processor() is often just "x86_64" or empty on Linux, so /proc/cpuinfo comes first.
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
 
 
 def cpu_bf16_native() -> bool:

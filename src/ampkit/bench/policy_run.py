@@ -1,0 +1,213 @@
+"""One policy's training run inside a bench: build, measure alone, train in chunks, evaluate, summarise.
+
+The runner drives several of these side by side. Each run owns its RNG state (dropout masks, fused-kernel
+randomness), swapped in around its own chunks, so interleaving runs does not change what any of them computes:
+a run trained in chunks between other runs matches the same run trained alone, step for step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import gc
+import logging
+import math
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..engine import Engine
+from .flops import count_flops
+from .memory import SavedActivations, peak_rss_bytes, reset_peak_rss, training_state_bytes
+from .results import RunResult
+from .timing import StepTimer, summarize
+from .workload import Batch, Workload
+
+__all__ = ["PolicyRun"]
+
+log = logging.getLogger("ampkit")
+
+
+def _as_float(output: Any) -> Any:
+    # The loss is computed in fp32 whatever the policy computes in, so every policy optimises the same function.
+    return output.float() if isinstance(output, torch.Tensor) and output.is_floating_point() else output
+
+
+def _call(model: nn.Module, inputs: Any) -> Any:
+    return model(*inputs) if isinstance(inputs, (tuple, list)) else model(inputs)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class PolicyRun:
+    """Trains ``workload`` under ``precision`` on ``device``; its figures accumulate in :attr:`result`."""
+
+    def __init__(self, workload: Workload, precision: str, device: torch.device, batches: Sequence[Batch], seed: int) -> None:
+        self.workload = workload
+        self.precision = precision
+        self.device = device
+        self.batches = batches
+        self.seed = seed
+        self.result = RunResult(precision=precision, throughput_unit=workload.unit)
+        self.model: nn.Module | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.engine: Engine | None = None
+        self.steps_done = 0
+        self.losses: list[torch.Tensor] = []
+        self.times: list[float] = []
+        self.timer = StepTimer(device)
+        self._rng: tuple[torch.Tensor, torch.Tensor | None] | None = None
+
+    @property
+    def alive(self) -> bool:
+        """False once the run has failed."""
+        return self.result.status != "failed"
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def build(self) -> None:
+        """Fresh copy of the workload's initial weights, its optimizer, and an Engine for this policy."""
+        self.release()
+        torch.manual_seed(self.seed)  # seeds CUDA too; the state is kept per run from here on
+        cuda_state = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
+        self._rng = (torch.get_rng_state(), cuda_state)
+        model = copy.deepcopy(self.workload.model).to(self.device)
+        if self.workload.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        optimizer = self.workload.optimizer(model.parameters())
+        self.engine = Engine(self.precision, clip_grad_norm=self.workload.clip_grad_norm)
+        self.model, self.optimizer = self.engine.setup(model, optimizer)
+        self.model.train()
+        self.steps_done, self.losses, self.times = 0, [], []
+
+    def release(self) -> None:
+        """Drop the model, optimizer and engine so their memory can be reused."""
+        self.model = self.optimizer = self.engine = None
+        self.losses = []
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def fail(self, exc: BaseException) -> None:
+        """Record ``exc`` as this run's failure and free its memory; the other runs go on."""
+        log.debug("bench run %s failed", self.precision, exc_info=exc)
+        self.result.status, self.result.error = "failed", _one_line(exc)
+        self.release()
+
+    @contextlib.contextmanager
+    def _own_rng(self) -> Iterator[None]:
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            if self._rng is not None:
+                torch.set_rng_state(self._rng[0])
+                if self._rng[1] is not None:
+                    torch.cuda.set_rng_state(self._rng[1], self.device)
+            yield
+            cuda_state = torch.cuda.get_rng_state(self.device) if devices else None
+            self._rng = (torch.get_rng_state(), cuda_state)
+
+    # -- one step ----------------------------------------------------------------------------------
+    def _step(self) -> None:
+        assert self.model is not None and self.engine is not None  # build() ran
+        inputs, target = self.batches[self.steps_done % len(self.batches)]
+        with self.engine.autocast():
+            loss = self.workload.loss_fn(_as_float(_call(self.model, inputs)), target)
+        self.engine.backward(loss)
+        self.engine.step()
+        self.losses.append(loss.detach())
+        self.steps_done += 1
+
+    def train(self, steps: int, timed: bool) -> None:
+        """Run ``steps`` training steps; their times count when ``timed`` (warm-up steps do not)."""
+        with self._own_rng():
+            for _ in range(steps):
+                if timed:
+                    with self.timer.step():
+                        self._step()
+                else:
+                    self._step()
+            if timed:
+                self.times.extend(self.timer.flush())
+
+    # -- measured alone ----------------------------------------------------------------------------
+    def measure_alone(self, warmup: int, flops: bool) -> None:
+        """Memory, activations and FLOPs, taken on a throwaway copy while no other run holds memory.
+
+        The first step counts saved activations, the second (when ``flops``) counts FLOPs; the rest warm up.
+        Peaks cover building the run and ``warmup`` steps (at least two, so optimizer state exists).
+        """
+        cuda = self.device.type == "cuda"
+        gc.collect()
+        if cuda:
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(self.device)
+            base = torch.cuda.memory_allocated(self.device)
+        reset_peak_rss()
+        self.build()
+        assert self.model is not None and self.optimizer is not None and self.engine is not None
+        with self._own_rng():
+            with SavedActivations(self.model) as saved:
+                self._step()
+            if flops:
+                try:
+                    self.result.flops_per_step = float(count_flops(self._step))
+                except Exception as exc:  # counting is a nicety; a model it cannot trace still gets timed
+                    log.warning("FLOP counting failed under %s (%s); no FLOP/s for this run", self.precision, _one_line(exc))
+                    self._step()
+            for _ in range(max(0, warmup - 2)):
+                self._step()
+        breakdown = training_state_bytes(self.model, [self.optimizer], self.engine.masters)
+        breakdown["activations"] = saved.bytes
+        self.result.memory_breakdown = breakdown
+        self.result.activation_bytes = saved.bytes
+        if cuda:
+            torch.cuda.synchronize(self.device)
+            self.result.peak_memory_bytes = torch.cuda.max_memory_allocated(self.device) - base
+        else:
+            self.result.peak_memory_bytes = sum(breakdown.values())
+        self.result.peak_rss_bytes = peak_rss_bytes()
+        self.release()
+
+    # -- after training ----------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self, batches: Sequence[Batch]) -> None:
+        """Compute the workload's eval metric on ``batches`` under this policy's forward context."""
+        if self.workload.metric is None or not batches or self.model is None or self.engine is None:
+            return
+        metric = self.workload.metric()
+        self.model.eval()
+        try:
+            with self.engine.autocast():
+                for inputs, target in batches:
+                    metric.update(_as_float(_call(self.model, inputs)), target)
+        finally:
+            self.model.train()
+        values = metric.compute()
+        self.result.eval_metric_name = metric.name
+        self.result.eval_metric = values.get(metric.name)
+        self.result.eval_metrics = dict(values)
+
+    def summarize(self) -> None:
+        """Turn the recorded times and losses into the result's figures (one host read of the losses)."""
+        r = self.result
+        if self.losses:
+            r.losses = torch.stack(self.losses).float().cpu().tolist()
+            tail = r.losses[-max(1, len(r.losses) // 10) :]
+            r.final_loss = sum(tail) / len(tail)
+            if not math.isfinite(r.final_loss):
+                r.status = "diverged"
+        if self.times:
+            stats = summarize(self.times)
+            r.step_time_median_s, r.step_time_p10_s, r.step_time_p90_s = stats["median"], stats["p10"], stats["p90"]
+            r.timed_steps = len(self.times)
+            r.throughput = self.workload.items_per_batch / stats["median"]
+            if r.flops_per_step is not None:
+                r.achieved_flops = r.flops_per_step / stats["median"]
+        if self.engine is not None:
+            r.skipped_steps = self.engine.skipped_steps
+            r.final_loss_scale = self.engine.scale
