@@ -16,13 +16,13 @@ import torch
 
 from .. import __version__
 from ..errors import AmpkitError
-from . import env
+from . import bench, env
 
 __all__ = ["main", "build_parser", "SUBCOMMANDS"]
 
 logger = logging.getLogger("ampkit")
 
-SUBCOMMANDS: tuple[ModuleType, ...] = (env,)
+SUBCOMMANDS: tuple[ModuleType, ...] = (bench, env)
 """Modules that each expose ``register(subparsers) -> None``."""
 
 # Exit code for usage errors and for errors ampkit reports on purpose, as argparse uses for bad arguments.
@@ -63,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     """
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(argv) if argv is not None else sys.argv[1:]  # recorded by commands that log how they ran
     func = getattr(args, "func", None)
     if func is None:
         parser.print_help(sys.stderr)

@@ -1,0 +1,81 @@
+"""What ``ampkit bench`` runs when not told: the device, the workload, its size, and the policies.
+
+The default is chosen per machine, from what the policies report about it (:meth:`Policy.support`):
+
+- device: the GPU when there is one, else the CPU;
+- workload: ``gpt``, where mixed precision's effect is largest and measured by an eval metric (a small GPT
+  step runs 2.3x faster under bf16-mixed on an AMX CPU); size ``small`` on CPU (<= 2 minutes on 2 cores),
+  ``large`` on a GPU, where a small model would only measure kernel-launch latency;
+- policies: ``32-true`` (the reference) and every other policy the device runs *fast*. Policies the device
+  runs only slowly (fp16 on a CPU: no faster than fp32, ~170x slower for convolution backward) are left out
+  of the default so it stays within its time budget; naming them in ``--precision`` runs them.
+
+    >>> default_size(torch.device("cpu"))
+    'small'
+    >>> "32-true" in default_precisions(torch.device("cpu"))[0]
+    True
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import UnsupportedPolicyError
+from ..policy import get_policy, policy_names
+from .runner import REFERENCE
+
+__all__ = ["default_device", "default_workload", "default_size", "default_precisions", "resolve_precisions"]
+
+
+def default_device() -> torch.device:
+    """The first CUDA device when there is one, else the CPU."""
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def default_workload(device: torch.device) -> str:
+    """``gpt`` everywhere: it shows the effect best and has an eval metric to check accuracy against."""
+    return "gpt"
+
+
+def default_size(device: torch.device) -> str:
+    """``small`` on CPU (the 2-minute budget), ``large`` on a GPU."""
+    return "large" if device.type == "cuda" else "small"
+
+
+def default_precisions(device: torch.device) -> tuple[list[str], dict[str, str]]:
+    """(policies to run, {policy left out: why}) for ``device``; the reference always comes first."""
+    chosen, left_out = [REFERENCE], {}
+    for name in policy_names():
+        if name == REFERENCE:
+            continue
+        support = get_policy(name).support(device)
+        if support.supported and support.fast:
+            chosen.append(name)
+        else:
+            left_out[name] = support.reason
+    return chosen, left_out
+
+
+def resolve_precisions(text: str, device: torch.device) -> list[str]:
+    """Parse ``--precision`` (comma-separated names or aliases) into canonical names, reference first.
+
+    Unknown names raise PolicyError (naming the closest); a policy the device cannot run raises
+    UnsupportedPolicyError saying what to use instead. Duplicates (``bf16,bf16-mixed``) collapse.
+
+    >>> resolve_precisions("bf16, fp16", torch.device("cpu"))
+    ['32-true', 'bf16-mixed', '16-mixed']
+    """
+    names: list[str] = []
+    for part in text.split(","):
+        if not part.strip():
+            continue
+        policy = get_policy(part.strip())
+        support = policy.support(device)
+        if not support.supported:
+            raise UnsupportedPolicyError(f"--precision {part.strip()}: {policy.name} cannot run on {device}: {support.reason}.")
+        if policy.name not in names:
+            names.append(policy.name)
+    if not names:
+        raise ValueError(f"--precision {text!r} names no policy; give a comma-separated list such as 32-true,bf16-mixed.")
+    # The reference is what speed-ups, memory savings and tolerances are measured against, so it always runs.
+    return [REFERENCE] + [n for n in names if n != REFERENCE]

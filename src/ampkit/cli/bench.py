@@ -1,0 +1,166 @@
+"""``ampkit bench``: one training run under several precision policies, side by side, with a verdict.
+
+    ampkit bench                                   # the default workload, every policy this device runs fast
+    ampkit bench -w digits --precision 32-true,bf16-mixed,16-mixed --out runs/digits
+    ampkit bench --model mypkg.nets:build --data mypkg.data:batches --steps 200 --tensorboard tb/
+
+Prints a progress bar while running (stderr) and a table with one verdict per policy at the end (stdout).
+``--out DIR`` writes results.json, report.md and plots. Exit code 0 when every run produced figures, 1 when a
+run failed (its row says why), 2 for bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shlex
+import sys
+from pathlib import Path
+
+import torch
+from rich.console import Console
+
+from ..policy.device import as_device
+from ..bench.defaults import default_device, default_precisions, default_size, default_workload, resolve_precisions
+from ..bench.progress import NullReporter, RichReporter
+from ..bench.results import BenchResult
+from ..bench.runner import run_bench
+from ..bench.user import user_workload
+from ..bench.workload import SIZES, Workload
+
+__all__ = ["register", "run"]
+
+log = logging.getLogger("ampkit")
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``bench`` subcommand to ``subparsers``."""
+    p = subparsers.add_parser(
+        "bench",
+        help="train one workload under several precision policies and compare time, memory and accuracy",
+        description=(
+            "Train the same model from the same weights on the same batches under several precision policies, "
+            "interleaved, and report step time, throughput, memory, loss, eval metric and a verdict per policy "
+            "against 32-true."
+        ),
+    )
+    p.add_argument("-w", "--workload", help="built-in workload: digits, segment, gpt, resnet (default: the one for this device)")
+    p.add_argument("--precision", help="comma-separated policies or aliases (default: every policy this device runs fast); 32-true always runs as the reference")
+    p.add_argument("--size", default="auto", choices=("auto", *SIZES), help="workload size: small for a CPU, large for a GPU (default: auto)")
+    p.add_argument("--steps", type=_positive, help="optimizer steps per policy, warm-up included (default: the workload's)")
+    p.add_argument("--warmup", type=_non_negative, help="leading steps excluded from timing (default: the workload's)")
+    p.add_argument("--rounds", type=_positive, default=5, help="interleaving rounds the timed steps are split into (default: 5)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights, the data order and dropout (default: 0)")
+    p.add_argument("--device", help="cpu, cuda or cuda:N (default: the GPU if there is one)")
+    p.add_argument("--model", metavar="MODULE:FACTORY", help="your model: a no-argument callable returning an nn.Module")
+    p.add_argument("--data", metavar="MODULE:FACTORY", help="your data: a no-argument callable returning (inputs, targets) batches or a BenchData")
+    p.add_argument("--out", type=Path, metavar="DIR", help="write results.json, report.md and PNG plots here")
+    p.add_argument("--tensorboard", type=Path, metavar="DIR", help="log loss curves and summary figures for TensorBoard here")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (logs and CI)")
+    p.set_defaults(func=run)
+
+
+def _device(text: str | None) -> torch.device:
+    if text is None:
+        return default_device()
+    try:
+        device = as_device(text)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"--device {text!r} is not a device; use cpu, cuda or cuda:N.") from exc
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {text}: CUDA is not available here (CPU-only torch or no GPU visible); use --device cpu.")
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device {text}: ampkit bench runs on cpu or cuda.")
+    return device
+
+
+def _workload(args: argparse.Namespace, device: torch.device, size: str) -> Workload:
+    from ..bench.workloads import get_workload  # imports scikit-learn and friends only when a bench runs
+
+    if args.data is not None or args.model is not None:
+        base = None
+        if args.data is None and args.workload is None:
+            raise ValueError("--model without --data needs --workload NAME (the data to train it on), or --data pkg.module:factory.")
+        if args.workload is not None:
+            base = get_workload(args.workload, size=size, seed=args.seed)
+        steps = args.steps or (base.steps if base else 100)
+        warmup = args.warmup if args.warmup is not None else (base.warmup if base else min(5, steps // 10))
+        return user_workload(args.model, args.data, steps=steps, warmup=warmup, base=base)
+    workload = get_workload(args.workload or default_workload(device), size=size, seed=args.seed)
+    if args.steps is not None:
+        workload.steps = args.steps
+    if args.warmup is not None:
+        workload.warmup = args.warmup
+    if workload.steps <= workload.warmup:
+        raise ValueError(f"--steps {workload.steps} must exceed --warmup {workload.warmup} so some steps are timed.")
+    return workload
+
+
+def _check_out(path: Path | None, option: str) -> None:
+    if path is not None and path.exists() and not path.is_dir():
+        raise ValueError(f"{option} {path} is a file; give a directory (it is created if missing).")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the bench the arguments describe; print the table; write the files asked for."""
+    console = Console()
+    _check_out(args.out, "--out")
+    _check_out(args.tensorboard, "--tensorboard")
+    device = _device(args.device)
+    size = default_size(device) if args.size == "auto" else args.size
+    if args.precision is not None:
+        precisions, left_out = resolve_precisions(args.precision, device), {}
+    else:
+        precisions, left_out = default_precisions(device)
+    workload = _workload(args, device, size)
+
+    console.print(f"[bold]ampkit bench[/bold]: {workload.name} ({size}) on {device}: {workload.description}")
+    console.print(f"policies: {', '.join(precisions)}; {workload.steps} steps each, {workload.warmup} of them warm-up")
+    for name, why in left_out.items():
+        log.info("not run by default: %s (%s)", name, why)
+    if left_out:
+        console.print(f"[dim]not run by default here: {', '.join(left_out)} (slow or unsupported on {device.type}; name them in --precision to run them)[/dim]")
+
+    argv = getattr(args, "argv", None)
+    command = shlex.join(["ampkit", *(argv if argv is not None else sys.argv[1:])])
+    reporter = NullReporter() if args.no_progress or not sys.stderr.isatty() else RichReporter()
+    result = run_bench(
+        workload, precisions, device, seed=args.seed, rounds=args.rounds, reporter=reporter, command=command,
+        settings={"size": size, "batch_items": workload.items_per_batch, "unit": workload.unit},
+    )
+    _present(result, args, console)
+    return 1 if any(r.status == "failed" for r in result.runs) else 0
+
+
+def _present(result: BenchResult, args: argparse.Namespace, console: Console) -> None:
+    from ..bench import table
+
+    table.render(result, console)
+    if args.out is not None:
+        from ..bench.plots import write_plots
+        from ..bench.report import write_report
+
+        args.out.mkdir(parents=True, exist_ok=True)
+        result.write_json(args.out / "results.json")
+        plots = write_plots(result, args.out)
+        report = write_report(result, args.out, plots=plots)
+        console.print(f"results: {args.out / 'results.json'}, report: {report}")
+    if args.tensorboard is not None:
+        from ..bench.tensorboard import log_tensorboard
+
+        log_dir = log_tensorboard(result, args.tensorboard)
+        console.print(f"tensorboard: tensorboard --logdir {log_dir}")
