@@ -1,0 +1,41 @@
+"""What runs by default, and how --precision is read."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ampkit.bench.defaults import default_precisions, default_size, default_workload, resolve_precisions
+from ampkit.errors import PolicyError, UnsupportedPolicyError
+from ampkit.policy import get_policy
+
+CPU = torch.device("cpu")
+
+
+def test_cpu_default_is_the_reference_then_every_fast_policy() -> None:
+    chosen, left_out = default_precisions(CPU)
+    assert chosen[0] == "32-true"
+    for name in chosen[1:]:
+        assert get_policy(name).support(CPU).fast
+    # fp16 runs on a CPU but is slow there; it is left out with the reason, not silently.
+    assert "16-mixed" in left_out and "slow" in left_out["16-mixed"]
+    assert "tf32" in left_out and "16-mixed" not in chosen
+
+
+def test_default_workload_and_size() -> None:
+    assert default_workload(CPU) == "gpt"
+    assert default_size(CPU) == "small" and default_size(torch.device("cuda", 0)) == "large"
+
+
+def test_precision_list_resolves_aliases_dedupes_and_puts_the_reference_first() -> None:
+    assert resolve_precisions("bf16,bf16-mixed, O0", CPU) == ["32-true", "bf16-mixed"]
+    assert resolve_precisions("16-mixed,32", CPU) == ["32-true", "16-mixed"]
+
+
+def test_unknown_and_unsupported_policies_are_refused_with_what_to_do() -> None:
+    with pytest.raises(PolicyError, match="O1"):
+        resolve_precisions("01", CPU)
+    with pytest.raises(UnsupportedPolicyError, match="tf32 cannot run on cpu.*bf16-mixed"):
+        resolve_precisions("bf16,tf32", CPU)
+    with pytest.raises(ValueError, match="names no policy"):
+        resolve_precisions(" , ", CPU)
