@@ -140,7 +140,22 @@ def run_bench(
     (``32-true``) is compared against only if it is among them; the CLI always adds it.
     """
     device = as_device(device)
-    reporter = reporter or NullReporter()
+    # The runs reseed the global RNG; the caller's RNG state is theirs and comes back untouched.
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        return _run(workload, precisions, device, seed, rounds, count_flops, reporter or NullReporter(), command, settings or {})
+
+
+def _run(
+    workload: Workload,
+    precisions: Sequence[str],
+    device: torch.device,
+    seed: int,
+    rounds: int,
+    count_flops: bool,
+    reporter: Reporter,
+    command: str,
+    settings: dict[str, Any],
+) -> BenchResult:
     steps, warmup = workload.steps, workload.warmup
     batches = _batches_on(workload.train_batches, steps, device, workload.channels_last)
     eval_batches = _batches_on(workload.eval_batches, len(workload.eval_batches), device, workload.channels_last)
@@ -183,7 +198,7 @@ def run_bench(
         torch=torch.__version__,
         ampkit=__version__,
         device=device_info(device),
-        settings={"steps": steps, "warmup": warmup, "rounds": len(chunks), "seed": seed, **(settings or {})},
+        settings={"steps": steps, "warmup": warmup, "rounds": len(chunks), "seed": seed, **settings},
         workload_info=dict(workload.extra),
         reference=REFERENCE,
         runs=[run.result for run in runs],

@@ -1,0 +1,139 @@
+"""The runner: numbers checked against a hand-written fp32 loop, interleaving that changes nothing, failures in rows."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from ampkit.bench.policy_run import PolicyRun
+from ampkit.bench.runner import run_bench
+from ampkit.bench.workload import Accuracy, Workload, default_optimizer
+
+STEPS, WARMUP = 8, 2
+
+
+class _Net(nn.Module):
+    """An MLP with dropout (so per-run RNG matters) and an optional trap for one compute dtype."""
+
+    def __init__(self, scale: float = 1.0, fail_under: torch.dtype | None = None) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(12, 48), nn.ReLU(), nn.Dropout(0.2), nn.Linear(48, 4))
+        self.scale, self.fail_under = scale, fail_under
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fail_under is not None and torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == self.fail_under:
+            raise RuntimeError("this model has no kernel for that dtype")
+        return self.body(x) * self.scale
+
+
+def _workload(**net: object) -> Workload:
+    g = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    batches = [(torch.randn(16, 12, generator=g), torch.randint(0, 4, (16,), generator=g)) for _ in range(3)]
+    return Workload(name="toy", model=_Net(**net), train_batches=batches, eval_batches=batches[:2], metric=Accuracy,  # type: ignore[arg-type]
+                    items_per_batch=16, steps=STEPS, warmup=WARMUP)
+
+
+def _control_losses(w: Workload, seed: int = 0) -> list[float]:
+    # What a user would write by hand in fp32: same weights, same batches, same clipping, same optimizer.
+    torch.manual_seed(seed)
+    model = copy.deepcopy(w.model)
+    opt = default_optimizer(model.parameters())
+    losses = []
+    for step in range(w.steps):
+        x, y = w.batch(step)
+        loss = nn.functional.cross_entropy(model(x).float(), y)
+        loss.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), w.clip_grad_norm)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses
+
+
+def test_fp32_run_reproduces_a_hand_written_loop_step_for_step() -> None:
+    w = _workload()
+    result = run_bench(w, ["32-true"], "cpu", rounds=3)
+    assert result.runs[0].losses == _control_losses(w)
+
+
+def test_interleaving_with_other_policies_changes_no_runs_numbers() -> None:
+    w = _workload()
+    alone = run_bench(w, ["bf16-mixed"], "cpu", rounds=1).runs[0]
+    together = run_bench(w, ["32-true", "bf16-mixed", "bf16-true"], "cpu", rounds=3).run("bf16-mixed")
+    assert together is not None and together.losses == alone.losses
+    assert together.eval_metric == alone.eval_metric
+
+
+def test_every_run_is_timed_and_summarised() -> None:
+    result = run_bench(_workload(), ["32-true", "bf16-mixed", "16-mixed"], "cpu", rounds=2)
+    for run in result.runs:
+        assert run.status == "ok" and run.timed_steps == STEPS - WARMUP and len(run.losses) == STEPS
+        assert run.step_time_p10_s <= run.step_time_median_s <= run.step_time_p90_s
+        assert run.throughput == pytest.approx(16 / run.step_time_median_s)
+        assert run.flops_per_step > 0 and run.achieved_flops == pytest.approx(run.flops_per_step / run.step_time_median_s)
+        assert run.eval_metric_name == "accuracy" and 0 <= run.eval_metric <= 1 and run.within_tolerance is not None
+        assert run.mfu is None  # no published peak for a CPU
+    fp16 = result.run("16-mixed")
+    assert fp16.final_loss_scale == 2.0**16 and fp16.skipped_steps == 0
+    assert result.run("bf16-mixed").final_loss_scale is None
+    assert result.settings["rounds"] == 2 and result.device["type"] == "cpu" and result.torch == torch.__version__
+
+
+def test_memory_is_exact_on_cpu_and_smaller_in_16_bits() -> None:
+    result = run_bench(_workload(), ["32-true", "bf16-mixed", "bf16-true"], "cpu", rounds=1)
+    n = sum(p.numel() for p in _workload().model.parameters())
+    fp32, mixed, half = (result.run(p) for p in ("32-true", "bf16-mixed", "bf16-true"))
+    for run in (fp32, mixed, half):
+        assert run.peak_memory_bytes == sum(run.memory_breakdown.values())
+        assert run.peak_rss_bytes is None or run.peak_rss_bytes > run.peak_memory_bytes
+    assert fp32.memory_breakdown["parameters"] == 4 * n and half.memory_breakdown["parameters"] == 2 * n
+    assert mixed.activation_bytes < fp32.activation_bytes
+    assert half.memory_saved_vs_fp32 > 0
+
+
+def test_rounds_rotate_which_policy_goes_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[str, bool]] = []
+    original = PolicyRun.train
+
+    def spy(self: PolicyRun, steps: int, timed: bool) -> None:
+        calls.append((self.precision, timed))
+        original(self, steps, timed)
+
+    monkeypatch.setattr(PolicyRun, "train", spy)
+    run_bench(_workload(), ["32-true", "bf16-mixed", "bf16-true"], "cpu", rounds=3, count_flops=False)
+    timed = [p for p, t in calls if t]
+    assert timed == ["32-true", "bf16-mixed", "bf16-true", "bf16-mixed", "bf16-true", "32-true", "bf16-true", "32-true", "bf16-mixed"]
+
+
+def test_a_failing_policy_stays_in_its_row_and_the_others_complete() -> None:
+    result = run_bench(_workload(fail_under=torch.bfloat16), ["32-true", "bf16-mixed", "16-mixed"], "cpu", rounds=2)
+    failed = result.run("bf16-mixed")
+    assert failed.status == "failed" and "no kernel for that dtype" in failed.error and failed.error.startswith("RuntimeError")
+    assert failed.verdict.startswith("bf16-mixed: failed: RuntimeError")
+    assert result.run("32-true").status == "ok" and result.run("16-mixed").status == "ok"
+    assert result.run("16-mixed").speedup_vs_fp32 is not None
+
+
+def test_a_policy_whose_loss_overflows_is_marked_diverged() -> None:
+    # Logits of ~1e5 are fine in fp32 but overflow fp16's 65504: the 16-true loss turns inf/NaN.
+    result = run_bench(_workload(scale=1e5), ["32-true", "16-true"], "cpu", rounds=1, count_flops=False)
+    assert result.run("32-true").status == "ok"
+    diverged = result.run("16-true")
+    assert diverged.status == "diverged" and "diverged" in diverged.verdict
+
+
+def test_the_callers_rng_is_left_as_it_was() -> None:
+    w = _workload()
+    torch.manual_seed(123)
+    state = torch.get_rng_state()
+    run_bench(w, ["32-true"], "cpu", rounds=1, count_flops=False)
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_without_the_reference_no_ratio_is_invented() -> None:
+    run = run_bench(_workload(), ["bf16-mixed"], "cpu", rounds=1, count_flops=False).runs[0]
+    assert run.speedup_vs_fp32 is None and "no 32-true reference" in run.verdict
