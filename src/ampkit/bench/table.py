@@ -1,0 +1,284 @@
+"""The terminal table of a finished bench: one row per policy, every figure side by side, then the verdicts.
+
+The columns are defined once here (:func:`table_rows`) and reused by report.md, so the terminal and the
+report always show the same figures. Optional columns (peak RSS, eval metric, MFU, notes) appear only when
+at least one run has the figure, which keeps the table narrow on CPUs and throughput-only workloads.
+
+    >>> import io
+    >>> from rich.console import Console
+    >>> from ampkit.bench.results import BenchResult, RunResult
+    >>> result = BenchResult(workload="toy", runs=[RunResult(precision="32-true", step_time_median_s=0.012)])
+    >>> console = Console(file=io.StringIO(), width=200)
+    >>> render(result, console)
+    >>> "12.0 ms" in console.file.getvalue()
+    True
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rich.console import Console, Group
+from rich.padding import Padding
+from rich.cells import cell_len
+from rich.table import Table
+from rich.text import Text
+
+from .format import (
+    MISSING,
+    fmt_bytes,
+    fmt_flops,
+    fmt_float,
+    fmt_number,
+    fmt_percent,
+    fmt_ratio,
+    fmt_seconds,
+)
+from .results import BenchResult, RunResult
+from .verdict import PAYS_SPEEDUP, SAME_SPEED
+
+__all__ = ["render", "build_table", "verdict_lines", "tolerance_line", "table_rows", "TableRows", "run_notes"]
+
+log = logging.getLogger("ampkit")
+
+NOTE_CHARS = 160
+"""Errors are cut to their first line and this many characters in the table; report.md keeps them whole."""
+NOTES_MIN_WIDTH = 24
+"""Narrowest the notes column may wrap to before the table is turned on its side instead."""
+
+_STATUS_STYLE = {"ok": "green", "diverged": "bold red", "failed": "red", "unsupported": "dim"}
+_ROW_STYLE = {"diverged": "red", "failed": "dim", "unsupported": "dim"}
+
+
+@dataclass(frozen=True)
+class _Column:
+    header: str
+    cell: Callable[[RunResult], str]
+    figure: bool = True
+    """A measured figure: shown as a dash for runs that produced none (failed or unsupported)."""
+    justify: str = "right"
+    style: Callable[[RunResult], str | None] | None = None
+
+
+@dataclass(frozen=True)
+class TableRows:
+    """The table as plain strings: what report.md turns into Markdown and :func:`build_table` into rich."""
+
+    headers: list[str]
+    rows: list[list[str]]
+    justify: list[str]
+    """``left`` or ``right`` per column (figures are right-aligned so digits line up)."""
+
+
+def first_non_finite_step(run: RunResult) -> int | None:
+    """The 1-based step whose loss was first inf, NaN or missing (NaN becomes null in results.json)."""
+    for step, loss in enumerate(run.losses, start=1):
+        if loss is None or not math.isfinite(loss):
+            return step
+    return None
+
+
+def run_notes(run: RunResult, *, limit: int | None = NOTE_CHARS) -> str:
+    """What the row cannot say in figures: the error of a failed run, where a diverged run's loss broke."""
+    if run.error:
+        text = run.error.strip()
+        if limit is not None:
+            text = text.splitlines()[0] if text else text
+            text = text if len(text) <= limit else text[: limit - 1] + "…"
+        return text
+    if run.status == "diverged":
+        step = first_non_finite_step(run)
+        return f"loss not finite from step {step}" if step else "loss diverged"
+    return ""
+
+
+def _step_time(run: RunResult) -> str:
+    median = fmt_seconds(run.step_time_median_s)
+    if run.step_time_p10_s is None or run.step_time_p90_s is None or median == MISSING:
+        return median
+    return f"{median} ({fmt_seconds(run.step_time_p10_s, unit=False)}–{fmt_seconds(run.step_time_p90_s, unit=False)})"
+
+
+def _eval_cell(name: str | None) -> Callable[[RunResult], str]:
+    def cell(run: RunResult) -> str:
+        value = fmt_float(run.eval_metric)
+        if name is None and run.eval_metric_name:  # runs disagree on the metric: say which one this is
+            value = f"{run.eval_metric_name} {value}"
+        if run.within_tolerance is False and value != MISSING:
+            value += " outside"  # the verdict line says outside of what
+        return value
+
+    return cell
+
+
+def _speedup_style(run: RunResult) -> str | None:
+    if run.speedup_vs_fp32 is None or math.isnan(run.speedup_vs_fp32):
+        return None
+    # The verdict's own thresholds, so the colour never contradicts the words below the table.
+    if run.speedup_vs_fp32 >= PAYS_SPEEDUP:
+        return "green"
+    return "yellow" if run.speedup_vs_fp32 < 1.0 - SAME_SPEED else None
+
+
+def _status_style(run: RunResult) -> str | None:
+    return _STATUS_STYLE.get(run.status)
+
+
+def _columns(result: BenchResult) -> list[_Column]:
+    runs = result.runs
+    names = {r.eval_metric_name for r in runs if r.eval_metric_name}
+    metric = next(iter(names)) if len(names) == 1 else None
+    cols = [
+        _Column("Precision", lambda r: r.precision, figure=False, justify="left"),
+        _Column("Status", lambda r: r.status, figure=False, justify="left", style=_status_style),
+        _Column("Step time\n(p10–p90)", _step_time),
+        _Column("Throughput", lambda r: fmt_number(r.throughput, f"{r.throughput_unit}/s")),
+        _Column(f"Speed-up\nvs {result.reference}", lambda r: fmt_ratio(r.speedup_vs_fp32), style=_speedup_style),
+        _Column("Peak\nmemory", lambda r: fmt_bytes(r.peak_memory_bytes)),
+        _Column("Activations", lambda r: fmt_bytes(r.activation_bytes)),
+    ]
+    if any(r.peak_rss_bytes is not None for r in runs):
+        cols.append(_Column("Peak RSS", lambda r: fmt_bytes(r.peak_rss_bytes)))
+    cols += [
+        _Column("Memory\nsaved", lambda r: fmt_percent(r.memory_saved_vs_fp32)),
+        _Column("Final\nloss", lambda r: fmt_float(r.final_loss)),
+    ]
+    if names:
+        cols.append(
+            _Column(
+                f"Eval {metric}" if metric else "Eval",
+                _eval_cell(metric),
+                style=lambda r: "red" if r.within_tolerance is False else None,
+            )
+        )
+    cols += [
+        _Column("Skipped\nsteps", lambda r: str(r.skipped_steps)),
+        _Column("Loss\nscale", lambda r: fmt_float(r.final_loss_scale, 8)),  # powers of two up to 2^26 in full
+        _Column("FLOP/s", lambda r: fmt_flops(r.achieved_flops)),
+    ]
+    if any(r.mfu is not None for r in runs):
+        cols.append(_Column("MFU", lambda r: fmt_percent(r.mfu)))
+    if any(run_notes(r) for r in runs):
+        cols.append(_Column("Notes", run_notes, figure=False, justify="left"))
+    return cols
+
+
+def _cell(col: _Column, run: RunResult) -> str:
+    # A failed run may have filled a figure or two before it broke (FLOPs are counted first); a half-measured
+    # figure next to "failed" would read as a result, so every figure of a run without results is a dash.
+    return MISSING if col.figure and not run.ok else col.cell(run)
+
+
+def _cell_style(col: _Column, run: RunResult) -> str:
+    if col.style is None or (col.figure and not run.ok):
+        return ""
+    return col.style(run) or ""
+
+
+def table_rows(result: BenchResult) -> TableRows:
+    """Headers and plain-text cells of the results table, one row per run in ``result.runs`` order.
+
+    >>> from ampkit.bench.results import BenchResult, RunResult
+    >>> rows = table_rows(BenchResult(workload="w", runs=[RunResult(precision="bf16-mixed", speedup_vs_fp32=1.5)]))
+    >>> rows.headers[:2], rows.rows[0][:2], rows.rows[0][rows.headers.index("Speed-up vs 32-true")]
+    (['Precision', 'Status'], ['bf16-mixed', 'ok'], '1.50x')
+    """
+    cols = _columns(result)
+    return TableRows(
+        headers=[c.header.replace("\n", " ") for c in cols],
+        rows=[[_cell(c, r) for c in cols] for r in result.runs],
+        justify=[c.justify for c in cols],
+    )
+
+
+def build_table(result: BenchResult, *, transpose: bool = False) -> Table:
+    """The rich :class:`~rich.table.Table` :func:`render` prints; a diverged run is red, a failed one dim.
+
+    ``transpose=True`` gives one column per run and one row per figure, which fits a narrow terminal.
+    """
+    cols = _columns(result)
+    table = Table(title=f"ampkit bench: {result.workload}", title_justify="left", header_style="bold")
+    if transpose:
+        table.add_column("")
+        for run in result.runs:
+            table.add_column(run.precision, justify="right", style=_ROW_STYLE.get(run.status))
+        for col in cols[1:]:
+            justify = "left" if col.header == "Notes" else None  # prose reads from the left, figures line up right
+            cells = (Text(_cell(col, r), style=_cell_style(col, r), justify=justify) for r in result.runs)
+            table.add_row(col.header.replace("\n", " "), *cells, end_section=col.header == "Status")
+        return table
+    for col in cols:
+        # Error text may be long: it wraps inside its own column, each figure keeps to one line.
+        notes = col.header == "Notes"
+        table.add_column(
+            col.header, justify=col.justify, no_wrap=not notes, min_width=NOTES_MIN_WIDTH if notes else None  # type: ignore[arg-type]
+        )
+    for run in result.runs:
+        cells = (Text(_cell(c, run), style=_cell_style(c, run)) for c in cols)
+        table.add_row(*cells, style=_ROW_STYLE.get(run.status))
+    return table
+
+
+def _wide_width(result: BenchResult) -> int:
+    """Columns the one-row-per-run table needs with every figure on one line (the notes may wrap)."""
+    total = 1  # the left border
+    for col in _columns(result):
+        width = max(cell_len(t) for t in [*col.header.split("\n"), *(_cell(col, r) for r in result.runs)])
+        total += (min(width, NOTES_MIN_WIDTH) if col.header == "Notes" else width) + 3  # padding and a border
+    return total
+
+
+def verdict_lines(result: BenchResult) -> list[str]:
+    """One line per run: its verdict, or, when the runner left none, its status (and error).
+
+    >>> from ampkit.bench.results import BenchResult, RunResult
+    >>> runs = [RunResult(precision="32-true", verdict="32-true: the fp32 reference"),
+    ...         RunResult(precision="bf16-true", status="failed", error="RuntimeError: boom\\nTraceback ...")]
+    >>> verdict_lines(BenchResult(workload="w", runs=runs))
+    ['32-true: the fp32 reference', 'bf16-true: failed: RuntimeError: boom']
+    """
+    lines = []
+    for run in result.runs:
+        if run.verdict:
+            # The runner's verdicts already start with the policy; a hand-written one may not.
+            text = run.verdict if run.verdict.startswith(run.precision) else f"{run.precision}: {run.verdict}"
+        elif not run.ok:
+            text = f"{run.precision}: {run.status}" + (f": {run_notes(run)}" if run.error else "")
+        else:
+            text = f"{run.precision}: {run.status}, no verdict"
+        lines.append(text)
+    return lines
+
+
+def tolerance_line(result: BenchResult) -> str | None:
+    """The eval tolerance in words, or None for a workload without an eval metric.
+
+    >>> from ampkit.bench.results import BenchResult
+    >>> tolerance_line(BenchResult(workload="w", eval_tolerance="accuracy within 0.02 of 32-true"))
+    'Eval tolerance: accuracy within 0.02 of 32-true.'
+    """
+    return f"Eval tolerance: {result.eval_tolerance}." if result.eval_tolerance else None
+
+
+def render(result: BenchResult, console: Console, *, transpose: bool | None = None) -> None:
+    """Print the results table of ``result``, then each run's verdict and the eval tolerance, to ``console``.
+
+    ``transpose`` None picks the layout: one row per run when that fits the console, else one column per run.
+    """
+    if not result.runs:
+        log.warning("bench result for %s has no runs to show", result.workload)
+    verdicts = Text()
+    for line, run in zip(verdict_lines(result), result.runs):
+        verdicts.append(f"{line}\n", style=_ROW_STYLE.get(run.status, ""))
+    tolerance = tolerance_line(result)
+    if tolerance:
+        verdicts.append(f"{tolerance}\n", style="dim")
+    verdicts.rstrip()
+    table = build_table(result)
+    # Squeezed by rich, a 15-column table truncates every figure; turned on its side it stays readable.
+    if transpose or (transpose is None and _wide_width(result) > console.width):
+        table = build_table(result, transpose=True)
+    console.print(Group(table, Text(), Padding(verdicts, (0, 0, 0, 2))))  # wrapped verdicts keep the indent
