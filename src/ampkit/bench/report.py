@@ -1,0 +1,186 @@
+"""report.md: a finished bench as a Markdown page that can be read on its own, pasted into an issue or a PR.
+
+It holds what a reader needs to trust the figures: where and how they were taken (device, versions, the
+exact command, the settings), the same results table as the terminal, the verdicts, each policy's memory
+by part, the plots, and a short account of the measurement method.
+
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> from ampkit.bench.results import BenchResult, RunResult
+    >>> result = BenchResult(workload="toy", command="ampkit bench toy", runs=[RunResult(precision="32-true")])
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     text = write_report(result, tmp).read_text()
+    >>> text.splitlines()[0], "ampkit bench toy" in text
+    ('# ampkit bench: toy', True)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from .format import MISSING, fmt_bytes
+from .plots import MEMORY_PARTS
+from .results import BenchResult, RunResult
+from .table import table_rows, tolerance_line, verdict_lines
+
+__all__ = ["write_report", "render_report", "REPORT_NAME"]
+
+log = logging.getLogger("ampkit")
+
+REPORT_NAME = "report.md"
+
+METHOD = """\
+- Every policy starts from the same weights (one seed) and trains on the same batches in the same order, so the
+  policies differ in precision only.
+- Warm-up steps are run and discarded before timing: they hold one-off costs (allocation, kernel selection).
+- Time is measured with the policies interleaved in rounds, the first one rotating each round, so that drift
+  of the machine (clock boost, thermals, other load) spreads over every policy instead of favouring one.
+  The table shows the median step time and its p10–p90 spread.
+- Memory: on CPU, the exact bytes of parameters + gradients + optimizer state (+ fp32 master weights) + the
+  activations autograd saves for backward; on CUDA, the caching allocator's peak during the policy's run.
+  Each policy's memory is measured with that policy alone in the process.
+- FLOPs are counted by torch's `FlopCounterMode` on one training step (matmuls and convolutions); FLOP/s is
+  that count over the median step time.
+"""
+
+
+def _escape(text: str) -> str:
+    """Make ``text`` safe inside a Markdown table cell (a pipe would start a new column, a newline a new row)."""
+    return " ".join(text.replace("\\", "\\\\").replace("|", "\\|").split())
+
+
+def _markdown_table(headers: list[str], rows: Iterable[list[str]], justify: list[str] | None = None) -> list[str]:
+    justify = justify or ["left"] + ["right"] * (len(headers) - 1)
+    lines = ["| " + " | ".join(_escape(h) for h in headers) + " |"]
+    lines.append("| " + " | ".join("---:" if j == "right" else "---" for j in justify) + " |")
+    lines += ["| " + " | ".join(_escape(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+def _code_block(text: str, language: str = "") -> list[str]:
+    # The fence must be longer than any run of backticks inside, or a quoted command would end the block early.
+    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return [f"{fence}{language}", text, fence]
+
+
+def _value(key: str, value: Any) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if key.endswith("_bytes") and isinstance(value, (int, float)):
+        return fmt_bytes(value)
+    if isinstance(value, int) and abs(value) >= 10_000:
+        return f"{value:,}"  # parameter counts: 1,048,576 reads at a glance, 1048576 does not
+    if isinstance(value, (list, tuple)):
+        return " × ".join(map(str, value)) if all(isinstance(v, int) for v in value) else ", ".join(map(str, value))
+    return MISSING if value is None else str(value)
+
+
+def _label(key: str) -> str:
+    return key.removesuffix("_bytes").replace("_", " ")  # the value already says "GiB"
+
+
+def _device_line(device: dict[str, Any]) -> str:
+    if not device:
+        return "unknown device"
+    name = device.get("name") or device.get("type", "unknown")
+    rest = [f"{_label(k)} {_value(k, v)}" for k, v in device.items() if k not in ("name", "type")]
+    head = f"{name} ({device['type']})" if device.get("type") and device.get("type") != name else str(name)
+    return head + (f", {', '.join(rest)}" if rest else "")
+
+
+def _settings(title: str, values: dict[str, Any]) -> list[str]:
+    if not values:
+        return []
+    return [f"**{title}:** " + ", ".join(f"{_label(k)} `{_value(k, v)}`" for k, v in values.items()), ""]
+
+
+def _memory_section(runs: list[RunResult]) -> list[str]:
+    runs = [r for r in runs if r.ok and (r.memory_breakdown or r.peak_memory_bytes is not None)]
+    if not runs:
+        return ["No memory figures were recorded.", ""]
+    keys = [k for k in MEMORY_PARTS if any(k in r.memory_breakdown for r in runs)]
+    keys += sorted({k for r in runs for k in r.memory_breakdown} - set(MEMORY_PARTS))
+    # The counted total beside the peak shows what the peak holds beyond the training state (CUDA workspaces).
+    total = ["counted total"] if keys else []
+    headers = ["Precision", *(_label(k) for k in keys), *total, "peak memory"]
+    rows = []
+    for run in runs:
+        parts = run.memory_breakdown
+        counted = [fmt_bytes(sum(parts.values())) if parts else MISSING] if keys else []
+        figures = [fmt_bytes(parts.get(k)) for k in keys]
+        rows.append([run.precision, *figures, *counted, fmt_bytes(run.peak_memory_bytes)])
+    return _markdown_table(headers, rows) + [""]
+
+
+def _failures(runs: list[RunResult]) -> list[str]:
+    lines: list[str] = []
+    for run in runs:
+        if run.error and len(run.error.strip().splitlines()) > 1:  # one-line errors are already whole in the table
+            lines += [f"**{run.precision}** ({run.status}):", "", *_code_block(run.error.strip(), "text"), ""]
+    return ["## Errors in full", "", *lines] if lines else []
+
+
+def render_report(result: BenchResult, out_dir: str | os.PathLike[str] = ".", plots: list[Path] | None = None) -> str:
+    """The text of report.md; plot links are made relative to ``out_dir``, where the report will live."""
+    out = Path(out_dir)
+    lines = [f"# ampkit bench: {result.workload}", ""]
+    if result.description:
+        lines += [result.description, ""]
+    facts = [f"**Device:** {_device_line(result.device)}"]
+    facts += [f"{label} {value}" for label, value in (("torch", result.torch), ("ampkit", result.ampkit)) if value]
+    facts += [f"date {result.date}"] if result.date else []
+    lines += [" · ".join(facts), ""]
+    if result.command:
+        lines += ["Command:", "", *_code_block(result.command, "sh"), ""]
+    lines += _settings("Settings", result.settings) + _settings("Workload", result.workload_info)
+
+    rows = table_rows(result)
+    lines += ["## Results", "", *_markdown_table(rows.headers, rows.rows, rows.justify), ""]
+    lines += [f"Speed-up and memory saved are against `{result.reference}`; {MISSING} marks a figure not measured.", ""]
+    lines += ["## Verdicts", "", *(f"- {_escape(v)}" for v in verdict_lines(result))]
+    tolerance = tolerance_line(result)
+    lines += ["", tolerance, ""] if tolerance else [""]
+
+    lines += ["## Memory by part", "", *_memory_section(result.runs)]
+    images = [Path(p) for p in plots or []]
+    present = [p for p in images if (p if p.is_absolute() else out / p).exists()]
+    for missing in set(images) - set(present):
+        log.warning("report.md: plot %s does not exist; not linking it", missing)
+    if present:
+        lines += ["## Plots", ""]
+        for path in present:
+            link = Path(os.path.relpath(path if path.is_absolute() else out / path, out)).as_posix()
+            lines += [f"![{path.stem.replace('_', ' ')}]({link})", ""]
+    lines += _failures(result.runs)
+    lines += ["## How this was measured", "", METHOD]
+    return "\n".join(lines)
+
+
+def write_report(result: BenchResult, out_dir: str | os.PathLike[str], plots: list[Path] | None = None) -> Path:
+    """Write ``out_dir/report.md`` (the directory is created) atomically, and return its path.
+
+    ``plots`` are the PNGs to embed (e.g. from :func:`ampkit.bench.plots.write_plots`); ones that do not exist
+    are skipped with a warning rather than left as broken links.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    text = render_report(result, out, plots)
+    path = out / REPORT_NAME
+    # A unique temporary name in the same directory: os.replace is then atomic, and two benches writing the
+    # same directory cannot trample each other's half-written file.
+    fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{REPORT_NAME}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    log.info("wrote %s", path)
+    return path
