@@ -24,9 +24,9 @@ def test_ci_runs_the_readme_test_command_verbatim() -> None:
     assert "set -euo pipefail" in ci  # a failing command fails CI
 
 
-def test_readme_main_job_is_the_example_script() -> None:
-    (main,) = [c for c in readme_commands() if "pytest" not in c]
-    assert main.endswith("python examples/train_digits.py")
+def test_readme_main_job_is_ampkit_bench_on_its_default() -> None:
+    (main,) = [c for c in readme_commands() if "pytest" not in c and c.startswith("python3 -m venv")]
+    assert main.endswith("&& ampkit bench")
 
 
 def run(*args: str) -> str:

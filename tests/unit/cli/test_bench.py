@@ -1,0 +1,135 @@
+"""``ampkit bench`` from the command line: argument errors, the files it writes, every built-in workload."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from ampkit.cli.main import main
+
+TOY = """
+import torch
+from torch import nn
+
+class Net(nn.Module):
+    def __init__(self, fail_in_bf16=False):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 3))
+        self.fail_in_bf16 = fail_in_bf16
+
+    def forward(self, x):
+        if self.fail_in_bf16 and torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16:
+            raise RuntimeError("no bf16 kernel in this model")
+        return self.body(x)
+
+def model():
+    torch.manual_seed(0)
+    return Net()
+
+def bf16_hater():
+    torch.manual_seed(0)
+    return Net(fail_in_bf16=True)
+
+def data():
+    g = torch.Generator().manual_seed(0)
+    return [(torch.randn(16, 8, generator=g), torch.randint(0, 3, (16,), generator=g)) for _ in range(4)]
+"""
+
+
+@pytest.fixture
+def toy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    (tmp_path / "bench_cli_toy.py").write_text(textwrap.dedent(TOY))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "bench_cli_toy"
+
+
+def _error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("ampkit: error: ") and "\n" not in err and "Traceback" not in err
+    return err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["bench", "-w", "gtp"], "gpt"),
+        (["bench", "-w", "digits", "--size", "tiny", "--precision", "01"], "O1"),
+        (["bench", "-w", "digits", "--size", "tiny", "--precision", "bf16,tf32"], "tf32 cannot run on cpu"),
+        (["bench", "--device", "cuda:0"], "--device cpu"),
+        (["bench", "--device", "gpu"], "cpu, cuda or cuda:N"),
+        (["bench", "--model", "nocolon", "--data", "x:y"], "pkg.module:function"),
+        (["bench", "--model", "no_such_pkg_xyz:build", "--data", "x:y"], "importing no_such_pkg_xyz failed"),
+        (["bench", "--model", "{toy}:model"], "needs --workload"),
+        (["bench", "--data", "{toy}:data"], "needs --model"),
+        (["bench", "--model", "{toy}:model", "--data", "{toy}:model"], "returned Net; return a list"),
+        (["bench", "-w", "digits", "--size", "tiny", "--steps", "3", "--warmup", "3"], "must exceed --warmup"),
+    ],
+)
+def test_bad_input_is_one_line_that_says_what_to_do(capsys: pytest.CaptureFixture[str], toy: str, argv: list[str], message: str) -> None:
+    if "cuda" in " ".join(argv) and torch.cuda.is_available():
+        pytest.skip("CUDA is available here, so --device cuda is valid")
+    assert message in _error(capsys, [a.format(toy=toy) for a in argv])
+
+
+def test_out_must_be_a_directory(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    f = tmp_path / "file"
+    f.write_text("")
+    assert "is a file; give a directory" in _error(capsys, ["bench", "--out", str(f)])
+
+
+def test_numbers_are_checked_by_the_parser(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["bench", "--steps", "0"])
+    assert info.value.code == 2 and "must be >= 1" in capsys.readouterr().err
+
+
+def test_user_model_run_writes_every_promised_file(capsys: pytest.CaptureFixture[str], toy: str, tmp_path: Path) -> None:
+    out, tb = tmp_path / "out", tmp_path / "tb"
+    argv = ["bench", "--model", f"{toy}:model", "--data", f"{toy}:data", "--precision", "bf16", "--steps", "6", "--warmup", "2",
+            "--rounds", "2", "--out", str(out), "--tensorboard", str(tb), "--no-progress"]
+    assert main(argv) == 0
+    stdout = capsys.readouterr().out
+    assert "32-true" in stdout and "bf16-mixed" in stdout
+    data = json.loads((out / "results.json").read_text())
+    assert data["command"] == "ampkit " + " ".join(argv) and data["workload"] == "user"
+    assert data["device"]["type"] == "cpu" and data["torch"] == torch.__version__
+    assert [r["precision"] for r in data["runs"]] == ["32-true", "bf16-mixed"]
+    for run in data["runs"]:
+        assert run["status"] == "ok" and run["step_time_median_s"] > 0 and run["throughput"] > 0
+        assert run["peak_memory_bytes"] > 0 and run["activation_bytes"] > 0 and run["skipped_steps"] == 0
+        assert len(run["losses"]) == 6
+    assert data["runs"][0]["speedup_vs_fp32"] == 1.0
+    assert (out / "report.md").read_text().count("bf16-mixed") >= 2
+    assert {p.name for p in out.glob("*.png")} == {"loss_curves.png", "time_memory.png"}
+    assert list(tb.rglob("events.out.tfevents.*"))
+
+
+def test_a_run_that_fails_is_a_row_and_exit_code_1(capsys: pytest.CaptureFixture[str], toy: str, tmp_path: Path) -> None:
+    argv = ["bench", "--model", f"{toy}:bf16_hater", "--data", f"{toy}:data", "--precision", "bf16", "--steps", "5", "--warmup", "1",
+            "--out", str(tmp_path), "--no-progress"]
+    assert main(argv) == 1
+    assert "no bf16 kernel in this model" in capsys.readouterr().out
+    runs = {r["precision"]: r for r in json.loads((tmp_path / "results.json").read_text())["runs"]}
+    assert runs["32-true"]["status"] == "ok" and runs["bf16-mixed"]["status"] == "failed"
+    assert "no bf16 kernel" in runs["bf16-mixed"]["error"]
+
+
+@pytest.mark.parametrize("workload", ["digits", "segment", "gpt", "resnet"])
+def test_every_builtin_workload_runs_at_tiny_size(capsys: pytest.CaptureFixture[str], tmp_path: Path, workload: str) -> None:
+    if workload == "digits":
+        pytest.importorskip("sklearn", reason="Requires: scikit-learn (pip install -e '.[bench]')")
+    assert main(["bench", "-w", workload, "--size", "tiny", "--precision", "bf16-mixed", "--rounds", "2", "--out", str(tmp_path), "--no-progress"]) == 0
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert data["workload"] == workload and data["settings"]["size"] == "tiny"
+    for run in data["runs"]:
+        assert run["status"] == "ok", run["error"]
+        assert run["final_loss"] is not None and run["step_time_median_s"] > 0
+        if workload == "resnet":
+            assert run["eval_metric_name"] is None  # throughput and memory only
+        else:
+            assert run["eval_metric_name"] and run["eval_metric"] is not None
