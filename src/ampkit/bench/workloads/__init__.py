@@ -1,0 +1,70 @@
+"""The built-in workloads of ``ampkit bench``, by name.
+
+Each module (``digits``, ``segment``, ``gpt``, ``resnet``) exposes ``build(size="small", seed=0) -> Workload``.
+The modules are imported on first use, so asking for ``gpt`` never imports scikit-learn.
+
+    >>> workload_names()
+    ['digits', 'gpt', 'resnet', 'segment']
+    >>> get_workload("gpt", size="tiny").unit
+    'tokens'
+    >>> get_workload("gtp")
+    Traceback (most recent call last):
+    ...
+    ValueError: unknown workload 'gtp'; choose one of digits, gpt, resnet, segment (did you mean 'gpt'?).
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+from collections.abc import Callable
+
+from ..workload import SIZES, Workload
+
+__all__ = ["WORKLOADS", "workload_names", "get_workload"]
+
+
+def _lazy(module: str) -> Callable[..., Workload]:
+    """``module.build``, imported when first called (each module pulls in its own data dependencies)."""
+
+    def build(size: str = "small", seed: int = 0) -> Workload:
+        return importlib.import_module(f"{__name__}.{module}").build(size=size, seed=seed)
+
+    build.__name__ = build.__qualname__ = f"build_{module}"
+    build.__doc__ = f"Build the {module!r} workload; see :func:`ampkit.bench.workloads.{module}.build`."
+    return build
+
+
+WORKLOADS: dict[str, Callable[..., Workload]] = {name: _lazy(name) for name in ("digits", "segment", "gpt", "resnet")}
+"""Workload name -> ``build(size="small", seed=0) -> Workload``."""
+
+
+def workload_names() -> list[str]:
+    """The built-in workload names, sorted.
+
+    >>> "segment" in workload_names()
+    True
+    """
+    return sorted(WORKLOADS)
+
+
+def get_workload(name: str, size: str = "small", seed: int = 0) -> Workload:
+    """Build the built-in workload ``name`` at ``size`` (one of :data:`~ampkit.bench.workload.SIZES`).
+
+    Raises ValueError, in one line, for an unknown name (naming the closest valid one) or size.
+
+    >>> get_workload("resnet", size="tiny").metric is None
+    True
+    >>> get_workload("resnet", size="huge")
+    Traceback (most recent call last):
+    ...
+    ValueError: unknown size 'huge' for workload 'resnet'; choose one of tiny, small, large.
+    """
+    if name not in WORKLOADS:
+        valid = workload_names()
+        close = difflib.get_close_matches(str(name), valid, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"unknown workload {name!r}; choose one of {', '.join(valid)}{hint}.")
+    if size not in SIZES:
+        raise ValueError(f"unknown size {size!r} for workload {name!r}; choose one of {', '.join(SIZES)}.")
+    return WORKLOADS[name](size=size, seed=seed)
