@@ -23,7 +23,7 @@ def test_cpu_default_is_the_reference_then_every_fast_policy() -> None:
 
 
 def test_default_workload_and_size() -> None:
-    assert default_workload(CPU) == "gpt"
+    assert default_workload(CPU) == "digits" and default_workload(torch.device("cuda", 0)) == "gpt"
     assert default_size(CPU) == "small" and default_size(torch.device("cuda", 0)) == "large"
 
 
