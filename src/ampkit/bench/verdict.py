@@ -21,9 +21,9 @@ __all__ = ["Tolerance", "apply_verdicts", "SAME_SPEED", "PAYS_SPEEDUP", "PAYS_ME
 SAME_SPEED = 0.03
 """Speed differences under 3% are called "as fast": interleaved medians on a busy 2-core CPU vary by about 2%."""
 PAYS_SPEEDUP = 1.05
-"""A policy pays when it is at least 5% faster than fp32 ..."""
+"""A policy pays when its eval metric is within tolerance and it is at least 5% faster than fp32 ..."""
 PAYS_MEMORY = 0.10
-"""... or saves at least 10% of fp32's memory, with the eval metric within tolerance."""
+"""... or as fast while saving at least 10% of fp32's memory. Slower but leaner "trades speed for memory"."""
 
 
 @dataclass(frozen=True)
@@ -83,11 +83,17 @@ def _verdict(run: RunResult, ref: RunResult, tol: Tolerance | None) -> str:
         parts.append(f"{tol.name} {run.eval_metric:.4g} {where} {amount} of {ref.precision} ({ref.eval_metric:.4g})")
     if run.status == "diverged":
         return f"{run.precision}: {', '.join(parts)}: the loss diverged: does not pay"
-    faster = (run.speedup_vs_fp32 or 0.0) >= PAYS_SPEEDUP
+    speedup = run.speedup_vs_fp32 if run.speedup_vs_fp32 is not None else 1.0
     leaner = (run.memory_saved_vs_fp32 or 0.0) >= PAYS_MEMORY
-    accurate = run.within_tolerance is not False
-    pays = (faster or leaner) and accurate
-    return f"{run.precision}: {', '.join(parts)}: {'pays' if pays else 'does not pay'} on this model and device"
+    if run.within_tolerance is False:
+        outcome = "does not pay"
+    elif speedup >= PAYS_SPEEDUP or (leaner and speedup > 1.0 - SAME_SPEED):
+        outcome = "pays"
+    elif leaner:
+        outcome = "trades speed for memory"  # slower, but it may be what lets a model fit at all
+    else:
+        outcome = "does not pay"
+    return f"{run.precision}: {', '.join(parts)}: {outcome} on this model and device"
 
 
 def apply_verdicts(result: BenchResult, tolerance: Tolerance | None) -> None:

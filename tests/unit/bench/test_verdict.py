@@ -41,6 +41,15 @@ def test_slower_and_same_memory_does_not_pay_and_small_differences_read_as_same_
     assert same.verdict.startswith("tf32: as fast (1.01x)")
 
 
+def test_slower_but_leaner_trades_speed_for_memory_and_as_fast_but_leaner_pays() -> None:
+    slow = RunResult(precision="16-mixed", step_time_median_s=0.3, peak_memory_bytes=800, eval_metric=0.9)
+    level = RunResult(precision="bf16-true", step_time_median_s=0.0101, peak_memory_bytes=500, eval_metric=0.9)
+    apply_verdicts(BenchResult(workload="w", runs=[_ref(), slow, level]), ACC)
+    assert slow.verdict.startswith("16-mixed: 30.00x slower, 20% less memory")
+    assert slow.verdict.endswith("trades speed for memory on this model and device")
+    assert level.verdict.endswith(": pays on this model and device")
+
+
 def test_relative_tolerance_for_lower_is_better_metrics() -> None:
     ref = RunResult(precision="32-true", step_time_median_s=0.01, peak_memory_bytes=10, eval_metric=10.0)
     near = RunResult(precision="bf16-mixed", step_time_median_s=0.01, peak_memory_bytes=10, eval_metric=10.19)
