@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -58,3 +59,20 @@ def test_engine_overhead_benchmark_runs_and_prints_a_table(tmp_path: Path) -> No
     rows = [line for line in out.splitlines() if line.startswith("| 32-true") or line.startswith("| bf16-mixed")]
     assert len(rows) == 2
     assert (tmp_path / "r.json").exists()
+
+
+def test_main_job_runs_the_default_bench_and_keeps_its_promises(tmp_path: Path) -> None:
+    # The README's main job, as a fresh machine runs it. Timing is not asserted here (BENCHMARKS.md holds the
+    # speed-ups); what must hold on any machine: every policy ran, bf16 saved activations, accuracy held.
+    pytest.importorskip("sklearn", reason="Requires: scikit-learn (pip install -e '.[bench]')")
+    done = subprocess.run([sys.executable, "-m", "ampkit", "bench", "--no-progress", "--out", str(tmp_path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    data = json.loads((tmp_path / "results.json").read_text())
+    runs = {r["precision"]: r for r in data["runs"]}
+    assert data["workload"] == "digits" and list(runs)[0] == "32-true"
+    assert all(r["status"] == "ok" for r in runs.values())
+    mixed, fp32 = runs["bf16-mixed"], runs["32-true"]
+    assert mixed["activation_bytes"] < 0.8 * fp32["activation_bytes"]
+    assert mixed["within_tolerance"] is True and fp32["eval_metric"] > 0.9
+    assert "bf16-mixed:" in done.stdout and (tmp_path / "report.md").exists()
