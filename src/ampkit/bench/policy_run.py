@@ -65,8 +65,8 @@ class PolicyRun:
 
     @property
     def alive(self) -> bool:
-        """False once the run has failed."""
-        return self.result.status != "failed"
+        """False once the run has failed, or when the device cannot run its policy at all."""
+        return self.result.status not in ("failed", "unsupported")
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def build(self) -> None:

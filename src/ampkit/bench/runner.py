@@ -160,6 +160,10 @@ def _run(
     batches = _batches_on(workload.train_batches, steps, device, workload.channels_last)
     eval_batches = _batches_on(workload.eval_batches, len(workload.eval_batches), device, workload.channels_last)
     runs = [PolicyRun(workload, p, device, batches, seed) for p in precisions]
+    for run in runs:  # the CLI refuses these up front; a library caller gets a row that says why
+        support = get_policy(run.precision).support(device)
+        if not support.supported:
+            run.result.status, run.result.error = "unsupported", support.reason
     measure_steps = max(2, warmup)
     reporter.start(len(runs) * (measure_steps + steps + 1))
 

@@ -137,3 +137,10 @@ def test_the_callers_rng_is_left_as_it_was() -> None:
 def test_without_the_reference_no_ratio_is_invented() -> None:
     run = run_bench(_workload(), ["bf16-mixed"], "cpu", rounds=1, count_flops=False).runs[0]
     assert run.speedup_vs_fp32 is None and "no 32-true reference" in run.verdict
+
+
+def test_a_policy_the_device_cannot_run_is_an_unsupported_row() -> None:
+    result = run_bench(_workload(), ["32-true", "tf32"], "cpu", rounds=1, count_flops=False)
+    tf32 = result.run("tf32")
+    assert tf32.status == "unsupported" and "CUDA" in tf32.error and tf32.losses == []
+    assert result.run("32-true").status == "ok"
