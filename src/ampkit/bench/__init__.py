@@ -5,6 +5,8 @@ batches under each policy; the runner records time, memory, loss and eval figure
 """
 
 from .results import BenchResult, RunResult
+from .runner import run_bench
+from .user import BenchData
 from .workload import Accuracy, Batch, Metric, Workload
 
-__all__ = ["Workload", "Metric", "Accuracy", "Batch", "BenchResult", "RunResult"]
+__all__ = ["Workload", "Metric", "Accuracy", "Batch", "BenchData", "BenchResult", "RunResult", "run_bench"]

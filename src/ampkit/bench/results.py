@@ -70,8 +70,8 @@ class RunResult:
     """1 - peak_memory_bytes / reference peak_memory_bytes: 0.3 means 30% less memory than 32-true."""
     final_loss: float | None = None
     """Mean training loss over the last 10% of steps (at least one)."""
-    losses: list[float] = field(default_factory=list)
-    """Training loss of every step, in order (the loss curve)."""
+    losses: list[float | None] = field(default_factory=list)
+    """Training loss of every step, in order (the loss curve); a non-finite loss reads back from JSON as None."""
     eval_metric_name: str | None = None
     """Name of the headline eval metric (``accuracy``, ``mIoU``, ``perplexity``); None for throughput-only workloads."""
     eval_metric: float | None = None
