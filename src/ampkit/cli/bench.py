@@ -128,7 +128,8 @@ def run(args: argparse.Namespace) -> int:
         precisions, left_out = default_precisions(device)
     workload = _workload(args, device, size)
 
-    console.print(f"[bold]ampkit bench[/bold]: {workload.name} ({size}) on {device}: {workload.description}")
+    sized = f" ({size})" if args.data is None else ""  # user data has no size; --size scales built-in workloads
+    console.print(f"[bold]ampkit bench[/bold]: {workload.name}{sized} on {device}: {workload.description}")
     console.print(f"policies: {', '.join(precisions)}; {workload.steps} steps each, {workload.warmup} of them warm-up")
     for name, why in left_out.items():
         log.info("not run by default: %s (%s)", name, why)
