@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["AmpkitError", "PolicyError", "UnsupportedPolicyError", "LossScaleCollapseError", "CheckpointError"]
+__all__ = ["one_line", "AmpkitError", "PolicyError", "UnsupportedPolicyError", "LossScaleCollapseError", "CheckpointError"]
 
 
 class AmpkitError(Exception):
@@ -23,3 +23,15 @@ class LossScaleCollapseError(AmpkitError, RuntimeError):
 
 class CheckpointError(AmpkitError, RuntimeError):
     """A checkpoint could not be written or read; the previous state is untouched."""
+
+
+def one_line(exc: BaseException, *, with_type: bool = False) -> str:
+    r"""``exc``'s message on one line (tables and ``ampkit: error:`` lines promise one), optionally typed.
+
+    >>> one_line(ValueError("bad\n  input"), with_type=True)
+    'ValueError: bad input'
+    """
+    message = " ".join(str(exc).split())
+    if not message:
+        return type(exc).__name__
+    return f"{type(exc).__name__}: {message}" if with_type else message

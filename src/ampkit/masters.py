@@ -57,6 +57,10 @@ class MasterWeights:
     def __len__(self) -> int:
         return len(self.masters)
 
+    def tensors(self) -> list[torch.Tensor]:
+        """Every fp32 tensor this object holds: the masters and their gradient buffers (for memory accounting)."""
+        return [*self.masters, *self._grad_buffers]
+
     def copy_grads_to_masters(self) -> None:
         """Give each master the fp32 copy of its model parameter's gradient (None where that is None)."""
         src: list[torch.Tensor] = []

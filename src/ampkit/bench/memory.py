@@ -103,7 +103,7 @@ def training_state_bytes(model: nn.Module, optimizers: Iterable[torch.optim.Opti
             state.extend(v for v in per_param.values() if isinstance(v, torch.Tensor))
     master_bytes = 0
     if masters is not None:
-        master_bytes = tensor_bytes([*masters.masters, *masters._grad_buffers])
+        master_bytes = tensor_bytes(masters.tensors())
     return {
         "parameters": tensor_bytes(params),
         "gradients": sum(p.numel() * p.element_size() for p in params if p.requires_grad),

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from ..engine import Engine
+from ..errors import one_line
 from .flops import count_flops
 from .memory import SavedActivations, peak_rss_bytes, reset_peak_rss, training_state_bytes
 from .results import RunResult
@@ -37,11 +38,6 @@ def _as_float(output: Any) -> Any:
 
 def _call(model: nn.Module, inputs: Any) -> Any:
     return model(*inputs) if isinstance(inputs, (tuple, list)) else model(inputs)
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 class PolicyRun:
@@ -94,7 +90,7 @@ class PolicyRun:
     def fail(self, exc: BaseException) -> None:
         """Record ``exc`` as this run's failure and free its memory; the other runs go on."""
         log.debug("bench run %s failed", self.precision, exc_info=exc)
-        self.result.status, self.result.error = "failed", _one_line(exc)
+        self.result.status, self.result.error = "failed", one_line(exc, with_type=True)
         self.release()
 
     @contextlib.contextmanager
@@ -157,7 +153,7 @@ class PolicyRun:
                 try:
                     self.result.flops_per_step = float(count_flops(self._step))
                 except Exception as exc:  # counting is a nicety; a model it cannot trace still gets timed
-                    log.warning("FLOP counting failed under %s (%s); no FLOP/s for this run", self.precision, _one_line(exc))
+                    log.warning("FLOP counting failed under %s (%s); no FLOP/s for this run", self.precision, one_line(exc, with_type=True))
                     self._step()
             for _ in range(max(0, warmup - 2)):
                 self._step()

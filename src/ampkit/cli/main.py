@@ -15,7 +15,7 @@ from types import ModuleType
 import torch
 
 from .. import __version__
-from ..errors import AmpkitError
+from ..errors import AmpkitError, one_line
 from . import bench, env
 
 __all__ = ["main", "build_parser", "SUBCOMMANDS"]
@@ -47,12 +47,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _one_line(exc: BaseException) -> str:
-    # Messages may span lines; the CLI promises a single "ampkit: error: ..." line that scripts can grep.
-    message = " ".join(part.strip() for part in str(exc).splitlines() if part.strip())
-    return message or type(exc).__name__
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the ``ampkit`` command with ``argv`` (``sys.argv[1:]`` when None) and return its exit code.
 
@@ -72,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(func(args))
     except (AmpkitError, ValueError) as exc:
         logger.debug("ampkit %s failed", args.command, exc_info=True)
-        print(f"ampkit: error: {_one_line(exc)}", file=sys.stderr)
+        print(f"ampkit: error: {one_line(exc)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130  # the shell's convention for SIGINT
