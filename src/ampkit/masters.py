@@ -14,6 +14,8 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import nn
 
+from .scaling.kernels import unscale_grads_
+
 __all__ = ["MasterWeights"]
 
 
@@ -32,6 +34,9 @@ class MasterWeights:
         self.model_params = [p for _, p, _ in pairs]
         self.masters = [m for _, _, m in pairs]
         self._grad_buffers = [torch.empty_like(m) for m in self.masters]
+        # Second set of fp32 buffers, made on first need: only accumulation over several backward passes
+        # (unscale_grads_to_masters with gradients already present) uses them.
+        self._staging: list[torch.Tensor] | None = None
 
     @classmethod
     def clone(cls, named_params: Iterable[tuple[str, nn.Parameter]], optimizers: Sequence[torch.optim.Optimizer]) -> "MasterWeights":
@@ -58,8 +63,8 @@ class MasterWeights:
         return len(self.masters)
 
     def tensors(self) -> list[torch.Tensor]:
-        """Every fp32 tensor this object holds: the masters and their gradient buffers (for memory accounting)."""
-        return [*self.masters, *self._grad_buffers]
+        """Every fp32 tensor this object holds: masters, gradient and staging buffers (for memory accounting)."""
+        return [*self.masters, *self._grad_buffers, *(self._staging or [])]
 
     def copy_grads_to_masters(self) -> None:
         """Give each master the fp32 copy of its model parameter's gradient (None where that is None)."""
@@ -78,6 +83,70 @@ class MasterWeights:
                 dst.append(buf)
         if src:
             torch._foreach_copy_(dst, src)
+
+    def add(self, name: str, param: nn.Parameter) -> nn.Parameter:
+        """Pair one more 16-bit ``param`` with a new fp32 master cloned from it and return the master.
+
+        For parameters that join after setup (``optimizer.add_param_group`` mid-training): the master starts
+        from the 16-bit values, the best that is left of them.
+
+        >>> masters = MasterWeights([])
+        >>> masters.add("w", nn.Parameter(torch.ones(2, dtype=torch.bfloat16))).dtype
+        torch.float32
+        """
+        master = nn.Parameter(param.detach().to(torch.float32, copy=True), requires_grad=param.requires_grad)
+        self.names.append(name)
+        self.model_params.append(param)
+        self.masters.append(master)
+        self._grad_buffers.append(torch.empty_like(master))
+        if self._staging is not None:
+            self._staging.append(torch.empty_like(master))
+        return master
+
+    def unscale_grads_to_masters(self, inv_scale: torch.Tensor, found_inf: torch.Tensor) -> None:
+        """Add each 16-bit gradient, unscaled in fp32, to its master's gradient, then drop the 16-bit one.
+
+        A master without a gradient receives a copy; one that already holds a gradient (accumulation over
+        several backward passes) receives the sum. Unscaling happens after the cast to fp32, so small
+        gradients that fp16 could hold only while scaled are not flushed to zero. Non-finite values are
+        recorded in ``found_inf``. Four foreach launches at most; no sync.
+
+        >>> model = nn.Linear(1, 1, bias=False); opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> masters = MasterWeights.clone(model.named_parameters(), [opt]); _ = model.half()
+        >>> model.weight.grad = torch.full((1, 1), 8.0, dtype=torch.float16)
+        >>> masters.unscale_grads_to_masters(torch.tensor(0.25), torch.zeros(()))
+        >>> masters.masters[0].grad, model.weight.grad
+        (tensor([[2.]]), None)
+        """
+        if self._staging is None and any(m.grad is not None for m in self.masters):
+            self._staging = [torch.empty_like(m) for m in self.masters]
+        fresh_src: list[torch.Tensor] = []
+        fresh_dst: list[torch.Tensor] = []
+        acc_src: list[torch.Tensor] = []
+        acc_stage: list[torch.Tensor] = []
+        acc_dst: list[torch.Tensor] = []
+        for i, (p, m) in enumerate(zip(self.model_params, self.masters)):
+            g = p.grad
+            if g is None:
+                continue
+            if g.is_sparse:
+                g = g.to_dense()  # rare; a sparse 16-bit gradient cannot share a dense fp32 buffer
+            if m.grad is None:
+                m.grad = self._grad_buffers[i]
+                fresh_src.append(g)
+                fresh_dst.append(m.grad)
+            else:
+                acc_src.append(g)
+                acc_stage.append(self._staging[i])  # type: ignore[index]
+                acc_dst.append(m.grad)
+            p.grad = None
+        if fresh_src:
+            torch._foreach_copy_(fresh_dst, fresh_src)
+        if acc_src:
+            torch._foreach_copy_(acc_stage, acc_src)
+        unscale_grads_([*fresh_dst, *acc_stage], inv_scale, found_inf)
+        if acc_src:
+            torch._foreach_add_(acc_dst, acc_stage)
 
     def zero_model_grads(self, master_ids: set[int]) -> None:
         """Drop the 16-bit model gradients of the masters whose ``id`` is in ``master_ids`` (after their step)."""
