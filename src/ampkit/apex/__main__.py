@@ -1,0 +1,47 @@
+"""``python -m ampkit.apex [--force] [--half-dtype T] SCRIPT [ARGS]``: run a legacy Apex script unchanged.
+
+``-m MODULE`` runs a module instead of a script, as ``python -m`` does. The script runs as ``__main__`` with
+its own directory first on ``sys.path`` and ``sys.argv`` set to ``[SCRIPT, *ARGS]``, exactly as
+``python SCRIPT ARGS`` would, except that ``import apex`` resolves to ampkit.apex. Under torchrun:
+``torchrun --nproc-per-node 2 -m ampkit.apex train.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import sys
+
+from .install import install
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m ampkit.apex",
+        description="Run a script written for NVIDIA Apex (from apex import amp, ...) unchanged on native PyTorch.",
+    )
+    parser.add_argument("--force", action="store_true", help="use ampkit's modules even where a real apex provides them")
+    parser.add_argument("--half-dtype", choices=["float16", "bfloat16"], help="16-bit type of O1-O3 (default: float16 on CUDA, bfloat16 on CPU)")
+    parser.add_argument("-m", dest="module", help="run a module as a script, like python -m")
+    parser.add_argument("target", nargs=argparse.REMAINDER, help="SCRIPT [ARGS...] (or ARGS for -m)")
+    args = parser.parse_args(argv)
+    if args.module is None and not args.target:
+        parser.error("give the script to run: python -m ampkit.apex train.py [ARGS]")
+    if args.module is None and not os.path.isfile(args.target[0]):
+        parser.error(f"no such script: {args.target[0]}")
+    if args.half_dtype:
+        os.environ["AMPKIT_APEX_HALF_DTYPE"] = args.half_dtype
+    install(force=args.force)
+    if args.module is not None:
+        sys.argv = [args.module, *args.target]
+        runpy.run_module(args.module, run_name="__main__", alter_sys=True)
+        return
+    script, *rest = args.target
+    sys.argv = [script, *rest]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    runpy.run_path(script, run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+"""Make ``import apex`` resolve to ``ampkit.apex`` for code that cannot change, without hiding a real Apex.
+
+A finder at the front of ``sys.meta_path`` answers for ``apex`` and ``apex.*``. Where a real Apex is
+installed, its modules win and the finder fills in only what it lacks (``apex.amp``, deleted in 2025), saying
+so once; ``force=True`` puts ampkit's modules in front of it, also said aloud.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import logging
+import sys
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Sequence
+
+__all__ = ["install", "uninstall", "Installed", "PROVIDED"]
+
+log = logging.getLogger("ampkit")
+
+# apex module name -> the ampkit module that stands in for it.
+PROVIDED: dict[str, str] = {
+    "apex": "ampkit.apex",
+    "apex.amp": "ampkit.apex.amp",
+    "apex.optimizers": "ampkit.apex.optimizers",
+    "apex.parallel": "ampkit.apex.parallel",
+    "apex.parallel.LARC": "ampkit.apex.parallel.LARC",
+    "apex.parallel.distributed": "ampkit.apex.parallel.distributed",
+    "apex.parallel.sync_batchnorm": "ampkit.apex.parallel.sync_batchnorm",
+    "apex.fp16_utils": "ampkit.apex.fp16_utils",
+    "apex.normalization": "ampkit.apex.normalization",
+}
+
+
+@dataclass(frozen=True)
+class Installed:
+    """What :func:`install` did: where a real Apex lives (None if none), and which modules ampkit supplies."""
+
+    real_apex: str | None
+    provided: tuple[str, ...]
+
+
+class _AliasLoader(importlib.abc.Loader):
+    """Loads an ``apex`` name as the already-importable ampkit module (one module object under two names)."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self._spec: Any = None
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        module = importlib.import_module(self.target)
+        self._spec = module.__spec__
+        return module
+
+    def exec_module(self, module: ModuleType) -> None:
+        # The import system stamped the alias spec on the module; give the ampkit module its own back.
+        module.__spec__ = self._spec
+
+
+class _ApexFinder(importlib.abc.MetaPathFinder):
+    def __init__(self, real_apex: str | None, force: bool) -> None:
+        self.real_apex = real_apex
+        self.force = force
+        self.announced: set[str] = set()
+
+    def _ours(self) -> bool:
+        return self.real_apex is None or self.force
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname != "apex" and not fullname.startswith("apex."):
+            return None
+        if not self._ours():
+            if fullname == "apex" or fullname not in PROVIDED:
+                return None
+            parent = sys.modules.get("apex")
+            if parent is not None and importlib.machinery.PathFinder.find_spec(fullname, getattr(parent, "__path__", None)) is not None:
+                return None  # the real Apex has this module: it wins
+            if fullname not in self.announced:
+                self.announced.add(fullname)
+                log.warning("ampkit.apex: the real apex at %s has no %s; ampkit.apex supplies it.", self.real_apex, fullname)
+        elif fullname not in PROVIDED:
+            available = ", ".join(n for n in PROVIDED if n != "apex")
+            raise ModuleNotFoundError(
+                f"No module named {fullname!r}: ampkit.apex provides {available}. For other Apex modules install a real "
+                "Apex beside ampkit (ampkit then supplies only what it lacks).",
+                name=fullname,
+            )
+        loader = _AliasLoader(PROVIDED[fullname])
+        return importlib.machinery.ModuleSpec(fullname, loader, is_package=fullname in ("apex", "apex.parallel"))
+
+
+def _finder() -> _ApexFinder | None:
+    return next((f for f in sys.meta_path if isinstance(f, _ApexFinder)), None)
+
+
+def install(force: bool = False) -> Installed:
+    """Make ``import apex`` (and ``apex.amp``, ``apex.optimizers``, ...) resolve to ampkit's modules.
+
+    A real Apex found on ``sys.path`` is kept and only its missing modules are supplied, with a warning in
+    the log; ``force=True`` puts ampkit's in front of it. Calling again replaces the previous install.
+
+    >>> installed = install()
+    >>> import apex.amp
+    >>> apex.amp.initialize.__module__
+    'ampkit.apex._initialize'
+    >>> uninstall()
+    """
+    uninstall()
+    spec = importlib.machinery.PathFinder.find_spec("apex")
+    real = None
+    if spec is not None:
+        real = spec.origin or (list(spec.submodule_search_locations or []) or ["?"])[0]
+    finder = _ApexFinder(real, force)
+    sys.meta_path.insert(0, finder)
+    if real is None or force:
+        provided = tuple(PROVIDED)
+        if real is not None:
+            log.warning("ampkit.apex.install(force=True): ampkit's modules shadow the real apex at %s.", real)
+    else:
+        has = [n for n in PROVIDED if n != "apex" and importlib.machinery.PathFinder.find_spec(n.split(".", 1)[1].split(".")[0], spec.submodule_search_locations) is not None]
+        provided = tuple(n for n in PROVIDED if n != "apex" and n.split(".")[1] not in {h.split(".")[1] for h in has})
+        log.warning(
+            "ampkit.apex.install(): a real apex is installed at %s; its modules are kept and ampkit supplies only %s.",
+            real,
+            ", ".join(provided) or "nothing",
+        )
+    return Installed(real, provided)
+
+
+def uninstall() -> None:
+    """Undo :func:`install`: remove the finder and the ``apex`` names it created (ampkit's modules stay)."""
+    finder = _finder()
+    while finder is not None:
+        sys.meta_path.remove(finder)
+        finder = _finder()
+    for name in [n for n in sys.modules if n == "apex" or n.startswith("apex.")]:
+        if getattr(sys.modules[name], "__name__", "").startswith("ampkit."):
+            del sys.modules[name]
