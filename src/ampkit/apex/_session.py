@@ -235,6 +235,13 @@ class AmpSession:
                         m.grad = None  # model.zero_grad() would not clear these
                 return None
         self._report_clean(st)
+        if st.masters is not None and not any(m.grad is not None for m in st.masters.masters):
+            if any(p.grad is not None for p in st.masters.model_params):
+                raise RuntimeError(
+                    "O2 steps fp32 master weights, which receive gradients only from a backward inside "
+                    "`with amp.scale_loss(loss, optimizer) as scaled_loss: scaled_loss.backward()`; "
+                    "a plain loss.backward() leaves them empty."
+                )
         out = st.step(closure) if closure is not None else st.step()
         if st.masters is not None:
             st.masters.copy_masters_to_model()

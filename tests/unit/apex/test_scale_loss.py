@@ -281,6 +281,15 @@ def test_o3_static_one_yields_the_float_loss_untouched():
 
 
 # -------------------------------------------------------------------------------------------- mistakes
+def test_o2_plain_backward_outside_scale_loss_is_refused_at_step():
+    model = nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt = amp.initialize(model, opt, opt_level="O2", verbosity=0)
+    model(torch.ones(1, 2)).sum().backward()
+    with pytest.raises(RuntimeError, match="inside `with amp.scale_loss"):
+        opt.step()
+
+
 def test_scale_loss_before_initialize_says_to_initialize():
     with pytest.raises(RuntimeError, match=r"before amp.initialize\(\).*amp.initialize\(model, optimizer"):
         amp.scale_loss(torch.ones(()), torch.optim.SGD([nn.Parameter(torch.ones(1))], lr=0.1))
