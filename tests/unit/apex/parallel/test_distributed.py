@@ -1,0 +1,142 @@
+"""apex.parallel.DistributedDataParallel on torch's DDP, in a one-process gloo group on the CPU."""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ampkit.apex.parallel import DistributedDataParallel
+from ampkit.apex.parallel.distributed import bucket_cap_mb, infer_device_ids
+
+pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch built without torch.distributed")
+
+
+@pytest.fixture
+def process_group(tmp_path: Path) -> Iterator[None]:
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+
+
+def test_trains_and_equals_a_plain_model_step(process_group: None):
+    plain = _model()
+    wrapped = DistributedDataParallel(copy.deepcopy(plain), message_size=1000)
+    assert isinstance(wrapped, nn.parallel.DistributedDataParallel) and wrapped.device_ids is None
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in (plain, wrapped)]
+    x, y = torch.randn(16, 4, generator=torch.Generator().manual_seed(1)), torch.randn(16, 2, generator=torch.Generator().manual_seed(2))
+    losses = []
+    for _ in range(3):
+        for model, opt in zip((plain, wrapped), opts):
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
+    for a, b in zip(plain.parameters(), wrapped.module.parameters(), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    # Apex's DDP was a module holding .module too: the same state_dict keys.
+    assert list(wrapped.state_dict()) == [f"module.{k}" for k in plain.state_dict()]
+
+
+def test_message_size_maps_to_bucket_cap(process_group: None):
+    wrapped = DistributedDataParallel(_model(), message_size=2**20)
+    assert wrapped.message_size == 2**20
+    assert bucket_cap_mb(_model(), 2**20) == 4.0  # fp32: 4 bytes per element
+    assert bucket_cap_mb(_model().half(), 2**20) == 2.0
+    assert bucket_cap_mb(nn.Module(), 2**20) == 4.0
+
+
+def test_device_ids_inferred():
+    assert infer_device_ids(_model()) is None
+    assert infer_device_ids(_model().to("meta")) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_device_ids_for_a_cuda_module():
+    assert infer_device_ids(_model().cuda()) == [torch.cuda.current_device()]
+
+
+def test_performance_knobs_are_accepted_and_logged(process_group: None, caplog: pytest.LogCaptureFixture):
+    model = _model()
+    with caplog.at_level(logging.DEBUG, logger="ampkit"):
+        DistributedDataParallel(
+            model,
+            delay_allreduce=True,
+            allreduce_trigger_params=[next(model.parameters())],
+            retain_allreduce_buffers=True,
+            num_allreduce_streams=2,
+            allreduce_communicators=object(),
+            prof=True,
+            gradient_average_split_factor=1.0,
+        )
+    text = caplog.text
+    for knob in ("delay_allreduce", "allreduce_trigger_params", "retain_allreduce_buffers", "num_allreduce_streams", "allreduce_communicators", "prof"):
+        assert f"{knob} is performance-only" in text
+    assert "bucket_cap_mb" in text
+
+
+def test_enable_disable_allreduce_toggle_sync(process_group: None):
+    wrapped = DistributedDataParallel(_model())
+    wrapped.disable_allreduce()
+    assert wrapped.require_backward_grad_sync is False
+    wrapped(torch.randn(2, 4)).sum().backward()  # a local-only backward, as inside no_sync()
+    wrapped.enable_allreduce()
+    assert wrapped.require_backward_grad_sync is True
+    wrapped(torch.randn(2, 4)).sum().backward()
+
+
+def test_needs_an_initialised_process_group():
+    assert not dist.is_initialized()
+    with pytest.raises(RuntimeError, match=r"needs torch.distributed initialised: launch with torchrun.*init_process_group"):
+        DistributedDataParallel(_model())
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "fix"),
+    [
+        ({"gradient_average": False}, NotImplementedError, r"always averages\. Multiply the loss by torch\.distributed\.get_world_size\(\)"),
+        ({"allreduce_always_fp32": True}, NotImplementedError, r"Keep the parameters in fp32.*register_comm_hook"),
+        ({"gradient_predivide_factor": 8.0}, NotImplementedError, r"gradient_predivide_factor=8\.0 .*Drop gradient_predivide_factor"),
+        ({"gradient_average_split_factor": 4.0}, NotImplementedError, r"Drop gradient_average_split_factor"),
+        ({"shared_param": True}, ValueError, r"Remove the shared_param argument"),
+    ],
+)
+def test_numerics_changing_knobs_raise_with_the_fix(process_group: None, kwargs: dict, error: type, fix: str):
+    with pytest.raises(error, match=fix):
+        DistributedDataParallel(_model(), **kwargs)
+
+
+def test_numerics_errors_come_before_the_process_group_check():
+    # A script with a refused option learns that first, even before torchrun is set up.
+    with pytest.raises(NotImplementedError, match="gradient_average=False"):
+        DistributedDataParallel(_model(), gradient_average=False)
+
+
+def test_importable_under_apex_names(process_group: None):
+    from ampkit.apex import install, uninstall
+
+    install()
+    try:
+        from apex.parallel import DistributedDataParallel as DDP
+        from apex.parallel.distributed import DistributedDataParallel as DDP2
+
+        assert DDP is DistributedDataParallel is DDP2
+        assert isinstance(DDP(_model()), nn.parallel.DistributedDataParallel)
+    finally:
+        uninstall()

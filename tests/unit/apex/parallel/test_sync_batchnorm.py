@@ -1,0 +1,115 @@
+"""apex.parallel.SyncBatchNorm and convert_syncbn_model on torch's SyncBatchNorm, checked against BatchNorm."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ampkit.apex.parallel import DistributedDataParallel, SyncBatchNorm, convert_syncbn_model
+
+
+@pytest.fixture
+def process_group(tmp_path: Path) -> Iterator[None]:
+    if not dist.is_available():
+        pytest.skip("torch built without torch.distributed")
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _net() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Sequential(nn.Conv2d(4, 4, 1), nn.BatchNorm2d(4, affine=False)), nn.InstanceNorm2d(4))
+
+
+def _x(seed: int = 1) -> torch.Tensor:
+    return torch.randn(2, 3, 6, 6, generator=torch.Generator().manual_seed(seed))
+
+
+def _assert_same_bn(a: nn.Module, b: nn.Module) -> None:
+    for (ka, va), (kb, vb) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
+        assert ka == kb
+        torch.testing.assert_close(va, vb, rtol=0, atol=0)
+
+
+def _check_equals_batchnorm() -> None:
+    bn, sbn = nn.BatchNorm1d(5), SyncBatchNorm(5)
+    x = torch.randn(8, 5)
+    for _ in range(2):
+        torch.testing.assert_close(sbn(x), bn(x), rtol=0, atol=0)
+    _assert_same_bn(bn, sbn)
+    bn.eval(), sbn.eval()
+    torch.testing.assert_close(sbn(x), bn(x), rtol=0, atol=0)
+
+
+def test_is_torch_syncbatchnorm_and_equals_batchnorm_outside_a_group():
+    assert isinstance(SyncBatchNorm(3), nn.SyncBatchNorm)
+    _check_equals_batchnorm()
+
+
+def test_runs_on_cpu_in_a_one_process_group(process_group: None):
+    # torch.nn.SyncBatchNorm itself refuses CPU input once a group exists, even of one process.
+    with pytest.raises(ValueError, match="expected input tensor to be on GPU"):
+        nn.SyncBatchNorm(5)(torch.randn(8, 5))
+    _check_equals_batchnorm()
+
+
+def test_apex_only_options_raise_with_the_fix():
+    with pytest.raises(NotImplementedError, match=r"channel_last=True .*permute the input to \(N, C, H, W\)"):
+        SyncBatchNorm(4, channel_last=True)
+    with pytest.raises(NotImplementedError, match=r"fuse_relu=True .*apply torch.relu"):
+        SyncBatchNorm(4, fuse_relu=True)
+    with pytest.raises(NotImplementedError, match=r"compute bn\(x\) \+ z instead"):
+        SyncBatchNorm(4)(torch.randn(2, 4), z=torch.randn(2, 4))
+    with pytest.raises(NotImplementedError, match="channel_last=True"):
+        convert_syncbn_model(_net(), channel_last=True)
+
+
+def test_convert_keeps_parameters_and_outputs():
+    original = _net()
+    reference = copy.deepcopy(original)
+    params_before = {name: p for name, p in original.named_parameters()}
+    converted = convert_syncbn_model(original)
+    kinds = [type(m) for m in converted.modules()]
+    assert kinds.count(SyncBatchNorm) == 2 and nn.BatchNorm2d not in kinds and nn.InstanceNorm2d in kinds
+    assert all(isinstance(m, nn.SyncBatchNorm) for m in converted.modules() if isinstance(m, SyncBatchNorm))
+    # The same Parameter objects: an optimizer built on the original model stays valid.
+    assert all(p is params_before[name] for name, p in converted.named_parameters())
+    # Runs on the CPU outside a process group, as plain batch norm, training and eval.
+    torch.testing.assert_close(converted(_x()), reference(_x()), rtol=0, atol=0)
+    _assert_same_bn(converted, reference)
+    converted.eval(), reference.eval()
+    torch.testing.assert_close(converted(_x(2)), reference(_x(2)), rtol=0, atol=0)
+
+
+def test_convert_a_bare_batchnorm_and_a_process_group_argument():
+    bn = nn.BatchNorm1d(3)
+    converted = convert_syncbn_model(bn, process_group="group-handle")
+    assert type(converted) is SyncBatchNorm and converted.process_group == "group-handle" and converted.weight is bn.weight
+
+
+def test_torch_ddp_refuses_syncbatchnorm_in_a_cpu_module(process_group: None):
+    # A documented limit of torch's DDP, not of this class: SyncBatchNorm under DDP needs CUDA modules.
+    with pytest.raises(ValueError, match="SyncBatchNorm layers only work with GPU modules"):
+        DistributedDataParallel(convert_syncbn_model(_net()))
+
+
+def test_importable_under_apex_names():
+    from ampkit.apex import install, uninstall
+
+    install()
+    try:
+        from apex.parallel import SyncBatchNorm as by_package, convert_syncbn_model as convert
+        from apex.parallel.sync_batchnorm import SyncBatchNorm as by_module
+
+        assert by_package is SyncBatchNorm is by_module and convert is convert_syncbn_model
+    finally:
+        uninstall()
