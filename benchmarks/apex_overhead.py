@@ -139,8 +139,10 @@ def main() -> None:
         "apex O1 loss_scale=1": apex_step(build(args.model, args.width, device), "O1", half, loss_scale=1.0),
         "Engine masters": engine_step(build(args.model, args.width, device), half),
         "apex O2": apex_step(build(args.model, args.width, device), "O2", half),
+        "apex O2 loss_scale=1": apex_step(build(args.model, args.width, device), "O2", half, loss_scale=1.0),
     }
-    native = {"apex O0": "fp32 loop", "apex O1": "torch.amp loop", "apex O1 loss_scale=1": "torch.amp loop", "apex O2": "Engine masters"}
+    native = {"apex O0": "fp32 loop", "apex O1": "torch.amp loop", "apex O1 loss_scale=1": "torch.amp loop", "apex O2": "Engine masters",
+              "apex O2 loss_scale=1": "Engine masters"}
     g = torch.Generator().manual_seed(1)
     shape = (args.width,) if args.model == "mlp" else (3, 32, 32)
     data = [
