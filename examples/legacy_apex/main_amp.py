@@ -63,7 +63,7 @@ def parse():
     parser.add_argument("--seed", default=0, type=int, help="seed for weights, data order and augmentation")
     parser.add_argument("--fused-sgd", action="store_true", help="use apex.optimizers.FusedSGD instead of torch.optim.SGD")
     parser.add_argument("--channels-last", action="store_true", help="channels_last memory format for model and inputs")
-    parser.add_argument("--sync_bn", action="store_true", help="use apex.parallel.SyncBatchNorm (several processes)")
+    parser.add_argument("--sync_bn", action="store_true", help="use apex.parallel.SyncBatchNorm (several CUDA processes; torch has no CPU kernel for it)")
     parser.add_argument("--local_rank", "--local-rank", default=int(os.environ.get("LOCAL_RANK", 0)), type=int)
     # amp's knobs, passed through as strings exactly as Apex's examples did.
     parser.add_argument("--opt-level", type=str, default="O0", help="amp optimization level: O0 (fp32), O1, O2, O3")

@@ -95,6 +95,21 @@ def _refuse_numerics(
         )
 
 
+def _refuse_cpu_sync_batchnorm(module: nn.Module) -> None:
+    # torch's DDP refuses this too, but with "only work with GPU modules" and no way out; name the fix here.
+    if any(t.device.type == "cuda" for t in module.parameters()):
+        return
+    names = [name for name, m in module.named_modules() if isinstance(m, nn.SyncBatchNorm)]
+    if names:
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        raise ValueError(
+            f"SyncBatchNorm layers ({shown}) in a CPU module: torch synchronises batch statistics with CUDA kernels "
+            "only, and its DistributedDataParallel refuses SyncBatchNorm on CPU. On CPU keep plain BatchNorm (skip "
+            "apex.parallel.convert_syncbn_model, e.g. drop --sync_bn): each process then normalises over its own "
+            "batch. Or move the model to CUDA first."
+        )
+
+
 class DistributedDataParallel(nn.parallel.DistributedDataParallel):
     """Apex's ``apex.parallel.DistributedDataParallel(module, ...)`` on torch's DDP.
 
@@ -138,6 +153,7 @@ class DistributedDataParallel(nn.parallel.DistributedDataParallel):
         for name, (given, why) in ignored.items():
             if given:
                 log.debug("ampkit.apex DistributedDataParallel: %s is performance-only and ignored: %s.", name, why)
+        _refuse_cpu_sync_batchnorm(module)
         cap = bucket_cap_mb(module, message_size)
         device_ids = infer_device_ids(module)
         log.debug("ampkit.apex DistributedDataParallel: message_size=%d elements -> bucket_cap_mb=%.3g, device_ids=%s.", message_size, cap, device_ids)

@@ -4,10 +4,10 @@ torch's SyncBatchNorm computes batch statistics across the process group with it
 a process group it is a plain BatchNorm. Two differences are smoothed over here. A one-process group has
 nothing to synchronise, so this class runs plain batch norm there, on any device (torch refuses CPU input as
 soon as a group exists). With several CPU processes torch's refusal stands, since it has no CPU kernel for
-the cross-process statistics; torch's DistributedDataParallel also refuses SyncBatchNorm in CPU modules.
-And :func:`convert_syncbn_model` returns modules of *this* class, as Apex did, so
-``isinstance(m, apex.parallel.SyncBatchNorm)`` keeps working. Apex's NHWC (``channel_last``) and fused-ReLU
-kernels have no torch counterpart and raise.
+the cross-process statistics; torch's DistributedDataParallel also refuses SyncBatchNorm in CPU modules
+(ampkit.apex's DistributedDataParallel says so and names the fix). And :func:`convert_syncbn_model` returns
+modules of *this* class, as Apex did, so ``isinstance(m, apex.parallel.SyncBatchNorm)`` keeps working.
+Apex's NHWC (``channel_last``) and fused-ReLU kernels have no torch counterpart and raise.
 """
 
 from __future__ import annotations

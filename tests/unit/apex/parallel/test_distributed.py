@@ -122,6 +122,16 @@ def test_numerics_changing_knobs_raise_with_the_fix(process_group: None, kwargs:
         DistributedDataParallel(_model(), **kwargs)
 
 
+def test_sync_batchnorm_in_a_cpu_module_is_refused_with_the_fix(process_group: None):
+    from ampkit.apex.parallel import convert_syncbn_model
+
+    model = convert_syncbn_model(nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)))
+    with pytest.raises(ValueError, match=r"SyncBatchNorm layers \(1\) in a CPU module.*keep plain BatchNorm"):
+        DistributedDataParallel(model)
+    # The same model with plain BatchNorm wraps fine.
+    DistributedDataParallel(nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)))
+
+
 def test_numerics_errors_come_before_the_process_group_check():
     # A script with a refused option learns that first, even before torchrun is set up.
     with pytest.raises(NotImplementedError, match="gradient_average=False"):
