@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,15 +14,6 @@ from ampkit.apex.parallel import DistributedDataParallel
 from ampkit.apex.parallel.distributed import bucket_cap_mb, infer_device_ids
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch built without torch.distributed")
-
-
-@pytest.fixture
-def process_group(tmp_path: Path) -> Iterator[None]:
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def _model() -> nn.Module:

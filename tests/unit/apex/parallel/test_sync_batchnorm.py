@@ -3,26 +3,12 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from ampkit.apex.parallel import SyncBatchNorm, convert_syncbn_model
-
-
-@pytest.fixture
-def process_group(tmp_path: Path) -> Iterator[None]:
-    if not dist.is_available():
-        pytest.skip("torch built without torch.distributed")
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def _net() -> nn.Module:
