@@ -1,0 +1,167 @@
+"""Exact byte accounting of a training step: training state, saved activations and the peak of live tensors.
+
+Everything here counts *storages*, once each, so views and tied weights are not counted twice, and works the
+same on real tensors and on fake ones (``torch._subclasses.FakeTensorMode``), which is what lets
+:func:`ampkit.memory.estimate` predict on a laptop what :func:`ampkit.memory.measure` measures on the device.
+
+    >>> import torch
+    >>> from torch import nn
+    >>> model = nn.Linear(64, 64)
+    >>> with SavedActivations(model) as saved:
+    ...     model(torch.randn(8, 64)).relu().sum().backward()
+    >>> saved.bytes  # the input saved by the matmul and the output saved by relu: 2 x 8 x 64 x 4 bytes
+    4096
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+__all__ = ["storage_key", "tensor_bytes", "SavedActivations", "training_state_bytes", "LiveBytes"]
+
+
+def storage_key(t: torch.Tensor) -> int:
+    """Identity of the storage behind ``t``: equal for views of one storage, distinct between live storages.
+
+    The address of the storage object, not of its data: fake and meta tensors have no data address.
+
+    >>> w = torch.zeros(4); storage_key(w) == storage_key(w[1:]) != storage_key(torch.zeros(4))
+    True
+    """
+    return t.untyped_storage()._cdata
+
+
+def tensor_bytes(tensors: Iterable[Any]) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (non-tensors and repeats ignored).
+
+    >>> w = torch.zeros(10); tensor_bytes([w, w[:5], None, 3])
+    40
+    """
+    seen: dict[int, int] = {}
+    for t in tensors:
+        if isinstance(t, torch.Tensor):
+            seen.setdefault(storage_key(t), t.untyped_storage().nbytes())
+    return sum(seen.values())
+
+
+class SavedActivations:
+    """Context manager counting the bytes autograd saves for backward while it is active.
+
+    Each storage counts once (views share it); storages of the models' parameters and buffers are not
+    activations and are left out. Under autocast the 16-bit copies of weights that ops save are counted: they
+    are memory the step holds until backward, as activations are.
+    """
+
+    def __init__(self, *models: nn.Module) -> None:
+        self._excluded = {storage_key(t) for m in models for t in [*m.parameters(), *m.buffers()]}
+        self._seen: dict[int, int] = {}
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        key = storage_key(t)
+        if key not in self._excluded:
+            self._seen.setdefault(key, t.untyped_storage().nbytes())
+        return t  # saved as is: counting must not change what backward sees
+
+    @staticmethod
+    def _unpack(t: torch.Tensor) -> torch.Tensor:
+        return t
+
+    @property
+    def bytes(self) -> int:
+        """Distinct bytes saved for backward so far."""
+        return sum(self._seen.values())
+
+    def __enter__(self) -> "SavedActivations":
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._hooks.__exit__(*exc)
+
+
+def training_state_bytes(model: nn.Module, optimizers: Iterable[torch.optim.Optimizer], masters: Any = None) -> dict[str, int]:
+    """Exact bytes of ``parameters``, ``gradients``, ``optimizer_state`` and ``master_weights`` of a run.
+
+    Gradients are counted at their parameter's dtype and size (what backward allocates), whether or not they
+    exist at the moment of the call. ``masters`` is the engine's MasterWeights (fp32 copies and their gradient
+    buffers), or None.
+
+    >>> m = nn.Linear(4, 4)  # 20 fp32 values
+    >>> training_state_bytes(m, [])
+    {'parameters': 80, 'gradients': 80, 'optimizer_state': 0, 'master_weights': 0}
+    """
+    params = list(model.parameters())
+    state: list[torch.Tensor] = []
+    for opt in optimizers:
+        for per_param in opt.state.values():
+            state.extend(v for v in per_param.values() if isinstance(v, torch.Tensor))
+    return {
+        "parameters": tensor_bytes(params),
+        "gradients": sum(p.numel() * p.element_size() for p in params if p.requires_grad),
+        "optimizer_state": tensor_bytes(state),
+        "master_weights": tensor_bytes(masters.tensors()) if masters is not None else 0,
+    }
+
+
+class LiveBytes(TorchDispatchMode):
+    """Tracks the bytes of live tensor storages and their peak while active, on real or fake tensors.
+
+    Storages that exist before entering are counted once :meth:`track` is given them; every tensor an op
+    returns is tracked from then on, and its bytes are released when its storage is freed. This is the
+    device allocator's view without the allocator: no rounding, no cache, no kernel workspaces.
+
+    >>> with LiveBytes() as live:
+    ...     a = torch.ones(256)          # 1 KiB
+    ...     b = a * 2                    # 1 KiB more
+    ...     del a, b
+    ...     c = torch.ones(128)          # 512 B
+    >>> live.peak, live.current
+    (2048, 512)
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.current = 0
+        self.peak = 0
+        self._live: set[int] = set()
+
+    def track(self, tensors: Iterable[Any]) -> None:
+        """Count ``tensors`` (already allocated before entering) as live until they are freed."""
+        for t in tensors:
+            if isinstance(t, torch.Tensor):
+                self._add(t)
+
+    def reset_peak(self) -> None:
+        """Start a new peak from the bytes live now."""
+        self.peak = self.current
+
+    def _add(self, t: torch.Tensor) -> None:
+        storage = t.untyped_storage()
+        key = storage._cdata
+        if key in self._live:
+            return
+        size = storage.nbytes()
+        self._live.add(key)
+        self.current += size
+        self.peak = max(self.peak, self.current)
+        weakref.finalize(storage, self._free, key, size)
+
+    def _free(self, key: int, size: int) -> None:
+        if key in self._live:
+            self._live.discard(key)
+            self.current -= size
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for leaf in tree_leaves(out):
+            if isinstance(leaf, torch.Tensor):
+                self._add(leaf)
+        return out

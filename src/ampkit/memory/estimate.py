@@ -1,0 +1,244 @@
+"""How much memory one training step needs under a precision policy: predicted without the device, or measured.
+
+:func:`estimate` runs one real training step (the engine's own code: policy conversion, master weights,
+autocast, backward, clipping, the optimizer creating its state) on fake tensors, so it allocates nothing and
+needs no GPU: a laptop answers for a GPU. :func:`measure` runs the very same step on real tensors on the
+device. On the CPU the two agree to the byte; on CUDA :func:`measure` also reads the allocator's peak.
+
+    >>> from torch import nn
+    >>> model = nn.Sequential(nn.Linear(512, 2048), nn.GELU(), nn.Linear(2048, 10))
+    >>> batch = (torch.randn(64, 512), torch.randint(0, 10, (64,)))
+    >>> opt = torch.optim.AdamW(model.parameters())
+    >>> fp32, bf16 = (estimate(model, batch, opt, policy=p) for p in ("32-true", "bf16-mixed"))
+    >>> fp32.parameters == bf16.parameters, bf16.activations < fp32.activations
+    (True, True)
+    >>> fp32.optimizer_state - 2 * fp32.parameters   # AdamW: two moments per weight, plus 4 step counters
+    16
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import gc
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_leaves, tree_map
+
+from ..engine import Engine
+from ..policy import get_policy
+from ..policy.device import as_device
+from .accounting import LiveBytes, SavedActivations, tensor_bytes, training_state_bytes
+from .fake import FakeCopies, rebuild_optimizer
+
+__all__ = ["MemoryEstimate", "estimate", "measure", "LossFn", "OptimizerSpec"]
+
+LossFn = Callable[[Any, Any], torch.Tensor]
+OptimizerSpec = "torch.optim.Optimizer | Callable[[Any], torch.optim.Optimizer] | None"
+
+BREAKDOWN = ("parameters", "gradients", "optimizer_state", "master_weights", "activations")
+"""The parts of :attr:`MemoryEstimate.total`, in table order."""
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes one training step holds under ``precision``, part by part.
+
+    ``total`` is the sum of the five parts: what the step keeps resident at the start of backward, when the
+    saved activations, the weights, their optimizer state and master weights coexist, with room for every
+    gradient. ``peak`` is the most bytes live at any moment of two steps (the batch and the temporaries of
+    forward, backward and the optimizer included), the figure to set against ``torch.cuda.max_memory_allocated``.
+    """
+
+    precision: str
+    device: str
+    """The device the step was predicted (or measured) for."""
+    parameters: int
+    gradients: int
+    optimizer_state: int
+    master_weights: int
+    activations: int
+    """Bytes saved for backward (saved-tensor hooks, each storage once; 16-bit weight copies autocast saves included)."""
+    peak: int
+    batch: int
+    """Bytes of the example batch on the device (part of ``peak``, not of ``total``)."""
+    batch_size: int | None = None
+    method: str = "estimate"
+    """``estimate`` (fake tensors) or ``measure`` (real tensors)."""
+    simulated_on: str | None = None
+    """Set when a CUDA step was predicted on this machine's CPU (no CUDA here): autocast used the CPU's op lists."""
+    allocator_peak: int | None = None
+    """``torch.cuda.max_memory_allocated`` over the measured steps (measure on CUDA only)."""
+
+    @property
+    def total(self) -> int:
+        """parameters + gradients + optimizer_state + master_weights + activations."""
+        return sum(getattr(self, name) for name in BREAKDOWN)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready dict, ``total`` included."""
+        return {**dataclasses.asdict(self), "total": self.total}
+
+
+def _batch_size(batch: Any) -> int | None:
+    leaves = [t for t in tree_leaves(batch) if isinstance(t, torch.Tensor) and t.dim() > 0]
+    return int(leaves[0].shape[0]) if leaves else None
+
+
+def _model_device(model: nn.Module) -> torch.device:
+    for t in [*model.parameters(), *model.buffers()]:
+        if t.device.type != "meta":
+            return t.device
+    return torch.device("cpu")
+
+
+def _call(model: nn.Module, inputs: Any) -> Any:
+    return model(*inputs) if isinstance(inputs, (tuple, list)) else model(inputs)
+
+
+def _as_float(output: Any) -> Any:
+    return output.float() if isinstance(output, torch.Tensor) and output.is_floating_point() else output
+
+
+def _step(model: nn.Module, engine: Engine, batch: Any, loss_fn: LossFn, has_optimizer: bool) -> None:
+    inputs, target = batch
+    with engine.autocast():
+        loss = loss_fn(_as_float(_call(model, inputs)), target)
+    if has_optimizer:
+        engine.backward(loss)
+        engine.step()
+    else:
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+
+
+def _account(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    batch: Any,
+    precision: str,
+    loss_fn: LossFn,
+    engine_options: dict[str, Any],
+    live: LiveBytes,
+) -> dict[str, int]:
+    """Two training steps of ``model`` under ``precision``; the first one's saved activations are counted."""
+    live.track([*model.parameters(), *model.buffers(), *tree_leaves(batch)])
+    engine = Engine(precision, **engine_options)
+    if optimizer is not None:
+        model, optimizer = engine.setup(model, optimizer)
+    else:
+        model = engine.setup(model)
+    model.train()
+    with SavedActivations(model) as saved:
+        _step(model, engine, batch, loss_fn, optimizer is not None)
+    _step(model, engine, batch, loss_fn, optimizer is not None)  # optimizer state exists from the first step on
+    parts = training_state_bytes(model, [optimizer] if optimizer is not None else [], engine.masters)
+    return {**parts, "activations": saved.bytes, "peak": live.peak, "batch": tensor_bytes(tree_leaves(batch))}
+
+
+def _simulated_precision(precision: str) -> str:
+    # TF32 only changes how fp32 matmuls round, not what is stored: the CPU simulates it as 32-true.
+    return "32-true" if precision == "tf32" else precision
+
+
+def estimate(
+    model: nn.Module,
+    example_batch: Any,
+    optimizer: Any = None,
+    policy: str = "32-true",
+    device: torch.device | str | None = None,
+    *,
+    loss_fn: LossFn = nn.functional.cross_entropy,
+    **engine_options: Any,
+) -> MemoryEstimate:
+    """Predict the memory of one training step of ``model`` on ``example_batch`` under ``policy``, allocating nothing.
+
+    ``model`` may live anywhere, on the ``meta`` device too (build a model too large for this machine under
+    ``with torch.device("meta"):``). ``example_batch`` is ``(inputs, targets)`` as in ``ampkit bench``; tensors
+    may be meta. ``optimizer`` is an optimizer of ``model`` (rebuilt with the same settings over the copy) or a
+    factory ``params -> optimizer``; None counts no optimizer state. ``device`` is the target (default: the
+    model's device, or the CPU). ``engine_options`` go to :class:`ampkit.Engine` (e.g. ``clip_grad_norm=1.0``).
+
+    >>> from torch import nn
+    >>> with torch.device("meta"):
+    ...     big = nn.Sequential(*[nn.Linear(8192, 8192) for _ in range(16)])   # 4.3 GB of fp32 weights
+    >>> e = estimate(big, (torch.empty(4, 8192, device="meta"), torch.empty(4, dtype=torch.long, device="meta")),
+    ...              lambda p: torch.optim.AdamW(p, foreach=True), policy="bf16-true-masters", device="cpu")
+    >>> round(e.parameters / 2**30, 2), round(e.master_weights / 2**30, 2), round(e.total / 2**30, 1)
+    (2.0, 8.0, 20.0)
+    """
+    requested = get_policy(policy).name  # an unknown name fails here, in one line, before any work
+    target = as_device(device) if device is not None else _model_device(model)
+    run_on, simulated, run_policy = target, None, requested
+    if target.type == "cuda" and not torch.cuda.is_available():
+        # Fake CUDA tensors need CUDA's runtime for autograd; without it the step runs on fake CPU tensors.
+        run_on, simulated, run_policy = torch.device("cpu"), "cpu", _simulated_precision(requested)
+    live = LiveBytes()
+    with FakeCopies(run_on) as fake:
+        fake_model = fake.model(model, run_on)
+        fake_opt = rebuild_optimizer(optimizer, model, fake_model)
+        fake_batch = fake.batch(example_batch, run_on)
+        with live:
+            parts = _account(fake_model, fake_opt, fake_batch, run_policy, loss_fn, engine_options, live)
+    return MemoryEstimate(
+        precision=requested, device=str(target), batch_size=_batch_size(example_batch), simulated_on=simulated, method="estimate", **parts,
+    )
+
+
+@contextlib.contextmanager
+def _cuda_peak(device: torch.device) -> Iterator[dict[str, int]]:
+    out: dict[str, int] = {}
+    if device.type != "cuda":
+        yield out
+        return
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    yield out
+    torch.cuda.synchronize(device)
+    out["allocator_peak"] = torch.cuda.max_memory_allocated(device) - base
+
+
+def measure(
+    model: nn.Module,
+    example_batch: Any,
+    optimizer: Any = None,
+    policy: str = "32-true",
+    device: torch.device | str | None = None,
+    *,
+    loss_fn: LossFn = nn.functional.cross_entropy,
+    **engine_options: Any,
+) -> MemoryEstimate:
+    """The same two steps as :func:`estimate`, on real tensors on ``device``: what the prediction is checked against.
+
+    Trains a copy (``model`` and ``optimizer`` are left untouched). On CUDA, ``allocator_peak`` is
+    ``torch.cuda.max_memory_allocated`` over the copy's lifetime, measured from what was allocated before.
+
+    >>> from torch import nn
+    >>> model, batch = nn.Linear(32, 4), (torch.randn(16, 32), torch.randint(0, 4, (16,)))
+    >>> m, e = measure(model, batch, policy="bf16-mixed"), estimate(model, batch, policy="bf16-mixed")
+    >>> (m.total, m.peak, m.method) == (e.total, e.peak, "measure")
+    True
+    """
+    target = as_device(device) if device is not None else _model_device(model)
+    if any(t.device.type == "meta" for t in model.parameters()):
+        raise ValueError("measure() needs real weights; this model is on the meta device. Use estimate() for it.")
+    gc.collect()
+    live = LiveBytes()
+    with _cuda_peak(target) as cuda:
+        real_model = copy.deepcopy(model).to(target)
+        real_opt = rebuild_optimizer(optimizer, model, real_model)
+        real_batch = tree_map(lambda t: t.to(target) if isinstance(t, torch.Tensor) else t, example_batch)
+        with live:
+            parts = _account(real_model, real_opt, real_batch, policy, loss_fn, engine_options, live)
+        del real_model, real_opt, real_batch
+    return MemoryEstimate(
+        precision=get_policy(policy).name, device=str(target), batch_size=_batch_size(example_batch), method="measure",
+        allocator_peak=cuda.get("allocator_peak"), **parts,
+    )
