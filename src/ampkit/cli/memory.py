@@ -1,0 +1,169 @@
+"""``ampkit memory``: what a training step needs per precision policy, predicted without the device.
+
+    ampkit memory                                        # the built-in workload for this device, every policy
+    ampkit memory -w gpt --size large --device cuda --batch-size 64
+    ampkit memory --model mypkg.nets:build --data mypkg.data:batches --precision 32-true,bf16-mixed --json
+    ampkit memory -w gpt --device cuda --device-memory 24GiB   # the largest batch that fits, per policy
+
+Every figure comes from one training step run on fake tensors (:func:`ampkit.memory.estimate`): nothing is
+allocated on the device and no GPU is needed. Exit code 0, or 2 for bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from ..bench.defaults import default_size, default_workload
+from ..bench.format import fmt_bytes
+from ..bench.workload import SIZES, Workload
+from ..memory.estimate import BREAKDOWN, MemoryEstimate, estimate
+from ..memory.fit import Fit, largest_batch, parse_bytes, resize_batch
+from ..policy import get_policy, policy_names
+from ..policy.device import as_device
+from .bench import _positive
+
+__all__ = ["register", "run"]
+
+_HEADERS = {"parameters": "params", "gradients": "grads", "optimizer_state": "optim", "master_weights": "masters",
+            "activations": "activ."}
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``memory`` subcommand to ``subparsers``."""
+    p = subparsers.add_parser(
+        "memory",
+        help="predict the memory of a training step per precision policy (and the largest batch that fits)",
+        description=(
+            "Run one training step of a model on fake tensors under each precision policy and print its memory: "
+            "parameters, gradients, optimizer state, master weights, saved activations, their total, and the peak of "
+            "live tensors. Nothing is allocated on the device."
+        ),
+    )
+    p.add_argument("-w", "--workload", help="built-in workload: digits, segment, gpt, resnet (default: the one for the device)")
+    p.add_argument("--size", default="auto", choices=("auto", *SIZES), help="built-in workload size (default: small on CPU, large on CUDA)")
+    p.add_argument("--model", metavar="MODULE:FACTORY", help="your model: a no-argument callable returning an nn.Module")
+    p.add_argument("--data", metavar="MODULE:FACTORY", help="your data: a no-argument callable returning (inputs, targets) batches")
+    p.add_argument("--batch-size", type=_positive, help="batch size to predict for (default: the data's)")
+    p.add_argument("--precision", help="comma-separated policies or aliases (default: every policy the device supports)")
+    p.add_argument("--device", help="the device to predict for: cpu or cuda (default: cuda if visible, else cpu); no GPU is needed")
+    p.add_argument("--device-memory", metavar="SIZE", help="memory to fit in, e.g. 24GiB or 80GB: adds the largest batch that fits per policy")
+    p.add_argument("--json", action="store_true", help="print JSON (one object per policy) instead of the table")
+    p.add_argument("--seed", type=int, default=0, help="seed of the built-in workload (default: 0)")
+    p.set_defaults(func=run)
+
+
+def _target(text: str | None) -> torch.device:
+    if text is None:
+        return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    try:
+        device = as_device(text)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"--device {text!r} is not a device; use cpu or cuda.") from exc
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device {text}: ampkit memory predicts for cpu or cuda.")
+    return device
+
+
+def _policies(text: str | None, device: torch.device) -> list[str]:
+    if text is None:
+        if device.type == "cuda":
+            return policy_names()  # a prediction for a GPU that need not be here: every policy
+        return [n for n in policy_names() if get_policy(n).support(device).supported]
+    names: list[str] = []
+    for part in text.split(","):
+        if part.strip():
+            name = get_policy(part.strip()).name
+            if device.type == "cpu" and not get_policy(name).support(device).supported:
+                raise ValueError(f"--precision {name} does not run on cpu: {get_policy(name).support(device).reason}.")
+            if name not in names:
+                names.append(name)
+    if not names:
+        raise ValueError("--precision is empty; name at least one policy, e.g. --precision 32-true,bf16-mixed.")
+    return names
+
+
+def _workload(args: argparse.Namespace, device: torch.device) -> Workload:
+    from ..bench.user import user_workload
+    from ..bench.workloads import get_workload
+
+    size = default_size(device) if args.size == "auto" else args.size
+    if args.model is not None or args.data is not None:
+        base = get_workload(args.workload, size=size, seed=args.seed) if args.workload is not None else None
+        return user_workload(args.model, args.data, steps=2, warmup=1, base=base)
+    return get_workload(args.workload or default_workload(device), size=size, seed=args.seed)
+
+
+def _example(workload: Workload, batch_size: int | None) -> Any:
+    batch = workload.batch(0)
+    if workload.channels_last:
+        batch = tuple(t.contiguous(memory_format=torch.channels_last) if isinstance(t, torch.Tensor) and t.dim() == 4 else t for t in batch)
+    return resize_batch(batch, batch_size) if batch_size is not None else batch
+
+
+def run(args: argparse.Namespace) -> int:
+    """Predict and print the memory of one training step per policy."""
+    device = _target(args.device)
+    policies = _policies(args.precision, device)
+    budget = parse_bytes(args.device_memory) if args.device_memory is not None else None
+    workload = _workload(args, device)
+    model = workload.model.to(memory_format=torch.channels_last) if workload.channels_last else workload.model
+    batch = _example(workload, args.batch_size)
+    options = {"loss_fn": workload.loss_fn, "clip_grad_norm": workload.clip_grad_norm}
+
+    rows: list[tuple[MemoryEstimate, Fit | None]] = []
+    for name in policies:
+        e = estimate(model, batch, workload.optimizer, name, device, **options)
+        fit = largest_batch(model, batch, workload.optimizer, name, device, budget=budget, **options) if budget else None
+        rows.append((e, fit))
+
+    if args.json:
+        out = []
+        for e, fit in rows:
+            entry = e.to_dict()
+            if fit is not None:
+                entry["device_memory"] = budget
+                entry["max_batch_size"] = fit.batch_size
+                entry["max_batch_size_is_search_limit"] = fit.limit_reached
+            out.append(entry)
+        print(json.dumps(out, indent=2))
+        return 0
+    # A pipe or a log has no width to respect; a terminal keeps its own (rich shrinks columns to fit it).
+    _table(rows, workload, device, budget, Console() if sys.stdout.isatty() else Console(width=160))
+    return 0
+
+
+def _table(rows: list[tuple[MemoryEstimate, Fit | None]], workload: Workload, device: torch.device, budget: int | None, console: Console) -> None:
+    first = rows[0][0]
+    where = f"{device}" + (" (simulated on this CPU: no CUDA here)" if first.simulated_on else "")
+    console.print(f"[bold]ampkit memory[/bold]: {workload.name}, batch {first.batch_size}, one training step on {where}")
+    if workload.description:
+        console.print(f"[dim]{workload.description}[/dim]")
+    table = Table(show_edge=False)
+    table.add_column("policy", no_wrap=True)
+    for header in [*(_HEADERS[k] for k in BREAKDOWN), "total", "peak", "vs fp32"]:
+        table.add_column(header, justify="right", no_wrap=True)
+    if budget:
+        table.add_column("max batch", justify="right", no_wrap=True)
+    reference = next((e.peak for e, _ in rows if e.precision == "32-true"), None)
+    for e, fit in rows:
+        cells = [e.precision, *(fmt_bytes(getattr(e, k)) for k in BREAKDOWN), fmt_bytes(e.total), fmt_bytes(e.peak)]
+        cells.append(f"{e.peak / reference:.2f}x" if reference else "-")
+        if fit is not None:
+            cells.append(("> " if fit.limit_reached else "") + f"{fit.batch_size:,}" if fit.batch_size else "none")
+        table.add_row(*cells)
+    console.print(table)
+    if budget:
+        console.print(f"[dim]max batch: the largest batch whose peak fits in {fmt_bytes(budget)}.[/dim]")
+    console.print(
+        "[dim]params, grads, optim (optimizer state), masters (fp32 master weights), activ. (activations saved for "
+        "backward); total: their sum. "
+        "peak: most bytes of live tensors during two steps (batch and temporaries included), comparable with "
+        "torch.cuda.max_memory_allocated; leave room for the CUDA context and allocator cache.[/dim]"
+    )

@@ -1,0 +1,67 @@
+"""``ampkit memory`` from the command line: the JSON contract, the table, the batch search, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ampkit.cli.main import main
+from ampkit.memory import estimate
+from ampkit.bench.workloads import get_workload
+
+pytest.importorskip("sklearn", reason="Requires: scikit-learn (pip install -e '.[dev]')")
+
+FIELDS = {"precision", "parameters", "gradients", "optimizer_state", "master_weights", "activations", "total"}
+
+
+def test_json_has_every_field_per_policy_and_matches_the_library(capsys: pytest.CaptureFixture[str]):
+    assert main(["memory", "-w", "digits", "--size", "tiny", "--device", "cpu", "--precision", "32-true,bf16-mixed", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["precision"] for r in rows] == ["32-true", "bf16-mixed"]
+    for r in rows:
+        assert FIELDS <= set(r) and all(isinstance(r[k], int) for k in FIELDS - {"precision"})
+        assert r["total"] == sum(r[k] for k in ("parameters", "gradients", "optimizer_state", "master_weights", "activations"))
+    w = get_workload("digits", size="tiny")
+    direct = estimate(w.model, w.batch(0), w.optimizer, "bf16-mixed", "cpu", loss_fn=w.loss_fn, clip_grad_norm=w.clip_grad_norm)
+    assert rows[1]["total"] == direct.total and rows[1]["peak"] == direct.peak
+    assert rows[1]["activations"] < rows[0]["activations"]
+
+
+def test_batch_size_and_device_memory(capsys: pytest.CaptureFixture[str]):
+    assert main(["memory", "-w", "digits", "--size", "tiny", "--precision", "bf16", "--batch-size", "64",
+                 "--device-memory", "8MiB", "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["batch_size"] == 64 and row["device_memory"] == 8 * 2**20 and row["max_batch_size"] > 64
+
+
+def test_table_lists_every_cpu_policy(capsys: pytest.CaptureFixture[str]):
+    assert main(["memory", "-w", "digits", "--size", "tiny"]) == 0
+    out = capsys.readouterr().out
+    for name in ("32-true", "bf16-mixed", "16-mixed", "bf16-true-masters"):
+        assert name in out
+    assert "tf32" not in out  # not a CPU policy
+
+
+def test_cuda_target_without_cuda_is_simulated(capsys: pytest.CaptureFixture[str]):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is here: nothing is simulated")
+    assert main(["memory", "-w", "digits", "--size", "tiny", "--device", "cuda", "--precision", "tf32", "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert (row["device"], row["simulated_on"], row["precision"]) == ("cuda", "cpu", "tf32")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--precision", "tf32", "--device", "cpu"], "does not run on cpu"),
+        (["--device-memory", "lots"], "24GiB, 80GB"),
+        (["--device", "tpu"], "cpu or cuda"),
+        (["--precision", "bf17"], "bf17"),
+    ],
+)
+def test_bad_input_exits_2_with_the_fix(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]):
+    assert main(["memory", "-w", "digits", "--size", "tiny", *argv]) == 2
+    assert message in capsys.readouterr().err
