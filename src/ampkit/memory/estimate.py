@@ -36,10 +36,9 @@ from ..policy.device import as_device
 from .accounting import LiveBytes, SavedActivations, tensor_bytes, training_state_bytes
 from .fake import FakeCopies, rebuild_optimizer
 
-__all__ = ["MemoryEstimate", "estimate", "measure", "LossFn", "OptimizerSpec"]
+__all__ = ["MemoryEstimate", "estimate", "measure", "LossFn"]
 
 LossFn = Callable[[Any, Any], torch.Tensor]
-OptimizerSpec = "torch.optim.Optimizer | Callable[[Any], torch.optim.Optimizer] | None"
 
 BREAKDOWN = ("parameters", "gradients", "optimizer_state", "master_weights", "activations")
 """The parts of :attr:`MemoryEstimate.total`, in table order."""
@@ -229,6 +228,8 @@ def measure(
     target = as_device(device) if device is not None else _model_device(model)
     if any(t.device.type == "meta" for t in model.parameters()):
         raise ValueError("measure() needs real weights; this model is on the meta device. Use estimate() for it.")
+    if target.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("measure() on cuda needs a visible GPU and a CUDA build of torch; use estimate(..., device='cuda') here.")
     gc.collect()
     live = LiveBytes()
     with _cuda_peak(target) as cuda:

@@ -25,6 +25,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_leaves, tree_map
 
+from .accounting import storage_key
+
 __all__ = ["FakeCopies", "AssumeCleanReads", "RealOutputDtypes", "rebuild_optimizer"]
 
 
@@ -45,7 +47,7 @@ class AssumeCleanReads(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-        flagged = any(t.untyped_storage()._cdata in self._flags for t in inputs)
+        flagged = any(storage_key(t) in self._flags for t in inputs)
         if func is torch.ops.aten._local_scalar_dense.default:
             t = args[0]
             value = 0 if flagged else 1
@@ -53,9 +55,9 @@ class AssumeCleanReads(TorchDispatchMode):
         out = func(*args, **kwargs)
         name = func.overloadpacket.__name__
         if name in self._FLAG_ARG:
-            self._flags.add(args[self._FLAG_ARG[name]].untyped_storage()._cdata)
+            self._flags.add(storage_key(args[self._FLAG_ARG[name]]))
         elif flagged:
-            self._flags.update(t.untyped_storage()._cdata for t in tree_leaves(out) if isinstance(t, torch.Tensor))
+            self._flags.update(storage_key(t) for t in tree_leaves(out) if isinstance(t, torch.Tensor))
         return out
 
 
