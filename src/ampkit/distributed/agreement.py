@@ -1,0 +1,41 @@
+"""Decisions every rank must take together, such as a batch size or a micro-batch split after an OOM.
+
+A rank that decides alone desynchronises the collectives of the others (one rank running two backward passes
+where the others run one hangs DDP). Each helper here is one all-reduce of a single integer when a process
+group of more than one rank is initialised, and returns its argument unchanged otherwise (no sync then).
+
+    >>> agree_min(64), agree_max(2), world_size()   # no process group: nothing to agree with
+    (64, 2, 1)
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["world_size", "agree_min", "agree_max"]
+
+
+def world_size() -> int:
+    """Ranks in the default process group; 1 when none is initialised."""
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _agree(value: int, op: dist.ReduceOp) -> int:
+    if world_size() == 1:
+        return value
+    # NCCL reduces only CUDA tensors; gloo reduces CPU ones. One int either way: the answer is read on the host.
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    t = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=op)
+    return int(t.item())
+
+
+def agree_min(value: int) -> int:
+    """The smallest ``value`` over all ranks (every rank must call it). One all-reduce; syncs."""
+    return _agree(value, dist.ReduceOp.MIN)
+
+
+def agree_max(value: int) -> int:
+    """The largest ``value`` over all ranks (every rank must call it). One all-reduce; syncs."""
+    return _agree(value, dist.ReduceOp.MAX)
