@@ -43,6 +43,7 @@ def engine_state(engine: "Engine") -> dict[str, Any]:
         "micro": engine._micro,
         "epoch_len": engine._epoch_len,
         "steps": engine.steps,
+        "micro_batch_rows": engine.micro_batch_rows,
         "skipped_steps": engine.skipped_steps,
         "scaler": engine.scaler.state_dict() if engine.scaler is not None else None,
         "masters": engine.masters.state_dict() if engine.masters is not None else None,
@@ -72,6 +73,8 @@ def load_engine_state(engine: "Engine", state: dict[str, Any]) -> None:
     """Restore :func:`engine_state` after validating it against ``engine``."""
     _check_engine_state(engine, state)
     engine._micro, engine._epoch_len, engine.steps = state["micro"], state["epoch_len"], state["steps"]
+    if state.get("micro_batch_rows") is not None:  # learnt after an OOM; absent from older checkpoints
+        engine.micro_batch_rows = state["micro_batch_rows"]
     engine._skipped_total.fill_(int(state["skipped_steps"]))  # type: ignore[union-attr]
     engine._last_found_host = engine._last_norm = engine._deferred = None
     engine._diagnose_late = False

@@ -16,7 +16,7 @@ master-gradient copies and clipping are single foreach launches.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ContextManager
 
 import torch
@@ -66,6 +66,9 @@ class Engine:
         scaler: loss scaling; default: the policy's (dynamic for fp16, none otherwise).
         skip_nonfinite: skip steps whose gradients hold inf/NaN; default: on when the loss is scaled.
         keep_fp32: module names or types that run in fp32, added to the policy's.
+        micro_batch_rows: most samples :meth:`train_step` feeds through the model at once (default: the whole batch);
+            learnt after an out-of-memory error and saved in checkpoints.
+        on_oom: ``"split"`` (default): :meth:`train_step` splits a batch that runs out of memory; ``"raise"``.
 
     >>> model = nn.Linear(4, 1); opt = torch.optim.SGD(model.parameters(), lr=0.1)
     >>> engine = Engine(precision="bf16-mixed", accumulate=2)
@@ -89,6 +92,8 @@ class Engine:
         scaler: Any = None,
         skip_nonfinite: bool | None = None,
         keep_fp32: Sequence[str | type[nn.Module]] = (),
+        micro_batch_rows: int | None = None,
+        on_oom: str = "split",
     ) -> None:
         self.policy = get_policy(precision, keep_fp32=keep_fp32)
         if isinstance(accumulate, bool) or not isinstance(accumulate, int) or accumulate < 1:
@@ -98,6 +103,12 @@ class Engine:
                 raise ValueError(f"{arg} must be a positive number or None, got {value!r}.")
         if clip_grad_norm is not None and clip_grad_value is not None:
             raise ValueError("Pass clip_grad_norm or clip_grad_value, not both.")
+        if micro_batch_rows is not None and (isinstance(micro_batch_rows, bool) or not isinstance(micro_batch_rows, int) or micro_batch_rows < 1):
+            raise ValueError(f"micro_batch_rows must be an int >= 1 or None (the whole batch), got {micro_batch_rows!r}.")
+        if on_oom not in ("split", "raise"):
+            raise ValueError(f"on_oom={on_oom!r}: pass 'split' (retry in smaller passes) or 'raise'.")
+        self.micro_batch_rows = micro_batch_rows
+        self.on_oom = on_oom
         self.accumulate = accumulate
         self.clip_grad_norm = clip_grad_norm
         self.clip_grad_value = clip_grad_value
@@ -222,6 +233,27 @@ class Engine:
         if self.scaler is not None:
             loss = self.scaler.scale(loss)
         loss.backward(**kwargs)
+
+    def train_step(self, loss_fn: Callable[[Any], torch.Tensor], batch: Any, *optimizers: torch.optim.Optimizer, reduction: str = "mean") -> torch.Tensor:
+        """Forward (under :meth:`autocast`), backward and :meth:`step` of ``batch``; split into smaller passes on OOM.
+
+        ``loss_fn(rows)`` returns the scalar loss of the rows it is given (a slice of every tensor in ``batch``
+        along its first dimension). On an out-of-memory error the engine frees the attempt, halves the rows per
+        pass (kept as ``micro_batch_rows`` for later steps) and goes on where it failed; every sample counts
+        once, each pass weighted by its share of rows, so the gradients are the unsplit step's. Returns the
+        batch's loss (detached, on the device: no sync). See :mod:`ampkit.memory.micro_batching` for the limits.
+
+        >>> model = nn.Linear(4, 1); opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> engine = Engine(micro_batch_rows=2); model, opt = engine.setup(model, opt)
+        >>> x, y = torch.ones(5, 4), torch.zeros(5, 1)
+        >>> loss = engine.train_step(lambda b: nn.functional.mse_loss(model(b[0]), b[1]), (x, y))  # 3 passes: 2, 2, 1 rows
+        >>> engine.steps
+        1
+        """
+        from .memory.micro_batching import train_step
+
+        self._require_setup("train_step")
+        return train_step(self, loss_fn, batch, optimizers, reduction)
 
     def grad(self, outputs: torch.Tensor, inputs: Sequence[torch.Tensor], create_graph: bool = True) -> tuple[torch.Tensor, ...]:
         """Unscaled gradients of ``outputs`` w.r.t. ``inputs`` for gradient penalties (double backward).

@@ -1,0 +1,166 @@
+"""Automatic micro-batching: a step that runs out of memory is split into smaller pieces, and no sample is lost.
+
+:meth:`ampkit.Engine.train_step` runs forward, backward and the optimizer step for a batch. When the forward
+or the backward pass runs out of memory, the engine frees what the attempt held, halves the rows it feeds at
+once, and carries on from the first row whose gradient is not yet accumulated: every sample contributes
+once, and each piece's loss is weighted by its share of the rows, so the accumulated gradient is the unsplit
+batch's (for a loss that averages over samples; ``reduction="sum"`` for one that sums). The smaller size is
+kept for the following steps, and a warning says so once.
+
+    >>> import torch
+    >>> from torch import nn
+    >>> from ampkit import Engine
+    >>> from ampkit.memory.oom import MemoryBudget
+    >>> model = nn.Linear(256, 256); opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    >>> engine = Engine(); model, opt = engine.setup(model, opt)
+    >>> x = torch.randn(512, 256)
+    >>> with MemoryBudget("2MiB", [*model.parameters(), x]):       # 512 rows at once need more
+    ...     loss = engine.train_step(lambda rows: model(rows).pow(2).mean(), x)
+    >>> engine.micro_batch_rows, engine.steps
+    (128, 1)
+
+A failed forward pass leaves the gradients untouched, so the step goes on from the row where it failed. A
+failed backward pass has added part of its gradient; when the accumulation window began with this batch, the
+engine clears the gradients and starts the batch over in smaller pieces (its rows are still at hand).
+
+Limits: batch statistics (BatchNorm) are per piece, as with any micro-batching. A backward pass that fails
+while gradients of *earlier* micro-batches of an accumulation window are pending cannot be undone without a
+copy of them, which is memory the step does not have: then the error is raised with the fix (set
+``micro_batch_rows`` from the start).
+Under ``torchrun`` every rank uses the largest split any rank needs (one all-reduce of an int per step); an
+out-of-memory error inside one rank's step is raised there, because the other ranks already wait in DDP's
+gradient all-reduce and cannot be called back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from ..distributed.agreement import agree_min, world_size
+from .oom import OutOfMemoryError, is_out_of_memory, release_memory
+
+if TYPE_CHECKING:
+    from ..engine import Engine
+
+__all__ = ["batch_rows", "split_batch", "train_step"]
+
+log = logging.getLogger("ampkit")
+
+LossFn = Callable[[Any], torch.Tensor]
+
+
+def batch_rows(batch: Any) -> int:
+    """The number of samples in ``batch``: the shared first dimension of its tensors (0-dim ones are constants).
+
+    >>> batch_rows({"x": torch.zeros(8, 3), "y": torch.zeros(8), "temperature": torch.tensor(0.5)})
+    8
+    """
+    sizes = {t.shape[0] for t in tree_flatten(batch)[0] if isinstance(t, torch.Tensor) and t.dim() > 0}
+    if len(sizes) != 1:
+        what = "no tensor with a batch dimension" if not sizes else f"tensors whose first dimensions differ: {sorted(sizes)}"
+        raise ValueError(
+            f"train_step() needs a batch whose tensors share their first (sample) dimension; this one has {what}. "
+            "Pass the batch as a tensor, tuple, list or dict of [N, ...] tensors."
+        )
+    return sizes.pop()
+
+
+def split_batch(batch: Any, start: int, stop: int) -> Any:
+    """Rows ``start:stop`` of every tensor in ``batch`` (views, no copy); other leaves unchanged.
+
+    >>> split_batch((torch.arange(6), "label"), 2, 4)
+    (tensor([2, 3]), 'label')
+    """
+    leaves, spec = tree_flatten(batch)
+    return tree_unflatten([t[start:stop] if isinstance(t, torch.Tensor) and t.dim() > 0 else t for t in leaves], spec)
+
+
+def _no_sync(engine: "Engine") -> contextlib.AbstractContextManager[Any]:
+    """DDP's no_sync on every wrapped model: pieces before the last accumulate locally, the last all-reduces."""
+    stack = contextlib.ExitStack()
+    for m in engine.models:
+        if hasattr(m, "no_sync") and hasattr(m, "require_backward_grad_sync"):
+            stack.enter_context(m.no_sync())
+    return stack
+
+
+def train_step(engine: "Engine", loss_fn: LossFn, batch: Any, optimizers: tuple[torch.optim.Optimizer, ...], reduction: str) -> torch.Tensor:
+    """Forward, backward and step of ``batch`` through ``engine``, split on out-of-memory. See ``Engine.train_step``."""
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"train_step(reduction={reduction!r}): pass 'mean' (the loss averages over samples) or 'sum'.")
+    n = batch_rows(batch)
+    distributed = world_size() > 1
+    rows = min(n, engine.micro_batch_rows or n)
+    pieces: int | None = None
+    if distributed:
+        # Every rank must run the same number of backward passes, or DDP's all-reduces pair up wrongly: the
+        # largest count any rank needs, in near-equal pieces (ranks may hold different numbers of rows).
+        pieces = -agree_min(-math.ceil(n / rows))
+        rows = math.ceil(n / pieces)
+    window_start = engine._micro % engine.accumulate == 0
+    done, passes = 0, 0
+    total: torch.Tensor | None = None
+    while done < n:
+        stop = min(n, done + rows) if pieces is None else (passes + 1) * n // pieces
+        piece = split_batch(batch, done, stop)
+        weight = (stop - done) / n if reduction == "mean" else 1.0
+        failure: BaseException | None = None
+        in_backward = False
+        try:
+            with _no_sync(engine) if stop < n else contextlib.nullcontext():
+                with engine.autocast():
+                    loss = loss_fn(piece)
+                if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+                    raise TypeError(f"train_step()'s loss_fn must return the scalar loss tensor of its rows, got {type(loss).__name__}"
+                                    f"{tuple(loss.shape) if isinstance(loss, torch.Tensor) else ''}.")
+                in_backward = True
+                engine.backward(loss * weight if weight != 1.0 else loss)
+            detached = loss.detach().float() * weight
+            total = detached if total is None else total + detached
+            done, passes = stop, passes + 1
+            continue
+        except Exception as exc:  # noqa: BLE001 - only allocation failures are handled; the rest re-raise
+            if not is_out_of_memory(exc) or engine.on_oom != "split":
+                raise
+            failure = exc
+        # Outside the except block, so the failed attempt's frames and activations can be freed.
+        loss = piece = None  # type: ignore[assignment]
+        # A failed forward left the gradients alone: go on from `done`. A failed backward added part of its
+        # gradient: start the batch over if the window began with it (its rows are at hand), else give up.
+        partial = in_backward and not window_start
+        if partial or distributed or rows == 1:
+            reason = _unrecoverable(engine, rows, partial, distributed)
+            release_memory(failure)
+            raise OutOfMemoryError(reason) from failure
+        if in_backward:
+            for m in engine.models:
+                m.zero_grad(set_to_none=True)
+            done, total = 0, None
+        release_memory(failure)
+        del failure
+        rows = math.ceil(rows / 2)
+        engine.micro_batch_rows = rows
+        log.warning(
+            "out of memory at %d rows per pass in step %d: splitting into passes of %d rows from now on "
+            "(gradients unchanged; Engine(micro_batch_rows=%d) skips the failed try next time).",
+            min(n - done, rows * 2), engine.steps + 1, rows, rows,
+        )
+    engine.step(*optimizers)
+    return total  # type: ignore[return-value]
+
+
+def _unrecoverable(engine: "Engine", rows: int, partial: bool, distributed: bool) -> str:
+    if rows == 1:
+        return "out of memory with a single row per pass; nothing smaller can be tried. Free device memory, recompute activations (ampkit.recompute) or shard the model."
+    if distributed:
+        return (f"out of memory on this rank at {rows} rows per pass; under torchrun one rank cannot retry a step alone (the others "
+                f"already wait in the gradient all-reduce). Restart with Engine(micro_batch_rows={math.ceil(rows / 2)}).")
+    return (f"out of memory in backward at {rows} rows per pass with gradients of earlier rows of this accumulation window "
+            f"pending; retrying would need a copy of them. Start with Engine(micro_batch_rows={math.ceil(rows / 2)}).")
