@@ -26,6 +26,27 @@ def test_the_answer_fits_and_the_next_size_does_not(policy: str):
     assert estimate(model, resize_batch(batch, fit.batch_size + 1), policy=policy, device="cpu").peak > budget
 
 
+@pytest.mark.parametrize("budget_mib", [3, 40, 700])
+def test_few_estimates_and_the_same_answer_as_a_scan(budget_mib: int, monkeypatch):
+    """The secant guess plus bracket needs a handful of estimates; its answer is the boundary a scan finds."""
+    from ampkit.memory import fit as fit_module
+
+    model, batch = _mlp()
+    calls: list[int] = []
+    real = fit_module.estimate
+
+    def counting(model, batch, *args, **kwargs):
+        calls.append(batch[0].shape[0])
+        return real(model, batch, *args, **kwargs)
+
+    monkeypatch.setattr(fit_module, "estimate", counting)
+    budget = budget_mib * 2**20
+    found = largest_batch(model, batch, budget=budget).batch_size
+    assert len(calls) <= 14, calls
+    peaks = {n: real(model, resize_batch(batch, n), device="cpu").peak for n in (found, found + 1)}
+    assert peaks[found] <= budget < peaks[found + 1]
+
+
 def test_bf16_fits_a_larger_batch_than_fp32():
     model, batch = _mlp()
     fp32 = largest_batch(model, batch, policy="32-true", budget=32 * 2**20).batch_size
