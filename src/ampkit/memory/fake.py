@@ -144,6 +144,12 @@ class FakeCopies:
             memo[id(p)] = nn.Parameter(self.tensor(p, device), requires_grad=p.requires_grad)
         for b in model.buffers():
             memo[id(b)] = self.tensor(b, device)
+        # Plain tensor attributes (neither parameter nor buffer, e.g. a cached mask) must be fake too: a real
+        # one cannot be deep-copied under FakeTensorMode.
+        for m in model.modules():
+            for value in vars(m).values():
+                if isinstance(value, torch.Tensor) and id(value) not in memo:
+                    memo[id(value)] = self.tensor(value, device)
         return copy.deepcopy(model, memo)
 
 

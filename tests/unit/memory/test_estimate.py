@@ -168,3 +168,21 @@ def test_bad_input_gets_a_clear_error():
             measure(model, batch, device="cuda")
     with pytest.raises(ValueError, match="Use estimate"):
         measure(model.to("meta"), batch)
+
+
+def test_a_plain_tensor_attribute_is_copied_as_a_fake_too():
+    """A module holding a tensor that is neither a parameter nor a buffer (a cached mask) is estimated as measured."""
+
+    class Masked(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(16, 16)
+            self.mask = torch.tril(torch.ones(16, 16))  # plain attribute, as some attention code keeps it
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.lin(x) @ self.mask
+
+    torch.manual_seed(0)
+    model, batch = Masked(), (torch.randn(8, 16), torch.randint(0, 16, (8,)))
+    e, m = estimate(model, batch, policy="bf16-mixed"), measure(model, batch, policy="bf16-mixed")
+    assert (e.total, e.peak) == (m.total, m.peak)
