@@ -4,12 +4,15 @@ __version__ = "0.1.0"
 
 from .errors import AmpkitError, CheckpointError, LossScaleCollapseError, PolicyError, UnsupportedPolicyError
 from .engine import Engine
+from .memory.recompute import recompute, unrecompute
 from .policy import Policy, get_policy, policy_names
 from .scaling import DynamicLossScaler, LossScaler, ScalerConfig, StaticLossScaler
 
 __all__ = [
     "__version__",
     "Engine",
+    "recompute",
+    "unrecompute",
     "Policy",
     "ScalerConfig",
     "LossScaler",
