@@ -9,6 +9,14 @@
 """
 
 from .accounting import LiveBytes, SavedActivations, tensor_bytes, training_state_bytes
+from .batch_finder import BatchSizeNotFoundError, find_max_batch_size
 from .estimate import BREAKDOWN, MemoryEstimate, estimate, measure
+from .fit import Fit, largest_batch, parse_bytes
+from .oom import MemoryBudget, is_out_of_memory, release_memory
+from .recompute import RecomputeReport, recompute, recomputed_modules, unrecompute
 
-__all__ = ["BREAKDOWN", "LiveBytes", "MemoryEstimate", "SavedActivations", "estimate", "measure", "tensor_bytes", "training_state_bytes"]
+__all__ = [
+    "BREAKDOWN", "BatchSizeNotFoundError", "Fit", "LiveBytes", "MemoryBudget", "MemoryEstimate", "SavedActivations",
+    "RecomputeReport", "estimate", "find_max_batch_size", "is_out_of_memory", "largest_batch", "measure", "parse_bytes",
+    "recompute", "recomputed_modules", "release_memory", "tensor_bytes", "training_state_bytes", "unrecompute",
+]
