@@ -14,9 +14,11 @@ from .estimate import BREAKDOWN, MemoryEstimate, estimate, measure
 from .fit import Fit, largest_batch, parse_bytes
 from .oom import MemoryBudget, is_out_of_memory, release_memory
 from .recompute import RecomputeReport, recompute, recomputed_modules, unrecompute
+from .tracker import MemorySample, MemorySummary, MemoryTracker
 
 __all__ = [
-    "BREAKDOWN", "BatchSizeNotFoundError", "Fit", "LiveBytes", "MemoryBudget", "MemoryEstimate", "SavedActivations",
+    "BREAKDOWN", "BatchSizeNotFoundError", "Fit", "LiveBytes", "MemoryBudget", "MemoryEstimate", "MemorySample",
+    "MemorySummary", "MemoryTracker", "SavedActivations",
     "RecomputeReport", "estimate", "find_max_batch_size", "is_out_of_memory", "largest_batch", "measure", "parse_bytes",
     "recompute", "recomputed_modules", "release_memory", "tensor_bytes", "training_state_bytes", "unrecompute",
 ]
