@@ -22,7 +22,6 @@ import copy
 import json
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from datetime import date
 from typing import Any
@@ -31,6 +30,8 @@ import torch
 from torch import nn
 
 import ampkit
+from ampkit.bench.runner import to_device
+from ampkit.bench.timing import StepTimer
 from ampkit.bench.workloads import get_workload, workload_names
 from ampkit.cli.env import collect_env
 from ampkit.memory.accounting import LiveBytes, tensor_bytes
@@ -38,17 +39,6 @@ from ampkit.memory.recompute import RecomputeReport, recompute
 
 Step = Callable[..., None]
 VARIANTS = ("none", "all blocks", "auto, half budget")
-
-
-def to_device(value: Any, device: torch.device, channels_last: bool) -> Any:
-    if isinstance(value, torch.Tensor):
-        value = value.to(device)
-        if channels_last and value.dim() == 4 and value.is_floating_point():
-            value = value.contiguous(memory_format=torch.channels_last)
-        return value
-    if isinstance(value, (tuple, list)):
-        return type(value)(to_device(v, device, channels_last) for v in value)
-    return value
 
 
 def call(model: nn.Module, inputs: Any) -> Any:
@@ -95,20 +85,12 @@ def held_activations(step: Step, resting: Callable[[], list[torch.Tensor]], batc
     return out["held"]
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def time_steps(step: Step, data: list[Any], device: torch.device) -> list[float]:
-    times = []
+    timer = StepTimer(device)
     for x, y in data:
-        sync(device)
-        start = time.perf_counter()
-        step(x, y)
-        sync(device)  # a step is done when the device is done, not when the host has queued it
-        times.append(time.perf_counter() - start)
-    return times
+        with timer.step():
+            step(x, y)
+    return timer.flush()
 
 
 def measure(name: str, precision: str, args: argparse.Namespace, device: torch.device) -> list[dict[str, Any]]:

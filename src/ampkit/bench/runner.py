@@ -77,20 +77,20 @@ def device_info(device: torch.device) -> dict[str, Any]:
     return {"type": device.type, "name": str(device)}
 
 
-def _to_device(value: Any, device: torch.device, channels_last: bool) -> Any:
+def to_device(value: Any, device: torch.device, channels_last: bool) -> Any:
     if isinstance(value, torch.Tensor):
         value = value.to(device, non_blocking=True)
         if channels_last and value.dim() == 4 and value.is_floating_point():
             value = value.contiguous(memory_format=torch.channels_last)
         return value
     if isinstance(value, (tuple, list)):
-        return type(value)(_to_device(v, device, channels_last) for v in value)
+        return type(value)(to_device(v, device, channels_last) for v in value)
     return value
 
 
 def _batches_on(batches: Sequence[Batch], count: int, device: torch.device, channels_last: bool) -> list[Batch]:
     # Moved once, before any timing: the bench measures training steps, not host-to-device copies.
-    return [_to_device(batches[i], device, channels_last) for i in range(min(count, len(batches)))]
+    return [to_device(batches[i], device, channels_last) for i in range(min(count, len(batches)))]
 
 
 def _guard(run: PolicyRun, what: str, fn: Any, *args: Any) -> None:
