@@ -139,6 +139,7 @@ def train_step(engine: "Engine", loss_fn: LossFn, batch: Any, optimizers: tuple[
             reason = _unrecoverable(engine, rows, partial, distributed)
             release_memory(failure)
             raise OutOfMemoryError(reason) from failure
+        failed_rows = stop - done
         if in_backward:
             for m in engine.models:
                 m.zero_grad(set_to_none=True)
@@ -150,7 +151,7 @@ def train_step(engine: "Engine", loss_fn: LossFn, batch: Any, optimizers: tuple[
         log.warning(
             "out of memory at %d rows per pass in step %d: splitting into passes of %d rows from now on "
             "(gradients unchanged; Engine(micro_batch_rows=%d) skips the failed try next time).",
-            min(n - done, rows * 2), engine.steps + 1, rows, rows,
+            failed_rows, engine.steps + 1, rows, rows,
         )
     engine.step(*optimizers)
     return total  # type: ignore[return-value]

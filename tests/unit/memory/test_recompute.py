@@ -282,7 +282,6 @@ def test_auto_measures_and_adds_blocks_when_the_attribution_is_optimistic():
     model.blocks[0] = StashingBlock()
     model.blocks[1] = StashingBlock()
     before = held_for_backward(model, batch)
-    model.blocks[0].seen = model.blocks[1].seen = None  # a plain tensor attribute would defeat FakeCopies' deepcopy
     budget = before - 2 * B * H * 4  # the two plain blocks must go; the stashing ones look as good but free nothing
     report = recompute(model, "auto", example_batch=batch, budget=budget)
     assert report.savings["blocks.0"] == report.savings["blocks.2"] == B * H * 4  # what one forward can see
