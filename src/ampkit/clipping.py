@@ -12,6 +12,8 @@ __all__ = ["clip_grad_norm", "clip_grad_value"]
 def clip_grad_norm(params: Sequence[torch.Tensor], max_norm: float) -> torch.Tensor:
     """Clip the gradients of ``params`` to a total 2-norm of ``max_norm``; return the norm before clipping.
 
+    Under FSDP the norm is the global one, over every rank's shards (torch reduces it across the mesh).
+
     Dense gradients go through ``torch.nn.utils.clip_grad_norm_``; sparse ones (``nn.Embedding(sparse=True)``),
     which it rejects, are coalesced and clipped through their values with the same coefficient. No sync.
 
@@ -22,7 +24,9 @@ def clip_grad_norm(params: Sequence[torch.Tensor], max_norm: float) -> torch.Ten
     with_grad = [p for p in params if p.grad is not None]
     sparse = [p for p in with_grad if p.grad.is_sparse]
     if not sparse:
-        return torch.nn.utils.clip_grad_norm_(with_grad, max_norm)
+        total = torch.nn.utils.clip_grad_norm_(with_grad, max_norm)
+        # Sharded (FSDP) gradients give the global norm over every shard as a replicated DTensor.
+        return total.full_tensor() if hasattr(total, "full_tensor") else total
     for p in sparse:
         p.grad = p.grad.coalesce()  # duplicate indices must be summed before their norm means anything
     tensors = [p.grad for p in with_grad if not p.grad.is_sparse] + [p.grad._values() for p in sparse]

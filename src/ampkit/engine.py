@@ -23,6 +23,11 @@ import torch
 from torch import nn
 
 from .clipping import clip_grad_norm, clip_grad_value
+from .distributed.agreement import any_rank, world_size
+from .distributed.ddp import broadcast_from_rank0, no_sync
+from .distributed.environment import launched_by_torchrun
+from .distributed.fsdp import adopt_sharded_params, set_gradient_sync
+from .distributed.strategy import DDP, FSDP, Strategy, detect_strategy, resolve_strategy, unwrap
 from .errors import LossScaleCollapseError
 from .masters import MasterWeights
 from .policy import Policy, get_policy
@@ -69,6 +74,10 @@ class Engine:
         micro_batch_rows: most samples :meth:`train_step` feeds through the model at once (default: the whole batch);
             learnt after an out-of-memory error and saved in checkpoints.
         on_oom: ``"split"`` (default): :meth:`train_step` splits a batch that runs out of memory; ``"raise"``.
+        strategy: under torchrun, ``"ddp"`` or ``"fsdp"`` (or :class:`ampkit.distributed.DDP` / ``FSDP`` with
+            options): setup() wraps or shards the model, and skipping, clipping, accumulation and checkpoints
+            work across ranks (see :mod:`ampkit.distributed.strategy`). Default: none, or what a model wrapped
+            by the user implies.
 
     >>> model = nn.Linear(4, 1); opt = torch.optim.SGD(model.parameters(), lr=0.1)
     >>> engine = Engine(precision="bf16-mixed", accumulate=2)
@@ -94,8 +103,10 @@ class Engine:
         keep_fp32: Sequence[str | type[nn.Module]] = (),
         micro_batch_rows: int | None = None,
         on_oom: str = "split",
+        strategy: str | Strategy | None = None,
     ) -> None:
         self.policy = get_policy(precision, keep_fp32=keep_fp32)
+        self.strategy: Strategy | None = resolve_strategy(strategy)
         if isinstance(accumulate, bool) or not isinstance(accumulate, int) or accumulate < 1:
             raise ValueError(f"accumulate must be an int >= 1 (micro-batches per optimizer step), got {accumulate!r}.")
         for arg, value in (("clip_grad_norm", clip_grad_norm), ("clip_grad_value", clip_grad_value)):
@@ -118,7 +129,9 @@ class Engine:
         self.skip_nonfinite = self.scaler is not None or bool(skip_nonfinite)
 
         self.device = torch.device("cpu")
-        self.models: list[nn.Module] = []
+        self.models: list[nn.Module] = []  # the modules themselves (inside any DDP wrapper): names, state, params
+        self.wrappers: list[nn.Module] = []  # what setup() returned and the loop calls: DDP wrappers or the models
+        self._reduce_found = False
         self.optimizers: list[torch.optim.Optimizer] = []
         self.schedulers: list[Any] = []
         self.masters: MasterWeights | None = None
@@ -150,20 +163,44 @@ class Engine:
         for opt in optimizers:
             if not isinstance(opt, torch.optim.Optimizer):
                 raise TypeError(f"setup() takes torch.optim.Optimizer instances after the model, got {type(opt).__name__}.")
+        strategy = self._distribution(model_list)
+        wrapped = model_list
+        model_list = [unwrap(m) for m in model_list]
         first = next((p for m in model_list for p in m.parameters()), None)
         self.device = first.device if first is not None else torch.device("cpu")
         self.policy.check_device(self.device)
 
-        named = [
-            (f"{i}.{n}" if len(model_list) > 1 else n, p)
-            for i, m in enumerate(model_list)
-            for n, p in m.named_parameters(remove_duplicate=True)
-        ]
-        if self.policy.master_weights:
-            converted = {id(p) for m in model_list for c in self.policy.converted_modules(m) for p in c.parameters(recurse=False)}
-            self.masters = MasterWeights.clone([(n, p) for n, p in named if id(p) in converted], optimizers)
-        for m in model_list:
-            self.policy.convert_module(m, self.device.type)
+        def names() -> list[tuple[str, nn.Parameter]]:
+            return [
+                (f"{i}.{n}" if len(model_list) > 1 else n, p)
+                for i, m in enumerate(model_list)
+                for n, p in m.named_parameters(remove_duplicate=True)
+            ]
+
+        named = names()
+        if strategy is not None and not (getattr(strategy, "wrapped_by_user", False) or getattr(strategy, "sharded_by_user", False)):
+            broadcast_from_rank0(model_list)  # before masters are cloned or the model cast: every rank starts alike
+        if isinstance(strategy, FSDP):
+            # FSDP's mixed precision carries the policy (its fp32 shards are the masters) and replaces every
+            # parameter by its shard; the optimizers are pointed at the shards.
+            before = {id(p): n for n, p in named}
+            for m in model_list:
+                strategy.shard(m, self.policy, self.device)
+            named = names()
+            adopt_sharded_params(optimizers, before, dict(named))
+        else:
+            if self.policy.master_weights:
+                converted = {id(p) for m in model_list for c in self.policy.converted_modules(m) for p in c.parameters(recurse=False)}
+                self.masters = MasterWeights.clone([(n, p) for n, p in named if id(p) in converted], optimizers)
+            for m in model_list:
+                self.policy.convert_module(m, self.device.type)
+            if isinstance(strategy, DDP) and not strategy.wrapped_by_user:
+                wrapped = [strategy.wrap(m, self.device) for m in model_list]
+        self.strategy = strategy
+        self.wrappers = list(wrapped) if isinstance(strategy, DDP) else model_list
+        # Each rank checks its own gradients for inf/NaN; the flags must be combined unless the gradients were
+        # all-reduced already (DDP), or ranks would disagree on skipping and their weights drift apart.
+        self._reduce_found = world_size() > 1 and not (strategy is not None and strategy.grads_reduced)
         self._param_names = {id(p): n for n, p in named}
         if self.masters is not None:
             self._param_names.update({id(m): n for n, m in zip(self.masters.names, self.masters.masters)})
@@ -173,8 +210,32 @@ class Engine:
             self.scaler.to(self.device)
         self._skipped_total = torch.zeros((), dtype=torch.int64, device=self.device)
         self.models, self.optimizers = model_list, list(optimizers)
-        out_model = model_list[0] if isinstance(models, nn.Module) else model_list
+        out_model = self.wrappers[0] if isinstance(models, nn.Module) else list(self.wrappers)
         return (out_model, *optimizers) if optimizers else out_model
+
+    def _distribution(self, models: list[nn.Module]) -> Strategy | None:
+        """The strategy setup() applies: the requested one, or what pre-wrapped models imply; None off torchrun."""
+        import torch.distributed as dist
+
+        strategy = detect_strategy(models, self.strategy)
+        if strategy is None:
+            return None
+        if not (dist.is_available() and dist.is_initialized()):
+            if launched_by_torchrun():
+                raise RuntimeError(
+                    f"Engine(strategy={strategy.name!r}) under torchrun needs the process group first: call "
+                    "ampkit.distributed.init_distributed() before engine.setup()."
+                )
+            log.info("no process group (not launched by torchrun): strategy %r runs as a single process", strategy.name)
+            return None
+        by_user = getattr(strategy, "wrapped_by_user", False) or getattr(strategy, "sharded_by_user", False)
+        if by_user and (self.policy.master_weights or self.policy.param_dtype != torch.float32):
+            raise ValueError(
+                f"the model was wrapped for {strategy.name.upper()} before setup(), but policy {self.policy.name!r} casts "
+                f"its parameters, which the wrapper has already registered: pass the plain model and "
+                f"Engine(precision={self.policy.name!r}, strategy={strategy.name!r})."
+            )
+        return strategy
 
     @staticmethod
     def _adopt_schedulers(schedulers: Any, optimizers: Sequence[torch.optim.Optimizer]) -> list[Any]:
@@ -189,9 +250,18 @@ class Engine:
         return scheds
 
     # ------------------------------------------------------------------------------------------ loop
-    def autocast(self) -> ContextManager[None]:
-        """The context for the forward pass and the loss (autocast for mixed policies, a no-op otherwise)."""
-        return self.policy.forward_context(self.device.type)
+    def autocast(self) -> ContextManager[Any]:
+        """The context for the forward pass and the loss (autocast for mixed policies, a no-op otherwise).
+
+        Under DDP it also runs the forward of a micro-batch that does not end its accumulation window under
+        ``no_sync``, since DDP decides during the forward whether the coming backward all-reduces.
+        """
+        forward = self.policy.forward_context(self.device.type)
+        if not isinstance(self.strategy, DDP) or self.is_boundary:
+            return forward
+        stack = no_sync(self.wrappers)
+        stack.enter_context(forward)
+        return stack
 
     def start_epoch(self, num_micro_batches: int | None = None) -> None:
         """Declare the micro-batches of the coming epoch, so its last window may be short (``len(loader)``).
@@ -227,7 +297,9 @@ class Engine:
         self._require_setup("backward")
         if not isinstance(loss, torch.Tensor):
             raise TypeError(f"backward() takes the loss tensor, got {type(loss).__name__}.")
-        size, _ = self._window()
+        size, boundary = self._window()
+        if isinstance(self.strategy, FSDP) and not self.strategy.reduce_every_micro_batch:
+            set_gradient_sync(self.models, boundary)
         if size > 1:
             loss = loss / size
         if self.scaler is not None:
@@ -319,6 +391,8 @@ class Engine:
                     scaler.check_(grads, found[i])  # fused optimizer unscales inside its own kernel
                 else:
                     unscale_grads_(grads, torch.ones((), device=dev), found[i])  # check only
+            if self._reduce_found:
+                found = any_rank(found)  # one all-reduce for all optimizers; no host sync
         self._last_norm = None
         if self.clip_grad_norm is not None:
             # One total norm over everything stepped together, as clip_grad_norm_(model.parameters()) would.

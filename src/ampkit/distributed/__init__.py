@@ -1,5 +1,33 @@
-"""Helpers for runs launched by torchrun: decisions every rank takes together."""
+"""Training across the ranks torchrun starts: process group, DDP / FSDP2 strategies, rank-0 logging, checkpoints.
 
-from .agreement import agree_max, agree_min, world_size
+    env = ampkit.distributed.init_distributed()                 # gloo on CPU, NCCL on GPU; world of 1 without torchrun
+    engine = ampkit.Engine("bf16-mixed", accumulate=4, strategy="ddp")   # or "fsdp"
+    model, optimizer = engine.setup(model.to(env.device), optimizer)
+    ...                                                         # the single-device loop, unchanged
+    engine.save("runs/last.pt")                                 # rank 0 writes (DDP); a sharded directory (FSDP)
+    ampkit.distributed.shutdown()
+"""
 
-__all__ = ["agree_max", "agree_min", "world_size"]
+from .agreement import agree_max, agree_min, any_rank, world_size
+from .environment import DistributedEnv, current_env, init_distributed, launched_by_torchrun, shutdown
+from .rank_logging import log_on_rank_zero, rank, rank_zero_only
+from .strategy import DDP, FSDP, Strategy, resolve_strategy
+
+__all__ = [
+    "agree_max",
+    "agree_min",
+    "any_rank",
+    "world_size",
+    "DistributedEnv",
+    "current_env",
+    "init_distributed",
+    "launched_by_torchrun",
+    "shutdown",
+    "log_on_rank_zero",
+    "rank",
+    "rank_zero_only",
+    "DDP",
+    "FSDP",
+    "Strategy",
+    "resolve_strategy",
+]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-__all__ = ["world_size", "agree_min", "agree_max"]
+__all__ = ["world_size", "agree_min", "agree_max", "any_rank"]
 
 
 def world_size() -> int:
@@ -39,3 +39,19 @@ def agree_min(value: int) -> int:
 def agree_max(value: int) -> int:
     """The largest ``value`` over all ranks (every rank must call it). One all-reduce; syncs."""
     return _agree(value, dist.ReduceOp.MAX)
+
+
+def any_rank(flags: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``flags`` (0-dim found-inf tensors, one per optimizer) set wherever any rank has them set.
+
+    One all-reduce (MAX) of the stacked flags, on their device, without a host sync; ``flags`` unchanged in a
+    world of one. Every rank must call it.
+
+    >>> any_rank([torch.tensor(0.0), torch.tensor(1.0)])
+    [tensor(0.), tensor(1.)]
+    """
+    if world_size() == 1 or not flags:
+        return flags
+    stacked = torch.stack(flags)
+    dist.all_reduce(stacked, op=dist.ReduceOp.MAX)
+    return list(stacked.unbind())

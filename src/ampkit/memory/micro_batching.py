@@ -44,6 +44,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..distributed.agreement import agree_min, world_size
+from ..distributed.ddp import no_sync
 from .oom import OutOfMemoryError, is_out_of_memory, release_memory
 
 if TYPE_CHECKING:
@@ -82,15 +83,6 @@ def split_batch(batch: Any, start: int, stop: int) -> Any:
     return tree_unflatten([t[start:stop] if isinstance(t, torch.Tensor) and t.dim() > 0 else t for t in leaves], spec)
 
 
-def _no_sync(engine: "Engine") -> contextlib.AbstractContextManager[Any]:
-    """DDP's no_sync on every wrapped model: pieces before the last accumulate locally, the last all-reduces."""
-    stack = contextlib.ExitStack()
-    for m in engine.models:
-        if hasattr(m, "no_sync") and hasattr(m, "require_backward_grad_sync"):
-            stack.enter_context(m.no_sync())
-    return stack
-
-
 def train_step(engine: "Engine", loss_fn: LossFn, batch: Any, optimizers: tuple[torch.optim.Optimizer, ...], reduction: str) -> torch.Tensor:
     """Forward, backward and step of ``batch`` through ``engine``, split on out-of-memory. See ``Engine.train_step``."""
     if reduction not in ("mean", "sum"):
@@ -114,7 +106,7 @@ def train_step(engine: "Engine", loss_fn: LossFn, batch: Any, optimizers: tuple[
         failure: BaseException | None = None
         in_backward = False
         try:
-            with _no_sync(engine) if stop < n else contextlib.nullcontext():
+            with no_sync(engine.wrappers) if stop < n else contextlib.nullcontext():
                 with engine.autocast():
                     loss = loss_fn(piece)
                 if not isinstance(loss, torch.Tensor) or loss.dim() != 0:

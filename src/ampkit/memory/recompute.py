@@ -39,7 +39,7 @@ import dataclasses
 import difflib
 import functools
 import weakref
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,6 +50,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 from torch.utils.checkpoint import checkpoint
 
+from ..blocks import repeated_blocks
 from ..engine import Engine
 from ..policy import Policy, get_policy
 from .accounting import LiveBytes, storage_key, tensor_bytes
@@ -161,25 +162,6 @@ def unrecompute(model: nn.Module) -> list[str]:
 # ------------------------------------------------------------------------------------- choosing modules
 
 
-def _candidates(model: nn.Module) -> list[str]:
-    """The repeated blocks: children of an ``nn.ModuleList`` / ``nn.Sequential`` whose type occurs there twice
-    or more and that have children of their own (a lone Linear saves no more than the input a checkpoint
-    keeps). Only the innermost level is kept when such blocks nest: that is the unit users mean by a block
-    (a transformer layer, a residual block), and backward then recomputes one small block at a time."""
-    found: list[str] = []
-    seen: set[int] = set()
-    for prefix, container in model.named_modules():
-        if not isinstance(container, (nn.ModuleList, nn.Sequential)):
-            continue
-        children = list(container.named_children())
-        counts = Counter(type(c) for _, c in children)
-        for name, child in children:
-            if counts[type(child)] >= 2 and next(child.children(), None) is not None and id(child) not in seen:
-                seen.add(id(child))  # one module listed twice (shared weights) is one block
-                found.append(f"{prefix}.{name}" if prefix else name)
-    return [n for n in found if not any(o.startswith(n + ".") for o in found)]
-
-
 def _resolve(model: nn.Module, modules: ModuleSpec | Sequence[ModuleSpec]) -> list[str]:
     """The names (model order, each module once) of what ``modules`` designates; clear errors otherwise."""
     specs = [modules] if isinstance(modules, (str, type, nn.Module)) else list(modules)
@@ -195,7 +177,7 @@ def _resolve(model: nn.Module, modules: ModuleSpec | Sequence[ModuleSpec]) -> li
                 raise TypeError(f"modules takes nn.Module types, names or submodules; {spec.__name__} is not an nn.Module type.")
             hits = [name_of[id(m)] for m in model.modules() if isinstance(m, spec) and m is not model]
             if not hits:
-                kinds = sorted({type(model.get_submodule(n)).__name__ for n in _candidates(model)})
+                kinds = sorted({type(model.get_submodule(n)).__name__ for n in repeated_blocks(model)})
                 hint = f" Its repeated blocks are of type {', '.join(kinds)}." if kinds else ""
                 raise ValueError(f"the model has no {spec.__name__} submodule to recompute.{hint}")
             chosen.update(hits)
@@ -492,7 +474,7 @@ def recompute(
 
     savings: dict[str, int] = {}
     if auto:
-        candidates = _candidates(model)
+        candidates = repeated_blocks(model)
         if not candidates:
             raise ValueError(
                 "modules='auto' found no repeated blocks (a module type with children, twice or more in an "

@@ -70,9 +70,19 @@ class Policy:
             raise UnsupportedPolicyError(f"Policy {self.name!r} cannot run on {as_device(device)}: {s.reason}")
 
     # -- hooks ----------------------------------------------------------------------------------
+    def fp32_islands(self, module: nn.Module) -> list[tuple[str, nn.Module]]:
+        """The outermost ``(name, module)`` pairs of ``module`` that run in fp32 under this policy.
+
+        >>> import ampkit
+        >>> m = nn.Sequential(nn.Linear(2, 2), nn.LayerNorm(2))
+        >>> [n for n, _ in ampkit.get_policy("bf16-mixed").fp32_islands(m)], [n for n, _ in ampkit.get_policy("O2").fp32_islands(m)]
+        ([], ['1'])
+        """
+        return match_modules(module, self.keep_fp32)
+
     def convert_module(self, module: nn.Module, device_type: str) -> None:
         """Convert ``module`` in place (parameter identity is kept, so optimizers stay valid)."""
-        for _, island in match_modules(module, self.keep_fp32):
+        for _, island in self.fp32_islands(module):
             make_fp32_island(island, device_type)
 
     def converted_modules(self, module: nn.Module) -> list[nn.Module]:

@@ -48,19 +48,19 @@ class _Half(Policy):
             return Support(True, False, "runs, but this CPU emulates bf16: expect no speed-up")
         return Support(True, False, f"16-bit on {device.type}: not measured by ampkit")
 
-    def _islands(self, module: nn.Module) -> list[tuple[str, nn.Module]]:
+    def fp32_islands(self, module: nn.Module) -> list[tuple[str, nn.Module]]:
         keep: list[str | type[nn.Module]] = list(self.keep_fp32)
         if self.master_weights:
             keep.extend(NORM_TYPES)
         return match_modules(module, keep)
 
     def converted_modules(self, module: nn.Module) -> list[nn.Module]:
-        inside = {id(m) for _, island in self._islands(module) for m in island.modules()}
+        inside = {id(m) for _, island in self.fp32_islands(module) for m in island.modules()}
         return [m for m in module.modules() if id(m) not in inside]
 
     def convert_module(self, module: nn.Module, device_type: str) -> None:
         dtype = self.param_dtype
-        islands = self._islands(module)
+        islands = self.fp32_islands(module)
         for m in self.converted_modules(module):
             for tensors in (m._parameters, m._buffers):
                 for t in tensors.values():

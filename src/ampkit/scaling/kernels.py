@@ -12,15 +12,26 @@ from collections.abc import Iterable
 
 import torch
 
+try:
+    from torch.distributed.tensor import DTensor
+except ImportError:  # pragma: no cover - torch < 2.5, or a build without distributed
+    from torch.distributed._tensor import DTensor  # type: ignore[no-redef]
+
 __all__ = ["unscale_grads_", "grads_of"]
 
 
 def grads_of(params: Iterable[torch.Tensor]) -> list[torch.Tensor]:
-    """The dense tensors to unscale for ``params``: each present grad, or the values of a sparse one."""
+    """The dense tensors to unscale for ``params``: each present grad, or the values of a sparse one.
+
+    A sharded (DTensor) gradient contributes this rank's shard, which the fused kernels update in place.
+    """
     out: list[torch.Tensor] = []
     for p in params:
         g = p.grad
         if g is None:
+            continue
+        if isinstance(g, DTensor):
+            out.append(g._local_tensor)  # the shard itself (to_local() would return an autograd alias)
             continue
         if g.is_sparse:
             if g.dtype == torch.float16 and not g.is_coalesced():

@@ -1,0 +1,160 @@
+"""The process group of a run launched by ``torchrun``: initialise it from torchrun's environment, read it, end it.
+
+torchrun starts one process per device and tells each who it is through environment variables (``RANK``,
+``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``). :func:`init_distributed` turns them into a
+process group with the backend the device needs (NCCL for CUDA, gloo for CPU) and pins each process to its own
+GPU, so a script runs unchanged from ``python train.py`` to ``torchrun --nproc-per-node 8 train.py``:
+
+    env = ampkit.distributed.init_distributed()      # world of 1 without torchrun
+    engine = ampkit.Engine("bf16-mixed", strategy="ddp")
+    ...
+    ampkit.distributed.shutdown()
+
+Without torchrun (and no ``RANK`` in the environment) nothing is initialised and the answer is a world of one:
+
+    >>> env = current_env()
+    >>> (env.rank, env.world_size, env.is_main)
+    (0, 1, True)
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from .rank_logging import log_on_rank_zero
+
+__all__ = ["DistributedEnv", "init_distributed", "current_env", "launched_by_torchrun", "shutdown", "TORCHRUN_VARIABLES"]
+
+log = logging.getLogger("ampkit")
+
+TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+"""What torchrun sets for every worker; all of them are needed to join a process group."""
+
+
+@dataclass(frozen=True)
+class DistributedEnv:
+    """Who this process is in the run: its rank, its rank on this machine, the world size, backend and device."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    backend: str | None
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        """True on rank 0, the rank that logs, writes files and prints tables."""
+        return self.rank == 0
+
+    @property
+    def initialized(self) -> bool:
+        """True when a process group exists (even one of a single rank)."""
+        return self.backend is not None
+
+
+def launched_by_torchrun() -> bool:
+    """True when this process runs under torchrun (every variable a worker needs is set).
+
+    >>> launched_by_torchrun() == all(v in os.environ for v in TORCHRUN_VARIABLES)
+    True
+    """
+    return all(v in os.environ for v in TORCHRUN_VARIABLES)
+
+
+def _int_env(name: str) -> int:
+    value = os.environ[name]
+    try:
+        return int(value)
+    except ValueError:
+        raise RuntimeError(f"{name}={value!r} in the environment is not an integer; launch with torchrun, which sets it.") from None
+
+
+def _default_device(local_rank: int, device: str | torch.device | None) -> torch.device:
+    if device is not None:
+        dev = torch.device(device)
+        if dev.type == "cuda" and dev.index is None:
+            dev = torch.device("cuda", local_rank)
+        return dev
+    if torch.cuda.is_available():
+        count = torch.cuda.device_count()
+        if local_rank >= count:
+            raise RuntimeError(
+                f"LOCAL_RANK {local_rank} but only {count} GPU(s) are visible; launch at most {count} processes per node "
+                "(torchrun --nproc-per-node), or pass device='cpu' to train on the CPU with gloo."
+            )
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def init_distributed(
+    backend: str | None = None,
+    device: str | torch.device | None = None,
+    timeout: datetime.timedelta | None = None,
+    rank_zero_logging: bool = True,
+) -> DistributedEnv:
+    """Join the process group torchrun describes; a world of one (no group) when not launched by torchrun.
+
+    Args:
+        backend: ``"nccl"``, ``"gloo"``; default: NCCL on a GPU, gloo on the CPU.
+        device: this process's device; default: ``cuda:LOCAL_RANK`` when CUDA is available, else the CPU.
+        timeout: how long a collective may wait for the other ranks before failing (torch's default: 10 min).
+        rank_zero_logging: let only rank 0 log ampkit's info and warnings (errors log on every rank).
+
+    Calling it again returns the same answer. The CUDA device is made current, so ``.cuda()`` lands on it.
+
+    >>> init_distributed().world_size if not launched_by_torchrun() else 1
+    1
+    """
+    if dist.is_available() and dist.is_initialized():
+        return current_env()
+    if not launched_by_torchrun():
+        if "RANK" in os.environ or "WORLD_SIZE" in os.environ:
+            missing = [v for v in TORCHRUN_VARIABLES if v not in os.environ]
+            raise RuntimeError(
+                f"RANK/WORLD_SIZE are set but {', '.join(missing)} are not: launch with torchrun "
+                "(torchrun --nproc-per-node N script.py), which sets all of them."
+            )
+        return current_env(device)
+    if not dist.is_available():
+        raise RuntimeError("this torch build has no torch.distributed; install a build with distributed support to use torchrun.")
+    rank, local_rank, world = _int_env("RANK"), _int_env("LOCAL_RANK"), _int_env("WORLD_SIZE")
+    dev = _default_device(local_rank, device)
+    backend = backend or ("nccl" if dev.type == "cuda" else "gloo")
+    if backend == "nccl" and dev.type != "cuda":
+        raise RuntimeError("backend='nccl' needs CUDA devices; use backend='gloo' (or leave it out) to train on the CPU.")
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    kwargs = {"timeout": timeout} if timeout is not None else {}
+    dist.init_process_group(backend, rank=rank, world_size=world, **kwargs)
+    if rank_zero_logging:
+        log_on_rank_zero()
+    log.info("process group: %d rank(s), backend %s, rank 0 on %s", world, backend, dev)
+    return current_env(dev)
+
+
+def current_env(device: str | torch.device | None = None) -> DistributedEnv:
+    """The run as it stands: the process group's rank and size, or rank 0 of 1 when there is none."""
+    local_rank = int(os.environ.get("LOCAL_RANK", "0")) if launched_by_torchrun() else 0
+    if dist.is_available() and dist.is_initialized():
+        backend = str(dist.get_backend())
+        dev = torch.device(device) if device is not None else (
+            torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+        )
+        return DistributedEnv(dist.get_rank(), local_rank, dist.get_world_size(), backend, dev)
+    return DistributedEnv(0, 0, 1, None, _default_device(0, device))
+
+
+def shutdown() -> None:
+    """Wait for every rank, then end the process group (a no-op without one).
+
+    The barrier matters: a rank that tears gloo down while another still sends to it makes that one abort.
+    """
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
