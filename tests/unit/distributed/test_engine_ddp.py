@@ -1,0 +1,127 @@
+"""The engine under DDP on two gloo ranks, checked against a single process on the concatenated batch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from ampkit import Engine
+
+ROWS = 16  # per rank
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(12, 32), nn.LayerNorm(32), nn.GELU(), nn.Linear(32, 5))
+
+
+def _batches(steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(2 * ROWS, 12, generator=g), torch.randint(0, 5, (2 * ROWS,), generator=g)) for _ in range(steps)]
+
+
+def _rows(batch, rank):
+    x, y = batch
+    return x[rank * ROWS : (rank + 1) * ROWS], y[rank * ROWS : (rank + 1) * ROWS]
+
+
+def _train(model, engine, opt, batches, rank=None):
+    """Steps over ``batches`` (this rank's rows when ``rank`` is given); gradients seen by each optimizer step."""
+    grads = []
+    opt.register_step_pre_hook(lambda o, a, k: grads.append([p.grad.detach().clone() for g in o.param_groups for p in g["params"]]))
+    for batch in batches:
+        x, y = _rows(batch, rank) if rank is not None else batch
+        with engine.autocast():
+            loss = nn.functional.cross_entropy(model(x).float(), y)
+        engine.backward(loss)
+        engine.step()
+    return grads
+
+
+def _ddp_grads(rank: int, precision: str) -> dict:
+    torch.manual_seed(100 + rank)  # different weights per rank: setup must broadcast rank 0's
+    model = nn.Sequential(nn.Linear(12, 32), nn.LayerNorm(32), nn.GELU(), nn.Linear(32, 5))
+    model.load_state_dict(_model().state_dict()) if rank == 0 else None
+    engine = Engine(precision, strategy="ddp")
+    model, opt = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    assert isinstance(model, nn.parallel.DistributedDataParallel)
+    grads = _train(model, engine, opt, _batches(3), rank)
+    return {"grads": grads, "params": [p.detach().clone() for p in engine.models[0].parameters()]}
+
+
+@pytest.mark.parametrize("precision, rtol", [("32-true", 1e-5), ("bf16-mixed", 2e-2), ("bf16-true-masters", 3e-2)])
+def test_ddp_gradients_equal_the_single_process_step_on_the_concatenated_batch(run_ranks, precision, rtol):
+    r0, r1 = run_ranks(_ddp_grads, precision)
+    for a, b in zip(r0["params"], r1["params"], strict=True):
+        assert torch.equal(a, b)  # replicas never drift apart
+    model = _model()
+    engine = Engine(precision)
+    model, opt = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    want = _train(model, engine, opt, _batches(3))
+    for got_step, want_step in zip(r0["grads"], want, strict=True):
+        for g, w in zip(got_step, want_step, strict=True):
+            assert (g.float() - w.float()).norm() <= rtol * w.float().norm()
+
+
+def _skip_on_one_rank(rank: int) -> dict:
+    model = _model()
+    engine = Engine("16-mixed", strategy="ddp")
+    model, opt = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    out = {"scales": [], "skipped": [], "params": []}
+    for step, batch in enumerate(_batches(3)):
+        x, y = _rows(batch, rank)
+        if step == 1 and rank == 1:
+            x = x.clone()
+            x[0, 0] = float("inf")  # an overflow on rank 1 only
+        with engine.autocast():
+            loss = nn.functional.cross_entropy(model(x).float(), y)
+        engine.backward(loss)
+        engine.step()
+        out["scales"].append(torch.tensor(engine.scale))
+        out["skipped"].append(torch.tensor(engine.step_was_skipped))
+        out["params"].append([p.detach().clone() for p in engine.models[0].parameters()])
+    return out
+
+
+def test_an_inf_on_one_rank_skips_the_step_on_every_rank_with_the_same_scale(run_ranks):
+    r0, r1 = run_ranks(_skip_on_one_rank)
+    assert [bool(s) for s in r0["skipped"]] == [bool(s) for s in r1["skipped"]] == [False, True, False]
+    assert [float(s) for s in r0["scales"]] == [float(s) for s in r1["scales"]] == [2.0**16, 2.0**15, 2.0**15]
+    for a, b in zip(r0["params"][1], r0["params"][0], strict=True):
+        assert torch.equal(a, b)  # the skipped step changed nothing
+    for step0, step1 in zip(r0["params"], r1["params"], strict=True):
+        assert all(torch.equal(a, b) for a, b in zip(step0, step1, strict=True))
+
+
+def _accumulate(rank: int, through_engine_forward: bool) -> dict:
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    model = _model()
+    engine = Engine(strategy="ddp", accumulate=4)
+    model, opt = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    calls = []
+
+    def counting(state, bucket):
+        calls.append(1)
+        return allreduce_hook(state, bucket)
+
+    model.register_comm_hook(None, counting)
+    for batch in _batches(8):
+        x, y = _rows(batch, rank)
+        if through_engine_forward:
+            with engine.autocast():  # no_sync on the 3 micro-batches before each boundary
+                loss = nn.functional.cross_entropy(model(x), y)
+        else:
+            loss = nn.functional.cross_entropy(model(x), y)  # syncs every micro-batch
+        engine.backward(loss)
+        engine.step()
+    return {"calls": torch.tensor(len(calls)), "params": [p.detach().clone() for p in engine.models[0].parameters()]}
+
+
+def test_accumulation_under_no_sync_equals_syncing_every_micro_batch(run_ranks):
+    lazy, _ = run_ranks(_accumulate, True)
+    eager, _ = run_ranks(_accumulate, False)
+    assert int(eager["calls"]) == 4 * int(lazy["calls"]) > 0  # one all-reduce per optimizer step, not per micro-batch
+    for a, b in zip(lazy["params"], eager["params"], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
