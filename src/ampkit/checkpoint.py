@@ -19,7 +19,15 @@ from .state import capture_rng_state, load_checkpoint, restore_rng_state, save_c
 if TYPE_CHECKING:
     from .engine import Engine
 
-__all__ = ["engine_state", "load_engine_state", "save_training_state", "load_training_state"]
+__all__ = [
+    "engine_state",
+    "load_engine_state",
+    "training_payload",
+    "check_training_payload",
+    "apply_training_payload",
+    "save_training_state",
+    "load_training_state",
+]
 
 _SAFE_LEAVES = (torch.Tensor, str, int, float, bool, type(None))
 
@@ -106,20 +114,32 @@ def _check_safe(value: Any, where: str) -> None:
         )
 
 
-def save_training_state(engine: "Engine", path: str | os.PathLike, extra: dict[str, Any] | None = None) -> None:
-    """Write everything needed to resume ``engine``'s run bitwise-exactly, atomically, to ``path``."""
+def training_payload(engine: "Engine", extra: dict[str, Any] | None, *, tensors: bool = True) -> dict[str, Any]:
+    """What a checkpoint holds; ``tensors=False`` leaves out models and optimizers (a sharded save writes those)."""
     if not engine.models:
         raise RuntimeError("engine.save() called before engine.setup(); there is nothing to save yet.")
     _check_safe(extra, "extra")
-    payload = {
+    return {
         "engine": engine_state(engine),
-        "models": [m.state_dict() for m in engine.models],
-        "optimizers": [o.state_dict() for o in engine.optimizers],
+        "models": [m.state_dict() for m in engine.models] if tensors else None,
+        "optimizers": [o.state_dict() for o in engine.optimizers] if tensors else None,
         "schedulers": [s.state_dict() for s in engine.schedulers],
         "rng": capture_rng_state(),
         "extra": extra,
     }
-    save_checkpoint(payload, path)
+
+
+def save_training_state(engine: "Engine", path: str | os.PathLike, extra: dict[str, Any] | None = None) -> None:
+    """Write everything needed to resume ``engine``'s run bitwise-exactly, atomically, to ``path``.
+
+    Under a distributed strategy every rank must call it: see :mod:`ampkit.distributed.checkpoint`.
+    """
+    if engine.strategy is not None:
+        from .distributed.checkpoint import save_distributed
+
+        save_distributed(engine, path, extra)
+        return
+    save_checkpoint(training_payload(engine, extra), path)
 
 
 def _check_model(i: int, model: torch.nn.Module, saved: dict[str, torch.Tensor], path: Any) -> None:
@@ -134,11 +154,8 @@ def _check_model(i: int, model: torch.nn.Module, saved: dict[str, torch.Tensor],
         )
 
 
-def load_training_state(engine: "Engine", path: str | os.PathLike) -> dict[str, Any] | None:
-    """Restore what :func:`save_training_state` wrote. Validates everything first; on error nothing changes."""
-    if not engine.models:
-        raise RuntimeError("engine.load() called before engine.setup(); set up the same model and optimizers first.")
-    payload = load_checkpoint(path, map_location="cpu")
+def check_training_payload(engine: "Engine", payload: Any, path: Any) -> None:
+    """Validate a checkpoint's payload against the running setup; raise CheckpointError naming the fix."""
     expected = {"engine", "models", "optimizers", "schedulers", "rng", "extra"}
     if not isinstance(payload, dict) or not expected <= set(payload):
         raise CheckpointError(f"{path} is an ampkit file but not a training checkpoint written by Engine.save().")
@@ -146,21 +163,54 @@ def load_training_state(engine: "Engine", path: str | os.PathLike) -> dict[str, 
         _check_engine_state(engine, payload["engine"])
     except CheckpointError as e:
         raise CheckpointError(f"{path}: {e}") from None
-    for what, mine in (("models", engine.models), ("optimizers", engine.optimizers), ("schedulers", engine.schedulers)):
+    what_mine = [("schedulers", engine.schedulers)]
+    if payload["models"] is not None:
+        what_mine += [("models", engine.models), ("optimizers", engine.optimizers)]
+    for what, mine in what_mine:
         if len(payload[what]) != len(mine):
             raise CheckpointError(f"{path} holds {len(payload[what])} {what}, this run has {len(mine)}; set up the same ones.")
+    if payload["models"] is None:
+        return
     for i, (model, saved) in enumerate(zip(engine.models, payload["models"])):
         _check_model(i, model, saved, path)
     for opt, saved in zip(engine.optimizers, payload["optimizers"]):
         if [len(g["params"]) for g in saved["param_groups"]] != [len(g["params"]) for g in opt.param_groups]:
             raise CheckpointError(f"{path}: an optimizer's parameter groups differ from the checkpoint's; build it as the saved run did.")
 
-    for model, saved in zip(engine.models, payload["models"]):
-        model.load_state_dict(saved)
-    for opt, saved in zip(engine.optimizers, payload["optimizers"]):
-        opt.load_state_dict(saved)
+
+def apply_training_payload(engine: "Engine", payload: dict[str, Any]) -> None:
+    """Restore a validated payload (models and optimizers only when it holds them)."""
+    if payload["models"] is not None:
+        for model, saved in zip(engine.models, payload["models"]):
+            model.load_state_dict(saved)
+        for opt, saved in zip(engine.optimizers, payload["optimizers"]):
+            opt.load_state_dict(saved)
     for sched, saved in zip(engine.schedulers, payload["schedulers"]):
         sched.load_state_dict(saved)
     load_engine_state(engine, payload["engine"])
-    restore_rng_state(payload["rng"])
+    if payload["rng"] is not None:
+        restore_rng_state(payload["rng"])
+
+
+def load_training_state(engine: "Engine", path: str | os.PathLike) -> dict[str, Any] | None:
+    """Restore what :func:`save_training_state` wrote. Validates everything first; on error nothing changes.
+
+    A checkpoint written by a distributed run (a DDP file, an FSDP directory) loads here too, on any world
+    size torch can reshard to; see :mod:`ampkit.distributed.checkpoint`.
+    """
+    if not engine.models:
+        raise RuntimeError("engine.load() called before engine.setup(); set up the same model and optimizers first.")
+    if engine.strategy is not None or os.path.isdir(path):
+        from .distributed.checkpoint import load_distributed
+
+        return load_distributed(engine, path)
+    payload = load_checkpoint(path, map_location="cpu")
+    check_training_payload(engine, payload, path)
+    ranks = payload.get("ranks")
+    if ranks is not None and ranks["world_size"] > 1 and payload["engine"]["pending_grads"] is not None:
+        raise CheckpointError(
+            f"{path} was saved by {ranks['world_size']} ranks inside an accumulation window, with gradients pending on each; "
+            "resume it on the same number of ranks, or save at an accumulation boundary (engine.is_boundary)."
+        )
+    apply_training_payload(engine, payload)
     return payload["extra"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,8 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+TIMEOUT_S = 120
 
 
 def _entry(rank: int, fn: Callable[..., Any], world: int, init_file: str, out_dir: str, args: tuple[Any, ...]) -> None:
@@ -31,7 +34,13 @@ def run_ranks(tmp_path: Path) -> Callable[..., list[Any]]:
 
     def run(fn: Callable[..., Any], *args: Any, world: int = 2) -> list[Any]:
         out = Path(tempfile.mkdtemp(prefix=f"{fn.__name__}-", dir=tmp_path))  # a fresh rendezvous file per run
-        mp.spawn(_entry, args=(fn, world, str(out / "init"), str(out), args), nprocs=world, join=True)
+        context = mp.spawn(_entry, args=(fn, world, str(out / "init"), str(out), args), nprocs=world, join=False)
+        deadline = time.monotonic() + TIMEOUT_S
+        while not context.join(timeout=max(0.0, deadline - time.monotonic())):
+            if time.monotonic() >= deadline:  # a hung collective must fail the test, not stall the suite
+                for p in context.processes:
+                    p.kill()
+                pytest.fail(f"{fn.__name__} did not finish on {world} ranks within {TIMEOUT_S} s")
         return [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(world)]
 
     return run

@@ -1,0 +1,229 @@
+"""Checkpoints of a run spread over ranks: one file written by rank 0 (DDP), a sharded directory (FSDP).
+
+* **DDP** (and any replicated run): every rank holds the same model and optimizer, so rank 0 writes the usual
+  single file (atomically, as :func:`ampkit.state.save_checkpoint` does). What differs per rank travels with
+  it: each rank's RNG state (dropout masks differ per rank) and, inside an accumulation window, each rank's
+  local gradients. The file loads on any number of ranks, or in a single process.
+* **FSDP**: each rank writes its shards with ``torch.distributed.checkpoint`` (DCP) into a temporary directory,
+  rank 0 adds ``ampkit.pt`` (engine state, schedulers, every rank's RNG, ``extra``) and swaps the directory into
+  place, so ``path`` is always the previous checkpoint or the new one. DCP reshards on load: a directory
+  written by 8 ranks resumes on 4, on DDP, or in a single process.
+
+Loading validates on every rank first and agrees: if the file is bad on any rank, every rank raises and no
+rank changes anything. DCP's metadata is read with an allow-listed unpickler and its values with
+``weights_only=True`` (:mod:`ampkit.distributed.safe_dcp`). A run resumed on the same number of ranks is
+bitwise equal to an uninterrupted one; on another number the random streams cannot be mapped and start from
+where each rank stands (a warning says so), and a checkpoint taken inside an accumulation window is refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import secrets
+import shutil
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from ..checkpoint import _pending_grads, apply_training_payload, check_training_payload, training_payload
+from ..errors import CheckpointError, one_line
+from ..state import _fsync_directory, capture_rng_state, load_checkpoint, save_checkpoint
+from .strategy import FSDP
+
+if TYPE_CHECKING:
+    from ..engine import Engine
+
+__all__ = ["save_distributed", "load_distributed", "ENGINE_FILE"]
+
+log = logging.getLogger("ampkit")
+
+ENGINE_FILE = "ampkit.pt"
+"""Inside a sharded checkpoint directory: everything that is not a model or optimizer shard."""
+
+
+def _grouped() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+@contextlib.contextmanager
+def _single_process_intended() -> Iterator[None]:
+    # DCP warns that it "assumes" a single process even when told so with no_dist=True; here it is the intent.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+        yield
+
+
+def _rank_world() -> tuple[int, int]:
+    return (dist.get_rank(), dist.get_world_size()) if _grouped() else (0, 1)
+
+
+def _raise_if_any(error: str | None, what: str) -> None:
+    """Every rank raises when any rank failed, so no rank goes on alone (or waits forever in a collective)."""
+    errors: list[str | None] = [error]
+    if _grouped():
+        errors = [None] * dist.get_world_size()
+        dist.all_gather_object(errors, error)
+    failed = [(r, e) for r, e in enumerate(errors) if e is not None]
+    if failed:
+        rank, message = failed[0]
+        where = f"rank {rank}: " if len(errors) > 1 else ""
+        raise CheckpointError(f"{what} failed on {where}{message}")
+
+
+def _gather_to_rank0(obj: Any) -> list[Any] | None:
+    rank, world = _rank_world()
+    if world == 1:
+        return [obj]
+    out = [None] * world if rank == 0 else None
+    dist.gather_object(obj, out, dst=0)
+    return out
+
+
+def _broadcast_from_rank0(obj: Any) -> Any:
+    box = [obj]
+    if _grouped():
+        dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _sharded_state(engine: "Engine") -> dict[str, Any]:
+    """Model and optimizer state as DCP wants it: sharded tensors keyed by parameter name."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    state: dict[str, Any] = {}
+    for i, model in enumerate(engine.models):
+        state[f"model.{i}"] = get_model_state_dict(model)
+    for j, opt in enumerate(engine.optimizers):
+        state[f"optim.{j}"] = get_optimizer_state_dict(_owner(engine, opt), opt)
+    return state
+
+
+def _owner(engine: "Engine", opt: torch.optim.Optimizer) -> torch.nn.Module:
+    ids = {id(p) for g in opt.param_groups for p in g["params"]}
+    for model in engine.models:
+        if ids <= {id(p) for p in model.parameters()}:
+            return model
+    raise CheckpointError("a sharded checkpoint needs each optimizer to hold the parameters of one model; build one optimizer per model.")
+
+
+def _swap_into_place(tmp: Path, target: Path, token: str) -> None:
+    # os.replace cannot put a directory over a non-empty one: move the old one aside, the new one in, then
+    # delete the old. A crash between the two renames leaves both complete, named in load's error message.
+    old = target.with_name(f"{target.name}.{token}.old") if target.exists() else None
+    if old is not None:
+        os.replace(target, old)
+    os.replace(tmp, target)
+    _fsync_directory(target.parent)
+    if old is not None:
+        shutil.rmtree(old) if old.is_dir() else old.unlink()
+
+
+def save_distributed(engine: "Engine", path: str | os.PathLike, extra: dict[str, Any] | None = None) -> None:
+    """Every rank calls it: rank 0 writes a file (DDP), or all ranks write a sharded directory (FSDP)."""
+    rank, world = _rank_world()
+    sharded = isinstance(engine.strategy, FSDP)
+    if sharded and engine._micro % engine.accumulate:
+        raise CheckpointError(
+            "under FSDP, save at an accumulation boundary (when engine.step() returned True): the pending "
+            "gradients are unsharded per rank and are not part of a sharded checkpoint."
+        )
+    mine = {"rng": capture_rng_state(), "pending_grads": None if sharded else _pending_grads(engine)}
+    gathered = _gather_to_rank0(mine)
+    target = Path(os.fspath(path))
+    token = _broadcast_from_rank0(secrets.token_hex(6) if rank == 0 else None)
+    tmp = target.with_name(f"{target.name}.{token}.tmp")
+    if sharded:
+        import torch.distributed.checkpoint as dcp
+
+        with _single_process_intended():
+            dcp.save(_sharded_state(engine), checkpoint_id=tmp, no_dist=not _grouped())
+    error = None
+    if rank == 0:
+        try:
+            payload = training_payload(engine, extra, tensors=not sharded)
+            payload["ranks"] = {
+                "strategy": engine.strategy.name if engine.strategy is not None else None,
+                "world_size": world,
+                "rng": [g["rng"] for g in gathered],  # type: ignore[union-attr]
+                "pending_grads": [g["pending_grads"] for g in gathered],  # type: ignore[union-attr]
+            }
+            if sharded:
+                save_checkpoint(payload, tmp / ENGINE_FILE)
+                _swap_into_place(tmp, target, token)
+            else:
+                save_checkpoint(payload, target)
+        except Exception as exc:  # noqa: BLE001 - reported on every rank below
+            error = one_line(exc, with_type=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+    _raise_if_any(error, f"saving {target}")
+
+
+def _read(engine: "Engine", target: Path) -> dict[str, Any]:
+    if not target.exists():
+        near = sorted(str(p) for p in target.parent.glob(f"{target.name}.*.old")) + sorted(str(p) for p in target.parent.glob(f"{target.name}.*.tmp"))
+        hint = f"; a run stopped while swapping it into place left {near}: rename the .tmp one (newer, if it holds {ENGINE_FILE}) to {target.name}" if near else ""
+        raise CheckpointError(f"no checkpoint at {target}{hint}.")
+    if target.is_dir():
+        if not (target / ".metadata").is_file() or not (target / ENGINE_FILE).is_file():
+            raise CheckpointError(f"{target} is a directory but not a complete sharded checkpoint (needs .metadata and {ENGINE_FILE}).")
+        payload = load_checkpoint(target / ENGINE_FILE, map_location="cpu")
+    else:
+        payload = load_checkpoint(target, map_location="cpu")
+        if isinstance(engine.strategy, FSDP):
+            raise CheckpointError(
+                f"{target} is a single-file checkpoint; an FSDP run loads the sharded directories engine.save() writes under "
+                "FSDP. Resume this file with strategy='ddp' (or in one process)."
+            )
+    check_training_payload(engine, payload, target)
+    return payload
+
+
+def load_distributed(engine: "Engine", path: str | os.PathLike) -> dict[str, Any] | None:
+    """Every rank calls it; validates on every rank, then restores. Returns the checkpoint's ``extra``."""
+    rank, world = _rank_world()
+    target = Path(os.fspath(path))
+    payload, error = None, None
+    try:
+        payload = _read(engine, target)
+        ranks = payload.get("ranks") or {"world_size": 1, "rng": [payload["rng"]], "pending_grads": [payload["engine"]["pending_grads"]]}
+        if ranks["world_size"] != world and any(g is not None for g in ranks["pending_grads"]):
+            raise CheckpointError(
+                f"{target} was saved by {ranks['world_size']} rank(s) inside an accumulation window; resume it on "
+                f"{ranks['world_size']} rank(s), or save at an accumulation boundary to change the world size."
+            )
+    except CheckpointError as exc:
+        error = str(exc)
+    _raise_if_any(error, f"loading {target}")
+    assert payload is not None
+    if target.is_dir():
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+        from .safe_dcp import SafeFileSystemReader, SafeLoadPlanner
+
+        state = _sharded_state(engine)
+        with _single_process_intended():
+            dcp.load(state, storage_reader=SafeFileSystemReader(target), planner=SafeLoadPlanner(), no_dist=not _grouped())
+        for i, model in enumerate(engine.models):
+            set_model_state_dict(model, state[f"model.{i}"])
+        for j, opt in enumerate(engine.optimizers):
+            set_optimizer_state_dict(_owner(engine, opt), opt, state[f"optim.{j}"])
+    if ranks["world_size"] == world:
+        payload["rng"] = ranks["rng"][rank]
+        payload["engine"]["pending_grads"] = ranks["pending_grads"][rank]
+    else:
+        payload["rng"] = None
+        log.warning(
+            "%s was saved by %d rank(s) and resumes on %d: weights, optimizer and scaler are restored, the random "
+            "streams are not (they cannot be mapped between world sizes).", target, ranks["world_size"], world,
+        )
+    apply_training_payload(engine, payload)
+    if _grouped():
+        dist.barrier()  # no rank trains on before every rank has its state
+    return payload["extra"]
