@@ -131,11 +131,25 @@ def init_distributed(
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     kwargs = {"timeout": timeout} if timeout is not None else {}
-    dist.init_process_group(backend, rank=rank, world_size=world, **kwargs)
+    dist.init_process_group(backend, store=_attempt_store(rank, world, timeout), rank=rank, world_size=world, **kwargs)
     if rank_zero_logging:
         log_on_rank_zero()
     log.info("process group: %d rank(s), backend %s, rank 0 on %s", world, backend, dev)
     return current_env(dev)
+
+
+def _attempt_store(rank: int, world: int, timeout: datetime.timedelta | None) -> dist.Store:
+    """torchrun's store, with keys private to this restart attempt.
+
+    After ``torchrun --max-restarts`` restarts the workers, the store still holds the previous attempt's keys,
+    among them each rank's gloo address: a new rank that reads the dead one's address before it is overwritten
+    fails with "connectFullMesh failed ... Connection refused" (seen with torch 2.13). A prefix per attempt
+    makes every attempt wait for its own addresses.
+    """
+    kwargs = {"timeout": timeout} if timeout is not None else {}
+    store, _, _ = next(dist.rendezvous("env://", rank=rank, world_size=world, **kwargs))
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"ampkit/attempt-{attempt}/", store)
 
 
 def current_env(device: str | torch.device | None = None) -> DistributedEnv:
