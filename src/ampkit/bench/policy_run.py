@@ -3,6 +3,10 @@
 The runner drives several of these side by side. Each run owns its RNG state (dropout masks, fused-kernel
 randomness), swapped in around its own chunks, so interleaving runs does not change what any of them computes:
 a run trained in chunks between other runs matches the same run trained alone, step for step.
+
+Under torchrun (``rank``/``world`` > 1) the engine wraps the model in DDP and each rank trains its slice of every
+batch. The figures are combined once, in :meth:`PolicyRun.summarize`: one ``all_gather_object`` of each rank's
+losses, step times and memory, so no step waits on the host for another rank beyond DDP's own all-reduce.
 """
 
 from __future__ import annotations
@@ -16,8 +20,10 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
+from ..distributed.strategy import unwrap
 from ..engine import Engine
 from ..errors import one_line
 from .flops import count_flops
@@ -43,8 +49,21 @@ def _call(model: nn.Module, inputs: Any) -> Any:
 class PolicyRun:
     """Trains ``workload`` under ``precision`` on ``device``; its figures accumulate in :attr:`result`."""
 
-    def __init__(self, workload: Workload, precision: str, device: torch.device, batches: Sequence[Batch], seed: int) -> None:
+    def __init__(
+        self,
+        workload: Workload,
+        precision: str,
+        device: torch.device,
+        batches: Sequence[Batch],
+        seed: int,
+        *,
+        strategy: str | None = None,
+        rank: int = 0,
+        world: int = 1,
+    ) -> None:
         self.workload = workload
+        self.strategy = strategy
+        self.rank, self.world = rank, world
         self.precision = precision
         self.device = device
         self.batches = batches
@@ -68,14 +87,16 @@ class PolicyRun:
     def build(self) -> None:
         """Fresh copy of the workload's initial weights, its optimizer, and an Engine for this policy."""
         self.release()
-        torch.manual_seed(self.seed)  # seeds CUDA too; the state is kept per run from here on
+        # Seeds CUDA too; the state is kept per run from here on. Each rank draws its own dropout masks, as
+        # independent samples of one global batch would (the weights come from rank 0 whatever the seed).
+        torch.manual_seed(self.seed + self.rank)
         cuda_state = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
         self._rng = (torch.get_rng_state(), cuda_state)
         model = copy.deepcopy(self.workload.model).to(self.device)
         if self.workload.channels_last:
             model = model.to(memory_format=torch.channels_last)
         optimizer = self.workload.optimizer(model.parameters())
-        self.engine = Engine(self.precision, clip_grad_norm=self.workload.clip_grad_norm)
+        self.engine = Engine(self.precision, clip_grad_norm=self.workload.clip_grad_norm, strategy=self.strategy)
         self.model, self.optimizer = self.engine.setup(model, optimizer)
         self.model.train()
         self.steps_done, self.losses, self.times = 0, [], []
@@ -172,38 +193,77 @@ class PolicyRun:
     # -- after training ----------------------------------------------------------------------------
     @torch.no_grad()
     def evaluate(self, batches: Sequence[Batch]) -> None:
-        """Compute the workload's eval metric on ``batches`` under this policy's forward context."""
-        if self.workload.metric is None or not batches or self.model is None or self.engine is None:
+        """Compute the workload's eval metric on ``batches`` under this policy's forward context.
+
+        Under DDP only rank 0 evaluates, on the whole eval set and the unwrapped model: the weights are the same
+        on every rank, and DDP's forward would broadcast buffers, a collective the other ranks would not join.
+        """
+        if self.rank != 0 or self.workload.metric is None or not batches or self.model is None or self.engine is None:
             return
         metric = self.workload.metric()
-        self.model.eval()
+        model = unwrap(self.model)
+        model.eval()
         try:
             with self.engine.autocast():
                 for inputs, target in batches:
-                    metric.update(_as_float(_call(self.model, inputs)), target)
+                    metric.update(_as_float(_call(model, inputs)), target)
         finally:
-            self.model.train()
+            model.train()
         values = metric.compute()
         self.result.eval_metric_name = metric.name
         self.result.eval_metric = values.get(metric.name)
         self.result.eval_metrics = dict(values)
 
     def summarize(self) -> None:
-        """Turn the recorded times and losses into the result's figures (one host read of the losses)."""
+        """Turn the recorded times and losses into the result's figures (one host read of the losses).
+
+        Under DDP every rank must call it (one ``all_gather_object``): the loss of a step is the mean of the ranks'
+        losses (each the mean over its equal slice, so the mean over the global batch), a step's time is the
+        slowest rank's, memory figures are the largest any rank reached, and FLOPs are summed over the ranks.
+        """
         r = self.result
-        if self.losses:
-            r.losses = torch.stack(self.losses).float().cpu().tolist()
-            tail = r.losses[-max(1, len(r.losses) // 10) :]
+        losses: list[float] = torch.stack(self.losses).float().cpu().tolist() if self.losses else []
+        times = list(self.times)
+        if self.world > 1:
+            losses, times = self._combine_ranks(losses, times)
+        if losses:
+            r.losses = list(losses)
+            tail = losses[-max(1, len(losses) // 10) :]
             r.final_loss = sum(tail) / len(tail)
             if not math.isfinite(r.final_loss):
                 r.status = "diverged"
-        if self.times:
-            stats = summarize(self.times)
+        if times:
+            stats = summarize(times)
             r.step_time_median_s, r.step_time_p10_s, r.step_time_p90_s = stats["median"], stats["p10"], stats["p90"]
-            r.timed_steps = len(self.times)
-            r.throughput = self.workload.items_per_batch / stats["median"]
+            r.timed_steps = len(times)
+            r.throughput = self.workload.items_per_batch / stats["median"]  # the global batch: every rank's rows
             if r.flops_per_step is not None:
                 r.achieved_flops = r.flops_per_step / stats["median"]
         if self.engine is not None:
             r.skipped_steps = self.engine.skipped_steps
             r.final_loss_scale = self.engine.scale
+
+    def _combine_ranks(self, losses: list[float], times: list[float]) -> tuple[list[float], list[float]]:
+        """Every rank's losses, times, memory and FLOPs in one collective; returns the combined losses and times."""
+        r = self.result
+        mine = {
+            "losses": losses, "times": times, "flops": r.flops_per_step, "peak": r.peak_memory_bytes,
+            "activations": r.activation_bytes, "rss": r.peak_rss_bytes, "breakdown": r.memory_breakdown,
+        }
+        ranks: list[Any] = [None] * self.world
+        dist.all_gather_object(ranks, mine)
+        if len({len(g["losses"]) for g in ranks}) != 1 or len({len(g["times"]) for g in ranks}) != 1:
+            raise RuntimeError(f"the ranks recorded different step counts ({[len(g['losses']) for g in ranks]}); every rank must train the same steps.")
+        losses = [sum(step) / self.world for step in zip(*(g["losses"] for g in ranks))]
+        times = [max(step) for step in zip(*(g["times"] for g in ranks))]  # the slowest rank sets the pace
+
+        def largest(key: str) -> int | None:
+            values = [g[key] for g in ranks if g[key] is not None]
+            return max(values) if values else None
+
+        r.peak_memory_bytes, r.activation_bytes, r.peak_rss_bytes = largest("peak"), largest("activations"), largest("rss")
+        keys = dict.fromkeys(k for g in ranks for k in g["breakdown"])  # ordered, rank 0's first
+        r.memory_breakdown = {k: max(g["breakdown"].get(k, 0) for g in ranks) for k in keys}
+        flops = [g["flops"] for g in ranks]
+        r.flops_per_step = float(sum(flops)) if all(f is not None for f in flops) else None
+        return losses, times

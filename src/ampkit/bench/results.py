@@ -4,10 +4,16 @@ results.json (``BenchResult.to_dict()``) holds:
 
 - ``schema``: the format version (1); ``workload``, ``description``, ``command``, ``date`` (UTC, ISO 8601),
   ``torch``, ``ampkit``, ``device`` (``type``, ``name``, and for CPUs the bf16/fp16 instruction support),
-  ``settings`` (steps, warm-up, seed, size, interleaving chunk), ``workload_info`` (parameter count, shapes).
+  ``settings`` (steps, warm-up, seed, size, interleaving chunk, ``nproc``: the processes that trained each run,
+  1 without torchrun, and ``strategy``: ``"ddp"`` under torchrun, else None), ``workload_info`` (parameter
+  count, shapes).
 - ``reference``: the policy speed-ups and memory savings are measured against (``32-true``).
 - ``runs``: one object per policy, the fields of :class:`RunResult`. Times are seconds, memory is bytes,
   ``throughput`` counts ``throughput_unit`` per second. Figures a run could not produce are ``null``.
+- Under DDP (``nproc`` > 1) each rank trains a slice of every batch: ``losses`` are the mean over ranks, a
+  step's time is the slowest rank's (throughput counts the whole global batch), memory figures are *per process*
+  (the largest any rank reached: what each device must hold), ``flops_per_step`` and ``achieved_flops`` count
+  every rank, and the eval metric is rank 0's, on the whole eval set.
 
     >>> r = RunResult(precision="bf16-mixed", status="ok", step_time_median_s=0.01)
     >>> b = BenchResult(workload="gpt", runs=[r])
@@ -89,7 +95,8 @@ class RunResult:
     achieved_flops: float | None = None
     """flops_per_step / median step time (FLOP/s)."""
     mfu: float | None = None
-    """achieved_flops / the device's peak for the policy's compute dtype (GPU only; None when the peak is unknown)."""
+    """achieved_flops / the device's peak for the policy's compute dtype (GPU only; None when the peak is unknown).
+    Under DDP, over the peak of all ``nproc`` devices."""
     verdict: str | None = None
     """One line: faster or slower, memory saved, eval metric within or outside tolerance."""
 

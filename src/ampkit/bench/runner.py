@@ -12,6 +12,23 @@ Fairness, step by step:
    thermal throttling) spreads over every policy instead of biasing the one that ran at that moment.
 4. **Failures stay in their row.** An exception inside one policy's run marks that run failed; the rest go on.
 
+**Under torchrun** (a process group is initialised when :func:`run_bench` is called, as ``ampkit bench --nproc N``
+does) every run trains under DDP (``Engine(strategy="ddp")``) with strong scaling: the global batch stays the
+workload's, each rank trains its ``1/N`` slice of the rows of every batch (tensors split along dim 0; the rows
+must divide evenly), and DDP averages the gradients, so the loss curve is the single-process one (to ~1e-7 in
+fp32 in the tests). Two model features make it differ slightly, as in any DDP run: BatchNorm normalises over
+each rank's slice (torch's SyncBatchNorm runs on GPUs only), and each rank draws its own dropout masks. Figures
+are combined at the end (:meth:`PolicyRun.summarize`): per-step loss averaged over ranks, step time the slowest
+rank's, memory the largest rank's, FLOPs summed; rank 0 alone evaluates.
+
+Every rank runs the same runs in the same order, so the collectives line up. After each phase of a run
+(measure, build, warm-up, each chunk, summary) the ranks agree on whether it failed anywhere (one all-reduce of
+one int); a run that raised on every rank, or on one rank after the phase's last collective, is then marked
+failed on all of them and skipped. The limit: a rank that raises *between* the collectives of a step (in its
+forward, while the others already wait in DDP's gradient all-reduce) leaves the ranks out of step; gloo then
+detects the mismatched collective and aborts the whole run, NCCL leaves the others waiting until the process
+group's timeout.
+
     >>> import torch
     >>> from torch import nn
     >>> from ampkit.bench.workload import Accuracy, Workload
@@ -32,8 +49,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from .. import __version__
+from ..distributed.agreement import agree_max
 from ..policy import get_policy
 from ..policy.device import as_device, cpu_bf16_native, cpu_fp16_native, cpu_name
 from .flops import peak_flops
@@ -43,7 +62,7 @@ from .results import BenchResult
 from .verdict import Tolerance, apply_verdicts
 from .workload import Batch, Workload
 
-__all__ = ["run_bench", "device_info", "REFERENCE"]
+__all__ = ["run_bench", "device_info", "shard_batch", "check_shardable", "REFERENCE"]
 
 log = logging.getLogger("ampkit")
 
@@ -88,14 +107,49 @@ def to_device(value: Any, device: torch.device, channels_last: bool) -> Any:
     return value
 
 
-def _batches_on(batches: Sequence[Batch], count: int, device: torch.device, channels_last: bool) -> list[Batch]:
+def shard_batch(batch: Any, rank: int, world: int) -> Any:
+    """This rank's slice of ``batch``: every tensor's rows ``[rank * n, (rank + 1) * n)`` with ``n = rows / world``.
+
+    Tuples and lists are sliced element-wise; 0-dim tensors and other values are shared as they are.
+
+    >>> x, y = shard_batch((torch.arange(8).view(4, 2), torch.arange(4)), rank=1, world=2)
+    >>> x.tolist(), y.tolist()
+    ([[4, 5], [6, 7]], [2, 3])
+    """
+    if world == 1:
+        return batch
+    if isinstance(batch, torch.Tensor):
+        if batch.dim() == 0:
+            return batch
+        rows = batch.shape[0]
+        if rows % world:
+            divisors = [d for d in range(2, min(rows, 64) + 1) if rows % d == 0][:4]
+            hint = f" (--nproc {', '.join(map(str, divisors))})" if divisors else ""
+            raise ValueError(
+                f"a batch of {rows} rows does not split evenly over {world} processes: run a number of processes "
+                f"that divides {rows}{hint}, or use a batch size divisible by {world}."
+            )
+        n = rows // world
+        return batch.narrow(0, rank * n, n)
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(shard_batch(b, rank, world) for b in batch)
+    return batch
+
+
+def check_shardable(batches: Sequence[Batch], world: int, steps: int | None = None) -> None:
+    """Raise ``ValueError`` naming the fix when the first ``steps`` batches do not split evenly over ``world`` ranks."""
+    for i in range(min(steps or len(batches), len(batches))):
+        shard_batch(batches[i], 0, world)
+
+
+def _batches_on(batches: Sequence[Batch], count: int, device: torch.device, channels_last: bool, rank: int = 0, world: int = 1) -> list[Batch]:
     # Moved once, before any timing: the bench measures training steps, not host-to-device copies.
-    return [to_device(batches[i], device, channels_last) for i in range(min(count, len(batches)))]
+    return [to_device(shard_batch(batches[i], rank, world), device, channels_last) for i in range(min(count, len(batches)))]
 
 
-def _guard(run: PolicyRun, what: str, fn: Any, *args: Any) -> None:
+def _guard(run: PolicyRun, what: str, fn: Any, *args: Any, world: int = 1) -> None:
     if not run.alive:
-        return
+        return  # the same answer on every rank: the ranks agreed after the previous phase
     try:
         fn(*args)
     except (KeyboardInterrupt, SystemExit):
@@ -103,6 +157,26 @@ def _guard(run: PolicyRun, what: str, fn: Any, *args: Any) -> None:
     except Exception as exc:  # one policy's failure is a finding for its row, not the end of the bench
         log.warning("%s failed while %s: %s", run.precision, what, exc)
         run.fail(exc)
+    if world > 1:
+        _agree_on_failure(run, what, world)
+
+
+def _agree_on_failure(run: PolicyRun, what: str, world: int) -> None:
+    """A run that failed on any rank fails on all of them, so every rank skips it from here on (same collectives).
+
+    One all-reduce when nothing failed; on a failure, one more gather so rank 0's row can say which rank and why.
+    """
+    failed_here = not run.alive
+    if not agree_max(int(failed_here)):
+        return
+    errors: list[Any] = [None] * world
+    dist.all_gather_object(errors, run.result.error if failed_here else None)
+    if failed_here:
+        return
+    where, error = next((i, e) for i, e in enumerate(errors) if e is not None)
+    log.warning("%s failed on rank %d while %s: %s", run.precision, where, what, error)
+    run.result.status, run.result.error = "failed", f"on rank {where}: {error}"
+    run.release()
 
 
 def _chunks(total: int, rounds: int) -> list[int]:
@@ -111,7 +185,7 @@ def _chunks(total: int, rounds: int) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(rounds)]
 
 
-def _mfu(result: BenchResult, device: torch.device) -> None:
+def _mfu(result: BenchResult, device: torch.device, world: int = 1) -> None:
     if device.type != "cuda":
         return  # no meaningful published peak for a CPU's mixed vector/matrix units
     for run in result.runs:
@@ -119,7 +193,7 @@ def _mfu(result: BenchResult, device: torch.device) -> None:
             continue
         policy = get_policy(run.precision)
         peak = peak_flops(result.device.get("name", ""), policy.compute_dtype, tf32=run.precision == "tf32")
-        run.mfu = run.achieved_flops / peak if peak else None
+        run.mfu = run.achieved_flops / (peak * world) if peak else None  # achieved_flops counts every rank
 
 
 def run_bench(
@@ -138,6 +212,10 @@ def run_bench(
 
     Policies are canonical names (resolve aliases with :func:`ampkit.get_policy` first). The reference
     (``32-true``) is compared against only if it is among them; the CLI always adds it.
+
+    With a process group initialised (under torchrun) every rank must call it with the same arguments; the runs
+    train under DDP on each rank's slice of the batches, and rank 0's result holds the combined figures (see the
+    module's docstring). ``device`` is this rank's device.
     """
     device = as_device(device)
     # The runs reseed the global RNG; the caller's RNG state is theirs and comes back untouched.
@@ -157,9 +235,13 @@ def _run(
     settings: dict[str, Any],
 ) -> BenchResult:
     steps, warmup = workload.steps, workload.warmup
-    batches = _batches_on(workload.train_batches, steps, device, workload.channels_last)
-    eval_batches = _batches_on(workload.eval_batches, len(workload.eval_batches), device, workload.channels_last)
-    runs = [PolicyRun(workload, p, device, batches, seed) for p in precisions]
+    distributed = dist.is_available() and dist.is_initialized()
+    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+    strategy = "ddp" if distributed else None
+    batches = _batches_on(workload.train_batches, steps, device, workload.channels_last, rank, world)
+    # Rank 0 alone evaluates (the whole eval set): the others need no copy of it.
+    eval_batches = _batches_on(workload.eval_batches, len(workload.eval_batches), device, workload.channels_last) if rank == 0 else []
+    runs = [PolicyRun(workload, p, device, batches, seed, strategy=strategy, rank=rank, world=world) for p in precisions]
     for run in runs:  # the CLI refuses these up front; a library caller gets a row that says why
         support = get_policy(run.precision).support(device)
         if not support.supported:
@@ -169,13 +251,13 @@ def _run(
 
     for run in runs:  # 2. memory and FLOPs, each policy alone
         reporter.update(f"{run.precision}: measuring memory")
-        _guard(run, "measuring memory", run.measure_alone, measure_steps, count_flops)
+        _guard(run, "measuring memory", run.measure_alone, measure_steps, count_flops, world=world)
         reporter.update(f"{run.precision}: measuring memory", advance=measure_steps)
 
     for run in runs:  # 3. all runs alive, warmed up outside the timing
         reporter.update(f"{run.precision}: warm-up")
-        _guard(run, "building", run.build)
-        _guard(run, "warming up", run.train, warmup, False)
+        _guard(run, "building", run.build, world=world)
+        _guard(run, "warming up", run.train, warmup, False, world=world)
         reporter.update(f"{run.precision}: warm-up", advance=warmup)
 
     chunks = _chunks(steps - warmup, rounds)
@@ -183,13 +265,13 @@ def _run(
         order = runs[r % len(runs) :] + runs[: r % len(runs)]  # rotate who goes first each round
         for run in order:
             reporter.update(f"{run.precision}: round {r + 1}/{len(chunks)}")
-            _guard(run, "training", run.train, chunk, True)
+            _guard(run, "training", run.train, chunk, True, world=world)
             reporter.update(f"{run.precision}: round {r + 1}/{len(chunks)}", advance=chunk)
 
     for run in runs:
         reporter.update(f"{run.precision}: evaluating")
-        _guard(run, "summarising", run.summarize)  # first: a failing eval must not lose the training figures
-        _guard(run, "evaluating", run.evaluate, eval_batches)
+        _guard(run, "summarising", run.summarize, world=world)  # first: a failing eval must not lose the training figures
+        _guard(run, "evaluating", run.evaluate, eval_batches)  # rank 0 only, no collective: nothing to agree on
         run.release()
         reporter.update(f"{run.precision}: done", advance=1)
     reporter.finish()
@@ -202,15 +284,15 @@ def _run(
         torch=torch.__version__,
         ampkit=__version__,
         device=device_info(device),
-        settings={"steps": steps, "warmup": warmup, "rounds": len(chunks), "seed": seed, **settings},
+        settings={"steps": steps, "warmup": warmup, "rounds": len(chunks), "seed": seed, "nproc": world, "strategy": strategy, **settings},
         workload_info=dict(workload.extra),
         reference=REFERENCE,
         runs=[run.result for run in runs],
     )
     tolerance = None
-    if workload.metric is not None and eval_batches:
+    if workload.metric is not None and workload.eval_batches:
         m = workload.metric()
         tolerance = Tolerance(m.name, m.higher_is_better, m.tolerance, m.relative)
     apply_verdicts(result, tolerance)
-    _mfu(result, device)
+    _mfu(result, device, world)
     return result

@@ -7,24 +7,35 @@
 Prints a progress bar while running (stderr) and a table with one verdict per policy at the end (stdout).
 ``--out DIR`` writes results.json, report.md and plots. Exit code 0 when every run produced figures, 1 when a
 run failed (its row says why), 2 for bad input.
+
+``--nproc N`` (N > 1) checks the arguments here, then runs the same command in N processes through torchrun
+(:mod:`ampkit.distributed.launch`); each process, a torchrun worker, joins the process group and trains every
+policy under DDP on its slice of each batch. Rank 0 alone prints and writes files.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import shlex
 import sys
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from rich.console import Console
 
+from ..distributed.agreement import agree_max
+from ..distributed.environment import init_distributed, launched_by_torchrun, shutdown
+from ..distributed.launch import relaunch, report_exit_code, strip_option
+from ..distributed.rank_logging import rank
+from ..errors import AmpkitError, one_line
 from ..policy.device import as_device
 from ..bench.defaults import default_device, default_precisions, default_size, default_workload, resolve_precisions
 from ..bench.progress import NullReporter, RichReporter
 from ..bench.results import BenchResult
-from ..bench.runner import run_bench
+from ..bench.runner import check_shardable, run_bench
 from ..bench.user import user_workload
 from ..bench.workload import SIZES, Workload
 
@@ -71,6 +82,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--out", type=Path, metavar="DIR", help="write results.json, report.md and PNG plots here")
     p.add_argument("--tensorboard", type=Path, metavar="DIR", help="log loss curves and summary figures for TensorBoard here")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (logs and CI)")
+    p.add_argument(
+        "--nproc", type=_positive, metavar="N",
+        help="train every policy under DDP in N processes on this machine, started through torchrun; each process "
+        "trains 1/N of every batch (the batch rows must divide by N). On the CPU each process gets cores/N threads "
+        "(OMP_NUM_THREADS, unless you set it). Default: 1",
+    )
     p.set_defaults(func=run)
 
 
@@ -99,12 +116,14 @@ def _workload(args: argparse.Namespace, device: torch.device, size: str) -> Work
             base = get_workload(args.workload, size=size, seed=args.seed)
         steps = args.steps or (base.steps if base else 100)
         warmup = args.warmup if args.warmup is not None else (base.warmup if base else min(5, steps // 10))
-        return user_workload(args.model, args.data, steps=steps, warmup=warmup, base=base)
-    workload = get_workload(args.workload or default_workload(device), size=size, seed=args.seed)
-    if args.steps is not None:
-        workload.steps = args.steps
-    if args.warmup is not None:
-        workload.warmup = args.warmup
+        workload = user_workload(args.model, args.data, steps=steps, warmup=warmup, base=base)
+        workload.steps, workload.warmup = steps, warmup  # --model on a built-in workload's data keeps its steps otherwise
+    else:
+        workload = get_workload(args.workload or default_workload(device), size=size, seed=args.seed)
+        if args.steps is not None:
+            workload.steps = args.steps
+        if args.warmup is not None:
+            workload.warmup = args.warmup
     if workload.steps <= workload.warmup:
         raise ValueError(f"--steps {workload.steps} must exceed --warmup {workload.warmup} so some steps are timed.")
     return workload
@@ -116,11 +135,86 @@ def _check_out(path: Path | None, option: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the bench the arguments describe; print the table; write the files asked for."""
-    console = Console()
+    """Run the bench the arguments describe; print the table; write the files asked for.
+
+    Three ways in: a torchrun worker (every rank runs the bench under DDP), ``--nproc N`` with N > 1 (check the
+    arguments, then start N workers through torchrun), or a single process.
+    """
+    if launched_by_torchrun():
+        return _run_worker(args)
+    if (args.nproc or 1) > 1:
+        return _launch(args, args.nproc)
+    return _bench(args, _device(args.device))
+
+
+def _launch(args: argparse.Namespace, nproc: int) -> int:
+    """Refuse what the workers would refuse (once, here, with exit code 2), then run the command under torchrun."""
     _check_out(args.out, "--out")
     _check_out(args.tensorboard, "--tensorboard")
     device = _device(args.device)
+    if device.type == "cuda":
+        if args.device is not None and torch.device(args.device).index is not None:
+            raise ValueError(f"--nproc {nproc} --device {args.device}: each process takes its own GPU (cuda:LOCAL_RANK); pass --device cuda.")
+        gpus = torch.cuda.device_count()
+        if nproc > gpus:
+            raise ValueError(
+                f"--nproc {nproc} on cuda needs {nproc} GPUs but {gpus} {'is' if gpus == 1 else 'are'} visible: "
+                f"use --nproc {gpus} or fewer, or --device cpu to run {nproc} processes on the CPU."
+            )
+    size = default_size(device) if args.size == "auto" else args.size
+    if args.precision is not None:
+        resolve_precisions(args.precision, device)
+    workload = _workload(args, device, size)
+    try:
+        check_shardable(workload.train_batches, nproc, workload.steps)
+    except ValueError as exc:
+        raise ValueError(f"--nproc {nproc}: {exc}") from None
+    del workload  # the workers build their own
+    argv = getattr(args, "argv", None)
+    module_args = strip_option(argv if argv is not None else sys.argv[1:], "--nproc")
+    log.info("starting %d processes: torchrun --standalone --nproc-per-node %d -m ampkit %s", nproc, nproc, shlex.join(module_args))
+    return relaunch(nproc, module_args)
+
+
+def _run_worker(args: argparse.Namespace) -> int:
+    """One torchrun worker: join the process group, run the bench under DDP, agree on the exit code.
+
+    An input error is the same on every rank: rank 0 prints it, every rank exits 2. Any other exception leaves
+    without the closing barrier, so the process exits at once and torchrun stops the other workers.
+    """
+    world = int(os.environ["WORLD_SIZE"])
+    try:
+        if args.nproc is not None and args.nproc != world:
+            raise ValueError(f"--nproc {args.nproc}, but torchrun started {world} processes: drop --nproc when you launch with torchrun yourself.")
+        device = _device(args.device)
+        if device.type == "cuda" and world > 1 and args.device is not None and torch.device(args.device).index is not None:
+            raise ValueError(f"--device {args.device} under torchrun: each process takes its own GPU (cuda:LOCAL_RANK); pass --device cuda.")
+        env = init_distributed(device=device.type)  # cuda -> cuda:LOCAL_RANK
+    except (AmpkitError, ValueError) as exc:
+        return _worker_input_error(exc, rank())
+    try:
+        code = _bench(args, env.device, main=env.is_main, world=env.world_size)
+    except (AmpkitError, ValueError) as exc:
+        dist.destroy_process_group()
+        return _worker_input_error(exc, env.rank)
+    code = agree_max(code)  # rank 0 decides the files; every rank exits alike so torchrun sees one outcome
+    shutdown()
+    return report_exit_code(code, env.rank)
+
+
+def _worker_input_error(exc: BaseException, this_rank: int) -> int:
+    """Rank 0 prints the one-line error; every rank exits 2 (main's convention for bad input)."""
+    if this_rank == 0:
+        print(f"ampkit: error: {one_line(exc)}", file=sys.stderr)
+    report_exit_code(2, this_rank)
+    return 2  # non-zero even when relaunched: torchrun then stops ranks that did not fail
+
+
+def _bench(args: argparse.Namespace, device: torch.device, *, main: bool = True, world: int = 1) -> int:
+    """The bench itself, in one process or on one rank (``main``: rank 0, the one that prints and writes)."""
+    console = Console(quiet=not main)
+    _check_out(args.out, "--out")
+    _check_out(args.tensorboard, "--tensorboard")
     size = default_size(device) if args.size == "auto" else args.size
     if args.precision is not None:
         precisions, left_out = resolve_precisions(args.precision, device), {}
@@ -129,22 +223,33 @@ def run(args: argparse.Namespace) -> int:
     workload = _workload(args, device, size)
 
     sized = f" ({size})" if args.data is None else ""  # user data has no size; --size scales built-in workloads
-    console.print(f"[bold]ampkit bench[/bold]: {workload.name}{sized} on {device}: {workload.description}")
+    where = f"{device.type} x {world} processes (DDP)" if world > 1 else str(device)
+    console.print(f"[bold]ampkit bench[/bold]: {workload.name}{sized} on {where}: {workload.description}")
     console.print(f"policies: {', '.join(precisions)}; {workload.steps} steps each, {workload.warmup} of them warm-up")
     for name, why in left_out.items():
         log.info("not run by default: %s (%s)", name, why)
     if left_out:
         console.print(f"[dim]not run by default here: {', '.join(left_out)} (slow or unsupported on {device.type}; name them in --precision to run them)[/dim]")
 
-    argv = getattr(args, "argv", None)
-    command = shlex.join(["ampkit", *(argv if argv is not None else sys.argv[1:])])
-    reporter = NullReporter() if args.no_progress or not sys.stderr.isatty() else RichReporter()
+    command = shlex.join(["ampkit", *_recorded_argv(args, world)])
+    reporter = NullReporter() if not main or args.no_progress or not sys.stderr.isatty() else RichReporter()
     result = run_bench(
         workload, precisions, device, seed=args.seed, rounds=args.rounds, reporter=reporter, command=command,
         settings={"size": size, "batch_items": workload.items_per_batch, "unit": workload.unit},
     )
-    _present(result, args, console)
+    if main:
+        _present(result, args, console)
     return 1 if any(r.status == "failed" for r in result.runs) else 0
+
+
+def _recorded_argv(args: argparse.Namespace, world: int) -> list[str]:
+    """The arguments results.json records: what was typed, with ``--nproc`` put back for a run of several ranks
+    (the workers' own arguments lack it), so the command reproduces the run."""
+    argv = list(getattr(args, "argv", None) or sys.argv[1:])
+    if world > 1 and args.nproc is None:
+        at = argv.index("bench") + 1 if "bench" in argv else 0
+        argv[at:at] = ["--nproc", str(world)]
+    return argv
 
 
 def _present(result: BenchResult, args: argparse.Namespace, console: Console) -> None:
