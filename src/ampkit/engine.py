@@ -178,7 +178,7 @@ class Engine:
             ]
 
         named = names()
-        if strategy is not None and not (getattr(strategy, "wrapped_by_user", False) or getattr(strategy, "sharded_by_user", False)):
+        if strategy is not None and not strategy.applied_by_user:
             broadcast_from_rank0(model_list)  # before masters are cloned or the model cast: every rank starts alike
         if isinstance(strategy, FSDP):
             # FSDP's mixed precision carries the policy (its fp32 shards are the masters) and replaces every
@@ -228,8 +228,7 @@ class Engine:
                 )
             log.info("no process group (not launched by torchrun): strategy %r runs as a single process", strategy.name)
             return None
-        by_user = getattr(strategy, "wrapped_by_user", False) or getattr(strategy, "sharded_by_user", False)
-        if by_user and (self.policy.master_weights or self.policy.param_dtype != torch.float32):
+        if strategy.applied_by_user and (self.policy.master_weights or self.policy.param_dtype != torch.float32):
             raise ValueError(
                 f"the model was wrapped for {strategy.name.upper()} before setup(), but policy {self.policy.name!r} casts "
                 f"its parameters, which the wrapper has already registered: pass the plain model and "

@@ -53,6 +53,7 @@ import torch.distributed as dist
 
 from .. import __version__
 from ..distributed.agreement import agree_max
+from ..memory.micro_batching import batch_rows, split_batch
 from ..policy import get_policy
 from ..policy.device import as_device, cpu_bf16_native, cpu_fp16_native, cpu_name
 from .flops import peak_flops
@@ -110,7 +111,7 @@ def to_device(value: Any, device: torch.device, channels_last: bool) -> Any:
 def shard_batch(batch: Any, rank: int, world: int) -> Any:
     """This rank's slice of ``batch``: every tensor's rows ``[rank * n, (rank + 1) * n)`` with ``n = rows / world``.
 
-    Tuples and lists are sliced element-wise; 0-dim tensors and other values are shared as they are.
+    Every tensor with a batch dimension is sliced (views); 0-dim tensors and other values are shared as they are.
 
     >>> x, y = shard_batch((torch.arange(8).view(4, 2), torch.arange(4)), rank=1, world=2)
     >>> x.tolist(), y.tolist()
@@ -118,22 +119,16 @@ def shard_batch(batch: Any, rank: int, world: int) -> Any:
     """
     if world == 1:
         return batch
-    if isinstance(batch, torch.Tensor):
-        if batch.dim() == 0:
-            return batch
-        rows = batch.shape[0]
-        if rows % world:
-            divisors = [d for d in range(2, min(rows, 64) + 1) if rows % d == 0][:4]
-            hint = f" (--nproc {', '.join(map(str, divisors))})" if divisors else ""
-            raise ValueError(
-                f"a batch of {rows} rows does not split evenly over {world} processes: run a number of processes "
-                f"that divides {rows}{hint}, or use a batch size divisible by {world}."
-            )
-        n = rows // world
-        return batch.narrow(0, rank * n, n)
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(shard_batch(b, rank, world) for b in batch)
-    return batch
+    rows = batch_rows(batch)
+    if rows % world:
+        divisors = [d for d in range(2, min(rows, 64) + 1) if rows % d == 0][:4]
+        hint = f" (--nproc {', '.join(map(str, divisors))})" if divisors else ""
+        raise ValueError(
+            f"a batch of {rows} rows does not split evenly over {world} processes: run a number of processes "
+            f"that divides {rows}{hint}, or use a batch size divisible by {world}."
+        )
+    n = rows // world
+    return split_batch(batch, rank * n, (rank + 1) * n)
 
 
 def check_shardable(batches: Sequence[Batch], world: int, steps: int | None = None) -> None:

@@ -55,6 +55,11 @@ class DDP:
     grads_reduced: ClassVar[bool] = True
     """After backward every rank holds the same, all-reduced gradients."""
 
+    @property
+    def applied_by_user(self) -> bool:
+        """The model arrived wrapped: setup() neither broadcasts nor wraps it again."""
+        return self.wrapped_by_user
+
     def wrap(self, model: nn.Module, device: torch.device) -> nn.Module:
         return wrap_ddp(model, device, **self.options)
 
@@ -81,6 +86,11 @@ class FSDP:
     name: ClassVar[str] = "fsdp"
     grads_reduced: ClassVar[bool] = False
     """Each rank holds its shard of the gradients: a non-finite value shows on one rank only."""
+
+    @property
+    def applied_by_user(self) -> bool:
+        """The model arrived sharded: setup() neither broadcasts nor shards it again."""
+        return self.sharded_by_user
 
     def shard(self, model: nn.Module, policy: Policy, device: torch.device) -> list[str]:
         if self.sharded_by_user:
