@@ -1,0 +1,87 @@
+"""Models built to break fp16 in one known layer, shared by the doctor's tests (and usable as --model factories).
+
+- :func:`overflow_net`: ``amplify``'s weights are scaled so its outputs reach ~1e5, beyond fp16's 65504; a
+  LayerNorm after it brings them back, so fp32 (and bf16, with fp32's range) trains normally while fp16 autocast
+  turns the forward into inf/NaN on every step.
+- :func:`underflow_net`: the gradient flowing into ``embed``'s output is multiplied by 2^-28 (a custom autograd
+  function; the forward is untouched), and the loss is weighted by 2^-12: ``embed``'s gradients sit near 2^-45,
+  which fp16 flushes to zero even at GradScaler's 2^16, while the other layers' gradients allow a scale near
+  2^29 that brings them into range. Adam with a tiny eps is invariant to the gradient's size, so in fp32 ``embed``
+  learns as much as any layer.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+OVERFLOW_LAYER = "amplify"
+UNDERFLOW_LAYER = "embed"
+UNDERFLOW_LOSS_WEIGHT = 2.0**-12
+GRAD_SHRINK = 2.0**-28
+
+
+class OverflowNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(16, 32)
+        self.amplify = nn.Linear(32, 32)
+        self.norm = nn.LayerNorm(32)
+        self.head = nn.Linear(32, 4)
+        with torch.no_grad():
+            self.amplify.weight.mul_(2e5)  # outputs ~1e5: fine in fp32 and bf16, inf in fp16
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(torch.relu(self.amplify(torch.relu(self.embed(x))))))
+
+
+class _ShrinkGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return grad * GRAD_SHRINK
+
+
+class UnderflowNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(16, 32)
+        self.body = nn.Linear(32, 32)
+        self.head = nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = _ShrinkGrad.apply(torch.relu(self.embed(x)))
+        return self.head(torch.relu(self.body(h)))
+
+
+def overflow_net() -> nn.Module:
+    torch.manual_seed(0)
+    return OverflowNet()
+
+
+def underflow_net() -> nn.Module:
+    torch.manual_seed(0)
+    return UnderflowNet()
+
+
+def batches(n: int = 8, rows: int = 64) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """A learnable 4-class problem: the class is the argmax of a fixed projection of the inputs."""
+    g = torch.Generator().manual_seed(1)
+    proj = torch.randn(16, 4, generator=g)
+    out = []
+    for _ in range(n):
+        x = torch.randn(rows, 16, generator=g)
+        out.append((x, (x @ proj).argmax(1)))
+    return out
+
+
+def underflow_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return UNDERFLOW_LOSS_WEIGHT * nn.functional.cross_entropy(output, target)
+
+
+def scale_free_adam(params) -> torch.optim.Optimizer:  # type: ignore[no-untyped-def]
+    # eps far below any gradient here: the update depends on the gradient's sign pattern, not its size.
+    return torch.optim.Adam(params, lr=1e-2, eps=1e-30)

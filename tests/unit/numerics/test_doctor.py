@@ -1,0 +1,184 @@
+"""The doctor on models built to break fp16 in one known layer: it must name the layer, and its prescription
+must train where the default policy does not, checked against an fp32 control run from the same weights."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from ampkit import Engine, LossScaleCollapseError
+from ampkit.numerics import diagnose
+
+_spec = importlib.util.spec_from_file_location("ampkit_test_fragile", Path(__file__).with_name("fragile.py"))
+fragile = importlib.util.module_from_spec(_spec)  # type: ignore[arg-type]
+_spec.loader.exec_module(fragile)  # type: ignore[union-attr]
+
+STEPS = 30
+
+
+def _train(model: nn.Module, engine: Engine | None, loss_fn, steps: int = STEPS) -> tuple[nn.Module, list[float], int]:  # type: ignore[no-untyped-def]
+    """Train a copy; returns (model, losses, skipped steps). engine None: plain fp32."""
+    model = copy.deepcopy(model)
+    opt = fragile.scale_free_adam(model.parameters())
+    data = fragile.batches()
+    losses = []
+    if engine is not None:
+        model, opt = engine.setup(model, opt)
+    for i in range(steps):
+        x, y = data[i % len(data)]
+        if engine is None:
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        else:
+            with engine.autocast():
+                loss = loss_fn(model(x).float(), y)
+            engine.backward(loss)
+            engine.step()
+        losses.append(float(loss.detach()))
+    return model, losses, engine.skipped_steps if engine is not None else 0
+
+
+@pytest.fixture(scope="module")
+def overflow_diagnosis():  # type: ignore[no-untyped-def]
+    return diagnose(fragile.overflow_net(), fragile.batches(), steps=3, target="16-mixed", optimizer=fragile.scale_free_adam)
+
+
+@pytest.fixture(scope="module")
+def underflow_diagnosis():  # type: ignore[no-untyped-def]
+    return diagnose(fragile.underflow_net(), fragile.batches(), fragile.underflow_loss, steps=3, target="16-mixed", optimizer=fragile.scale_free_adam)
+
+
+# -- overflow --------------------------------------------------------------------------------------------
+def test_overflow_layer_is_named_first_and_kept_in_fp32(overflow_diagnosis) -> None:  # type: ignore[no-untyped-def]
+    d = overflow_diagnosis
+    assert d.keep_fp32 == [fragile.OVERFLOW_LAYER]
+    worst = d.modules[0]
+    assert worst["name"] == fragile.OVERFLOW_LAYER and worst["keep_fp32"]
+    assert worst["outputs"]["fp16_overflow_share"] > 0.05
+    default = next(c for c in d.comparisons if c.label == "default")
+    assert not default.finite and default.forward_origin == fragile.OVERFLOW_LAYER
+    recommended = next(c for c in d.comparisons if c.label == "recommended")
+    assert recommended.finite and recommended.diverging == []
+
+
+def test_overflow_default_collapses_while_the_prescription_trains_like_fp32(overflow_diagnosis) -> None:  # type: ignore[no-untyped-def]
+    model, ce = fragile.overflow_net(), nn.functional.cross_entropy
+    assert overflow_diagnosis.engine_kwargs()["precision"] == "16-mixed"  # fp16 made to work, not fp32 fallen back to
+    _, fp32_losses, _ = _train(model, None, ce)
+    with pytest.raises(LossScaleCollapseError, match=fragile.OVERFLOW_LAYER):
+        _train(model, Engine(precision="16-mixed"), ce)  # every step overflows: the scale collapses
+    _, losses, skipped = _train(model, Engine(**overflow_diagnosis.engine_kwargs()), ce)
+    assert skipped == 0
+    assert fp32_losses[-1] < 0.8 * fp32_losses[0]  # the control learns, so tracking it means something
+    for got, ref in zip(losses, fp32_losses):
+        assert got == pytest.approx(ref, rel=0.05, abs=0.02)
+
+
+def test_overflow_net_needs_nothing_in_bf16() -> None:
+    d = diagnose(fragile.overflow_net(), fragile.batches(), steps=2, target="bf16-mixed")
+    assert d.recommended_precision == "bf16-mixed" and d.keep_fp32 == []
+    assert d.engine_kwargs() == {"precision": "bf16-mixed"}  # no loss scaler for bf16
+
+
+# -- underflow -------------------------------------------------------------------------------------------
+def test_underflow_layer_is_named_and_the_scale_brings_its_gradients_back(underflow_diagnosis) -> None:  # type: ignore[no-untyped-def]
+    d = underflow_diagnosis
+    worst = d.modules[0]
+    assert worst["name"] == fragile.UNDERFLOW_LAYER
+    assert worst["grads"]["fp16_underflow_share"] > 0.9  # below 2^-24 unscaled
+    default = next(c for c in d.comparisons if c.label == "default")
+    assert default.finite and default.diverging == [fragile.UNDERFLOW_LAYER]  # lost at GradScaler's 2^16
+    assert default.modules[fragile.UNDERFLOW_LAYER].cosine < 0.5
+    assert d.loss_scale_log2 is not None and d.loss_scale_log2 > 20
+    recommended = next(c for c in d.comparisons if c.label == "recommended")
+    assert recommended.diverging == [] and recommended.modules[fragile.UNDERFLOW_LAYER].cosine > 0.99
+    data = d.to_dict()
+    assert data["underflow_share_scaled"] < 0.1 * data["underflow_share_unscaled"]
+
+
+def test_underflow_scale_is_the_largest_without_overflow(underflow_diagnosis) -> None:  # type: ignore[no-untyped-def]
+    # Control: every gradient of an fp32 backward (parameters and activations) at the diagnosed weights' start.
+    model = fragile.underflow_net()
+    x, y = fragile.batches()[0]
+    acts: list[torch.Tensor] = []
+    def keep_grad(module: nn.Module, inputs: object, out: torch.Tensor) -> None:
+        out.register_hook(lambda g: acts.append(g.detach()))
+
+    for m in model.modules():
+        if not list(m.children()):
+            m.register_forward_hook(keep_grad)
+    fragile.underflow_loss(model(x), y).backward()
+    largest = max(max(float(p.grad.abs().max()) for p in model.parameters()), max(float(g.abs().max()) for g in acts))
+    k = underflow_diagnosis.scale.log2
+    # The reference steps train a little, so the largest gradient seen may differ from this first step's by a
+    # factor; the scale must still keep this step's gradients in range, and not be far below what they allow.
+    assert largest * 2.0**k <= 65504 * 2
+    assert largest * 2.0 ** (k + 3) > 65504
+
+
+def test_underflow_prescription_trains_the_layer_as_fp32_does(underflow_diagnosis) -> None:  # type: ignore[no-untyped-def]
+    model, loss = fragile.underflow_net(), fragile.underflow_loss
+    assert underflow_diagnosis.engine_kwargs()["precision"] == "16-mixed"
+    start = model.embed.weight.detach().clone()
+    ref, _, _ = _train(model, None, loss)
+    default, _, _ = _train(model, Engine(precision="16-mixed"), loss)
+    fixed, _, skipped = _train(model, Engine(**underflow_diagnosis.engine_kwargs()), loss)
+    moved = (ref.embed.weight - start).norm()
+    assert moved > 0.1  # in fp32 the layer learns
+    off_default = (default.embed.weight - ref.embed.weight).norm() / moved
+    off_fixed = (fixed.embed.weight - ref.embed.weight).norm() / moved
+    assert skipped == 0
+    assert off_fixed < 0.1 < off_default
+
+
+# -- the report's contract -------------------------------------------------------------------------------
+def test_engine_kwargs_and_code_agree(underflow_diagnosis) -> None:  # type: ignore[no-untyped-def]
+    d = underflow_diagnosis
+    kwargs = d.engine_kwargs()
+    assert kwargs["precision"] == "16-mixed"
+    assert kwargs["scaler"].init_scale == 2.0**d.loss_scale_log2 == d.recommended_loss_scale
+    assert kwargs["scaler"].max_scale >= kwargs["scaler"].init_scale  # widened past ScalerConfig's 2^24 ceiling
+    assert f"init_scale={2.0**d.loss_scale_log2!r}" in d.engine_code()
+    Engine(**kwargs)  # accepted as is
+
+
+def test_doctor_json_holds_the_promised_keys(overflow_diagnosis, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    path = overflow_diagnosis.write_json(tmp_path / "doctor.json")
+    data = json.loads(path.read_text())
+    for key in ("recommended_precision", "recommended_loss_scale", "keep_fp32", "underflow_share_unscaled", "underflow_share_scaled", "modules"):
+        assert key in data
+    assert data["keep_fp32"] == [fragile.OVERFLOW_LAYER]
+    assert {m["name"] for m in data["modules"]} >= {"embed", "amplify", "norm", "head"}
+    assert math.log2(data["recommended_loss_scale"]) == data["loss_scale_log2"]
+
+
+def test_diagnose_leaves_the_model_untouched() -> None:
+    model = fragile.overflow_net()
+    before = copy.deepcopy(model.state_dict())
+    diagnose(model, fragile.batches(), steps=2, target="16-mixed", optimizer=fragile.scale_free_adam)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k])
+    assert all(not m._forward_hooks for m in model.modules())
+
+
+def test_a_model_that_fails_in_fp32_is_refused() -> None:
+    model = nn.Linear(4, 2)
+    with torch.no_grad():
+        model.weight.fill_(float("inf"))
+    with pytest.raises(ValueError, match="fails without any 16-bit"):
+        diagnose(model, [(torch.ones(2, 4), torch.tensor([0, 1]))])
+
+
+def test_on_a_cpu_without_a_target_the_doctor_picks_bf16_and_says_why_not_fp16() -> None:
+    d = diagnose(fragile.underflow_net(), fragile.batches(), fragile.underflow_loss, steps=2, device="cpu")
+    assert d.recommended_precision == "bf16-mixed"
+    assert any("16-mixed is slow on cpu" in r for r in d.precision_reasons)
