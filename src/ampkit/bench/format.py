@@ -21,6 +21,7 @@ __all__ = [
     "fmt_seconds",
     "fmt_ratio",
     "fmt_percent",
+    "fmt_share",
     "fmt_number",
     "fmt_flops",
     "fmt_float",
@@ -119,6 +120,32 @@ def fmt_percent(x: float | None, *, digits: int = 1, signed: bool = False) -> st
         return MISSING
     assert x is not None
     return f"{x * 100:{'+' if signed else ''}.{digits}f}%"
+
+
+_SHARE_TINY = 1e-4
+"""Shares below this (0.01%) print as ``<0.01%``: a handful of flushed gradients is a finding, not zero."""
+
+
+def fmt_share(x: float | None) -> str:
+    """A share of values as a percentage that never hides a non-zero share behind ``0.00%`` or a shortfall
+    behind ``100.0%``; exactly none is ``0%``.
+
+    >>> fmt_share(0.0), fmt_share(3e-7), fmt_share(0.0042), fmt_share(0.25), fmt_share(0.99999), fmt_share(None)
+    ('0%', '<0.01%', '0.42%', '25.0%', '>99.99%', '—')
+    """
+    if is_missing(x):
+        return MISSING
+    assert x is not None
+    if x <= 0:
+        return "0%"
+    if x >= 1:
+        return "100%"
+    if x < _SHARE_TINY:
+        return "<0.01%"
+    if x > 1 - _SHARE_TINY:
+        return ">99.99%"
+    # Two decimals where one would round a real share to 0.0% or 100.0%; one elsewhere, like the bench.
+    return fmt_percent(x, digits=2 if x < 0.01 or x > 0.999 else 1)
 
 
 def fmt_number(x: float | None, unit: str | None = None) -> str:

@@ -16,13 +16,13 @@ import torch
 
 from .. import __version__
 from ..errors import AmpkitError, one_line
-from . import bench, env, memory
+from . import bench, doctor, env, memory
 
 __all__ = ["main", "build_parser", "SUBCOMMANDS"]
 
 logger = logging.getLogger("ampkit")
 
-SUBCOMMANDS: tuple[ModuleType, ...] = (bench, env, memory)
+SUBCOMMANDS: tuple[ModuleType, ...] = (bench, doctor, env, memory)
 """Modules that each expose ``register(subparsers) -> None``."""
 
 # Exit code for usage errors and for errors ampkit reports on purpose, as argparse uses for bad arguments.

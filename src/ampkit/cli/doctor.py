@@ -1,0 +1,102 @@
+"""``ampkit doctor``: which layers of a model break in fp16 or bf16, why, and the settings that fix it.
+
+    ampkit doctor                                        # the default built-in workload on this device
+    ampkit doctor -w gpt --precision 16-mixed --out doctor/gpt
+    ampkit doctor --model mypkg.nets:build --data mypkg.data:batches --out doctor/
+
+Trains a few fp32 steps with every module recorded, then tries the policy one step at a time (see
+:mod:`ampkit.numerics`). Prints the worst modules and the recommendation (stdout); ``--out DIR`` writes
+doctor.json, report.md and PNG exponent histograms. Exit code 0 when a 16-bit policy was recommended, 1 when
+none trains this model (stay in 32-true), 2 for bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shlex
+import sys
+from pathlib import Path
+
+import torch
+from rich.console import Console
+
+from ..bench.workload import SIZES
+from .bench import _check_out, _device, _non_negative, _positive
+
+__all__ = ["register", "run"]
+
+log = logging.getLogger("ampkit")
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``doctor`` subcommand to ``subparsers``."""
+    p = subparsers.add_parser(
+        "doctor",
+        help="per-layer fp16/bf16 numerics of a model: underflow, overflow, the loss scale and the layers to keep in fp32",
+        description=(
+            "Train a few fp32 steps of a model with every module recorded; report, per module, how activations, "
+            "weights and gradients fit fp16 and bf16; recommend a policy, a loss scale and the modules to keep in "
+            "fp32, checked by one step under the policy against fp32."
+        ),
+    )
+    p.add_argument("-w", "--workload", help="built-in workload: digits, segment, gpt, resnet (default: bench's for this device)")
+    p.add_argument("--size", default="auto", choices=("auto", *SIZES), help="workload size (default: small on CPU, large on GPU)")
+    p.add_argument("--model", metavar="MODULE:FACTORY", help="your model: a no-argument callable returning an nn.Module")
+    p.add_argument("--data", metavar="MODULE:FACTORY", help="your data: a no-argument callable returning (inputs, targets) batches or a BenchData")
+    p.add_argument("--precision", help="tailor for this policy (e.g. 16-mixed for a GPU without bf16); default: choose among the fast ones")
+    p.add_argument("--steps", type=_positive, default=3, help="fp32 reference steps to collect statistics over (default: 3)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights, data and dropout (default: 0)")
+    p.add_argument("--device", help="cpu, cuda or cuda:N (default: the GPU if there is one)")
+    p.add_argument("--top", type=_non_negative, default=15, help="modules shown in the table, worst first (default: 15)")
+    p.add_argument("--out", type=Path, metavar="DIR", help="write doctor.json, report.md and PNG histograms here")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Diagnose the model the arguments describe; print the table; write the files asked for."""
+    from ..bench.defaults import default_size, default_workload
+    from ..bench.runner import to_device
+    from ..bench.user import user_workload
+    from ..bench.workloads import get_workload
+    from ..numerics import diagnose
+    from ..policy import get_policy
+
+    _check_out(args.out, "--out")
+    device = _device(args.device)
+    if args.precision is not None:
+        get_policy(args.precision).check_device(device)
+    size = default_size(device) if args.size == "auto" else args.size
+    steps_needed = args.steps + 1  # the reference steps, then the batch the policy step is compared on
+    if args.model is not None or args.data is not None:
+        if args.data is None and args.workload is None:
+            raise ValueError("--model without --data needs --workload NAME (the data to run it on), or --data pkg.module:factory.")
+        base = get_workload(args.workload, size=size, seed=args.seed) if args.workload is not None else None
+        workload = user_workload(args.model, args.data, steps=max(steps_needed, 2), warmup=1, base=base)
+    else:
+        workload = get_workload(args.workload or default_workload(device), size=size, seed=args.seed)
+    console = Console()
+    console.print(f"[dim]ampkit doctor: {args.steps} fp32 reference steps of {workload.name}, then one step per policy tried...[/dim]")
+    batches = [to_device(b, device, workload.channels_last) for b in workload.train_batches[:steps_needed]]
+    model = workload.model.to(device)
+    if workload.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    command = shlex.join(["ampkit", *(getattr(args, "argv", None) or sys.argv[1:])])
+    diagnosis = diagnose(
+        model, batches, workload.loss_fn, steps=args.steps, target=args.precision, optimizer=workload.optimizer, seed=args.seed,
+        context={"command": command, "workload": {"name": workload.name, "description": workload.description, "size": size if args.data is None else None}},
+    )
+    data = diagnosis.to_dict()
+    from ..numerics.table import render
+
+    render(data, console, top=args.top)
+    if args.out is not None:
+        from ..numerics.plots import write_plots
+        from ..numerics.report import write_report
+
+        args.out.mkdir(parents=True, exist_ok=True)
+        diagnosis.write_json(args.out / "doctor.json")
+        plots = write_plots(data, args.out)
+        report = write_report(data, args.out, plots=plots)
+        console.print(f"doctor.json: {args.out / 'doctor.json'}, report: {report}")
+    return 0 if diagnosis.recommended_precision != "32-true" else 1

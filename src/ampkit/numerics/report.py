@@ -1,0 +1,225 @@
+"""report.md: a doctor result as a Markdown page to read on its own, or paste into an issue or a PR.
+
+It says what ran, what the doctor recommends and why (the Engine line to paste, the loss scale, the modules kept
+in fp32), how the default and the recommended policy compared with the fp32 reference, the module table worst
+first, the pictures, and how to read the thresholds. The module columns and summary sentences are those of the
+terminal (:mod:`ampkit.numerics.table`), so the two never disagree.
+
+    >>> import tempfile
+    >>> data = {"workload": {"name": "toy"}, "command": "ampkit doctor toy",
+    ...         "engine_code": 'Engine(precision="bf16-mixed")', "modules": []}
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     text = write_report(data, tmp).read_text()
+    >>> text.splitlines()[0], '```python\\nEngine(precision="bf16-mixed")\\n```' in text
+    ('# ampkit doctor: toy', True)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ..bench.format import MISSING, fmt_float
+from ..bench.report import _code_block
+from .formats import FP16
+from .table import (
+    comparison_summary,
+    fmt_cosine,
+    fmt_error,
+    fmt_share,
+    header_lines,
+    loss_scale_line,
+    module_label,
+    module_rows,
+)
+
+__all__ = ["write_report", "render_report", "md_escape", "REPORT_NAME", "REPORT_TOP", "LOWEST_COSINES"]
+
+log = logging.getLogger("ampkit")
+
+REPORT_NAME = "report.md"
+REPORT_TOP = 30
+"""Modules in the report's table; the rest are in doctor.json."""
+LOWEST_COSINES = 10
+"""Modules listed per comparison, those whose output strayed furthest from the fp32 reference."""
+
+_LOW, _NORMAL, _HIGH = FP16.exponent_range[0], FP16.normal_exponent, FP16.exponent_range[1] + 1
+HOW_TO_READ = f"""\
+- **fp16** holds magnitudes from 2^{_LOW} (about 6e-8) to {FP16.max:g}. Below 2^{_LOW} a value flushes to zero:
+  a gradient there is lost, not just rounded. From 2^{_LOW} to 2^{_NORMAL} (about 6.1e-5) values are
+  *subnormal* and keep fewer significant bits the smaller they are. Above {FP16.max:g} a value overflows to inf,
+  and one inf in the forward pass makes the loss, and every gradient after it, non-finite.
+- **bf16** has fp32's exponent range (down to 2^-133 with subnormals, up to about 3.4e38), so it neither flushes
+  nor overflows where fp32 would not; it has 8 bits of precision instead of fp32's 24, so every value is rounded
+  by up to 2^-8 (about 0.4%) of itself.
+- **The loss scale** multiplies the loss, and so every gradient, by 2^k before backward: each gradient's binary
+  exponent moves up by exactly k, lifting small gradients out of fp16's flush-to-zero range. The optimizer
+  divides it out again. The recommended k is the largest that keeps the largest gradient at or below {FP16.max:g}.
+- **Grad underflow** is the share of a module's weight gradients that flush to zero in fp16, unscaled and at the
+  recommended scale; **act. overflow** the share of its inputs or outputs above {FP16.max:g}; **grad rel. error**
+  the relative rounding error ‖g - cast(g)‖ / ‖g‖ of a cast to fp16 and to bf16; **grad range** log2(max|g| /
+  min|g|), the binades the gradients span (fp16 covers 40, of which 30 normal).
+- **Grad cosine** and **grad error** compare the gradient of a module's own parameters after one step under the
+  recommended policy with the fp32 gradient on the same weights and batch: cosine similarity, and
+  ‖g - g_fp32‖ / ‖g_fp32‖. A module *diverges* when its gradient is non-finite, lost (all zero), or off by more
+  than the sampling noise SGD lives with anyway (the **noise**: how far the fp32 gradients of the two halves
+  of the batch differ).
+"""
+
+# Only what changes meaning mid-line: emphasis, code, links, table cells, strike-through, and '<' opening a tag.
+_SPECIAL = re.compile(r"([\\`*_\[\]|~]|<(?=[A-Za-z/!?]))")
+
+
+def md_escape(text: object) -> str:
+    r"""``text`` with Markdown's special characters escaped and on one line: safe in prose and table cells.
+
+    A ``|`` would start a new table column, ``_`` or ``*`` in a module name could start emphasis.
+
+    >>> md_escape("head|out_proj"), md_escape("a\nb")
+    ('head\\|out\\_proj', 'a b')
+    """
+    return " ".join(_SPECIAL.sub(r"\\\1", str(text)).split())
+
+
+def _table(headers: list[str], rows: list[list[str]], justify: list[str]) -> list[str]:
+    lines = ["| " + " | ".join(md_escape(h) for h in headers) + " |"]
+    lines.append("| " + " | ".join("---:" if j == "right" else "---" for j in justify) + " |")
+    return lines + ["| " + " | ".join(md_escape(c) for c in row) + " |" for row in rows]
+
+
+def _what_ran(data: dict[str, Any]) -> list[str]:
+    title, *rest = header_lines(data)
+    facts = [f"**Device:** {md_escape(data.get('device') or 'unknown')}"]
+    facts += [f"{key} {md_escape(data[key])}" for key in ("torch", "ampkit") if data.get(key)]
+    facts += [f"date {md_escape(data['created'])}"] if data.get("created") else []
+    facts += [f"**reference:** {data['reference_steps']} fp32 steps"] if data.get("reference_steps") is not None else []
+    description = [md_escape(line) for line in rest[:-1]]  # header_lines ends with the facts line, redone here
+    lines = [f"# {md_escape(title)}", "", *description, *([""] if description else []), " · ".join(facts), ""]
+    if data.get("command"):
+        lines += ["Command:", "", *_code_block(str(data["command"]), "sh"), ""]
+    return lines
+
+
+def _kept_reasons(data: dict[str, Any]) -> list[str]:
+    modules = {m.get("name"): m for m in data.get("modules") or []}
+    lines = []
+    for name in data.get("keep_fp32") or []:
+        module = modules.get(name) or {}
+        why = "; ".join(module.get("problems") or []) or "no single problem recorded; kept by the doctor's search"
+        kind = f" ({md_escape(module['type'])})" if module.get("type") else ""
+        lines.append(f"- **{md_escape(module_label(name))}**{kind}: {md_escape(why)}")
+    return lines or ["Nothing needs to stay in fp32."]
+
+
+def _underflow_table(data: dict[str, Any]) -> list[str]:
+    split, k = data.get("gradient_underflow") or {}, data.get("loss_scale_log2")
+    if not split or k is None:
+        return []
+    rows = [[f"{kind[:-1]} gradients", fmt_share(v.get("unscaled")), fmt_share(v.get("scaled"))]
+            for kind, v in split.items()]  # fmt: skip
+    return _table(["Gradients", f"below 2^{_LOW} unscaled", f"below 2^{_LOW} at 2^{k}"], rows, ["left", "right", "right"]) + [""]
+
+
+def _recommendation(data: dict[str, Any]) -> list[str]:
+    precision, target = data.get("recommended_precision") or MISSING, data.get("target")
+    chosen = f" (tailored for `{target}`)" if target else " (chosen by the doctor)"
+    lines = ["## Recommendation", "", f"**Precision: `{precision}`**{chosen}", ""]
+    reasons = data.get("precision_reasons") or []
+    lines += [f"- {md_escape(r)}" for r in reasons] + ([""] if reasons else [])
+    notes = data.get("tailoring_notes") or []  # written by the doctor when it had to bend the advice to the target
+    lines += [f"> {md_escape(n)}" for n in notes] + ([""] if notes else [])
+    if data.get("engine_code"):
+        lines += ["Paste into your training script:", "", *_code_block(str(data["engine_code"]), "python"), ""]
+    scale = loss_scale_line(data)
+    if scale:
+        needed = str(precision).startswith("16")
+        note = "" if needed else f" `{precision}` needs no loss scale (bf16 has fp32's range); this is for fp16."
+        lines += [f"**{md_escape(scale)}**{note}", "", *_underflow_table(data)]
+    return lines + ["**Kept in fp32:**", "", *_kept_reasons(data), ""]
+
+
+def _cosine_rank(item: tuple[str, dict[str, Any]]) -> tuple[int, float]:
+    entry = item[1]
+    if entry.get("nonfinite"):
+        return 0, 0.0  # worst of all: no cosine to compare
+    cosine = entry.get("cosine")
+    return (2, 0.0) if cosine is None else (1, float(cosine))
+
+
+def _comparisons(data: dict[str, Any]) -> list[str]:
+    comparisons = data.get("comparisons") or []
+    if not comparisons:
+        return ["## Comparisons", "", "No comparison with the fp32 reference was run.", ""]
+    lines = ["## Comparisons", "", "Each policy ran on the same weights and batches as the fp32 reference.", ""]
+    for comp in comparisons:
+        lines += [f"### {md_escape(comp.get('label', '?'))}: `{comp.get('policy') or MISSING}`", ""]
+        kept = [module_label(n) for n in comp.get("keep_fp32") or []]
+        lines += [f"- {md_escape(comparison_summary(comp))}"]
+        lines += [f"- modules in fp32: {md_escape(', '.join(kept)) if kept else 'none'}"]
+        lines += [f"- loss scale: {fmt_float(comp.get('loss_scale'), 8)}", ""] if comp.get("loss_scale") else [""]
+        entries = sorted((comp.get("modules") or {}).items(), key=_cosine_rank)[:LOWEST_COSINES]
+        if entries:
+            noise = any(e.get("noise") is not None for _, e in entries)  # None without a batch to split in halves
+            rows = [[module_label(name), "non-finite" if e.get("nonfinite") else fmt_cosine(e.get("cosine")),
+                     fmt_error(e.get("rel_error")), *([fmt_error(e.get("noise"))] if noise else []),
+                     "yes" if e.get("diverges") else "no"] for name, e in entries]  # fmt: skip
+            headers = ["Module", "Cosine", "Rel. error", *(["Noise"] if noise else []), "Diverges"]
+            lines += [f"Lowest gradient cosine against fp32 ({len(entries)} of {len(comp['modules'])} modules):", ""]
+            lines += _table(headers, rows, ["left"] + ["right"] * (len(headers) - 2) + ["left"]) + [""]
+    return lines
+
+
+def _modules(data: dict[str, Any]) -> list[str]:
+    total = len(data.get("modules") or [])
+    if not total:
+        return ["## Modules", "", "No module statistics were recorded.", ""]
+    rows = module_rows(data, REPORT_TOP)
+    shown = f"the worst {len(rows.rows)} of {total}" if total > len(rows.rows) else f"all {total}"
+    lines = ["## Modules", "", f"Worst first ({shown}); every figure is from the fp32 reference run.", ""]
+    lines += _table(rows.headers, rows.rows, rows.justify) + [""]
+    return lines + ([f"... {total - len(rows.rows)} more in doctor.json", ""] if total > len(rows.rows) else [])
+
+
+def _plots(out: Path, plots: list[Path] | None) -> list[str]:
+    lines = []
+    for path in (Path(p) for p in plots or []):
+        full = path if path.is_absolute() else out / path
+        if not full.exists():
+            log.warning("report.md: plot %s does not exist; not linking it", path)
+            continue
+        link = Path(os.path.relpath(full, out)).as_posix()
+        lines += [f"![{md_escape(path.stem.replace('_', ' '))}]({link.replace(' ', '%20')})", ""]
+    return ["## Plots", "", *lines] if lines else []
+
+
+def render_report(data: dict[str, Any], out_dir: str | os.PathLike[str] = ".", plots: list[Path] | None = None) -> str:
+    """The text of report.md for the doctor result ``data``; plot links are relative to ``out_dir``."""
+    out = Path(out_dir)
+    lines = _what_ran(data) + _recommendation(data) + _comparisons(data) + _modules(data) + _plots(out, plots)
+    return "\n".join(lines + ["## How to read this", "", HOW_TO_READ])
+
+
+def write_report(data: dict[str, Any], out_dir: str | os.PathLike[str], plots: list[Path] | None = None) -> Path:
+    """Write ``out_dir/report.md`` (the directory is created) and return its path.
+
+    ``plots`` are the PNGs to embed (from :func:`ampkit.numerics.plots.write_plots`); missing ones are skipped
+    with a warning rather than left as broken links.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    text = render_report(data, out, plots)
+    path = out / REPORT_NAME
+    # Written beside the target and renamed over it: a reader never sees half a report.
+    fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{REPORT_NAME}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    log.info("wrote %s", path)
+    return path

@@ -1,0 +1,57 @@
+"""``ampkit doctor`` end to end on CPU: a built-in workload, a user's model file, files written, bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ampkit.cli.main import main
+
+FRAGILE = Path(__file__).parents[1] / "numerics" / "fragile.py"
+
+
+def test_builtin_workload_writes_json_report_and_histograms(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "doc"
+    code = main(["doctor", "-w", "gpt", "--size", "tiny", "--steps", "2", "--precision", "16-mixed", "--out", str(out)])
+    assert code == 0
+    data = json.loads((out / "doctor.json").read_text())
+    assert data["recommended_precision"] == "16-mixed"
+    assert data["workload"]["name"] == "gpt" and data["command"].startswith("ampkit doctor -w gpt")
+    # The classic finding: some gradient values fall below 2^-24 unscaled, far fewer at the recommended scale.
+    assert data["underflow_share_unscaled"] > 0
+    assert data["underflow_share_scaled"] < data["underflow_share_unscaled"]
+    assert (out / "report.md").read_text().count("16-mixed") >= 1
+    assert (out / "gradient_exponents.png").read_bytes().startswith(b"\x89PNG")
+    printed = capsys.readouterr().out
+    assert "Engine(precision=" in printed
+
+
+def test_user_model_file_names_the_overflowing_layer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["doctor", "--model", f"{FRAGILE}:overflow_net", "--data", f"{FRAGILE}:batches", "--precision", "fp16", "--out", str(tmp_path)])
+    assert code == 0
+    data = json.loads((tmp_path / "doctor.json").read_text())
+    assert data["keep_fp32"] == ["amplify"] and data["modules"][0]["name"] == "amplify"
+    assert 'keep_fp32=["amplify"]' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["doctor", "-w", "gtp"], "did you mean 'gpt'"),
+        (["doctor", "--model", f"{FRAGILE}:overflow_net"], "--model without --data"),
+        (["doctor", "-w", "digits", "--size", "tiny", "--precision", "fp17"], "fp17"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ampkit: error:") and message in err
+
+
+def test_out_must_be_a_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "file"
+    f.write_text("")
+    assert main(["doctor", "-w", "digits", "--size", "tiny", "--out", str(f)]) == 2
+    assert "is a file" in capsys.readouterr().err
