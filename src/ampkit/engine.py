@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any, ContextManager
+from typing import TYPE_CHECKING, Any, ContextManager
 
 import torch
 from torch import nn
@@ -34,6 +34,9 @@ from .policy import Policy, get_policy
 from .scaling import DynamicLossScaler, LossScaler, ScalerConfig, StaticLossScaler
 from .scaling.diagnosis import collapse_message, nonfinite_parameters
 from .scaling.kernels import grads_of, unscale_grads_
+
+if TYPE_CHECKING:  # at run time only when asked for: importing ampkit.numerics loads the whole doctor
+    from .numerics.sampler import NumericsSampler
 
 __all__ = ["Engine"]
 
@@ -60,6 +63,18 @@ def _build_scaler(spec: Any, policy: Policy) -> LossScaler | None:
     raise ValueError(f"scaler={spec!r} is not understood; pass 'dynamic', 'none', a float (static scale), a ScalerConfig or a LossScaler.")
 
 
+def _build_sampler(spec: Any) -> NumericsSampler | None:
+    if spec is None:
+        return None
+    from .numerics.sampler import NumericsSampler
+
+    if isinstance(spec, NumericsSampler):
+        return spec
+    if isinstance(spec, int) and not isinstance(spec, bool):
+        return NumericsSampler(every=spec)
+    raise TypeError(f"numerics={spec!r} is not understood; pass an int N (sample every N optimizer steps), a NumericsSampler or None.")
+
+
 class Engine:
     """Runs the precision-sensitive parts of a training step and leaves the loop to the user.
 
@@ -78,6 +93,9 @@ class Engine:
             options): setup() wraps or shards the model, and skipping, clipping, accumulation and checkpoints
             work across ranks (see :mod:`ampkit.distributed.strategy`). Default: none, or what a model wrapped
             by the user implies.
+        numerics: sample how gradients and activations fit fp16 every N optimizer steps (an int N, or a
+            :class:`ampkit.numerics.sampler.NumericsSampler`): logged, kept as ``engine.numerics.last``; one
+            host-device sync per sample and nothing on the other steps. Default: off.
 
     >>> model = nn.Linear(4, 1); opt = torch.optim.SGD(model.parameters(), lr=0.1)
     >>> engine = Engine(precision="bf16-mixed", accumulate=2)
@@ -104,6 +122,7 @@ class Engine:
         micro_batch_rows: int | None = None,
         on_oom: str = "split",
         strategy: str | Strategy | None = None,
+        numerics: NumericsSampler | int | None = None,
     ) -> None:
         self.policy = get_policy(precision, keep_fp32=keep_fp32)
         self.strategy: Strategy | None = resolve_strategy(strategy)
@@ -127,6 +146,7 @@ class Engine:
         if self.scaler is not None and skip_nonfinite is False:
             raise ValueError("A scaled loss must skip steps whose gradients overflowed; drop skip_nonfinite=False or pass scaler='none'.")
         self.skip_nonfinite = self.scaler is not None or bool(skip_nonfinite)
+        self.numerics = _build_sampler(numerics)
 
         self.device = torch.device("cpu")
         self.models: list[nn.Module] = []  # the modules themselves (inside any DDP wrapper): names, state, params
@@ -256,6 +276,10 @@ class Engine:
         ``no_sync``, since DDP decides during the forward whether the coming backward all-reduces.
         """
         forward = self.policy.forward_context(self.device.type)
+        sampler = self.numerics
+        if sampler is not None and sampler.activations and sampler.due(self.steps + 1) and self.is_boundary:
+            # The last micro-batch of a sampled step: record its activations (and, in its backward, their gradients).
+            forward = sampler.recording(self, forward)
         if not isinstance(self.strategy, DDP) or self.is_boundary:
             return forward
         stack = no_sync(self.wrappers)
@@ -373,6 +397,8 @@ class Engine:
         # they are unscaled or zeroed, and reported once this step is complete.
         late_collapse = self._collapse_message() if self._diagnose_late else None
         self._diagnose_late = False
+        if self.numerics is not None and self.numerics.due(self.steps):
+            self.numerics.sample(self)  # the 16-bit gradients as the backward left them: scaled, not yet copied
         if self.masters is not None:
             self.masters.copy_grads_to_masters()
         scaler, dev = self.scaler, self.device

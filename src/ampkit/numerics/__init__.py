@@ -1,0 +1,27 @@
+"""The numerics doctor: how a model's activations, weights and gradients fit fp16 and bf16, and what to do.
+
+    ampkit doctor                                   # a built-in workload
+    ampkit doctor --model mypkg.nets:build --data mypkg.data:batches --precision 16-mixed --out doctor/
+
+In Python, :func:`diagnose` returns a :class:`Diagnosis`; ``Engine(**diagnosis.engine_kwargs())`` applies its
+recommendation. :class:`NumericsSampler` (``Engine(numerics=N)``) is the cheap version for a running training
+job: every N steps it reads the gradients and activations the engine already has and logs how they fit fp16.
+
+doctor.json (:meth:`Diagnosis.to_dict`) holds: ``recommended_precision`` and ``precision_reasons``;
+``recommended_loss_scale`` (``2^loss_scale_log2``, the largest keeping every gradient within fp16) and
+``gradient_max_abs``; ``keep_fp32`` (module names); ``engine`` (the Engine keyword arguments) and
+``engine_code``; ``underflow_share_unscaled`` / ``underflow_share_scaled`` (gradient values below 2^-24, weight
+and activation gradients together) with their split in ``gradient_underflow`` and exponent histograms in
+``gradient_histograms``; ``comparisons`` (the policy as it comes and as tailored, per module against fp32);
+``tailoring_notes``; and ``modules``: per module its type, parameter count, statistics of ``weights``,
+``grads``, ``inputs``, ``outputs`` and ``output_grads`` (:meth:`TensorStats.to_dict`), ``problems`` and
+``severity``; plus run facts (versions, device, command, workload, date).
+"""
+
+from .doctor import Diagnosis, diagnose
+from .formats import BF16, FP16, Format
+from .sampler import NumericsSampler
+from .sample import NumericsSample
+from .stats import StatsAccumulator, TensorStats
+
+__all__ = ["Diagnosis", "diagnose", "NumericsSampler", "NumericsSample", "Format", "FP16", "BF16", "StatsAccumulator", "TensorStats"]
