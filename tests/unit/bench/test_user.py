@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, TensorDataset
 
-from ampkit.bench.user import BenchData, EvalLoss, default_loss, load_factory, spec_parts, user_workload
+from ampkit.bench.user import EvalLoss, default_loss, load_factory, spec_parts, user_workload
 from ampkit.bench.workload import Accuracy, Workload
 
 MODULE = """

@@ -1,0 +1,106 @@
+"""What ``ampkit doctor`` finds on every built-in workload: the classic fp16 gradient-underflow figure and more.
+
+For each workload, :func:`ampkit.numerics.diagnose` runs its fp32 reference steps and then tailors ``16-mixed``
+(``--precision``), so the fp16 figures are shown even on a CPU where the doctor itself would pick bf16. Printed
+per workload: the largest gradient, the recommended loss scale, the share of gradient values (weight gradients
+and activation gradients together) below fp16's 2^-24 without scaling and at that scale, the share left
+subnormal, and one step under the policy against fp32 (lowest module cosine, and the largest ratio of a
+module's 16-bit gradient error to its fp32 sampling noise: below 1 means the rounding is smaller than the
+noise SGD already lives with). Then the same step under ``bf16-mixed`` without tailoring, for comparison, and
+the doctor's own run time.
+
+    python benchmarks/doctor_findings.py                          # CPU, size small, every workload
+    python benchmarks/doctor_findings.py --size tiny --workloads gpt,digits
+    python benchmarks/doctor_findings.py --device cuda --size large
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from datetime import date
+from typing import Any
+
+import torch
+
+from ampkit.bench.format import fmt_share
+from ampkit.bench.runner import to_device
+from ampkit.bench.workloads import get_workload, workload_names
+from ampkit.numerics import diagnose
+from ampkit.policy.device import cpu_name
+
+
+def worst_ratio(comparison: dict[str, Any]) -> float:
+    ratios = [m["rel_error"] / m["noise"] for m in comparison["modules"].values() if m.get("noise") and m["rel_error"] is not None]
+    return max(ratios, default=float("nan"))
+
+
+def lowest_cosine(comparison: dict[str, Any]) -> float:
+    return min((m["cosine"] for m in comparison["modules"].values() if m["cosine"] is not None), default=float("nan"))
+
+
+def one(name: str, size: str, device: torch.device, steps: int, precision: str) -> dict[str, Any]:
+    w = get_workload(name, size=size)
+    batches = [to_device(b, device, w.channels_last) for b in w.train_batches[: steps + 1]]
+    model = w.model.to(device)
+    if w.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    start = time.perf_counter()
+    fp16 = diagnose(model, batches, w.loss_fn, steps=steps, target=precision, optimizer=w.optimizer).to_dict()
+    seconds = time.perf_counter() - start
+    bf16 = diagnose(model, batches, w.loss_fn, steps=steps, target="bf16-mixed", optimizer=w.optimizer).to_dict()
+    rec = next(c for c in fp16["comparisons"] if c["label"] == "recommended")
+    default = next(c for c in fp16["comparisons"] if c["label"] == "default")
+    bf = next(c for c in bf16["comparisons"] if c["label"] == "default")
+    k = fp16["loss_scale_log2"]
+    subnormal = sum(
+        m["grads"]["fp16_subnormal_share"] * m["grads"]["count"] for m in fp16["modules"] if m["grads"]
+    ) / max(1, sum(m["grads"]["count"] for m in fp16["modules"] if m["grads"]))
+    return {
+        "workload": name, "description": w.description, "seconds": seconds, "max_grad": fp16["gradient_max_abs"], "scale_log2": k,
+        "under_unscaled": fp16["underflow_share_unscaled"], "under_scaled": fp16["underflow_share_scaled"],
+        "weights_unscaled": fp16["gradient_underflow"]["weights"]["unscaled"], "acts_unscaled": fp16["gradient_underflow"]["activations"]["unscaled"],
+        "weight_grad_subnormal_unscaled": subnormal, "keep_fp32": fp16["keep_fp32"],
+        "fp16_default_diverging": default["diverging"], "fp16_cos": lowest_cosine(rec), "fp16_ratio": worst_ratio(rec),
+        "fp16_diverging": rec["diverging"], "bf16_cos": lowest_cosine(bf), "bf16_ratio": worst_ratio(bf), "bf16_diverging": bf["diverging"],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--workloads", default=",".join(workload_names()))
+    p.add_argument("--size", default="small")
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--precision", default="16-mixed")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--json", help="also write the rows here")
+    args = p.parse_args(argv)
+    device = torch.device(args.device)
+    where = cpu_name() if device.type == "cpu" else torch.cuda.get_device_name(device)
+    print(f"# doctor findings  {date.today()}  torch {torch.__version__}  device {device} ({where}), {torch.get_num_threads()} threads")
+    print(f"# command: python benchmarks/doctor_findings.py {' '.join(argv if argv is not None else sys.argv[1:])}")
+    print(f"# size {args.size}, {args.steps} fp32 reference steps; fp16 figures for {args.precision}; gradients = weight + activation gradients")
+    rows = [one(n.strip(), args.size, device, args.steps, args.precision) for n in args.workloads.split(",") if n.strip()]
+    head = (
+        "| workload | max grad | scale | < 2^-24 unscaled (weights / activations) | < 2^-24 at scale | fp16 as it comes (2^16) "
+        "| fp16 tailored: min cos, max err/noise | bf16-mixed: min cos, max err/noise | doctor time |"
+    )
+    print(head)
+    print("| --- | ---: | ---: | ---: | ---: | --- | --- | --- | ---: |")
+    for r in rows:
+        default = "diverges: " + ", ".join(r["fp16_default_diverging"]) if r["fp16_default_diverging"] else "agrees"
+        print(
+            f"| {r['workload']} | {r['max_grad']:.3g} | 2^{r['scale_log2']} | {fmt_share(r['under_unscaled'])} "
+            f"({fmt_share(r['weights_unscaled'])} / {fmt_share(r['acts_unscaled'])}) | {fmt_share(r['under_scaled'])} | {default} "
+            f"| {r['fp16_cos']:.5f}, {r['fp16_ratio']:.3f} | {r['bf16_cos']:.5f}, {r['bf16_ratio']:.3f} | {r['seconds']:.1f} s |"
+        )
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
