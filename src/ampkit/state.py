@@ -28,7 +28,7 @@ import torch
 
 from .errors import CheckpointError
 
-__all__ = ["save_checkpoint", "load_checkpoint", "capture_rng_state", "restore_rng_state"]
+__all__ = ["save_checkpoint", "load_checkpoint", "capture_rng_state", "restore_rng_state", "write_text_atomic"]
 
 _logger = logging.getLogger("ampkit")
 
@@ -73,6 +73,30 @@ def _open_temp_file(target: pathlib.Path) -> tuple[pathlib.Path, Any]:
             return temp, open(temp, "xb")
         except FileExistsError:  # pragma: no cover - 64 random bits colliding
             continue
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> pathlib.Path:
+    """Write ``text`` (UTF-8, ``\\n`` line ends) to ``path`` through a temporary file renamed over it.
+
+    A reader sees the old file or the new one, never half of one; two writers of the same directory cannot
+    trample each other's temporary file; the file gets the permissions the umask gives any other file.
+
+    >>> import tempfile
+    >>> p = write_text_atomic(pathlib.Path(tempfile.mkdtemp()) / "report.md", "# hi\\n"); p.read_text()
+    '# hi\\n'
+    """
+    target = _as_path(path)
+    temp: pathlib.Path | None = None
+    try:
+        temp, handle = _open_temp_file(target)
+        with handle:
+            handle.write(text.encode("utf-8"))
+        os.replace(temp, target)
+        temp = None
+    finally:
+        if temp is not None:
+            temp.unlink(missing_ok=True)
+    return target
 
 
 def save_checkpoint(state: dict, path: str | os.PathLike) -> pathlib.Path:

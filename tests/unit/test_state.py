@@ -411,3 +411,20 @@ def test_cuda_state_without_cuda_restores_the_rest_and_warns(seeded_rngs, monkey
 def test_restore_rejects_something_that_is_not_a_snapshot():
     with pytest.raises(CheckpointError, match="not an RNG snapshot"):
         restore_rng_state({"step": 1})
+
+
+def test_write_text_atomic_replaces_whole_and_respects_the_umask(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import os
+
+    from ampkit.state import write_text_atomic
+
+    target = tmp_path / "report.md"
+    target.write_text("old")
+    old_mask = os.umask(0o022)
+    try:
+        write_text_atomic(target, "new\n")
+    finally:
+        os.umask(old_mask)
+    assert target.read_text() == "new\n"
+    assert target.stat().st_mode & 0o777 == 0o644  # not mkstemp's 0600: readable like any file the user writes
+    assert [p.name for p in tmp_path.iterdir()] == ["report.md"]  # no temporary left behind

@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from .format import MISSING, fmt_bytes
 from .plots import MEMORY_PARTS
 from .results import BenchResult, RunResult
 from .table import table_rows, tolerance_line, verdict_lines
+from ..state import write_text_atomic
 
 __all__ = ["write_report", "render_report", "REPORT_NAME"]
 
@@ -173,14 +173,6 @@ def write_report(result: BenchResult, out_dir: str | os.PathLike[str], plots: li
     out.mkdir(parents=True, exist_ok=True)
     text = render_report(result, out, plots)
     path = out / REPORT_NAME
-    # A unique temporary name in the same directory: os.replace is then atomic, and two benches writing the
-    # same directory cannot trample each other's half-written file.
-    fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{REPORT_NAME}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+    write_text_atomic(path, text)
     log.info("wrote %s", path)
     return path

@@ -145,11 +145,9 @@ class BenchResult:
 
     def write_json(self, path: str | Path) -> Path:
         """Write results.json atomically (a crash leaves any previous file whole)."""
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
-        tmp.replace(path)
-        return path
+        from ..state import write_text_atomic
+
+        return write_text_atomic(path, json.dumps(self.to_dict(), indent=2) + "\n")
 
     @classmethod
     def read_json(cls, path: str | Path) -> "BenchResult":

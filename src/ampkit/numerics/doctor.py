@@ -137,11 +137,9 @@ class Diagnosis:
 
     def write_json(self, path: str | os.PathLike[str]) -> Path:
         """Write :meth:`to_dict` to ``path`` atomically (a temporary file renamed into place)."""
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict(), indent=1, allow_nan=False) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
-        return path
+        from ..state import write_text_atomic
+
+        return write_text_atomic(path, json.dumps(self.to_dict(), indent=1, allow_nan=False) + "\n")
 
 
 def _reference_run(model: nn.Module, batches: Sequence[Any], loss_fn: LossFn, steps: int, optimizer: Optimizer | None, seed: int) -> ModuleRecorder:

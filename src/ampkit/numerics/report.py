@@ -19,12 +19,12 @@ from __future__ import annotations
 import logging
 import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from ..bench.format import MISSING, fmt_float
 from ..bench.report import _code_block
+from ..state import write_text_atomic
 from .formats import FP16
 from .table import (
     comparison_summary,
@@ -213,13 +213,6 @@ def write_report(data: dict[str, Any], out_dir: str | os.PathLike[str], plots: l
     out.mkdir(parents=True, exist_ok=True)
     text = render_report(data, out, plots)
     path = out / REPORT_NAME
-    # Written beside the target and renamed over it: a reader never sees half a report.
-    fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{REPORT_NAME}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+    write_text_atomic(path, text)
     log.info("wrote %s", path)
     return path
