@@ -179,6 +179,10 @@ def test_a_model_that_fails_in_fp32_is_refused() -> None:
 
 
 def test_on_a_cpu_without_a_target_the_doctor_picks_bf16_and_says_why_not_fp16() -> None:
+    from ampkit import get_policy
+
+    if not get_policy("bf16-mixed").support("cpu").fast:
+        pytest.skip("Requires: a CPU with bf16 instructions (AMX-BF16 or AVX512-BF16), where bf16-mixed pays")
     d = diagnose(fragile.underflow_net(), fragile.batches(), fragile.underflow_loss, steps=2, device="cpu")
     assert d.recommended_precision == "bf16-mixed"
     assert any("16-mixed is slow on cpu" in r for r in d.precision_reasons)

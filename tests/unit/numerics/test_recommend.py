@@ -1,0 +1,54 @@
+"""Choosing among tailored policies, and where tailoring starts."""
+
+from __future__ import annotations
+
+import torch
+
+from ampkit.numerics.compare import ModuleAgreement, StepComparison
+from ampkit.numerics.recommend import Tailored, candidate_precisions, choose_precision, overflowing_modules
+from ampkit.numerics.stats import StatsAccumulator
+
+
+def _tailored(precision: str, *, finite: bool = True, diverging: tuple[str, ...] = ()) -> Tailored:
+    modules = {
+        name: ModuleAgreement(cosine=0.5 if name in diverging else 0.9999, rel_error=0.5 if name in diverging else 0.01,
+                              nonfinite=not finite and name == "a", diverges=name in diverging or (not finite and name == "a"))
+        for name in ("a", "b", "c")
+    }
+    comparison = StepComparison(label="recommended", policy=precision, keep_fp32=[], loss_scale=None, loss=1.0 if finite else None,
+                                reference_loss=1.0, forward_origin=None, backward_origin=None, modules=modules)
+    return Tailored(precision=precision, keep_fp32=[], loss_scale_log2=None, comparison=comparison)
+
+
+def test_bf16_is_preferred_when_both_agree() -> None:
+    assert choose_precision([_tailored("bf16-mixed"), _tailored("16-mixed")]).precision == "bf16-mixed"
+
+
+def test_fp16_wins_when_only_it_agrees_with_fp32() -> None:
+    chosen = choose_precision([_tailored("bf16-mixed", diverging=("b",)), _tailored("16-mixed")])
+    assert chosen is not None and chosen.precision == "16-mixed"
+
+
+def test_when_none_agrees_the_one_diverging_least_is_chosen_and_nonfinite_never() -> None:
+    chosen = choose_precision([_tailored("bf16-mixed", diverging=("a", "b")), _tailored("16-mixed", diverging=("c",))])
+    assert chosen is not None and chosen.precision == "16-mixed"
+    assert choose_precision([_tailored("16-mixed", finite=False)]) is None
+
+
+def test_tailoring_starts_from_the_innermost_overflowing_modules_in_forward_order() -> None:
+    big, small = StatsAccumulator(), StatsAccumulator()
+    big.update(torch.tensor([1e5]))
+    small.update(torch.tensor([1.0]))
+    stats = {
+        "enc.fc": {"outputs": big.summary()}, "enc": {"outputs": big.summary()}, "dec.fc": {"outputs": small.summary()},
+        "head": {"outputs": big.summary()}, "": {"outputs": big.summary()},
+    }
+    order = ["enc.fc", "enc", "dec.fc", "head", ""]
+    assert overflowing_modules(stats, "fp16", order) == ["enc.fc", "head"]
+    assert overflowing_modules(stats, "bf16", order) == []
+
+
+def test_cpu_candidates_leave_fp16_out_with_the_reason() -> None:
+    fast, why = candidate_precisions(torch.device("cpu"))
+    assert "16-mixed" not in fast
+    assert any(w.startswith("16-mixed is slow on cpu") for w in why)
