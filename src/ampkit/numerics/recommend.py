@@ -52,9 +52,11 @@ class Tailored:
 
 
 def overflowing_modules(stats: dict[str, dict[str, TensorStats]], fmt: str, order: Sequence[str]) -> list[str]:
-    """The innermost named modules whose outputs exceeded ``fmt``'s range in the reference run, in forward order.
+    """The named modules where values beyond ``fmt``'s range began in the reference run, in forward order.
 
-    A parent whose output is its child's output would repeat the child; the root cannot be kept apart.
+    A module counts when its outputs exceeded the range and its inputs did not: a ReLU or norm after the layer
+    that overflowed only passes the values on (whether it must run in fp32 too is for the step under the
+    policy to show). A parent whose output is its child's would repeat the child; the root cannot be kept apart.
 
     >>> from ampkit.numerics.stats import StatsAccumulator
     >>> big = StatsAccumulator(); big.update(torch.tensor([1e6]))
@@ -62,7 +64,11 @@ def overflowing_modules(stats: dict[str, dict[str, TensorStats]], fmt: str, orde
     >>> overflowing_modules(s, "fp16", ["block.fc", "block"])
     ['block.fc']
     """
-    flagged = [n for n in order if n and (o := stats.get(n, {}).get("outputs")) is not None and o.overflow[fmt] > 0]
+    def exceeded(name: str, kind: str) -> bool:
+        s = stats.get(name, {}).get(kind)
+        return s is not None and s.overflow[fmt] > 0
+
+    flagged = [n for n in order if n and exceeded(n, "outputs") and not exceeded(n, "inputs")]
     return [n for n in flagged if not any(other.startswith(n + ".") for other in flagged)]
 
 

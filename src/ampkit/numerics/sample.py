@@ -67,6 +67,9 @@ class NumericsSample:
     not (bf16, fp32), the fp16 figures are information and only non-finite values make :attr:`problems`."""
     activations: bool = False
     """Whether activations were recorded for this step."""
+    fp32_modules: tuple[str, ...] = ()
+    """Modules the policy keeps in fp32 (``keep_fp32``): values above 65504 in them, or starting there, are
+    intended and fp32 holds them, so they are neither named worst for overflow nor warned about."""
     problems: list[str] = field(default_factory=list)
     """What is wrong, each with its fix; logged as a WARNING. Empty when all is well."""
     _merged: dict[str, TensorStats] = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -204,6 +207,7 @@ def build_sample(
     top: int = 3,
     fp16: bool = True,
     activations: bool = True,
+    fp32_modules: tuple[str, ...] = (),
 ) -> NumericsSample:
     """A :class:`NumericsSample` from host-side statistics: ranks the worst modules and states the problems.
 
@@ -214,18 +218,22 @@ def build_sample(
     >>> s.grad_underflow_share, s.suggested_scale == 2.0**23, [str(w) for w in s.worst]
     (0.5, True, ['fc (50.0% underflow)'])
     """
-    sample = NumericsSample(step=step, scale=scale, modules=modules, fp16=fp16, activations=activations)
-    sample.worst = _worst(modules, top)
+    sample = NumericsSample(step=step, scale=scale, modules=modules, fp16=fp16, activations=activations, fp32_modules=tuple(fp32_modules))
+    sample.worst = _worst(modules, top, sample.fp32_modules)
     sample.problems = _problems(sample)
     return sample
 
 
 # ------------------------------------------------------------------------------------------ helpers
-def _worst(modules: dict[str, dict[str, TensorStats]], top: int) -> list[ModuleIssue]:
+def _in_fp32(name: str, fp32_modules: tuple[str, ...]) -> bool:
+    return any(name == m or _contains(m, name) for m in fp32_modules)
+
+
+def _worst(modules: dict[str, dict[str, TensorStats]], top: int, fp32_modules: tuple[str, ...] = ()) -> list[ModuleIssue]:
     candidates: list[tuple[tuple[float, ...], ModuleIssue]] = []
     for index, (name, kinds) in enumerate(modules.items()):
         issue = _own_issue(name, kinds)
-        if issue is None:
+        if issue is None or (issue.issue == "overflow" and _in_fp32(name, fp32_modules)):
             continue
         rank = 2.0 if issue.issue == "non-finite" else 1.0
         # Ties go to the deeper module: a container's output is often its last child's, and the child is the
@@ -288,8 +296,11 @@ def _problems(s: NumericsSample) -> list[str]:
         else:
             fix = "a larger scale would overflow the largest gradients: keep those modules in fp32 (Engine(keep_fp32=[...])) or train in bf16-mixed"
         out.append(f"{fmt_share(s.grad_underflow_share)} of gradient values fall below fp16's 2^-24 and flush to zero{where}: {fix}")
-    if s.act_overflow:
-        over = [w for w in s.worst if w.issue == "overflow"]
+    over = [w for w in s.worst if w.issue == "overflow"]
+    # Values above 65504 that fp32 holds (in a kept module, or passed on from one) broke nothing: had they
+    # reached an fp16 op they would be inf, and non-finite values are reported above. Warn only where a
+    # module outside keep_fp32 starts an overflow.
+    if s.act_overflow and over:
         names = [repr(w.name) for w in over if w.name]
         where = f" in {', '.join(_label(w.name) for w in over)}" if over else ""
         keep = f"Engine(keep_fp32=[{', '.join(names)}])" if names else "Engine(keep_fp32=[...])"

@@ -154,8 +154,9 @@ class NumericsSampler:
             modules.setdefault(name, {})[kind] = s
         policy = engine.policy
         fp16 = scaler is not None or torch.float16 in (policy.param_dtype, policy.compute_dtype)
+        islands = tuple(_qualified(i, name, several) for i, model in enumerate(engine.models) for name, _ in policy.fp32_islands(model))
         result = build_sample(
-            step, values[0] if values else None, modules, top=self.top, fp16=fp16, activations=bool(recorders)
+            step, values[0] if values else None, modules, top=self.top, fp16=fp16, activations=bool(recorders), fp32_modules=islands
         )
         self._report(result)
         return result

@@ -351,3 +351,23 @@ def test_engine_numerics_argument() -> None:
         Engine(numerics="often")
     with pytest.raises(ValueError, match="every must be an int >= 1"):
         Engine(numerics=0)
+
+
+def test_overflow_inside_a_module_kept_in_fp32_is_not_warned(caplog: pytest.LogCaptureFixture) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.LayerNorm(8), nn.Linear(8, 2))
+    with torch.no_grad():
+        model[0].weight.mul_(1e6)  # outputs ~1e5-1e6: beyond fp16, held by fp32 in the kept module
+    seen: list[NumericsSample] = []
+    engine = Engine("16-mixed", keep_fp32=["0"], numerics=NumericsSampler(every=1, callback=seen.append))
+    model, opt = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.0))
+    with caplog.at_level(logging.INFO, logger="ampkit"):
+        with engine.autocast():
+            loss = model(torch.randn(16, 8)).float().square().mean()
+        engine.backward(loss)
+        engine.step()
+    (sample,) = seen
+    assert sample.act_overflow and sample.act_nonfinite == 0  # the values are there, and harmless
+    assert not [w for w in sample.worst if w.issue == "overflow"]
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert engine.skipped_steps == 0
