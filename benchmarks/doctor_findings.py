@@ -55,14 +55,11 @@ def one(name: str, size: str, device: torch.device, steps: int, precision: str) 
     default = next(c for c in fp16["comparisons"] if c["label"] == "default")
     bf = next(c for c in bf16["comparisons"] if c["label"] == "default")
     k = fp16["loss_scale_log2"]
-    subnormal = sum(
-        m["grads"]["fp16_subnormal_share"] * m["grads"]["count"] for m in fp16["modules"] if m["grads"]
-    ) / max(1, sum(m["grads"]["count"] for m in fp16["modules"] if m["grads"]))
     return {
         "workload": name, "description": w.description, "seconds": seconds, "max_grad": fp16["gradient_max_abs"], "scale_log2": k,
         "under_unscaled": fp16["underflow_share_unscaled"], "under_scaled": fp16["underflow_share_scaled"],
         "weights_unscaled": fp16["gradient_underflow"]["weights"]["unscaled"], "acts_unscaled": fp16["gradient_underflow"]["activations"]["unscaled"],
-        "weight_grad_subnormal_unscaled": subnormal, "keep_fp32": fp16["keep_fp32"],
+        "keep_fp32": fp16["keep_fp32"],
         "fp16_default_diverging": default["diverging"], "fp16_cos": lowest_cosine(rec), "fp16_ratio": worst_ratio(rec),
         "fp16_diverging": rec["diverging"], "bf16_cos": lowest_cosine(bf), "bf16_ratio": worst_ratio(bf), "bf16_diverging": bf["diverging"],
     }

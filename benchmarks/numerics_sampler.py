@@ -24,6 +24,7 @@ import torch
 
 import ampkit
 from ampkit.bench.runner import to_device
+from ampkit.bench.workload import call_model, output_as_float
 from ampkit.bench.workloads import get_workload
 from ampkit.numerics.sampler import NumericsSampler
 from ampkit.policy.device import cpu_name
@@ -34,15 +35,16 @@ def trainer(workload: Any, model: torch.nn.Module, precision: str, sampler: Nume
     model, opt = engine.setup(model, workload.optimizer(model.parameters()))
     model.train()
 
+    on_gpu = next(model.parameters()).is_cuda
+
     def step(x: Any, y: torch.Tensor) -> float:
         start = time.perf_counter()
         with engine.autocast():
-            out = model(*x) if isinstance(x, (tuple, list)) else model(x)
-            loss = workload.loss_fn(out.float(), y)
+            loss = workload.loss_fn(output_as_float(call_model(model, x)), y)
         engine.backward(loss)
         engine.step()
-        if x is not None and torch.cuda.is_available() and next(model.parameters()).is_cuda:
-            torch.cuda.synchronize()
+        if on_gpu:
+            torch.cuda.synchronize()  # the step is over when the device is done, not when the host queued it
         return time.perf_counter() - start
 
     return step

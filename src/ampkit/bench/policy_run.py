@@ -30,20 +30,15 @@ from .flops import count_flops
 from .memory import SavedActivations, peak_rss_bytes, reset_peak_rss, training_state_bytes
 from .results import RunResult
 from .timing import StepTimer, summarize
-from .workload import Batch, Workload
+from .workload import call_model, output_as_float, Batch, Workload
 
 __all__ = ["PolicyRun"]
 
 log = logging.getLogger("ampkit")
 
 
-def _as_float(output: Any) -> Any:
-    # The loss is computed in fp32 whatever the policy computes in, so every policy optimises the same function.
-    return output.float() if isinstance(output, torch.Tensor) and output.is_floating_point() else output
 
 
-def _call(model: nn.Module, inputs: Any) -> Any:
-    return model(*inputs) if isinstance(inputs, (tuple, list)) else model(inputs)
 
 
 class PolicyRun:
@@ -131,7 +126,7 @@ class PolicyRun:
         assert self.model is not None and self.engine is not None  # build() ran
         inputs, target = self.batches[self.steps_done % len(self.batches)]
         with self.engine.autocast():
-            loss = self.workload.loss_fn(_as_float(_call(self.model, inputs)), target)
+            loss = self.workload.loss_fn(output_as_float(call_model(self.model, inputs)), target)
         self.engine.backward(loss)
         self.engine.step()
         self.losses.append(loss.detach())
@@ -206,7 +201,7 @@ class PolicyRun:
         try:
             with self.engine.autocast():
                 for inputs, target in batches:
-                    metric.update(_as_float(_call(model, inputs)), target)
+                    metric.update(output_as_float(call_model(model, inputs)), target)
         finally:
             model.train()
         values = metric.compute()

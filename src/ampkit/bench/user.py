@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .workload import Batch, Metric, Workload
+from .workload import Batch, Metric, Workload, call_model, output_as_float
 
 __all__ = ["BenchData", "EvalLoss", "load_factory", "spec_parts", "user_workload"]
 
@@ -160,8 +160,7 @@ def _smoke_test(model: nn.Module, batch: Batch, loss_fn: Callable[..., torch.Ten
     inputs, target = batch
     try:
         with torch.no_grad():
-            out = model(*inputs) if isinstance(inputs, (tuple, list)) else model(inputs)
-            loss = loss_fn(out.float() if isinstance(out, torch.Tensor) else out, target)
+            loss = loss_fn(output_as_float(call_model(model, inputs)), target)
     except Exception as exc:
         raise ValueError(f"--model {model_spec} fails on the first batch ({type(exc).__name__}: {' '.join(str(exc).split())}).") from exc
     if not (isinstance(loss, torch.Tensor) and loss.numel() == 1):

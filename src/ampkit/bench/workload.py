@@ -22,13 +22,32 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-__all__ = ["Batch", "Metric", "Workload", "Accuracy", "SIZES", "default_optimizer"]
+__all__ = ["Batch", "Metric", "Workload", "Accuracy", "SIZES", "default_optimizer", "call_model", "output_as_float"]
 
 Batch = tuple[Any, torch.Tensor]
 """One step's ``(inputs, targets)``. ``inputs`` is a tensor (or a tuple of tensors passed as ``model(*inputs)``)."""
 
 SIZES = ("tiny", "small", "large")
 """``tiny``: seconds, for tests; ``small``: the CPU default (<= 2 minutes on 2 cores); ``large``: a GPU."""
+
+
+def call_model(model: nn.Module, inputs: Any) -> Any:
+    """Run ``model`` on a batch's inputs: ``model(*inputs)`` for a tuple or list, ``model(inputs)`` otherwise.
+
+    >>> call_model(nn.Identity(), torch.ones(1))
+    tensor([1.])
+    """
+    return model(*inputs) if isinstance(inputs, (tuple, list)) else model(inputs)
+
+
+def output_as_float(output: Any) -> Any:
+    """A floating output in fp32 (other outputs unchanged): the loss is computed in fp32 whatever the policy
+    computes in, so every policy optimises the same function.
+
+    >>> output_as_float(torch.ones(1, dtype=torch.bfloat16)).dtype
+    torch.float32
+    """
+    return output.float() if isinstance(output, torch.Tensor) and output.is_floating_point() else output
 
 
 class Metric(Protocol):

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves, tree_map
 
+from ..bench.workload import call_model, output_as_float
 from ..engine import Engine
 from ..policy import get_policy
 from ..policy.device import as_device
@@ -96,18 +97,14 @@ def _model_device(model: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def _call(model: nn.Module, inputs: Any) -> Any:
-    return model(*inputs) if isinstance(inputs, (tuple, list)) else model(inputs)
 
 
-def _as_float(output: Any) -> Any:
-    return output.float() if isinstance(output, torch.Tensor) and output.is_floating_point() else output
 
 
 def _step(model: nn.Module, engine: Engine, batch: Any, loss_fn: LossFn, has_optimizer: bool) -> None:
     inputs, target = batch
     with engine.autocast():
-        loss = loss_fn(_as_float(_call(model, inputs)), target)
+        loss = loss_fn(output_as_float(call_model(model, inputs)), target)
     if has_optimizer:
         engine.backward(loss)
         engine.step()

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..bench.workload import call_model, output_as_float
 from .recorder import ModuleRecorder
 
 __all__ = ["ModuleAgreement", "ReferenceStep", "StepComparison", "reference_step", "compare_step", "COSINE_MIN", "REL_ERROR_MAX"]
@@ -52,18 +53,14 @@ NOISE_FLOOR = 0.01
 LossFn = Callable[[Any, torch.Tensor], torch.Tensor]
 
 
-def _call(model: nn.Module, inputs: Any) -> Any:
-    return model(*inputs) if isinstance(inputs, (tuple, list)) else model(inputs)
 
 
-def _as_float(output: Any) -> Any:
-    # The loss is computed in fp32 under every policy, so both runs differentiate the same function.
-    return output.float() if isinstance(output, torch.Tensor) and output.is_floating_point() else output
 
 
 @contextlib.contextmanager
-def _seeded(seed: int, device: torch.device) -> Iterator[None]:
-    """Same dropout masks in control and treatment, without disturbing the caller's RNG."""
+def seeded(seed: int, device: torch.device) -> Iterator[None]:
+    """Seed torch's RNG (CUDA's too on a GPU) for the block and restore the caller's state after it: the same
+    dropout masks in control and treatment, and the user's random stream left as it was."""
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
@@ -106,8 +103,8 @@ def _fp32_grads(model: nn.Module, batch: Any, loss_fn: LossFn, seed: int) -> tup
     control = copy.deepcopy(model).float()
     device = next((p.device for p in control.parameters()), torch.device("cpu"))
     inputs, target = batch
-    with _seeded(seed, device):
-        loss = loss_fn(_as_float(_call(control, inputs)), target)
+    with seeded(seed, device):
+        loss = loss_fn(output_as_float(call_model(control, inputs)), target)
     loss.backward()
     return loss.detach(), _module_grads(control)
 
@@ -238,8 +235,8 @@ def compare_step(
     treated = engine.setup(treated)
     inputs, target = batch
     with ModuleRecorder(treated, rounding=False) as rec:
-        with _seeded(reference.seed, device), engine.autocast():
-            loss = loss_fn(_as_float(_call(treated, inputs)), target)
+        with seeded(reference.seed, device), engine.autocast():
+            loss = loss_fn(output_as_float(call_model(treated, inputs)), target)
         engine.backward(loss)
         rec.record_parameters(weights=False)
     grads = _module_grads(treated, divide_by=loss_scale or 1.0)

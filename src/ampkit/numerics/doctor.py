@@ -35,7 +35,8 @@ from torch import nn
 
 from ..bench.format import fmt_share
 from ..policy import get_policy
-from .compare import LossFn, StepComparison, compare_step, reference_step, _as_float, _call
+from ..bench.workload import call_model, output_as_float
+from .compare import LossFn, StepComparison, compare_step, reference_step, seeded
 from .formats import FP16
 from .recommend import Tailored, candidate_precisions, choose_precision, tailor
 from .recorder import ModuleRecorder
@@ -145,11 +146,11 @@ class Diagnosis:
 def _reference_run(model: nn.Module, batches: Sequence[Any], loss_fn: LossFn, steps: int, optimizer: Optimizer | None, seed: int) -> ModuleRecorder:
     """``steps`` fp32 training steps of ``model`` itself with every module recorded."""
     opt = optimizer(model.parameters()) if optimizer is not None else None
-    with torch.random.fork_rng(devices=[]), ModuleRecorder(model) as rec:
-        torch.manual_seed(seed)
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    with seeded(seed, device), ModuleRecorder(model) as rec:
         for step in range(steps):
             inputs, target = batches[step % len(batches)]
-            loss = loss_fn(_as_float(_call(model, inputs)), target)
+            loss = loss_fn(output_as_float(call_model(model, inputs)), target)
             if not torch.isfinite(loss.detach()):
                 raise ValueError(
                     f"the fp32 loss is {float(loss.detach())} at reference step {step}: the model fails without any 16-bit "

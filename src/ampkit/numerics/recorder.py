@@ -18,11 +18,11 @@ in-place op downstream (``ReLU(inplace=True)``) refuses to modify. Weights and t
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_leaves
 from torch.utils.hooks import RemovableHandle
 
 from .stats import StatsAccumulator, TensorStats, read_summaries
@@ -30,21 +30,13 @@ from .stats import StatsAccumulator, TensorStats, read_summaries
 __all__ = ["ModuleRecorder", "floating_tensors"]
 
 
-def floating_tensors(value: Any) -> Iterator[torch.Tensor]:
+def floating_tensors(value: Any) -> list[torch.Tensor]:
     """Every floating-point tensor inside ``value`` (tensors, lists, tuples, dicts), depth first.
 
     >>> [t.dtype for t in floating_tensors((torch.ones(1), {"m": torch.zeros(1, dtype=torch.long)}))]
     [torch.float32]
     """
-    if isinstance(value, torch.Tensor):
-        if value.is_floating_point():
-            yield value
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            yield from floating_tensors(v)
-    elif isinstance(value, dict):
-        for v in value.values():
-            yield from floating_tensors(v)
+    return [t for t in tree_leaves(value) if isinstance(t, torch.Tensor) and t.is_floating_point()]
 
 
 class ModuleRecorder:

@@ -42,6 +42,8 @@ TOP = 20
 """Modules the terminal shows; the rest are in doctor.json (and report.md shows more)."""
 MODEL_LABEL = "(model)"
 """How the root module (name ``""``) is shown: an empty cell would read as a missing name."""
+
+
 def fmt_error(x: float | None) -> str:
     """A relative error in scientific notation, so a column of them lines up: ``4.9e-04``.
 
