@@ -2,18 +2,25 @@
 
 A checkpoint holds the models, optimizers, schedulers, the engine's counters, the loss scaler, the fp32
 master weights (Apex lost them, so O2 resumes spiked), gradients pending in an unfinished accumulation
-window, and every RNG. Loading validates the whole file against the running setup before changing anything,
-so a bad or mismatched checkpoint leaves the run exactly as it was.
+window, and every RNG.
+
+Loading is all or nothing. The whole payload is validated against the running setup first, types and shapes
+included (:mod:`ampkit.checkpoint_checks`); then it is applied under an :class:`_Undo` that holds what the load
+overwrites, so anything that still fails part-way (a custom module's load hook, an optimizer's
+``__setstate__``, a Ctrl-C) puts every model, optimizer, scheduler, counter, gradient and generator back as it
+was before the error is raised.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .errors import CheckpointError
+from .checkpoint_checks import check_engine_state, check_training_payload
+from .errors import CheckpointError, one_line
 from .state import capture_rng_state, load_checkpoint, restore_rng_state, save_checkpoint
 
 if TYPE_CHECKING:
@@ -25,6 +32,7 @@ __all__ = [
     "training_payload",
     "check_training_payload",
     "apply_training_payload",
+    "checkpoint_exists",
     "save_training_state",
     "load_training_state",
 ]
@@ -59,27 +67,14 @@ def engine_state(engine: "Engine") -> dict[str, Any]:
     }
 
 
-def _check_engine_state(engine: "Engine", state: dict[str, Any]) -> None:
-    if state.get("policy") != engine.policy.name:
-        raise CheckpointError(
-            f"The checkpoint was written under policy {state.get('policy')!r}, but this engine runs {engine.policy.name!r}. "
-            f"Resume with Engine(precision={state.get('policy')!r}); switching policy mid-run breaks exact resume."
-        )
-    if (state["scaler"] is None) != (engine.scaler is None):
-        raise CheckpointError("The checkpoint's loss-scaler setting differs from this engine's; pass the same scaler= as the saved run.")
-    if state["pending_grads"] is not None and state["accumulate"] != engine.accumulate:
-        raise CheckpointError(
-            f"The checkpoint stopped inside an accumulation window of {state['accumulate']}; resume with accumulate={state['accumulate']}."
-        )
-    if (state["masters"] is None) != (engine.masters is None):
-        raise CheckpointError("The checkpoint's master weights do not match this engine's policy setup.")
-    if engine.masters is not None and set(state["masters"]) != set(engine.masters.names):
-        raise CheckpointError("The checkpoint's master weights name other parameters than this model has; is it the same model?")
-
-
 def load_engine_state(engine: "Engine", state: dict[str, Any]) -> None:
-    """Restore :func:`engine_state` after validating it against ``engine``."""
-    _check_engine_state(engine, state)
+    """Restore :func:`engine_state` after validating it against ``engine``; on any error nothing changes."""
+    check_engine_state(engine, state)
+    with _Undo(engine, models=False):
+        _apply_engine_state(engine, state)
+
+
+def _apply_engine_state(engine: "Engine", state: dict[str, Any]) -> None:
     engine._micro, engine._epoch_len, engine.steps = state["micro"], state["epoch_len"], state["steps"]
     if state.get("micro_batch_rows") is not None:  # learnt after an OOM; absent from older checkpoints
         engine.micro_batch_rows = state["micro_batch_rows"]
@@ -95,6 +90,67 @@ def load_engine_state(engine: "Engine", state: dict[str, Any]) -> None:
         for name, grad in state["pending_grads"].items():
             p = by_name[name]
             p.grad = grad.to(device=p.device, dtype=p.dtype)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t  # an FSDP shard (DTensor): its own part
+
+
+class _Undo:
+    """Holds what a load overwrites; leaving the block by an exception puts all of it back, then re-raises.
+
+    Optimizers and gradients are restored by reference (a load replaces their containers, it does not write
+    into them); model tensors, which a load writes in place, by a copy on the host (the checkpoint being
+    loaded is already there, so the host has room for one more model); the rest by its own state_dict.
+    """
+
+    def __init__(self, engine: "Engine", *, models: bool = True) -> None:
+        self.engine = engine
+        self.tensors = [(t, _local(t).detach().to("cpu", copy=True)) for m in engine.models for t in _model_tensors(m)] if models else []
+        self.grads = [(p, p.grad) for p in _engine_params(engine)]
+        self.optimizers = [(o, o.state, list(o.param_groups), dict(o.state)) for o in engine.optimizers]
+        self.schedulers = [copy.deepcopy(s.state_dict()) for s in engine.schedulers]
+        self.counters = engine_state(engine)
+        self.outcome = (engine.micro_batch_rows, engine._last_found_host, engine._last_norm, engine._deferred, engine._diagnose_late)
+        self.rng = capture_rng_state()
+
+    def __enter__(self) -> "_Undo":
+        return self
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+        if exc is None:
+            return
+        self.restore()
+        if isinstance(exc, CheckpointError) or not isinstance(exc, Exception):
+            return  # re-raised as it is: already clear, or a KeyboardInterrupt/SystemExit
+        raise CheckpointError(f"loading the checkpoint failed part-way ({one_line(exc, with_type=True)}); everything it had changed was restored.") from exc
+
+    def restore(self) -> None:
+        """Put back everything as it was when the snapshot was taken."""
+        engine = self.engine
+        for opt, state, groups, entries in self.optimizers:
+            state.clear()
+            state.update(entries)  # the state a sharded load's initialisation may have filled in place
+            opt.__dict__.update(state=state, param_groups=groups)
+        for sched, saved in zip(engine.schedulers, self.schedulers):
+            sched.load_state_dict(saved)
+        _apply_engine_state(engine, self.counters)
+        for p, grad in self.grads:
+            p.grad = grad
+        engine.micro_batch_rows, engine._last_found_host, engine._last_norm, engine._deferred, engine._diagnose_late = self.outcome
+        with torch.no_grad():  # last: restoring master weights above wrote their 16-bit copies into the model
+            for t, saved in self.tensors:
+                _local(t).copy_(saved)
+        restore_rng_state(self.rng)
+
+
+def _model_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
+    return [t for _, t in model.named_parameters()] + [t for _, t in model.named_buffers() if t is not None]
+
+
+def _engine_params(engine: "Engine") -> list[torch.Tensor]:
+    params = [p for m in engine.models for p in m.parameters()]
+    return params + (list(engine.masters.masters) if engine.masters is not None else [])
 
 
 def _check_safe(value: Any, where: str) -> None:
@@ -142,54 +198,36 @@ def save_training_state(engine: "Engine", path: str | os.PathLike, extra: dict[s
     save_checkpoint(training_payload(engine, extra), path)
 
 
-def _check_model(i: int, model: torch.nn.Module, saved: dict[str, torch.Tensor], path: Any) -> None:
-    current = model.state_dict()
-    missing = [k for k in current if k not in saved]
-    unexpected = [k for k in saved if k not in current]
-    wrong = [k for k in current if k in saved and tuple(saved[k].shape) != tuple(current[k].shape)]
-    if missing or unexpected or wrong:
-        raise CheckpointError(
-            f"{path}: model {i} does not match the checkpoint (missing {missing[:3]}, unexpected {unexpected[:3]}, "
-            f"shape mismatch {wrong[:3]}). Build the same model as the saved run before engine.load()."
-        )
-
-
-def check_training_payload(engine: "Engine", payload: Any, path: Any) -> None:
-    """Validate a checkpoint's payload against the running setup; raise CheckpointError naming the fix."""
-    expected = {"engine", "models", "optimizers", "schedulers", "rng", "extra"}
-    if not isinstance(payload, dict) or not expected <= set(payload):
-        raise CheckpointError(f"{path} is an ampkit file but not a training checkpoint written by Engine.save().")
-    try:
-        _check_engine_state(engine, payload["engine"])
-    except CheckpointError as e:
-        raise CheckpointError(f"{path}: {e}") from None
-    what_mine = [("schedulers", engine.schedulers)]
-    if payload["models"] is not None:
-        what_mine += [("models", engine.models), ("optimizers", engine.optimizers)]
-    for what, mine in what_mine:
-        if len(payload[what]) != len(mine):
-            raise CheckpointError(f"{path} holds {len(payload[what])} {what}, this run has {len(mine)}; set up the same ones.")
-    if payload["models"] is None:
-        return
-    for i, (model, saved) in enumerate(zip(engine.models, payload["models"])):
-        _check_model(i, model, saved, path)
-    for opt, saved in zip(engine.optimizers, payload["optimizers"]):
-        if [len(g["params"]) for g in saved["param_groups"]] != [len(g["params"]) for g in opt.param_groups]:
-            raise CheckpointError(f"{path}: an optimizer's parameter groups differ from the checkpoint's; build it as the saved run did.")
-
-
 def apply_training_payload(engine: "Engine", payload: dict[str, Any]) -> None:
-    """Restore a validated payload (models and optimizers only when it holds them)."""
+    """Restore a validated payload (models and optimizers only when it holds them); all or nothing."""
+    with _Undo(engine):
+        _apply_payload(engine, payload)
+
+
+def _apply_payload(engine: "Engine", payload: dict[str, Any]) -> None:
     if payload["models"] is not None:
-        for model, saved in zip(engine.models, payload["models"]):
-            model.load_state_dict(saved)
         for opt, saved in zip(engine.optimizers, payload["optimizers"]):
             opt.load_state_dict(saved)
+        for model, saved in zip(engine.models, payload["models"]):
+            model.load_state_dict(saved)
     for sched, saved in zip(engine.schedulers, payload["schedulers"]):
         sched.load_state_dict(saved)
-    load_engine_state(engine, payload["engine"])
+    _apply_engine_state(engine, payload["engine"])
     if payload["rng"] is not None:
         restore_rng_state(payload["rng"])
+
+
+def checkpoint_exists(path: str | os.PathLike) -> bool:
+    """Whether :meth:`Engine.load` finds a checkpoint for ``path``: the file or directory, or the complete copy
+    that a sharded save killed while swapping it into place left beside it.
+
+    >>> import tempfile, pathlib
+    >>> checkpoint_exists(pathlib.Path(tempfile.mkdtemp()) / "last.pt")
+    False
+    """
+    from .distributed.checkpoint_dir import find_checkpoint
+
+    return find_checkpoint(path) is not None
 
 
 def load_training_state(engine: "Engine", path: str | os.PathLike) -> dict[str, Any] | None:
@@ -200,7 +238,10 @@ def load_training_state(engine: "Engine", path: str | os.PathLike) -> dict[str, 
     """
     if not engine.models:
         raise RuntimeError("engine.load() called before engine.setup(); set up the same model and optimizers first.")
-    if engine.strategy is not None or os.path.isdir(path):
+    from .distributed.checkpoint_dir import find_checkpoint
+
+    found = find_checkpoint(path)
+    if engine.strategy is not None or (found is not None and found.is_dir()):
         from .distributed.checkpoint import load_distributed
 
         return load_distributed(engine, path)

@@ -7,9 +7,9 @@ checkpoint downloaded from somewhere else must not be able to run code when load
   the bytes are on disk, so the file at ``path`` is always either the old checkpoint or the new one.
 * :func:`load_checkpoint` always loads with ``torch.load(weights_only=True)`` and turns every way a file can be
   wrong into one :class:`~ampkit.errors.CheckpointError` that names the file and says what to do.
-* :func:`capture_rng_state` / :func:`restore_rng_state` snapshot every global random generator a training
-  loop typically draws from, in a form that itself survives ``weights_only`` loading, so a resumed run
-  continues the same random stream.
+* :func:`capture_rng_state` / :func:`restore_rng_state` (defined in :mod:`ampkit.rng`, exported here too)
+  snapshot every global random generator a training loop draws from, so a resumed run continues the same
+  random stream.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import logging
 import os
 import pathlib
 import pickle
-import random
 import re
 import secrets
 import zipfile
@@ -27,8 +26,17 @@ from typing import Any
 import torch
 
 from .errors import CheckpointError
+from .rng import capture_rng_state, check_rng_state, restore_rng_state
 
-__all__ = ["save_checkpoint", "load_checkpoint", "capture_rng_state", "restore_rng_state", "write_text_atomic"]
+__all__ = [
+    "save_checkpoint",
+    "load_checkpoint",
+    "capture_rng_state",
+    "check_rng_state",
+    "restore_rng_state",
+    "write_text_atomic",
+    "remove_stale_temporaries",
+]
 
 _logger = logging.getLogger("ampkit")
 
@@ -63,16 +71,67 @@ def _fsync_directory(directory: pathlib.Path) -> None:
 
 
 def _open_temp_file(target: pathlib.Path) -> tuple[pathlib.Path, Any]:
-    """Create and open a fresh temporary file next to ``target``: ``<name>.<random>.tmp``."""
+    """Create and open a fresh temporary file next to ``target``: ``<name>.<pid>-<random>.tmp``."""
     # Same directory as the target, because os.replace is only atomic within one file system. Mode "xb"
     # (O_EXCL) never reuses an existing file, and unlike tempfile.mkstemp (always 0600) it lets the process
     # umask decide the permissions, so the checkpoint gets the same mode as any other file the user writes.
+    # The writer's pid in the name tells a later save whether the file belongs to a save still running.
     while True:
-        temp = target.with_name(f"{target.name}.{secrets.token_hex(8)}.tmp")
+        temp = target.with_name(f"{target.name}.{os.getpid()}-{secrets.token_hex(8)}.tmp")
         try:
             return temp, open(temp, "xb")
         except FileExistsError:  # pragma: no cover - 64 random bits colliding
             continue
+
+
+# A temporary of _open_temp_file; versions before the pid was added wrote "<name>.<16 hex>.tmp".
+_TEMP_SUFFIX = re.compile(r"\.(?:(\d+)-)?[0-9a-f]{16}\.tmp")
+
+
+def _writer_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True  # this process's own saves clean up after themselves; one found here is still running
+    try:
+        os.kill(pid, 0)  # signal 0: existence check only
+    except ProcessLookupError:
+        return False
+    except OSError:  # PermissionError: alive, another user's; anything else: do not guess
+        return True
+    return True
+
+
+def remove_stale_temporaries(path: str | os.PathLike) -> list[pathlib.Path]:
+    """Delete temporaries that saves to ``path`` left when they were killed mid-write; return what was removed.
+
+    A save that raises removes its own temporary, but one killed outright (SIGKILL, the OOM killer, a lost
+    node) cannot, and each such file is a whole checkpoint's size. A temporary whose writing process no longer
+    exists on this machine is stale; one of a running process (this one included) is left alone, so two
+    processes saving the same path do not break each other. :func:`save_checkpoint` calls this after each save.
+
+    >>> import tempfile
+    >>> target = pathlib.Path(tempfile.mkdtemp()) / "last.pt"
+    >>> _ = (target.parent / "last.pt.4194305-0123456789abcdef.tmp").write_bytes(b"cut off")  # pid beyond pid_max
+    >>> [p.name for p in remove_stale_temporaries(target)]
+    ['last.pt.4194305-0123456789abcdef.tmp']
+    """
+    target = _as_path(path)
+    removed = []
+    try:
+        candidates = [p for p in target.parent.iterdir() if p.name.startswith(target.name + ".")]
+    except OSError:
+        return removed
+    for candidate in candidates:
+        found = _TEMP_SUFFIX.fullmatch(candidate.name[len(target.name):])
+        if found is None or (found.group(1) is not None and _writer_alive(int(found.group(1)))):
+            continue
+        try:
+            candidate.unlink()
+            removed.append(candidate)
+        except OSError as exc:  # not ours to delete, already gone: worth a word, never a failed save
+            _logger.warning("could not remove %s left by an interrupted save: %s", candidate, exc)
+    if removed:
+        _logger.info("removed %d temporary file(s) that killed saves to %s left behind", len(removed), target)
+    return removed
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> pathlib.Path:
@@ -104,7 +163,8 @@ def save_checkpoint(state: dict, path: str | os.PathLike) -> pathlib.Path:
 
     The file at ``path`` is replaced only once the new checkpoint is completely on disk: if anything fails
     (an exception, a ``KeyboardInterrupt``, a full disk), the previous file is left byte-identical and no
-    temporary file is left behind. Missing parent directories are created.
+    temporary file is left behind; temporaries of earlier saves that were killed outright are removed after
+    a successful one (:func:`remove_stale_temporaries`). Missing parent directories are created.
 
     ``state`` should hold only tensors, plain containers (dict, list, tuple) and plain values (int, float,
     str, bool, None): :func:`load_checkpoint` refuses anything else for safety.
@@ -163,6 +223,7 @@ def save_checkpoint(state: dict, path: str | os.PathLike) -> pathlib.Path:
             ) from exc
         raise
     _fsync_directory(target.parent)
+    remove_stale_temporaries(target)
     return target
 
 
@@ -262,134 +323,3 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device | 
     if not isinstance(payload, dict):
         raise _corrupt(source, f"payload is {type(payload).__name__}, not a dict")
     return payload
-
-
-def _numpy() -> Any:
-    # NumPy is optional here: a training loop without it has no NumPy generator state to save.
-    try:
-        import numpy
-    except ImportError:  # pragma: no cover - numpy is a dependency of ampkit, but stay usable without it
-        return None
-    return numpy
-
-
-def capture_rng_state() -> dict:
-    """Snapshot the global random generators: torch CPU, every CUDA device, Python ``random``, NumPy.
-
-    The result holds only tensors, lists and plain values, so it can be stored with :func:`save_checkpoint`
-    and read back by :func:`load_checkpoint`. NumPy's part covers the legacy global ``np.random`` functions,
-    not ``np.random.Generator`` objects, which the caller owns.
-
-    >>> import torch
-    >>> state = capture_rng_state()
-    >>> first = torch.rand(3)
-    >>> restore_rng_state(state)
-    >>> torch.equal(torch.rand(3), first)
-    True
-    """
-    state: dict[str, Any] = {"torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    # random.getstate() is (version, tuple of 625 ints, gauss_next); weights_only loading accepts lists but
-    # the restore needs the tuple back, so store a list and rebuild the tuple in restore_rng_state.
-    version, internal, gauss_next = random.getstate()
-    state["python"] = [version, list(internal), gauss_next]
-    np = _numpy()
-    if np is not None:
-        # ("MT19937", uint32 keys[624], pos, has_gauss, cached_gaussian): a NumPy array would be refused by
-        # weights_only loading, so the keys travel as an int64 tensor (uint32 fits exactly) and the scalars
-        # as Python ints and floats.
-        name, keys, pos, has_gauss, cached_gaussian = np.random.get_state(legacy=True)
-        state["numpy"] = {
-            "bit_generator": str(name),
-            "keys": torch.from_numpy(keys.astype(np.int64)),
-            "pos": int(pos),
-            "has_gauss": int(has_gauss),
-            "cached_gaussian": float(cached_gaussian),
-        }
-    return state
-
-
-def restore_rng_state(state: dict) -> None:
-    """Restore generators from a :func:`capture_rng_state` snapshot, so the next draws repeat exactly.
-
-    Generators missing from ``state`` are left alone. CUDA states on a machine without CUDA (or NumPy state
-    without NumPy) are skipped with a warning on the ``"ampkit"`` logger; the other generators are restored.
-
-    >>> import random
-    >>> state = capture_rng_state()
-    >>> first = random.random()
-    >>> restore_rng_state(state)
-    >>> random.random() == first
-    True
-
-    Raises:
-        CheckpointError: ``state`` is not a snapshot from :func:`capture_rng_state`.
-    """
-    known = {"torch", "cuda", "python", "numpy"}
-    if not isinstance(state, dict) or not known & state.keys():
-        raise CheckpointError(
-            "restore_rng_state got something that is not an RNG snapshot (expected a dict with keys among "
-            f"{sorted(known)}); pass the dict returned by capture_rng_state."
-        )
-    # Each generator is parsed before any is set, so a malformed snapshot fails without leaving the
-    # generators half restored.
-    try:
-        torch_state = state["torch"].to("cpu", torch.uint8) if "torch" in state else None
-        python_state = None
-        if "python" in state:
-            version, internal, gauss_next = state["python"]
-            python_state = (int(version), tuple(int(x) for x in internal), gauss_next)
-        cuda_states = [s.to("cpu", torch.uint8) for s in state["cuda"]] if "cuda" in state else None
-    except (AttributeError, TypeError, ValueError) as exc:
-        raise CheckpointError(
-            f"restore_rng_state got a malformed RNG snapshot ({exc}); pass the dict returned by capture_rng_state."
-        ) from exc
-
-    np = _numpy() if "numpy" in state else None
-    numpy_state = None
-    if "numpy" in state and np is None:  # pragma: no cover - numpy is a dependency of ampkit
-        _logger.warning("The RNG snapshot holds a NumPy state but NumPy is not installed; NumPy was not restored.")
-    elif np is not None:
-        saved = state["numpy"]
-        try:
-            keys = saved["keys"]
-            keys = keys.cpu().numpy() if isinstance(keys, torch.Tensor) else np.asarray(keys)
-            numpy_state = (
-                str(saved["bit_generator"]),
-                keys.astype(np.uint32),
-                int(saved["pos"]),
-                int(saved["has_gauss"]),
-                float(saved["cached_gaussian"]),
-            )
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise CheckpointError(
-                f"restore_rng_state got a malformed NumPy RNG state ({exc}); pass the dict returned by "
-                f"capture_rng_state."
-            ) from exc
-
-    if torch_state is not None:
-        torch.set_rng_state(torch_state)
-    if python_state is not None:
-        random.setstate(python_state)
-    if numpy_state is not None:
-        np.random.set_state(numpy_state)
-    if cuda_states is not None:
-        if not torch.cuda.is_available():
-            _logger.warning(
-                "The RNG snapshot holds %d CUDA generator state(s) but CUDA is not available here; restored the "
-                "CPU, Python and NumPy generators only, so GPU random draws will differ from the original run.",
-                len(cuda_states),
-            )
-        else:
-            count = torch.cuda.device_count()
-            if len(cuda_states) != count:
-                _logger.warning(
-                    "The RNG snapshot holds %d CUDA generator state(s) but %d CUDA device(s) are visible; restored "
-                    "the first %d.",
-                    len(cuda_states),
-                    count,
-                    min(count, len(cuda_states)),
-                )
-            for index, cuda_state in enumerate(cuda_states[:count]):
-                torch.cuda.set_rng_state(cuda_state, index)

@@ -6,12 +6,15 @@
   local gradients. The file loads on any number of ranks, or in a single process.
 * **FSDP**: each rank writes its shards with ``torch.distributed.checkpoint`` (DCP) into a temporary directory,
   rank 0 adds ``ampkit.pt`` (engine state, schedulers, every rank's RNG, ``extra``) and swaps the directory into
-  place, so ``path`` is always the previous checkpoint or the new one. DCP reshards on load: a directory
-  written by 8 ranks resumes on 4, on DDP, or in a single process.
+  place (:mod:`ampkit.distributed.checkpoint_dir`): ``path`` is the previous checkpoint or the new one, and a
+  save killed between the swap's two renames is found again by the next load. DCP reshards on load: a
+  directory written by 8 ranks resumes on 4, on DDP, or in a single process.
 
 Loading validates on every rank first and agrees: if the file is bad on any rank, every rank raises and no
-rank changes anything. DCP's metadata is read with an allow-listed unpickler and its values with
-``weights_only=True`` (:mod:`ampkit.distributed.safe_dcp`). A run resumed on the same number of ranks is
+rank changes anything. A sharded directory is checked before anything is read: its metadata (unpickled through
+an exact allow-list, :mod:`ampkit.distributed.safe_dcp`) must list this model's and optimizer's entries with
+their shapes, and every shard file must be there and long enough. The shards are then read into fresh tensors
+and copied into the model only once all of them loaded. A run resumed on the same number of ranks is
 bitwise equal to an uninterrupted one; on another number the random streams cannot be mapped and start from
 where each rank stands (a warning says so), and a checkpoint taken inside an accumulation window is refused.
 """
@@ -31,9 +34,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from ..checkpoint import _pending_grads, apply_training_payload, check_training_payload, training_payload
+from ..checkpoint import _apply_payload, _pending_grads, _Undo, check_training_payload, training_payload
 from ..errors import CheckpointError, one_line
-from ..state import _fsync_directory, capture_rng_state, load_checkpoint, save_checkpoint
+from ..state import capture_rng_state, load_checkpoint, save_checkpoint
+from .checkpoint_dir import ENGINE_FILE, find_checkpoint, is_complete, remove_leftovers, swap_into_place
 from .strategy import FSDP
 
 if TYPE_CHECKING:
@@ -42,10 +46,6 @@ if TYPE_CHECKING:
 __all__ = ["save_distributed", "load_distributed", "ENGINE_FILE"]
 
 log = logging.getLogger("ampkit")
-
-ENGINE_FILE = "ampkit.pt"
-"""Inside a sharded checkpoint directory: everything that is not a model or optimizer shard."""
-
 
 def _grouped() -> bool:
     return dist.is_available() and dist.is_initialized()
@@ -112,18 +112,6 @@ def _owner(engine: "Engine", opt: torch.optim.Optimizer) -> torch.nn.Module:
     raise CheckpointError("a sharded checkpoint needs each optimizer to hold the parameters of one model; build one optimizer per model.")
 
 
-def _swap_into_place(tmp: Path, target: Path, token: str) -> None:
-    # os.replace cannot put a directory over a non-empty one: move the old one aside, the new one in, then
-    # delete the old. A crash between the two renames leaves both complete, named in load's error message.
-    old = target.with_name(f"{target.name}.{token}.old") if target.exists() else None
-    if old is not None:
-        os.replace(target, old)
-    os.replace(tmp, target)
-    _fsync_directory(target.parent)
-    if old is not None:
-        shutil.rmtree(old) if old.is_dir() else old.unlink()
-
-
 def save_distributed(engine: "Engine", path: str | os.PathLike, extra: dict[str, Any] | None = None) -> None:
     """Every rank calls it: rank 0 writes a file (DDP), or all ranks write a sharded directory (FSDP)."""
     rank, world = _rank_world()
@@ -155,7 +143,8 @@ def save_distributed(engine: "Engine", path: str | os.PathLike, extra: dict[str,
             }
             if sharded:
                 save_checkpoint(payload, tmp / ENGINE_FILE)
-                _swap_into_place(tmp, target, token)
+                swap_into_place(tmp, target, token)
+                remove_leftovers(target)  # of earlier saves killed mid-write or mid-swap
             else:
                 save_checkpoint(payload, target)
         except Exception as exc:  # noqa: BLE001 - reported on every rank below
@@ -164,66 +153,73 @@ def save_distributed(engine: "Engine", path: str | os.PathLike, extra: dict[str,
     _raise_if_any(error, f"saving {target}")
 
 
-def _read(engine: "Engine", target: Path) -> dict[str, Any]:
-    if not target.exists():
-        near = sorted(str(p) for p in target.parent.glob(f"{target.name}.*.old")) + sorted(str(p) for p in target.parent.glob(f"{target.name}.*.tmp"))
-        hint = f"; a run stopped while swapping it into place left {near}: rename the .tmp one (newer, if it holds {ENGINE_FILE}) to {target.name}" if near else ""
-        raise CheckpointError(f"no checkpoint at {target}{hint}.")
-    if target.is_dir():
-        if not (target / ".metadata").is_file() or not (target / ENGINE_FILE).is_file():
-            raise CheckpointError(f"{target} is a directory but not a complete sharded checkpoint (needs .metadata and {ENGINE_FILE}).")
-        payload = load_checkpoint(target / ENGINE_FILE, map_location="cpu")
+def _read(engine: "Engine", target: Path) -> tuple[Path, dict[str, Any], Any]:
+    """The checkpoint's location, its payload and (for a sharded directory) its checked DCP metadata."""
+    found = find_checkpoint(target)
+    if found is None:
+        raise CheckpointError(f"no checkpoint at {target}; check the path (and the working directory).")
+    metadata = None
+    if found.is_dir():
+        if not is_complete(found):
+            raise CheckpointError(f"{found} is a directory but not a complete sharded checkpoint (needs .metadata and {ENGINE_FILE}).")
+        payload = load_checkpoint(found / ENGINE_FILE, map_location="cpu")
+        from .sharded_load import read_metadata
+
+        metadata = read_metadata(found)
     else:
-        payload = load_checkpoint(target, map_location="cpu")
+        payload = load_checkpoint(found, map_location="cpu")
         if isinstance(engine.strategy, FSDP):
             raise CheckpointError(
-                f"{target} is a single-file checkpoint; an FSDP run loads the sharded directories engine.save() writes under "
+                f"{found} is a single-file checkpoint; an FSDP run loads the sharded directories engine.save() writes under "
                 "FSDP. Resume this file with strategy='ddp' (or in one process)."
             )
-    check_training_payload(engine, payload, target)
-    return payload
+    check_training_payload(engine, payload, found)
+    return found, payload, metadata
 
 
 def load_distributed(engine: "Engine", path: str | os.PathLike) -> dict[str, Any] | None:
-    """Every rank calls it; validates on every rank, then restores. Returns the checkpoint's ``extra``."""
+    """Every rank calls it; validates on every rank, then restores (all or nothing). Returns the checkpoint's ``extra``."""
     rank, world = _rank_world()
     target = Path(os.fspath(path))
-    payload, error = None, None
+    found, payload, metadata, error = target, None, None, None
     try:
-        payload = _read(engine, target)
+        found, payload, metadata = _read(engine, target)
         ranks = payload.get("ranks") or {"world_size": 1, "rng": [payload["rng"]], "pending_grads": [payload["engine"]["pending_grads"]]}
         if ranks["world_size"] != world and any(g is not None for g in ranks["pending_grads"]):
             raise CheckpointError(
-                f"{target} was saved by {ranks['world_size']} rank(s) inside an accumulation window; resume it on "
+                f"{found} was saved by {ranks['world_size']} rank(s) inside an accumulation window; resume it on "
                 f"{ranks['world_size']} rank(s), or save at an accumulation boundary to change the world size."
             )
     except CheckpointError as exc:
         error = str(exc)
     _raise_if_any(error, f"loading {target}")
     assert payload is not None
-    if target.is_dir():
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
-
-        from .safe_dcp import SafeFileSystemReader, SafeLoadPlanner
-
-        state = _sharded_state(engine)
-        with _single_process_intended():
-            dcp.load(state, storage_reader=SafeFileSystemReader(target), planner=SafeLoadPlanner(), no_dist=not _grouped())
-        for i, model in enumerate(engine.models):
-            set_model_state_dict(model, state[f"model.{i}"])
-        for j, opt in enumerate(engine.optimizers):
-            set_optimizer_state_dict(_owner(engine, opt), opt, state[f"optim.{j}"])
     if ranks["world_size"] == world:
         payload["rng"] = ranks["rng"][rank]
         payload["engine"]["pending_grads"] = ranks["pending_grads"][rank]
     else:
         payload["rng"] = None
+    undo = _Undo(engine)  # before the shards are read: reading initialises an empty optimizer's state in place
+    try:
+        with undo:
+            if metadata is not None:
+                from .sharded_load import load_shards
+
+                load_shards(engine, found, metadata)
+            _apply_payload(engine, payload)
+    except CheckpointError as exc:
+        error = str(exc)
+    try:
+        _raise_if_any(error, f"loading {found}")
+    except CheckpointError:
+        if error is None:
+            undo.restore()  # another rank failed: no rank keeps the new state
+        raise
+    if ranks["world_size"] != world:
         log.warning(
             "%s was saved by %d rank(s) and resumes on %d: weights, optimizer and scaler are restored, the random "
-            "streams are not (they cannot be mapped between world sizes).", target, ranks["world_size"], world,
+            "streams are not (they cannot be mapped between world sizes).", found, ranks["world_size"], world,
         )
-    apply_training_payload(engine, payload)
     if _grouped():
         dist.barrier()  # no rank trains on before every rank has its state
     return payload["extra"]

@@ -2,59 +2,130 @@
 
 DCP's own reader unpickles the ``.metadata`` file with plain ``pickle`` and its default planner loads
 non-tensor values with ``torch.load(weights_only=False)``: a checkpoint from elsewhere could run code. These two
-drop-in replacements (DCP's documented extension points) refuse every global but DCP's metadata records,
-torch dtypes and sizes, and load values with ``weights_only=True``.
+drop-in replacements (DCP's documented extension points) unpickle the metadata through an allow-list of exact
+objects and load values with ``weights_only=True``.
+
+The allow-list names objects, never modules: pickle resolves a dotted name such as
+``torch.distributed.checkpoint.filesystem`` + ``io.FileIO`` through the attributes of whatever that module
+imported, so "any class of DCP's modules" would admit ``io.FileIO``, ``operator.methodcaller`` and the like.
+Each ``(module, name)`` pair that DCP actually writes maps to one object, and nothing else resolves.
 
     >>> import io, pickle
     >>> _RestrictedUnpickler(io.BytesIO(pickle.dumps(torch.Size([2, 3])))).load()
     torch.Size([2, 3])
+    >>> try:
+    ...     _RestrictedUnpickler(io.BytesIO(pickle.dumps(io.BytesIO))).load()
+    ... except CheckpointError as refused:
+    ...     print(str(refused)[:60])
+    the checkpoint's metadata refers to _io.BytesIO, which a saf
 """
 
 from __future__ import annotations
 
+import collections
 import io
+import os
+import pathlib
 import pickle
 from typing import Any
 
 import torch
 from torch.distributed.checkpoint import FileSystemReader
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint import filesystem as _dcp_filesystem
+from torch.distributed.checkpoint import metadata as _dcp_metadata
 from torch.distributed.checkpoint._traverse import set_element  # what DefaultLoadPlanner itself uses
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
 from ..errors import CheckpointError
 
-__all__ = ["SafeFileSystemReader", "SafeLoadPlanner"]
+__all__ = ["SafeFileSystemReader", "SafeLoadPlanner", "storage_files"]
 
-_DCP_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem")
-_OTHER = {("torch.serialization", "_get_layout"), ("collections", "OrderedDict"), ("pathlib", "PosixPath"), ("pathlib", "WindowsPath")}
+
+def _allowed_globals() -> dict[tuple[str, str], Any]:
+    """Every ``(module, name)`` a DCP ``.metadata`` file written by torch may name, and the object it means."""
+    records = [
+        _dcp_metadata.Metadata,
+        _dcp_metadata.MetadataIndex,
+        _dcp_metadata.StorageMeta,
+        _dcp_metadata.TensorStorageMetadata,
+        _dcp_metadata.BytesStorageMetadata,
+        _dcp_metadata.ChunkStorageMetadata,
+        _dcp_metadata.TensorProperties,
+        _dcp_metadata._MEM_FORMAT_ENCODING,
+        _dcp_filesystem._StorageInfo,
+    ]
+    allowed: dict[tuple[str, str], Any] = {(r.__module__, r.__qualname__): r for r in records}
+    allowed[("torch", "Size")] = torch.Size
+    allowed.update({("torch", name): value for name, value in vars(torch).items() if isinstance(value, torch.dtype)})
+    # torch pickles a layout (torch.strided) as a call of this lookup by name; it only reads a table.
+    allowed[("torch.serialization", "_get_layout")] = torch.serialization._get_layout
+    allowed[("collections", "OrderedDict")] = collections.OrderedDict
+    # StorageMeta.checkpoint_id may be a path. Python 3.13 moved the classes to pathlib._local; a path of the
+    # other operating system cannot be instantiated here, so it becomes its pure (inert) twin.
+    for module in ("pathlib", "pathlib._local"):
+        for flavour in ("Posix", "Windows"):
+            pure = getattr(pathlib, f"Pure{flavour}Path")
+            native = (flavour == "Windows") == (os.name == "nt")
+            allowed[(module, f"Pure{flavour}Path")] = pure
+            allowed[(module, f"{flavour}Path")] = getattr(pathlib, f"{flavour}Path") if native else pure
+    return allowed
+
+
+_ALLOWED = _allowed_globals()
 
 
 class _RestrictedUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
-        if module in _DCP_MODULES and not name.startswith("__"):
-            found = super().find_class(module, name)
-            if isinstance(found, type):  # records and enums only, no functions
-                return found
-        if module == "torch":
-            found = getattr(torch, name, None)
-            if isinstance(found, torch.dtype) or found is torch.Size:
-                return found
-        if (module, name) in _OTHER:
-            return super().find_class(module, name)
-        raise CheckpointError(f"the checkpoint's metadata refers to {module}.{name}, which a safe load refuses; was it written by torch.distributed.checkpoint?")
+        # An exact lookup: pickle's own find_class would walk a dotted name through attributes, and import the
+        # module, both of which are ways for a file to reach objects nobody allowed.
+        found = _ALLOWED.get((module, name))
+        if found is None:
+            raise CheckpointError(
+                f"the checkpoint's metadata refers to {module}.{name}, which a safe load refuses; only "
+                "torch.distributed.checkpoint's own metadata records can be read. Was the directory written by "
+                "engine.save() (torch.distributed.checkpoint)? Do not load files from an untrusted source otherwise."
+            )
+        return found
+
+
+def storage_files(metadata: Metadata) -> dict[str, int]:
+    """The data files ``metadata`` reads from, each with the least size it must have (largest offset + length).
+
+    Every name must be a plain file name inside the checkpoint directory: metadata that points elsewhere
+    (``../x``, an absolute path) is refused, since the reader would otherwise open files outside it.
+    """
+    needed: dict[str, int] = {}
+    for info in (metadata.storage_data or {}).values():
+        name = getattr(info, "relative_path", None)
+        offset, length = getattr(info, "offset", None), getattr(info, "length", None)
+        plain = isinstance(name, str) and name not in ("", ".", "..") and os.path.basename(name) == name and "\\" not in name
+        numbers = all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (offset, length))
+        if not plain or not numbers:
+            raise CheckpointError(
+                f"the checkpoint's metadata names the data location {name!r} (offset {offset!r}, length {length!r}), "
+                "which is not a file inside the checkpoint directory; the metadata is corrupt or crafted."
+            )
+        needed[name] = max(needed.get(name, 0), offset + length)  # type: ignore[operator]
+    return needed
 
 
 class SafeFileSystemReader(FileSystemReader):
-    """``FileSystemReader`` whose metadata is unpickled with an allow-list of DCP's own record types."""
+    """``FileSystemReader`` whose metadata is unpickled through an exact allow-list of DCP's record types."""
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         rank = kwargs.get("rank")
         path = self._get_metadata_path(rank)
         with self.fs.create_stream(path, "rb") as stream:
-            metadata = _RestrictedUnpickler(stream).load()
+            try:
+                metadata = _RestrictedUnpickler(stream).load()
+            except CheckpointError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - any unpickling failure means a damaged file
+                raise CheckpointError(f"{path} is truncated or corrupt ({type(exc).__name__}: {exc}); load an earlier checkpoint.") from exc
         if not isinstance(metadata, Metadata):
             raise CheckpointError(f"{path} does not hold torch.distributed.checkpoint metadata.")
+        storage_files(metadata)  # refuse locations outside the directory before anything is read
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id

@@ -26,7 +26,10 @@ engine clears the gradients and starts the batch over in smaller pieces (its row
 Limits: batch statistics (BatchNorm) are per piece, as with any micro-batching. A backward pass that fails
 while gradients of *earlier* micro-batches of an accumulation window are pending cannot be undone without a
 copy of them, which is memory the step does not have: then the error is raised with the fix (set
-``micro_batch_rows`` from the start).
+``micro_batch_rows`` from the start). Whenever the step gives up (that case, or out of memory even at one
+row), no part of the batch stays in the gradients: at a window's start they are left as they were before the
+step; inside a window the window's gradients are discarded (the error says so) and the next micro-batch
+starts a new one. A batch of 0 rows is refused: it would count an optimizer step without a sample.
 Under ``torchrun`` every rank uses the largest split any rank needs (one all-reduce of an int per step); an
 out-of-memory error inside one rank's step is raised there, because the other ranks already wait in DDP's
 gradient all-reduce and cannot be called back.
@@ -88,6 +91,11 @@ def train_step(engine: "Engine", loss_fn: LossFn, batch: Any, optimizers: tuple[
     if reduction not in ("mean", "sum"):
         raise ValueError(f"train_step(reduction={reduction!r}): pass 'mean' (the loss averages over samples) or 'sum'.")
     n = batch_rows(batch)
+    if n == 0:
+        raise ValueError(
+            "train_step() got a batch of 0 rows: it would count an optimizer step (and move the LR schedule) without "
+            "a sample. Skip empty batches before calling it (e.g. DataLoader(drop_last=True), or filter them out)."
+        )
     distributed = world_size() > 1
     rows = min(n, engine.micro_batch_rows or n)
     pieces: int | None = None
@@ -128,7 +136,7 @@ def train_step(engine: "Engine", loss_fn: LossFn, batch: Any, optimizers: tuple[
         # gradient: start the batch over if the window began with it (its rows are at hand), else give up.
         partial = in_backward and not window_start
         if partial or distributed or rows == 1:
-            reason = _unrecoverable(engine, rows, partial, distributed)
+            reason = _unrecoverable(engine, rows, partial, distributed) + _drop_partial_gradients(engine, window_start, done, in_backward)
             release_memory(failure)
             raise OutOfMemoryError(reason) from failure
         failed_rows = stop - done
@@ -147,6 +155,23 @@ def train_step(engine: "Engine", loss_fn: LossFn, batch: Any, optimizers: tuple[
         )
     engine.step(*optimizers)
     return total  # type: ignore[return-value]
+
+
+def _drop_partial_gradients(engine: "Engine", window_start: bool, done: int, in_backward: bool) -> str:
+    """Leave no part of a failed batch in the gradients; say in the error what that cost."""
+    if not done and not in_backward:
+        return ""  # the failure came before this batch added anything
+    # At a window start the gradients were empty before this batch: emptying them restores them exactly.
+    # Later in a window, this batch's share cannot be taken out of the sums without a copy the step had no
+    # memory for: the whole window goes, and the next micro-batch starts a new one.
+    pending = engine._micro % engine.accumulate
+    for m in engine.models:
+        m.zero_grad(set_to_none=True)
+    if window_start:
+        return " The gradients are as they were before this step."
+    engine._micro -= pending
+    return (f" The gradients of this accumulation window ({pending} earlier micro-batch(es)) held part of this batch and were "
+            "discarded; the next micro-batch starts a new window.")
 
 
 def _unrecoverable(engine: "Engine", rows: int, partial: bool, distributed: bool) -> str:
