@@ -2,6 +2,7 @@
 
 __version__ = "0.1.0"
 
+from .checkpoint import checkpoint_exists
 from .errors import AmpkitError, CheckpointError, LossScaleCollapseError, PolicyError, UnsupportedPolicyError
 from .engine import Engine
 from .memory.recompute import recompute, unrecompute
@@ -11,6 +12,7 @@ from .scaling import DynamicLossScaler, LossScaler, ScalerConfig, StaticLossScal
 __all__ = [
     "__version__",
     "Engine",
+    "checkpoint_exists",
     "recompute",
     "unrecompute",
     "Policy",

@@ -248,3 +248,78 @@ def test_an_oom_inside_a_distributed_step_is_raised_with_the_fix(monkeypatch):
     with pytest.raises(torch.OutOfMemoryError, match=r"torchrun.*micro_batch_rows=128"):
         with MemoryBudget(BUDGET, [*model.parameters(), x]):
             engine.train_step(lambda r: model(r).pow(2).mean(), x)
+
+
+def _poisoned(model: nn.Module, poison: int):
+    """A loss whose forward runs out of memory on any piece holding row ``poison``, however small the piece."""
+
+    def loss_fn(rows):
+        x, y, index = rows
+        if bool((index == poison).any()):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return nn.functional.cross_entropy(model(x).float(), y)
+
+    return loss_fn
+
+
+def _grads_of_one_clean_window(precision: str, batches) -> list[torch.Tensor]:
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    engine = Engine(precision, accumulate=len(batches), micro_batch_rows=64)
+    model, opt = engine.setup(model, opt)
+    seen = []
+    opt.register_step_pre_hook(lambda o, a, k: seen.extend(p.grad.float().clone() for p in o.param_groups[0]["params"]))
+    for x, y in batches:
+        engine.train_step(lambda b: nn.functional.cross_entropy(model(b[0]).float(), b[1]), (x, y))
+    return seen
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed", "16-mixed", "bf16-true-masters"])
+def test_an_oom_even_at_one_row_leaves_no_part_of_the_batch_in_the_gradients(precision):
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    engine = Engine(precision, micro_batch_rows=64)
+    model, opt = engine.setup(model, opt)
+    seen = []
+    opt.register_step_pre_hook(lambda o, a, k: seen.extend(p.grad.float().clone() for p in o.param_groups[0]["params"]))
+    x, y = _batch(1)
+    with pytest.raises(torch.OutOfMemoryError, match="single row.*gradients are as they were before this step"):
+        engine.train_step(_poisoned(model, poison=100), (x, y, torch.arange(N)))  # rows 0-99 went through first
+    assert all(p.grad is None for p in model.parameters()) and engine.steps == 0
+    # A caller that catches the error and goes on: the next step sees that batch's gradients alone.
+    engine.micro_batch_rows = 64  # as the control runs: the same passes give the same sums, bit for bit
+    clean = _batch(2)
+    engine.train_step(lambda b: nn.functional.cross_entropy(model(b[0]).float(), b[1]), clean)
+    want = _grads_of_one_clean_window(precision, [clean])
+    for got, expected in zip(seen, want, strict=True):
+        assert torch.equal(got, expected)
+
+
+def test_an_oom_at_one_row_inside_a_window_discards_the_window_and_says_so():
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    engine = Engine(accumulate=2, micro_batch_rows=64)
+    model, opt = engine.setup(model, opt)
+    seen = []
+    opt.register_step_pre_hook(lambda o, a, k: seen.extend(p.grad.clone() for p in o.param_groups[0]["params"]))
+    loss_fn = lambda b: nn.functional.cross_entropy(model(b[0]).float(), b[1])  # noqa: E731
+    engine.train_step(loss_fn, _batch(1))  # the window's first micro-batch
+    x, y = _batch(2)
+    with pytest.raises(torch.OutOfMemoryError, match=r"\(1 earlier micro-batch\(es\)\).*discarded.*starts a new window"):
+        engine.train_step(_poisoned(model, poison=100), (x, y, torch.arange(N)))
+    assert all(p.grad is None for p in model.parameters()) and engine._micro == 0
+    engine.micro_batch_rows = 64
+    for seed in (3, 4):
+        engine.train_step(loss_fn, _batch(seed))
+    assert engine.steps == 1
+    for got, expected in zip(seen, _grads_of_one_clean_window("32-true", [_batch(3), _batch(4)]), strict=True):
+        assert torch.equal(got, expected)
+
+
+def test_a_batch_of_zero_rows_is_refused_before_it_counts_a_step():
+    model = _model()
+    engine = Engine()
+    model, _ = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(ValueError, match="0 rows.*drop_last=True"):
+        engine.train_step(lambda b: model(b).sum(), torch.zeros(0, D))
+    assert engine.steps == 0 and engine._micro == 0

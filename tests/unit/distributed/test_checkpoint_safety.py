@@ -1,0 +1,195 @@
+"""Sharded checkpoints as an attacker and a crash would leave them: crafted metadata runs nothing, a missing,
+truncated or garbled shard changes nothing, a save killed between its two renames is found again, and the
+next save removes what killed saves left behind."""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import pickletools
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from ampkit import CheckpointError, Engine, checkpoint_exists
+from ampkit.distributed.checkpoint_dir import ENGINE_FILE, find_checkpoint
+from ampkit.distributed.safe_dcp import _RestrictedUnpickler
+
+
+def _model(seed: int, width: int = 16) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(6, width), nn.LayerNorm(width), nn.Linear(width, 3))
+
+
+def _setup(strategy: str | None, seed: int, width: int = 16) -> tuple[nn.Module, Engine]:
+    model = _model(seed, width)
+    engine = Engine(strategy=strategy)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, _ = engine.setup(model, opt)
+    return model, engine
+
+
+def _train(model: nn.Module, engine: Engine, rank: int, steps: int) -> None:
+    g = torch.Generator().manual_seed(rank)
+    for _ in range(steps):
+        with engine.autocast():
+            loss = nn.functional.cross_entropy(model(torch.randn(8, 6, generator=g)), torch.randint(0, 3, (8,), generator=g))
+        engine.backward(loss)
+        engine.step()
+
+
+def _full(engine: Engine) -> dict[str, torch.Tensor]:
+    return {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone() for n, p in engine.models[0].named_parameters()}
+
+
+def _save_twice(rank: int, first: str, second: str) -> dict:
+    """Saves at step 2 and step 4; before the second save, rank 0 plants what killed saves leave behind."""
+    model, engine = _setup("fsdp", 0)
+    _train(model, engine, rank, 2)
+    engine.save(first)
+    at_first = _full(engine)
+    _train(model, engine, rank, 2)
+    if rank == 0:
+        for leftover in (f"{second}.0badc0ffee00.tmp", f"{second}.0badc0ffee01.old"):
+            os.makedirs(leftover)
+            Path(leftover, "__0_0.distcp").write_bytes(b"cut off")
+    engine.save(second)
+    return {"first": at_first, "second": _full(engine)}
+
+
+@pytest.fixture
+def saved(run_ranks, tmp_path) -> tuple[Path, Path, dict]:
+    first, second = tmp_path / "step2", tmp_path / "step4"
+    r0, _ = run_ranks(_save_twice, str(first), str(second))
+    return first, second, r0
+
+
+def _pickle_global(module: str, name: str, args: tuple[str, ...]) -> bytes:
+    """Protocol-4 bytes of ``module.name(*args)``: what a crafted .metadata holds."""
+    def text(s: str) -> bytes:
+        raw = s.encode()
+        return pickle.SHORT_BINUNICODE + bytes([len(raw)]) + raw
+
+    body = text(module) + text(name) + pickle.STACK_GLOBAL + pickle.MARK + b"".join(text(a) for a in args) + pickle.TUPLE + pickle.REDUCE
+    data = pickle.PROTO + bytes([4]) + body + pickle.STOP
+    pickletools.dis(data, out=io.StringIO())  # well-formed
+    return data
+
+
+def _assert_refused_and_unchanged(path: Path, match: str) -> None:
+    model, engine = _setup(None, seed=9)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    with pytest.raises(CheckpointError, match=match):
+        engine.load(path)
+    for n, p in model.named_parameters():
+        assert torch.equal(p, before[n]), n
+    assert not engine.optimizers[0].state  # a load that initialised the optimizer's state undid that too
+
+
+def test_crafted_metadata_runs_nothing_and_damaged_shards_change_nothing(saved, tmp_path):
+    first, _, r0 = saved
+
+    def copy(name: str) -> Path:
+        return Path(shutil.copytree(first, tmp_path / name))
+
+    # 1. A dotted name resolved through a module DCP's reader imports: FileIO would create this file.
+    victim = tmp_path / "written-by-the-checkpoint"
+    for module, name, args in [
+        ("torch.distributed.checkpoint.filesystem", "io.FileIO", (str(victim), "w")),
+        ("torch.distributed.checkpoint.filesystem", "operator.methodcaller", ("system", "true")),
+        ("torch.distributed.checkpoint.metadata", "os.system", ("true",)),
+    ]:
+        crafted = copy(f"crafted-{name}")
+        (crafted / ".metadata").write_bytes(_pickle_global(module, name, args))
+        _assert_refused_and_unchanged(crafted, f"refers to {module}.{name}, which a safe load refuses")
+    assert not victim.exists()
+
+    # 2. Metadata that sends the reader outside the directory.
+    escaping = copy("escaping")
+    with open(escaping / ".metadata", "rb") as f:
+        metadata = _RestrictedUnpickler(f).load()
+    next(iter(metadata.storage_data.values())).relative_path = "../step4/__0_0.distcp"
+    with open(escaping / ".metadata", "wb") as f:
+        pickle.dump(metadata, f)
+    _assert_refused_and_unchanged(escaping, "not a file inside the checkpoint directory")
+
+    # 3. A shard missing, cut short, or garbled at its full length.
+    missing = copy("missing")
+    (missing / "__1_0.distcp").unlink()
+    _assert_refused_and_unchanged(missing, r"__1_0.distcp \(missing\)")
+    truncated = copy("truncated")
+    shard = truncated / "__0_0.distcp"
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    _assert_refused_and_unchanged(truncated, r"__0_0.distcp \(\d+ of at least \d+ bytes\)")
+    garbled = copy("garbled")
+    shard = garbled / "__0_0.distcp"
+    shard.write_bytes(bytes(shard.stat().st_size))
+    _assert_refused_and_unchanged(garbled, "reading the shards failed.*nothing was changed")
+
+    # 4. A sharded checkpoint of another model: checked against the metadata before anything is read.
+    model, engine = _setup(None, seed=9, width=8)
+    with pytest.raises(CheckpointError, match=r"the model does not match the checkpoint.*shape mismatch \[.*'model.0.0.weight \(16, 6\) vs \(8, 6\)'"):
+        engine.load(first)
+
+    # The undamaged directory still loads, resharded from two ranks to one.
+    model, engine = _setup(None, seed=9)
+    engine.load(first)
+    for n, p in model.named_parameters():
+        assert torch.equal(p, r0["first"][n]), n
+
+
+def test_a_save_killed_between_its_renames_is_found_and_the_next_save_cleans_up(saved, tmp_path):
+    first, second, r0 = saved
+    # The second save removed the leftovers planted before it; only the two checkpoints remain.
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("step")) == ["step2", "step4"]
+
+    # What a kill between the two renames leaves: the old checkpoint moved aside, the new one not yet in place.
+    target = tmp_path / "ckpt"
+    old, new = target.with_name("ckpt.5eed.old"), target.with_name("ckpt.5eed.tmp")
+    shutil.copytree(first, old)
+    shutil.copytree(second, new)
+    os.utime(old / ENGINE_FILE, ns=(1, 1))  # the new one's engine file is written later
+    assert not target.exists() and checkpoint_exists(target)
+    model, engine = _setup(None, seed=9)
+    engine.load(target)
+    assert all(torch.equal(p, r0["second"][n]) for n, p in model.named_parameters())
+
+    # Killed before the new one was complete: the old one is the checkpoint.
+    (new / ENGINE_FILE).unlink()
+    model, engine = _setup(None, seed=9)
+    engine.load(target)
+    assert all(torch.equal(p, r0["first"][n]) for n, p in model.named_parameters())
+
+
+_KILL_BETWEEN_RENAMES = """
+import os, signal, sys, pathlib
+from ampkit.distributed import checkpoint_dir
+real, calls = os.replace, []
+def replace(a, b):
+    calls.append(a)
+    if len(calls) == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    real(a, b)
+checkpoint_dir.os.replace = replace
+root = pathlib.Path(sys.argv[1])
+checkpoint_dir.swap_into_place(root / "ckpt.t0k3n.tmp", root / "ckpt", "t0k3n")
+"""
+
+
+def test_a_real_kill_between_the_renames_leaves_what_the_loader_recovers(tmp_path):
+    for name, stamp in (("ckpt", 1), ("ckpt.t0k3n.tmp", 2)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / ".metadata").write_text(name)
+        (tmp_path / name / ENGINE_FILE).write_text(name)
+        os.utime(tmp_path / name / ENGINE_FILE, ns=(stamp, stamp))
+    done = subprocess.run([sys.executable, "-c", _KILL_BETWEEN_RENAMES, str(tmp_path)], capture_output=True, timeout=60)
+    assert done.returncode == -signal.SIGKILL, done.stderr.decode()
+    assert not (tmp_path / "ckpt").exists()  # the gap: nothing at the path
+    assert find_checkpoint(tmp_path / "ckpt") == tmp_path / "ckpt.t0k3n.tmp"  # the newer complete one
