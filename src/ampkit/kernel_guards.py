@@ -136,12 +136,12 @@ KNOWN_DEFECTS: tuple[KernelDefect, ...] = (
         remedy="foreach",
     ),
     KernelDefect(
-        name="fused-sgd-momentum-skipped-first-step",
+        name="fused-sgd-skipped-first-step",
         optimizer=torch.optim.SGD,
         torch_versions="*",
         momentum=True,
         first_step_skipped=True,
-        upstream="torch/optim/sgd.py _fused_sgd (not yet reported upstream)",
+        upstream="not reported upstream yet; see torch/optim/sgd.py _fused_sgd",
         description=(
             "_fused_sgd creates the momentum buffers with torch.empty_like on the first step and the kernel returns "
             "early when found_inf is set, so an overflowed first step leaves them uninitialised and the next step "

@@ -19,7 +19,7 @@ from ampkit.kernel_guards import KNOWN_DEFECTS, KernelDefect, defects_for, first
 
 DEFECTS = {d.name: d for d in KNOWN_DEFECTS}
 SGD_16BIT = DEFECTS["fused-sgd-cpu-16bit"]
-SGD_FIRST_STEP = DEFECTS["fused-sgd-momentum-skipped-first-step"]
+SGD_FIRST_STEP = DEFECTS["fused-sgd-skipped-first-step"]
 HALF = [torch.float16, torch.bfloat16]
 # Per-dtype tolerance between two correct kernels (fused rounds once in fp32, foreach per op).
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-6), torch.float16: dict(rtol=4e-3, atol=2e-3), torch.bfloat16: dict(rtol=3e-2, atol=2e-2)}
