@@ -242,6 +242,8 @@ def first_step_pending(optimizer: torch.optim.Optimizer) -> bool:
     False
     """
     for d in _first_step_defects(torch.__version__):
+        if not isinstance(optimizer, d.optimizer):
+            continue
         for g in optimizer.param_groups:
             # torch's _init_group leaves an empty state dict behind even when the kernel then writes nothing.
             if not any(optimizer.state.get(p) for p in g["params"]) and d.matches_group(optimizer, g):
