@@ -29,6 +29,7 @@ from .distributed.environment import launched_by_torchrun
 from .distributed.fsdp import adopt_sharded_params, set_gradient_sync
 from .distributed.strategy import DDP, FSDP, Strategy, detect_strategy, resolve_strategy, unwrap
 from .errors import LossScaleCollapseError
+from .kernel_guards import first_step_pending, guard_optimizer
 from .masters import MasterWeights
 from .policy import Policy, get_policy
 from .scaling import DynamicLossScaler, LossScaler, ScalerConfig, StaticLossScaler
@@ -225,6 +226,8 @@ class Engine:
         if self.masters is not None:
             self._param_names.update({id(m): n for n, m in zip(self.masters.names, self.masters.masters)})
 
+        for opt in optimizers:
+            guard_optimizer(opt)  # known torch kernel defects, once the parameters' dtypes and devices are final
         self.schedulers = self._adopt_schedulers(schedulers, optimizers)
         if self.scaler is not None:
             self.scaler.to(self.device)
@@ -404,7 +407,8 @@ class Engine:
         scaler, dev = self.scaler, self.device
         params = [[p for g in o.param_groups for p in g["params"]] for o in opts]
         found = [torch.zeros((), dtype=torch.float32, device=dev) for _ in opts] if self.skip_nonfinite else []
-        fused = [scaler is not None and bool(getattr(o, "_step_supports_amp_scaling", False)) for o in opts]
+        # A fused SGD with momentum must not see found_inf before its first real step (see kernel_guards).
+        fused = [scaler is not None and bool(getattr(o, "_step_supports_amp_scaling", False)) and not first_step_pending(o) for o in opts]
         clipping = self.clip_grad_norm is not None or self.clip_grad_value is not None
         unscaled = scaler is not None and (clipping or not all(fused))
         if self.skip_nonfinite:

@@ -20,6 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .. import __version__
+from ..kernel_guards import KNOWN_DEFECTS, torch_affected
 from ..policy import ALIASES, get_policy, policy_names
 from ..policy.device import Support, cpu_bf16_native, cpu_fp16_native, cpu_name, cuda_bf16_supported
 
@@ -101,6 +102,26 @@ def recommend(device: torch.device | str) -> str:
     return "32-true"
 
 
+def _kernel_guards(devices: list[str]) -> list[dict[str, Any]]:
+    """Every known kernel defect, with the devices of this machine where its guard is active (empty: not applicable)."""
+    out = []
+    for d in KNOWN_DEFECTS:
+        affected = torch_affected(d)
+        active = [dev for dev in devices if affected and (d.devices is None or torch.device(dev).type in d.devices)]
+        out.append(
+            {
+                "name": d.name,
+                "condition": d.condition(),
+                "torch_versions": d.torch_versions,
+                "active_on": active,
+                "description": d.description,
+                "upstream": d.upstream,
+                "workaround": d.workaround,
+            }
+        )
+    return out
+
+
 def collect_env() -> dict[str, Any]:
     """Gather versions, devices, per-device policy support, aliases and recommendations as JSON-ready data.
 
@@ -134,6 +155,7 @@ def collect_env() -> dict[str, Any]:
         "policies": policies,
         "aliases": dict(ALIASES),
         "recommended": {dev: recommend(dev) for dev in names},
+        "kernel_guards": _kernel_guards(names),
     }
 
 
@@ -209,6 +231,22 @@ def _alias_table(facts: dict[str, Any]) -> Table:
     return table
 
 
+def _guard_table(facts: dict[str, Any]) -> Table:
+    table = Table(title=f"Kernel guards (torch {facts['torch']})", title_justify="left", show_lines=True)
+    table.add_column("Guard: when", ratio=2)
+    table.add_column("Status", no_wrap=True)  # greppable in narrow, non-TTY output
+    table.add_column("Defect; what ampkit does", ratio=3)
+    for g in facts["kernel_guards"]:
+        versions = "every torch release so far" if g["torch_versions"] == "*" else f"torch {g['torch_versions']}"
+        guard = Text(g["name"], style="bold")
+        guard.append(f"\n{g['condition']}; {versions}")
+        status = Text("active on " + ", ".join(g["active_on"]), style="yellow") if g["active_on"] else Text("not applicable", style="dim")
+        detail = Text(f"{g['description']} ({g['upstream']}).\n")
+        detail.append(f"ampkit: {g['workaround']}.", style="dim")
+        table.add_row(guard, status, detail)
+    return table
+
+
 def _recommendations(facts: dict[str, Any]) -> list[Text]:
     support = {p["name"]: p["support"] for p in facts["policies"]}
     lines = []
@@ -229,6 +267,8 @@ def render_tables(facts: dict[str, Any], console: Console | None = None) -> None
     console.print(_policy_table(facts))
     console.print()
     console.print(_alias_table(facts))
+    console.print()
+    console.print(_guard_table(facts))
     console.print()
     for line in _recommendations(facts):
         # soft_wrap: one logical line per device even at 80 columns, so `grep recommended` finds it whole.

@@ -170,6 +170,57 @@ def test_fused_sgd_equals_sgd(kwargs: dict):
     _assert_same(_run(lambda ps: FusedSGD(ps, lr=0.1, **kwargs)), _run(lambda ps: torch.optim.SGD(ps, lr=0.1, **kwargs)))
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_fused_sgd_on_16bit_params_equals_sgd_at_vector_sizes(dtype: torch.dtype, momentum: float):
+    """4099 elements reach the vectorised code, where torch's fused CPU SGD is wrong for 16-bit parameters (kernel_guards)."""
+
+    def run(make: Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer]) -> torch.Tensor:
+        p = torch.nn.Parameter(torch.randn(4099, generator=torch.Generator().manual_seed(0)).to(dtype))
+        opt, g = make([p]), torch.Generator().manual_seed(1)
+        for _ in range(3):
+            p.grad = torch.randn(4099, generator=g).to(dtype)
+            opt.step()
+        return p.detach()
+
+    got = run(lambda ps: FusedSGD(ps, lr=0.1, momentum=momentum))
+    torch.testing.assert_close(got, run(lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=momentum, foreach=True)))
+
+
+def _learn(dtype: torch.dtype, amp_o3: bool) -> float:
+    """Accuracy after training a small MLP on a separable 4-class task: a pure 16-bit loop, or amp O3 with FusedSGD."""
+    from ampkit.apex import amp
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 16, generator=g)
+    y = (x @ torch.randn(16, 4, generator=g)).argmax(1)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    if amp_o3:
+        model, opt = amp.initialize(model, FusedSGD(model.parameters(), lr=0.1, momentum=0.9), opt_level="O3", half_dtype=dtype, verbosity=0)
+    else:
+        model = model.to(dtype)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)  # torch's default (foreach) kernel
+    for _ in range(30):
+        loss = torch.nn.functional.cross_entropy(model(x.to(dtype)).float(), y)
+        opt.zero_grad()
+        if amp_o3:
+            with amp.scale_loss(loss, opt) as scaled:
+                scaled.backward()
+        else:
+            loss.backward()
+        opt.step()
+    with torch.no_grad():
+        return (model(x.to(dtype)).argmax(1) == y).float().mean().item()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_amp_o3_with_fused_sgd_learns_as_a_pure_16bit_loop_does(dtype: torch.dtype):
+    control = _learn(dtype, amp_o3=False)
+    assert control > 0.9  # the task is learnable in pure 16 bits
+    assert _learn(dtype, amp_o3=True) >= control - 0.05
+
+
 def test_fused_sgd_is_torch_sgd_and_accepts_apex_only_knobs():
     opt = FusedSGD(_params(), lr=0.1, materialize_master_grads=False, set_grad_none=True)
     assert isinstance(opt, torch.optim.SGD) and opt.defaults["fused"] is True

@@ -106,3 +106,29 @@ def test_fake_cuda_device_is_listed_and_recommended_for(fake_volta: None, capsys
     assert "cuda:0" in out
     assert "Tesla V100-SXM2-16GB" in out
     assert "recommended on cuda:0: 16-mixed (" in out
+
+
+# ------------------------------------------------------------------------------------------------ kernel guards
+def test_json_lists_every_kernel_guard_with_the_devices_it_is_active_on(fake_volta: None, capsys: pytest.CaptureFixture[str]) -> None:
+    from ampkit.kernel_guards import KNOWN_DEFECTS, torch_affected
+
+    guards = {g["name"]: g for g in _env_json(capsys)["kernel_guards"]}
+    assert list(guards) == [d.name for d in KNOWN_DEFECTS]
+    for d in KNOWN_DEFECTS:
+        expected = [dev for dev in ("cpu", "cuda:0") if torch_affected(d) and (d.devices is None or dev.split(":")[0] in d.devices)]
+        assert guards[d.name]["active_on"] == expected
+        assert guards[d.name]["workaround"] == d.workaround and guards[d.name]["upstream"] == d.upstream
+    # The CPU-only defect is not active on the CUDA device; the device-independent one is, on this torch.
+    assert "cuda:0" not in guards["fused-sgd-cpu-16bit"]["active_on"]
+
+
+def test_table_shows_active_and_not_applicable_guards(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from ampkit.kernel_guards import KNOWN_DEFECTS
+
+    assert main(["env"]) == 0
+    out = capsys.readouterr().out
+    assert "Kernel guards" in out and all(d.name in out for d in KNOWN_DEFECTS)
+    monkeypatch.setattr("ampkit.cli.env.torch_affected", lambda defect: False)  # a torch with every defect fixed
+    assert main(["env"]) == 0
+    out = capsys.readouterr().out
+    assert "active on" not in out and out.count("not applicable") == len(KNOWN_DEFECTS)
