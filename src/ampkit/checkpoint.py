@@ -21,6 +21,7 @@ import torch
 
 from .checkpoint_checks import check_engine_state, check_training_payload
 from .errors import CheckpointError, one_line
+from .kernel_guards import guard_optimizer
 from .state import capture_rng_state, load_checkpoint, restore_rng_state, save_checkpoint
 
 if TYPE_CHECKING:
@@ -208,6 +209,7 @@ def _apply_payload(engine: "Engine", payload: dict[str, Any]) -> None:
     if payload["models"] is not None:
         for opt, saved in zip(engine.optimizers, payload["optimizers"]):
             opt.load_state_dict(saved)
+            guard_optimizer(opt)  # the saved groups' fused flags come from another machine or torch
         for model, saved in zip(engine.models, payload["models"]):
             model.load_state_dict(saved)
     for sched, saved in zip(engine.schedulers, payload["schedulers"]):

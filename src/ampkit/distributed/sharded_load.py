@@ -27,6 +27,7 @@ from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata
 from torch.utils._pytree import tree_map_only
 
 from ..errors import CheckpointError, one_line
+from ..kernel_guards import guard_optimizer
 from .checkpoint import _grouped, _owner, _sharded_state, _single_process_intended
 from .safe_dcp import SafeFileSystemReader, SafeLoadPlanner, storage_files
 
@@ -101,3 +102,4 @@ def load_shards(engine: "Engine", directory: Path, metadata: Metadata) -> None:
         set_model_state_dict(model, fresh[f"model.{i}"])
     for j, opt in enumerate(engine.optimizers):
         set_optimizer_state_dict(_owner(engine, opt), opt, fresh[f"optim.{j}"])
+        guard_optimizer(opt)  # the saved groups' fused flags come from another machine or torch
