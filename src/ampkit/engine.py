@@ -199,6 +199,7 @@ class Engine:
             ]
 
         named = names()
+        _check_optimizer_params(optimizers, {id(p) for _, p in named})
         if strategy is not None and not strategy.applied_by_user:
             broadcast_from_rank0(model_list)  # before masters are cloned or the model cast: every rank starts alike
         if isinstance(strategy, FSDP):
@@ -586,3 +587,26 @@ class Engine:
         from .checkpoint import load_training_state
 
         return load_training_state(self, path)
+
+
+def _check_optimizer_params(optimizers: Sequence[torch.optim.Optimizer], ours: set[int]) -> None:
+    """Refuse an optimizer holding a parameter that is not the models': setup() would prepare (cast, unscale,
+    check) the models' parameters while that optimizer steps another one, so the model would not train as asked.
+    A model parameter in no optimizer is fine: a frozen layer."""
+    for i, opt in enumerate(optimizers):
+        where = [(g, j, p) for g, group in enumerate(opt.param_groups) for j, p in enumerate(group["params"]) if id(p) not in ours]
+        if not where:
+            continue
+        name = f"optimizer {i} ({type(opt).__name__})"
+        total = sum(len(group["params"]) for group in opt.param_groups)
+        if len(where) == total:
+            raise ValueError(
+                f"setup(): {name} holds none of the model's parameters, so it would train nothing here; build it on "
+                f"this model's parameters, e.g. {type(opt).__name__}(model.parameters(), ...)."
+            )
+        g, j, p = where[0]
+        raise ValueError(
+            f"setup(): {name} holds {len(where)} parameter(s) that are not in the model(s) given to setup(), the first "
+            f"param_groups[{g}]['params'][{j}] ({p.dtype} tensor of shape {tuple(p.shape)}); pass every module it trains "
+            "to setup(), e.g. setup([model, other], optimizer), or build it on the model's parameters only."
+        )

@@ -259,7 +259,8 @@ def test_short_last_window_is_divided_by_its_own_length() -> None:
 
 def test_windows_run_across_epochs_without_start_epoch() -> None:
     engine = Engine(accumulate=3)
-    model, _ = engine.setup(mlp(), torch.optim.SGD(mlp().parameters(), lr=0.1))
+    model = mlp()
+    model, _ = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
     ends = []
     for i, (x, y) in enumerate(batches(7)):
         engine.backward(loss_fn(model(x), y))
@@ -608,7 +609,8 @@ def test_collapse_warning_is_logged_once_per_episode(caplog: pytest.LogCaptureFi
 
 def test_keep_fp32_runs_the_named_module_in_fp32_under_autocast() -> None:
     engine = Engine("bf16-mixed", keep_fp32=["3"])
-    model, _ = engine.setup(mlp(), torch.optim.SGD(mlp().parameters(), lr=0.1))
+    model = mlp()
+    model, _ = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
     with engine.autocast():
         hidden = model[0](torch.randn(2, 8))
         out = model(torch.randn(2, 8))
@@ -687,3 +689,54 @@ def test_bad_schedulers() -> None:
         Engine().setup(model, opt, schedulers=torch.optim.lr_scheduler.ReduceLROnPlateau(opt))
     with pytest.raises(ValueError, match="built on one of the optimizers"):
         Engine().setup(model, opt, schedulers=torch.optim.lr_scheduler.StepLR(other, 1))
+
+
+# ------------------------------------------------------------------------- optimizers that do not fit the model
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed", "bf16-true-masters"])
+def test_setup_refuses_an_optimizer_of_another_model(precision: str) -> None:
+    model, other = mlp(), mlp()
+    with pytest.raises(ValueError, match=r"optimizer 0 \(AdamW\) holds none of the model's parameters.*AdamW\(model.parameters\(\)"):
+        Engine(precision).setup(model, torch.optim.AdamW(other.parameters()))
+
+
+def test_setup_names_a_foreign_parameter_mixed_into_the_optimizer() -> None:
+    model, stray = mlp(), nn.Parameter(torch.zeros(3, 5))
+    opt = torch.optim.SGD([{"params": list(model.parameters())}, {"params": [stray], "lr": 0.01}], lr=0.1)
+    with pytest.raises(ValueError) as info:
+        Engine("bf16-mixed").setup(model, opt)
+    message = str(info.value)
+    assert "param_groups[1]['params'][0] (torch.float32 tensor of shape (3, 5))" in message
+    assert "setup([model, other], optimizer)" in message
+
+
+def test_setup_accepts_the_owner_of_every_optimized_parameter_among_its_models() -> None:
+    model, head = mlp(), nn.Linear(8, 2)
+    opt = torch.optim.SGD([*model.parameters(), *head.parameters()], lr=0.1)
+    (m, h), _ = Engine("32-true").setup([model, head], opt)
+    assert m is model and h is head
+
+
+def test_setup_accepts_frozen_layers_and_trains_like_the_plain_loop() -> None:
+    # A model parameter in no optimizer is a frozen layer, not a mistake: the run must match plain torch.
+    torch.manual_seed(0)
+    treatment = mlp()
+    control = copy.deepcopy(treatment)
+    x, y = torch.randn(16, 8), torch.randn(16, 3)
+
+    def trainable(m: nn.Module) -> list[nn.Parameter]:
+        return [p for n, p in m.named_parameters() if not n.startswith("0.")]  # the first layer stays frozen
+
+    engine = Engine("32-true")
+    model, opt = engine.setup(treatment, torch.optim.SGD(trainable(treatment), lr=0.1))
+    control_opt = torch.optim.SGD(trainable(control), lr=0.1)
+    frozen = control[0].weight.detach().clone()
+    for _ in range(3):
+        opt.zero_grad()
+        engine.backward(nn.functional.mse_loss(model(x), y))
+        engine.step()
+        control_opt.zero_grad()
+        nn.functional.mse_loss(control(x), y).backward()
+        control_opt.step()
+    for a, b in zip(treatment.parameters(), control.parameters()):
+        assert torch.equal(a, b)
+    assert torch.equal(treatment[0].weight, frozen)

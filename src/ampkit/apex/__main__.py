@@ -4,6 +4,10 @@
 its own directory first on ``sys.path`` and ``sys.argv`` set to ``[SCRIPT, *ARGS]``, exactly as
 ``python SCRIPT ARGS`` would, except that ``import apex`` resolves to ampkit.apex. Under torchrun:
 ``torchrun --nproc-per-node 2 -m ampkit.apex train.py``.
+
+The script's directory (the current directory for ``-m``) goes on ``sys.path`` *before* the finder is installed:
+a real Apex vendored beside the script is then found, kept, and only filled in (``apex.amp``), as
+:func:`~ampkit.apex.install` promises; ``--force`` still puts ampkit's modules in front of it.
 """
 
 from __future__ import annotations
@@ -32,6 +36,11 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"no such script: {args.target[0]}")
     if args.half_dtype:
         os.environ["AMPKIT_APEX_HALF_DTYPE"] = args.half_dtype
+    # The script's own import path first, then install(): install() looks for a real Apex on sys.path, and one
+    # vendored beside the script must be seen there, or ampkit's modules would silently replace it.
+    home = os.getcwd() if args.module is not None else os.path.dirname(os.path.abspath(args.target[0]))
+    if not sys.path or os.path.abspath(sys.path[0]) != home:
+        sys.path.insert(0, home)
     install(force=args.force)
     if args.module is not None:
         sys.argv = [args.module, *args.target]
@@ -39,7 +48,6 @@ def main(argv: list[str] | None = None) -> None:
         return
     script, *rest = args.target
     sys.argv = [script, *rest]
-    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     runpy.run_path(script, run_name="__main__")
 
 

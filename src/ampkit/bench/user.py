@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..errors import one_line
 from .workload import Batch, Metric, Workload, call_model, output_as_float
 
 __all__ = ["BenchData", "EvalLoss", "load_factory", "spec_parts", "user_workload"]
@@ -56,6 +57,24 @@ class BenchData:
     """What throughput counts; ``tokens`` for language models."""
     items_per_batch: int | None = None
     """Samples (or tokens) per training batch; default: the first batch's ``len(targets)``."""
+
+    def __post_init__(self) -> None:
+        for name in ("train", "eval"):
+            value = getattr(self, name)
+            if isinstance(value, (torch.Tensor, dict, str, bytes)) or not isinstance(value, Iterable):
+                raise TypeError(
+                    f"BenchData({name}=...) got {type(value).__name__}; {name} must be a list (or any iterable, e.g. a "
+                    "DataLoader) of (inputs, targets) batches."
+                )
+        for name in ("loss_fn", "metric"):
+            value = getattr(self, name)
+            if value is not None and not callable(value):
+                raise TypeError(f"BenchData({name}=...) got {type(value).__name__}; {name} must be a callable or None.")
+        if not isinstance(self.unit, str) or not self.unit:
+            raise TypeError(f"BenchData(unit=...) got {self.unit!r}; unit must be a word such as 'samples' or 'tokens'.")
+        n = self.items_per_batch
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ValueError(f"BenchData(items_per_batch=...) got {n!r}; it must be a positive int, or None to count len(targets).")
 
 
 class EvalLoss:
@@ -113,6 +132,8 @@ def load_factory(spec: str, option: str) -> Callable[[], Any]:
             module = importlib.import_module(module_name)
     except ValueError:
         raise
+    except SystemExit as exc:
+        raise ValueError(f"{option} {spec}: importing {module_name} exited ({_exit_text(exc)}); move the script code under `if __name__ == \"__main__\":`.") from exc
     except Exception as exc:
         raise ValueError(
             f"{option} {spec}: importing {module_name} failed ({type(exc).__name__}: {exc}); "
@@ -128,11 +149,32 @@ def load_factory(spec: str, option: str) -> Callable[[], Any]:
     return obj
 
 
+def _exit_text(exc: SystemExit) -> str:
+    return f"sys.exit({exc.code!r})" if exc.code is not None else "sys.exit()"
+
+
 def _call_factory(factory: Callable[[], Any], spec: str, option: str) -> Any:
+    # SystemExit too: a factory that exits (even with 0) produced nothing, and must not end the command as a success.
+    name = spec.rpartition(":")[2]
     try:
         return factory()
+    except SystemExit as exc:
+        raise ValueError(f"{option} {spec}: {name}() exited ({_exit_text(exc)}) instead of returning; make it return, not exit.") from exc
     except Exception as exc:
-        raise ValueError(f"{option} {spec}: calling {spec.rpartition(':')[2]}() failed ({type(exc).__name__}: {exc}).") from exc
+        raise ValueError(f"{option} {spec}: calling {name}() failed ({type(exc).__name__}: {exc}).") from exc
+
+
+def _read(batches: Iterable[Any], limit: int | None, spec: str, what: str) -> list[Any]:
+    """Up to ``limit`` batches of the user's iterable (all when None); an error while iterating names the data."""
+    out: list[Any] = []
+    try:
+        for b in itertools.islice(batches, limit):
+            out.append(b)
+    except SystemExit as exc:
+        raise ValueError(f"--data {spec}: reading {what} batch {len(out)} exited ({_exit_text(exc)}); make the data iterable end, not exit.") from exc
+    except Exception as exc:
+        raise ValueError(f"--data {spec}: reading {what} batch {len(out)} failed ({type(exc).__name__}: {one_line(exc)}).") from exc
+    return out
 
 
 def _check_batches(batches: Sequence[Any], spec: str, what: str) -> list[Batch]:
@@ -186,10 +228,10 @@ def user_workload(model_spec: str | None, data_spec: str | None, *, steps: int, 
         raise ValueError(f"--data {data_spec} needs --model pkg.module:factory: the model to train on it.")
 
     data = _as_bench_data(_call_factory(load_factory(data_spec, "--data"), data_spec, "--data"), data_spec)
-    train = _check_batches(list(itertools.islice(data.train, steps)), data_spec, "training")
+    train = _check_batches(_read(data.train, steps, data_spec, "training"), data_spec, "training")
     if not train:
         raise ValueError(f"--data {data_spec} gave no training batches; return at least one (inputs, targets) pair.")
-    eval_batches = _check_batches(list(data.eval), data_spec, "eval")
+    eval_batches = _check_batches(_read(data.eval, None, data_spec, "eval"), data_spec, "eval")
     loss_fn = data.loss_fn or default_loss
     metric = (data.metric or (lambda: EvalLoss(loss_fn))) if eval_batches else None
     _smoke_test(model, train[0], loss_fn, model_spec or "")

@@ -38,24 +38,13 @@ from ..bench.results import BenchResult
 from ..bench.runner import check_shardable, run_bench
 from ..bench.user import user_workload
 from ..bench.workload import SIZES, Workload
+from .checks import non_negative as _non_negative
+from .checks import positive as _positive
+from .checks import writable_dir as _check_out
 
 __all__ = ["register", "run"]
 
 log = logging.getLogger("ampkit")
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _non_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -119,7 +108,7 @@ def _workload(args: argparse.Namespace, device: torch.device, size: str) -> Work
         workload = user_workload(args.model, args.data, steps=steps, warmup=warmup, base=base)
         workload.steps, workload.warmup = steps, warmup  # --model on a built-in workload's data keeps its steps otherwise
     else:
-        workload = get_workload(args.workload or default_workload(device), size=size, seed=args.seed)
+        workload = get_workload(default_workload(device) if args.workload is None else args.workload, size=size, seed=args.seed)
         if args.steps is not None:
             workload.steps = args.steps
         if args.warmup is not None:
@@ -127,11 +116,6 @@ def _workload(args: argparse.Namespace, device: torch.device, size: str) -> Work
     if workload.steps <= workload.warmup:
         raise ValueError(f"--steps {workload.steps} must exceed --warmup {workload.warmup} so some steps are timed.")
     return workload
-
-
-def _check_out(path: Path | None, option: str) -> None:
-    if path is not None and path.exists() and not path.is_dir():
-        raise ValueError(f"{option} {path} is a file; give a directory (it is created if missing).")
 
 
 def run(args: argparse.Namespace) -> int:

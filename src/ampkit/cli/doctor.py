@@ -22,7 +22,8 @@ import torch
 from rich.console import Console
 
 from ..bench.workload import SIZES
-from .bench import _check_out, _device, _non_negative, _positive
+from .bench import _device
+from .checks import non_negative, positive, writable_dir
 
 __all__ = ["register", "run"]
 
@@ -45,10 +46,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--model", metavar="MODULE:FACTORY", help="your model: a no-argument callable returning an nn.Module")
     p.add_argument("--data", metavar="MODULE:FACTORY", help="your data: a no-argument callable returning (inputs, targets) batches or a BenchData")
     p.add_argument("--precision", help="tailor for this policy (e.g. 16-mixed for a GPU without bf16); default: choose among the fast ones")
-    p.add_argument("--steps", type=_positive, default=3, help="fp32 reference steps to collect statistics over (default: 3)")
+    p.add_argument("--steps", type=positive, default=3, help="fp32 reference steps to collect statistics over (default: 3)")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights, data and dropout (default: 0)")
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: the GPU if there is one)")
-    p.add_argument("--top", type=_non_negative, default=15, help="modules shown in the table, worst first (default: 15)")
+    p.add_argument("--top", type=non_negative, default=15, help="modules shown in the table, worst first (default: 15)")
     p.add_argument("--out", type=Path, metavar="DIR", help="write doctor.json, report.md and PNG histograms here")
     p.set_defaults(func=run)
 
@@ -62,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     from ..numerics import diagnose
     from ..policy import get_policy
 
-    _check_out(args.out, "--out")
+    writable_dir(args.out, "--out")
     device = _device(args.device)
     if args.precision is not None:
         get_policy(args.precision).check_device(device)
@@ -74,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         base = get_workload(args.workload, size=size, seed=args.seed) if args.workload is not None else None
         workload = user_workload(args.model, args.data, steps=max(steps_needed, 2), warmup=1, base=base)
     else:
-        workload = get_workload(args.workload or default_workload(device), size=size, seed=args.seed)
+        workload = get_workload(default_workload(device) if args.workload is None else args.workload, size=size, seed=args.seed)
     console = Console()
     console.print(f"[dim]ampkit doctor: {args.steps} fp32 reference steps of {workload.name}, then one step per policy tried...[/dim]")
     batches = [to_device(b, device, workload.channels_last) for b in workload.train_batches[:steps_needed]]

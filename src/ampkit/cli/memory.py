@@ -24,10 +24,10 @@ from ..bench.defaults import default_size, default_workload
 from ..bench.format import fmt_bytes
 from ..bench.workload import SIZES, Workload
 from ..memory.estimate import BREAKDOWN, MemoryEstimate, estimate
-from ..memory.fit import Fit, largest_batch, parse_bytes, resize_batch
+from ..memory.fit import Fit, largest_batch, resize_batch
 from ..policy import get_policy, policy_names
 from ..policy.device import as_device
-from .bench import _positive
+from .checks import memory_size, positive
 
 __all__ = ["register", "run"]
 
@@ -50,10 +50,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--size", default="auto", choices=("auto", *SIZES), help="built-in workload size (default: small on CPU, large on CUDA)")
     p.add_argument("--model", metavar="MODULE:FACTORY", help="your model: a no-argument callable returning an nn.Module")
     p.add_argument("--data", metavar="MODULE:FACTORY", help="your data: a no-argument callable returning (inputs, targets) batches")
-    p.add_argument("--batch-size", type=_positive, help="batch size to predict for (default: the data's)")
+    p.add_argument("--batch-size", type=positive, help="batch size to predict for (default: the data's)")
     p.add_argument("--precision", help="comma-separated policies or aliases (default: every policy the device supports)")
     p.add_argument("--device", help="the device to predict for: cpu or cuda (default: cuda if visible, else cpu); no GPU is needed")
-    p.add_argument("--device-memory", metavar="SIZE", help="memory to fit in, e.g. 24GiB or 80GB: adds the largest batch that fits per policy")
+    p.add_argument("--device-memory", type=memory_size, metavar="SIZE", help="memory to fit in, e.g. 24GiB or 80GB: adds the largest batch that fits per policy")
     p.add_argument("--json", action="store_true", help="print JSON (one object per policy) instead of the table")
     p.add_argument("--seed", type=int, default=0, help="seed of the built-in workload (default: 0)")
     p.set_defaults(func=run)
@@ -97,7 +97,7 @@ def _workload(args: argparse.Namespace, device: torch.device) -> Workload:
     if args.model is not None or args.data is not None:
         base = get_workload(args.workload, size=size, seed=args.seed) if args.workload is not None else None
         return user_workload(args.model, args.data, steps=2, warmup=1, base=base)
-    return get_workload(args.workload or default_workload(device), size=size, seed=args.seed)
+    return get_workload(default_workload(device) if args.workload is None else args.workload, size=size, seed=args.seed)
 
 
 def _example(workload: Workload, batch_size: int | None) -> Any:
@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     """Predict and print the memory of one training step per policy."""
     device = _target(args.device)
     policies = _policies(args.precision, device)
-    budget = parse_bytes(args.device_memory) if args.device_memory is not None else None
+    budget = args.device_memory
     workload = _workload(args, device)
     model = workload.model.to(memory_format=torch.channels_last) if workload.channels_last else workload.model
     batch = _example(workload, args.batch_size)

@@ -90,6 +90,24 @@ def _batch_size(batch: Any) -> int | None:
     return int(leaves[0].shape[0]) if leaves else None
 
 
+def _check_arguments(caller: str, model: Any, example_batch: Any, loss_fn: Any) -> None:
+    """Refuse what the step would fail on deep inside, with a message that names the argument and its form."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(
+            f"{caller}() takes the model (an nn.Module) first, got {type(model).__name__} {model!r:.40}; pass the module "
+            "itself (build one too large for this machine under `with torch.device('meta'):`)."
+        )
+    if not (isinstance(example_batch, (tuple, list)) and len(example_batch) == 2):
+        raise TypeError(
+            f"{caller}() needs example_batch=(inputs, targets), one training batch as ampkit bench takes it, got "
+            f"{type(example_batch).__name__}; e.g. (torch.randn(64, 512), torch.randint(0, 10, (64,)))."
+        )
+    if not any(isinstance(t, torch.Tensor) for t in tree_leaves(example_batch[0])):
+        raise TypeError(f"{caller}(): the inputs of example_batch hold no tensor (got {type(example_batch[0]).__name__}); pass a tensor or a tuple of tensors.")
+    if not callable(loss_fn):
+        raise TypeError(f"{caller}(): loss_fn must be a callable loss_fn(output, targets), got {type(loss_fn).__name__}.")
+
+
 def _model_device(model: nn.Module) -> torch.device:
     for t in [*model.parameters(), *model.buffers()]:
         if t.device.type != "meta":
@@ -168,6 +186,7 @@ def estimate(
     >>> round(e.parameters / 2**30, 2), round(e.master_weights / 2**30, 2), round(e.total / 2**30, 1)
     (2.0, 8.0, 20.0)
     """
+    _check_arguments("estimate", model, example_batch, loss_fn)
     requested = get_policy(policy).name  # an unknown name fails here, in one line, before any work
     target = as_device(device) if device is not None else _model_device(model)
     run_on, simulated, run_policy = target, None, requested
@@ -222,6 +241,7 @@ def measure(
     >>> (m.total, m.peak, m.method) == (e.total, e.peak, "measure")
     True
     """
+    _check_arguments("measure", model, example_batch, loss_fn)
     target = as_device(device) if device is not None else _model_device(model)
     if any(t.device.type == "meta" for t in model.parameters()):
         raise ValueError("measure() needs real weights; this model is on the meta device. Use estimate() for it.")

@@ -16,7 +16,7 @@ from torch import nn
 
 from ..errors import UnsupportedPolicyError
 from .device import Support, as_device
-from .islands import make_fp32_island, match_modules
+from .islands import check_keep_fp32, make_fp32_island, match_modules
 
 __all__ = ["Policy"]
 
@@ -101,7 +101,7 @@ class Policy:
         >>> ampkit.get_policy("16-mixed").with_keep_fp32("decoder.out").keep_fp32
         ('decoder.out',)
         """
-        return dataclasses.replace(self, keep_fp32=tuple(self.keep_fp32) + tuple(modules))
+        return dataclasses.replace(self, keep_fp32=tuple(self.keep_fp32) + check_keep_fp32(modules))
 
     def __str__(self) -> str:
         return self.name

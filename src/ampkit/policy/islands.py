@@ -19,7 +19,7 @@ from torch import nn
 
 from ..errors import PolicyError
 
-__all__ = ["KeepFp32", "cast_floating", "match_modules", "make_fp32_island", "is_fp32_island", "NORM_TYPES"]
+__all__ = ["KeepFp32", "check_keep_fp32", "cast_floating", "match_modules", "make_fp32_island", "is_fp32_island", "NORM_TYPES"]
 
 KeepFp32 = Sequence["str | type[nn.Module]"]
 
@@ -57,6 +57,33 @@ def cast_floating(value: Any, dtype: torch.dtype) -> Any:
             out[k] = cast_floating(v, dtype)
         return out
     return value
+
+
+_KEEP_FORMS = "module names such as 'head' or 'blocks.*.attn', or nn.Module subclasses such as nn.LayerNorm"
+
+
+def check_keep_fp32(keep: Any) -> tuple[str | type[nn.Module], ...]:
+    """``keep`` as a tuple of entries, each a module name (shell wildcards allowed) or an ``nn.Module`` subclass.
+
+    One name or type on its own is one entry, not an iterable of characters. Anything else raises PolicyError
+    naming the bad entry, where the policy is resolved rather than much later when it is applied.
+
+    >>> check_keep_fp32("head"), check_keep_fp32([nn.LayerNorm, "blocks.*.attn"])
+    (('head',), (<class 'torch.nn.modules.normalization.LayerNorm'>, 'blocks.*.attn'))
+    >>> check_keep_fp32([5])
+    Traceback (most recent call last):
+    ...
+    ampkit.errors.PolicyError: keep_fp32 entry 0 is int 5; each entry must be one of: module names such as 'head' or 'blocks.*.attn', or nn.Module subclasses such as nn.LayerNorm.
+    """
+    if isinstance(keep, (str, type)):
+        keep = (keep,)
+    elif isinstance(keep, (bytes, dict)) or not isinstance(keep, Iterable):
+        raise PolicyError(f"keep_fp32 takes a list of {_KEEP_FORMS}; got {type(keep).__name__} {keep!r}.")
+    entries = tuple(keep)
+    for i, entry in enumerate(entries):
+        if not (isinstance(entry, str) or (isinstance(entry, type) and issubclass(entry, nn.Module))):
+            raise PolicyError(f"keep_fp32 entry {i} is {type(entry).__name__} {entry!r}; each entry must be one of: {_KEEP_FORMS}.")
+    return entries
 
 
 def match_modules(model: nn.Module, keep: Iterable[str | type[nn.Module]]) -> list[tuple[str, nn.Module]]:

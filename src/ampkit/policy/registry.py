@@ -15,6 +15,7 @@ from ..errors import PolicyError
 from .base import Policy
 from .full import FullPrecision, TF32Precision
 from .half import BF16True, BF16TrueMasters, FP16True, FP16TrueMasters
+from .islands import check_keep_fp32
 from .mixed import BF16Mixed, FP16Mixed
 
 __all__ = ["POLICIES", "ALIASES", "get_policy", "policy_names"]
@@ -80,8 +81,7 @@ def get_policy(precision: "str | int | Policy", keep_fp32: Iterable[str | type[n
     ...
     ampkit.errors.PolicyError: Unknown precision '01'. Did you mean 'O1'? Valid: 32-true, tf32, ...
     """
-    # One name or type on its own is one entry, not an iterable of characters.
-    keep = (keep_fp32,) if isinstance(keep_fp32, (str, type)) else tuple(keep_fp32)
+    keep = check_keep_fp32(keep_fp32)
     if isinstance(precision, Policy):
         return precision.with_keep_fp32(*keep) if keep else precision
     if isinstance(precision, bool) or not isinstance(precision, (str, int)):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
@@ -46,6 +47,14 @@ class ScalerConfig:
             if not ok:
                 raise ValueError(f"ScalerConfig: {msg}")
 
+        # Types first: the range checks below would otherwise fail with Python's own errors ("must be real number").
+        for name in ("init_scale", "growth_factor", "backoff_factor", "min_scale", "max_scale"):
+            value = getattr(self, name)
+            need(isinstance(value, numbers.Real) and not isinstance(value, bool), f"{name} must be a number, got {type(value).__name__} {value!r}.")
+        for name in ("growth_interval", "hysteresis", "max_consecutive_skips"):
+            value = getattr(self, name)
+            need(isinstance(value, int) and not isinstance(value, bool), f"{name} must be an int, got {type(value).__name__} {value!r}.")
+        need(isinstance(self.consecutive_hysteresis, bool), f"consecutive_hysteresis must be True or False, got {self.consecutive_hysteresis!r}.")
         need(math.isfinite(self.init_scale) and self.init_scale > 0, f"init_scale must be a positive finite number, got {self.init_scale}.")
         need(self.growth_factor > 1.0, f"growth_factor must be > 1 (it grows the scale), got {self.growth_factor}.")
         need(0.0 < self.backoff_factor < 1.0, f"backoff_factor must be in (0, 1), got {self.backoff_factor}.")

@@ -62,3 +62,57 @@ def test_missing_script_is_a_usage_error(capsys):
     assert "no such script: no_such_script.py" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main([])
+
+
+# A real Apex vendored beside the script: it has apex.optimizers but, like Apex since 2025, no apex.amp.
+WHICH_APEX = textwrap.dedent(
+    """
+    import apex
+    import apex.optimizers
+    from apex import amp
+
+    print("apex", "vendored" if getattr(apex, "VENDORED", False) else apex.__name__)
+    print("optimizers", getattr(apex.optimizers, "FUSED", apex.optimizers.__name__))
+    print("amp", amp.initialize.__module__)
+    """
+)
+
+
+@pytest.fixture
+def vendored_project(tmp_path):
+    proj = tmp_path / "proj"
+    (proj / "apex" / "optimizers").mkdir(parents=True)
+    (proj / "apex" / "__init__.py").write_text("VENDORED = True\n")
+    (proj / "apex" / "optimizers" / "__init__.py").write_text("FUSED = 'vendored FusedAdam'\n")
+    (proj / "train.py").write_text(WHICH_APEX)
+    return proj
+
+
+@pytest.mark.parametrize(("force", "expected"), [
+    ([], ["apex vendored", "optimizers vendored FusedAdam", "amp ampkit.apex._initialize"]),
+    (["--force"], ["apex ampkit.apex", "optimizers ampkit.apex.optimizers", "amp ampkit.apex._initialize"]),
+])
+def test_a_real_apex_beside_the_script_is_kept_when_run_from_elsewhere(vendored_project, force, expected):
+    # Run from the project's parent: only the script's own directory puts the vendored apex on sys.path.
+    out = subprocess.run(
+        [sys.executable, "-m", "ampkit.apex", *force, "proj/train.py"],
+        capture_output=True, text=True, timeout=120, cwd=vendored_project.parent,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:3] == expected
+    if not force:  # ampkit fills in apex.amp only, and says so
+        assert "has no apex.amp; ampkit.apex supplies it" in out.stderr
+
+
+def test_module_mode_puts_the_current_directory_first(vendored_project, monkeypatch, capsys):
+    # As `python -m` does; in-process the caller's sys.path need not hold the current directory.
+    monkeypatch.chdir(vendored_project)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(vendored_project))])
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    monkeypatch.delitem(sys.modules, "apex", raising=False)
+    try:
+        main(["-m", "train"])
+    finally:
+        for name in [n for n in sys.modules if n == "apex" or n.startswith("apex.")]:
+            del sys.modules[name]
+    assert capsys.readouterr().out.split("\n")[:3] == ["apex vendored", "optimizers vendored FusedAdam", "amp ampkit.apex._initialize"]

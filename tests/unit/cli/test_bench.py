@@ -85,7 +85,7 @@ def test_out_must_be_a_directory(capsys: pytest.CaptureFixture[str], tmp_path: P
 def test_numbers_are_checked_by_the_parser(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
         main(["bench", "--steps", "0"])
-    assert info.value.code == 2 and "must be >= 1" in capsys.readouterr().err
+    assert info.value.code == 2 and "must be an integer from 1 to" in capsys.readouterr().err
 
 
 def test_user_model_run_writes_every_promised_file(capsys: pytest.CaptureFixture[str], toy: str, tmp_path: Path) -> None:

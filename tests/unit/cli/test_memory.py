@@ -57,7 +57,6 @@ def test_cuda_target_without_cuda_is_simulated(capsys: pytest.CaptureFixture[str
     ("argv", "message"),
     [
         (["--precision", "tf32", "--device", "cpu"], "does not run on cpu"),
-        (["--device-memory", "lots"], "24GiB, 80GB"),
         (["--device", "tpu"], "cpu or cuda"),
         (["--precision", "bf17"], "bf17"),
     ],

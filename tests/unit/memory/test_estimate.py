@@ -186,3 +186,20 @@ def test_a_plain_tensor_attribute_is_copied_as_a_fake_too():
     model, batch = Masked(), (torch.randn(8, 16), torch.randint(0, 16, (8,)))
     e, m = estimate(model, batch, policy="bf16-mixed"), measure(model, batch, policy="bf16-mixed")
     assert (e.total, e.peak) == (m.total, m.peak)
+
+
+@pytest.mark.parametrize("fn", [estimate, measure])
+@pytest.mark.parametrize(
+    ("args", "kwargs", "message"),
+    [
+        (("model", (torch.randn(2, 4), torch.tensor([0, 1]))), {}, "takes the model (an nn.Module) first, got str 'model'"),
+        ((nn.Linear(4, 2), None, None), {}, "needs example_batch=(inputs, targets)"),
+        ((nn.Linear(4, 2), torch.randn(2, 4)), {}, "needs example_batch=(inputs, targets)"),
+        ((nn.Linear(4, 2), ("x", torch.tensor([0, 1]))), {}, "the inputs of example_batch hold no tensor"),
+        ((nn.Linear(4, 2), (torch.randn(2, 4), torch.tensor([0, 1]))), {"loss_fn": "ce"}, "loss_fn must be a callable"),
+    ],
+)
+def test_bad_arguments_are_named_before_any_work(fn, args, kwargs, message):
+    with pytest.raises(TypeError) as info:
+        fn(*args, **kwargs)
+    assert message in str(info.value) and str(info.value).startswith(f"{fn.__name__}()")

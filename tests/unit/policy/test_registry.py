@@ -203,3 +203,28 @@ def test_non_name_inputs_raise_policy_error(bad: object) -> None:
     message = _error(bad)
     assert "precision must be a policy name" in message
     assert type(bad).__name__ in message
+
+
+@pytest.mark.parametrize(
+    ("keep", "message"),
+    [
+        ([5], "keep_fp32 entry 0 is int 5"),
+        (["head", None], "keep_fp32 entry 1 is NoneType None"),
+        ([nn.Linear(2, 2)], "keep_fp32 entry 0 is Linear"),  # an instance, not the type
+        ([int], "keep_fp32 entry 0 is type <class 'int'>"),
+        (5, "keep_fp32 takes a list of module names"),
+        ({"head": 1}, "keep_fp32 takes a list of module names"),
+    ],
+)
+def test_bad_keep_fp32_entries_are_refused_where_the_policy_resolves(keep: object, message: str) -> None:
+    # Refused at resolution, before any model is seen: a policy that is never applied to a model (32-true with
+    # nothing to convert, a policy stored in a config) would otherwise carry the bad entry silently.
+    for name in ("bf16-mixed", "32-true"):
+        with pytest.raises(PolicyError) as info:
+            get_policy(name, keep_fp32=keep)
+        assert message in str(info.value) and "nn.Module subclasses such as nn.LayerNorm" in str(info.value)
+
+
+def test_with_keep_fp32_checks_its_entries_too() -> None:
+    with pytest.raises(PolicyError, match="keep_fp32 entry 1 is int 5"):
+        get_policy("16-mixed").with_keep_fp32("head", 5)

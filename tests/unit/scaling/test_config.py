@@ -122,3 +122,20 @@ def test_config_is_frozen():
     cfg = ScalerConfig()
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.hysteresis = 2  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"init_scale": "big"}, "init_scale must be a number, got str 'big'"),
+        ({"growth_factor": None}, "growth_factor must be a number, got NoneType"),
+        ({"min_scale": True}, "min_scale must be a number, got bool"),
+        ({"growth_interval": 2.5}, "growth_interval must be an int, got float 2.5"),
+        ({"hysteresis": "2"}, "hysteresis must be an int, got str '2'"),
+        ({"consecutive_hysteresis": "yes"}, "consecutive_hysteresis must be True or False"),
+    ],
+)
+def test_wrong_types_are_named_not_python_errors(kwargs, message):
+    with pytest.raises(ValueError, match="^ScalerConfig: ") as info:
+        ScalerConfig(**kwargs)
+    assert message in str(info.value)

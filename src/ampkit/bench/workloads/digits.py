@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ...errors import AmpkitError
 from ..workload import SIZES, Accuracy, Batch, Workload, default_optimizer
 
 __all__ = ["build", "DigitsCNN"]
@@ -63,7 +64,13 @@ class DigitsCNN(nn.Module):
 
 @functools.lru_cache(maxsize=1)
 def _digits() -> tuple[np.ndarray, np.ndarray]:
-    from sklearn.datasets import load_digits  # here, not at import: only this workload needs scikit-learn
+    try:  # here, not at import: only this workload needs scikit-learn
+        from sklearn.datasets import load_digits
+    except ImportError as exc:
+        raise AmpkitError(
+            'the digits workload (the default on a CPU) reads its data with scikit-learn, which is not installed; it '
+            'needs the bench extra: pip install "ampkit[bench]" (or choose another workload: -w gpt, resnet or segment).'
+        ) from exc
 
     x, y = load_digits(return_X_y=True)
     return x.astype(np.float32) / 16.0, y.astype(np.int64)  # pixel values 0..16 -> [0, 1]
