@@ -591,8 +591,9 @@ class Engine:
 
 def _check_optimizer_params(optimizers: Sequence[torch.optim.Optimizer], ours: set[int]) -> None:
     """Refuse an optimizer holding a parameter that is not the models': setup() would prepare (cast, unscale,
-    check) the models' parameters while that optimizer steps another one, so the model would not train as asked.
-    A model parameter in no optimizer is fine: a frozen layer."""
+    check) the models' parameters while that optimizer steps another one, so the model would not train as asked,
+    and engine.save() would not hold that parameter's value (the optimizer saves only its state), so a resumed
+    run would silently lose it. A model parameter in no optimizer is fine: a frozen layer."""
     for i, opt in enumerate(optimizers):
         where = [(g, j, p) for g, group in enumerate(opt.param_groups) for j, p in enumerate(group["params"]) if id(p) not in ours]
         if not where:
@@ -607,6 +608,7 @@ def _check_optimizer_params(optimizers: Sequence[torch.optim.Optimizer], ours: s
         g, j, p = where[0]
         raise ValueError(
             f"setup(): {name} holds {len(where)} parameter(s) that are not in the model(s) given to setup(), the first "
-            f"param_groups[{g}]['params'][{j}] ({p.dtype} tensor of shape {tuple(p.shape)}); pass every module it trains "
+            f"param_groups[{g}]['params'][{j}] ({p.dtype} tensor of shape {tuple(p.shape)}), which neither the precision policy "
+            "nor engine.save() would cover; pass every module it trains "
             "to setup(), e.g. setup([model, other], optimizer), or build it on the model's parameters only."
         )
