@@ -75,7 +75,7 @@ def main() -> None:
     torch.manual_seed(1234 + env.rank)  # each rank its own dropout stream
 
     start = 0
-    if args.ckpt is not None and args.ckpt.exists():
+    if args.ckpt is not None and ampkit.checkpoint_exists(args.ckpt):  # also after a save killed mid-swap
         start = engine.load(args.ckpt)["micro"]
         log.info("resumed from %s at micro-batch %d (step %d)", args.ckpt, start, engine.steps)
     first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
