@@ -19,9 +19,12 @@ Without torchrun (and no ``RANK`` in the environment) nothing is initialised and
 
 from __future__ import annotations
 
+import atexit
 import datetime
+import gc
 import logging
 import os
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -132,6 +135,7 @@ def init_distributed(
         torch.cuda.set_device(dev)
     kwargs = {"timeout": timeout} if timeout is not None else {}
     dist.init_process_group(backend, store=_attempt_store(rank, world, timeout), rank=rank, world_size=world, **kwargs)
+    _end_at_exit()
     if rank_zero_logging:
         log_on_rank_zero()
     log.info("process group: %d rank(s), backend %s, rank 0 on %s", world, backend, dev)
@@ -165,10 +169,75 @@ def current_env(device: str | torch.device | None = None) -> DistributedEnv:
 
 
 def shutdown() -> None:
-    """Wait for every rank, then end the process group (a no-op without one).
+    """Wait for every rank, end the process group, and let go of torch's cached references to it (a no-op without one).
 
     The barrier matters: a rank that tears gloo down while another still sends to it makes that one abort.
+
+    Letting go matters too. ``destroy_process_group`` only unregisters a group; its gloo worker threads stop when
+    the last reference goes, and DTensor's sharding caches (filled by every FSDP2 step) keep one for the rest of
+    the process. Those threads would then still be alive while the interpreter finalizes, and a worker that frees
+    a finished collective's tensors at that moment needs the GIL, which a finalizing interpreter refuses by ending
+    the thread: "terminate called without an active exception", a rank killed by SIGABRT after the job finished,
+    and torchrun restarting it. So the caches are cleared here and the threads are joined as soon as the model
+    (which holds the group too) is gone: here, if it already is, else when the training function returns (a hook
+    run at exit, before finalization, collects it). A model kept in a module-level variable lives until
+    finalization: ``del`` it before ``shutdown()``.
+
+    >>> shutdown()  # nothing to end in a single process
     """
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
+    _release_destroyed_groups()
+
+
+# DTensor's caches whose keys or values hold a DeviceMesh (and through it the process group), as
+# (module, attribute path, clearing method); torch >= 2.13 names. Ones a torch version lacks are skipped.
+_DTENSOR_CACHES = (
+    ("torch.distributed.tensor.debug", "_clear_sharding_prop_cache", None),
+    ("torch.distributed.tensor._redistribute", "clear_redistribute_planner_cache", None),
+    ("torch.distributed.tensor._redistribute", "_gen_transform_infos", "cache_clear"),
+    ("torch.distributed.tensor._collective_utils", "MeshTopoInfo.build_from_mesh", "cache_clear"),
+    ("torch.distributed.tensor", "DTensor._op_dispatcher.sharding_propagator._propagate_tensor_meta_cached", "cache_clear"),
+)
+
+
+def _clear_dtensor_caches() -> None:
+    if "torch.distributed.tensor" not in sys.modules:
+        return  # DTensor never ran (DDP): nothing cached, and no import cost
+    import importlib
+
+    for module, path, method in _DTENSOR_CACHES:
+        try:
+            target: object = importlib.import_module(module)
+            for name in path.split("."):
+                target = getattr(target, name)
+            (getattr(target, method) if method else target)()  # type: ignore[operator]
+        except (ImportError, AttributeError):
+            log.debug("no DTensor cache %s.%s in this torch", module, path)
+
+
+def _release_destroyed_groups() -> None:
+    _clear_dtensor_caches()
+    gc.collect()  # FSDP modules are reference cycles: a group they hold goes only when a collection runs
+
+
+_hooked = False
+
+
+def _end_at_exit() -> None:
+    """At exit, end a group ampkit started that is still there, and join its threads while the interpreter is whole.
+
+    atexit runs before finalization begins; the training function has returned by then, so its model is garbage.
+    No barrier: a run that exits on an exception must not wait for ranks that may never come.
+    """
+    global _hooked
+    if not _hooked:
+        atexit.register(_at_exit)
+        _hooked = True
+
+
+def _at_exit() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    _release_destroyed_groups()
