@@ -38,31 +38,31 @@ def _differs(where: str, saved: Any, reference: Any) -> CheckpointError:
     return CheckpointError(f"{where} is {_kind(saved)} in the checkpoint, where this run has {_kind(reference)}")
 
 
-def conforms(saved: Any, reference: Any, where: str, *, exact_keys: bool = True) -> None:
+def conforms(saved: Any, reference: Any, where: str) -> None:
     """Raise CheckpointError unless ``saved`` has the shape of ``reference``: keys, lengths, value kinds, tensor shapes.
 
     ``reference`` is what the running object's own ``state_dict()`` returns. ``None`` on either side matches
     anything (attributes that are unset until first use). Numbers: an int stays an int, a float may be saved as
-    an int. ``exact_keys=False`` lets the checkpoint lack keys the reference has (settings added by a newer torch).
+    an int.
     """
     if saved is None or reference is None:
         return
     if isinstance(reference, dict):
         if not isinstance(saved, dict):
             raise _differs(where, saved, reference)
-        missing = [k for k in reference if k not in saved] if exact_keys else []
+        missing = [k for k in reference if k not in saved]
         extra = [k for k in saved if k not in reference]
         if missing or extra:
             raise CheckpointError(f"{where} has other entries than this run's (missing {missing[:5]}, unexpected {extra[:5]})")
         for key, value in saved.items():
-            conforms(value, reference[key], f"{where}[{key!r}]", exact_keys=exact_keys)
+            conforms(value, reference[key], f"{where}[{key!r}]")
     elif isinstance(reference, (list, tuple)):
         if not isinstance(saved, (list, tuple)):
             raise _differs(where, saved, reference)
         if len(saved) != len(reference):
             raise CheckpointError(f"{where} holds {len(saved)} entries in the checkpoint, {len(reference)} in this run")
         for i, (s, r) in enumerate(zip(saved, reference)):
-            conforms(s, r, f"{where}[{i}]", exact_keys=exact_keys)
+            conforms(s, r, f"{where}[{i}]")
     elif isinstance(reference, torch.Tensor):
         if not isinstance(saved, torch.Tensor):
             raise _differs(where, saved, reference)
@@ -118,14 +118,15 @@ def check_optimizer(i: int, opt: torch.optim.Optimizer, saved: Any, path: Any) -
     for g, (mine, theirs) in enumerate(zip(opt.param_groups, groups)):
         if len(theirs["params"]) != len(mine["params"]):
             raise CheckpointError(f"{where}: an optimizer's parameter groups differ from the checkpoint's (group {g}: {len(theirs['params'])} vs {len(mine['params'])} parameters); build it as the saved run did.")
-        foreign = sorted(k for k in theirs if k not in mine and k != "param_names")
+        # initial_lr is added by any LR scheduler built on the optimizer, whatever its class.
+        foreign = sorted(k for k in theirs if k not in mine and k not in ("param_names", "initial_lr"))
         if foreign:
             raise CheckpointError(
                 f"{where}: the checkpoint's parameter group {g} has settings {foreign} that {name} does not have; it was "
                 f"saved from another optimizer class. Build the optimizer the saved run used."
             )
         for key, value in theirs.items():
-            if key in ("params", "param_names"):
+            if key in ("params", "param_names", "initial_lr"):
                 continue
             conforms(value, mine.get(key), f"{where} setting {key!r}")
         by_id.update(zip(theirs["params"], mine["params"]))
@@ -178,16 +179,12 @@ def check_engine_state(engine: "Engine", state: Any) -> None:
             raise CheckpointError("The checkpoint's master weights name other parameters than this model has; is it the same model?")
         conforms(state["masters"], dict(zip(engine.masters.names, engine.masters.masters)), "the checkpoint's master weights")
     if state["pending_grads"] is not None:
-        params = {name: p for p in _parameters(engine) if (name := engine._param_names.get(id(p))) is not None}
+        params = {name: p for m in engine.models for p in m.parameters() if (name := engine._param_names.get(id(p))) is not None}
         saved = state["pending_grads"]
         if not isinstance(saved, dict) or not set(saved) <= set(params):
             unknown = sorted(set(saved) - set(params))[:3] if isinstance(saved, dict) else saved
             raise CheckpointError(f"the checkpoint's pending gradients name parameters this model lacks ({unknown}); is it the same model?")
         conforms(saved, {n: params[n] for n in saved}, "the checkpoint's pending gradients")
-
-
-def _parameters(engine: "Engine") -> list[torch.Tensor]:
-    return [p for m in engine.models for p in m.parameters()]
 
 
 def _check_scaler(engine: "Engine", saved: Any) -> None:
