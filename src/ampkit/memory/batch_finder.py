@@ -25,6 +25,9 @@ Use it as a function or as a decorator, with or without arguments:
 
 Prefer :func:`~ampkit.memory.fit.largest_batch` to *predict* the answer without the device (no OOM at all);
 use this one on the device itself, where the allocator's rounding, fragmentation and workspaces count too.
+On a CPU an allocation fails only after the machine has swapped (or the OOM killer has ended the process), so
+there the search needs a budget to run out of: the trial's body inside :class:`~ampkit.memory.oom.MemoryBudget`,
+as in the examples, or a ``limit``.
 """
 
 from __future__ import annotations
