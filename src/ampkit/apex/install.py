@@ -31,6 +31,7 @@ PROVIDED: dict[str, str] = {
     "apex.parallel.sync_batchnorm": "ampkit.apex.parallel.sync_batchnorm",
     "apex.fp16_utils": "ampkit.apex.fp16_utils",
     "apex.normalization": "ampkit.apex.normalization",
+    "apex.multi_tensor_apply": "ampkit.apex.multi_tensor_apply",
 }
 
 
