@@ -1,4 +1,4 @@
-"""Each test starts without an amp session or an installed apex finder, and leaves none behind."""
+"""Each test starts without an amp session, amp flags or an installed apex finder, and leaves none behind."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from ampkit.apex._state import _amp_state
 
 @pytest.fixture(autouse=True)
 def _fresh_amp_state():
-    _amp_state.session, _amp_state.disabled = None, False
+    _amp_state.__dict__.clear()
+    _amp_state.__init__()
     yield
-    _amp_state.session, _amp_state.disabled = None, False
+    _amp_state.__dict__.clear()  # also what a test set on it (allow_incoming_model_not_fp32, ...)
+    _amp_state.__init__()
     uninstall()
