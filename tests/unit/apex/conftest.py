@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
+import sys
+
 import pytest
 
 from ampkit.apex import uninstall
@@ -16,3 +19,13 @@ def _fresh_amp_state():
     _amp_state.__dict__.clear()  # also what a test set on it (allow_incoming_model_not_fp32, ...)
     _amp_state.__init__()
     uninstall()
+
+
+@pytest.fixture
+def forget_apex_modules():
+    """Also drop every ``apex`` module a test imported, a real Apex's included (fake ones live in tmp dirs)."""
+    yield
+    uninstall()
+    for name in [n for n in sys.modules if n == "apex" or n.startswith("apex.")]:
+        del sys.modules[name]
+    importlib.invalidate_caches()

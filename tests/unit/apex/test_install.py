@@ -13,14 +13,7 @@ import pytest
 import ampkit.apex
 from ampkit.apex import install, uninstall
 
-
-@pytest.fixture(autouse=True)
-def _forget_apex_modules():
-    yield
-    uninstall()
-    for name in [n for n in sys.modules if n == "apex" or n.startswith("apex.")]:
-        del sys.modules[name]
-    importlib.invalidate_caches()
+pytestmark = pytest.mark.usefixtures("forget_apex_modules")
 
 
 def test_import_apex_resolves_to_ampkit():

@@ -2,22 +2,12 @@
 
 from __future__ import annotations
 
-import importlib
-import sys
-
 import pytest
 import torch
 
-from ampkit.apex import install, uninstall
+from ampkit.apex import install
 
-
-@pytest.fixture(autouse=True)
-def _forget_apex_modules():
-    yield
-    uninstall()
-    for name in [n for n in sys.modules if n == "apex" or n.startswith("apex.")]:
-        del sys.modules[name]
-    importlib.invalidate_caches()
+pytestmark = pytest.mark.usefixtures("forget_apex_modules")
 
 
 def test_imports_through_apex_with_apexs_surface():
