@@ -18,9 +18,9 @@ from typing import Any
 from . import amp
 from .install import install, uninstall
 
-__all__ = ["amp", "install", "uninstall", "optimizers", "parallel", "fp16_utils", "normalization"]
+__all__ = ["amp", "install", "uninstall", "optimizers", "parallel", "fp16_utils", "normalization", "multi_tensor_apply"]
 
-_LAZY = ("optimizers", "parallel", "fp16_utils", "normalization")
+_LAZY = ("optimizers", "parallel", "fp16_utils", "normalization", "multi_tensor_apply")
 
 
 def __getattr__(name: str) -> Any:

@@ -36,7 +36,7 @@ def _as_list(what: str, value: Any, ok: Any) -> tuple[list[Any], bool]:
     return list(items), was_list
 
 
-def _check_models(models: list[nn.Module]) -> None:
+def _check_models(models: list[nn.Module], allow_not_fp32: bool) -> None:
     for m in models:
         if isinstance(m, _WRAPPERS):
             raise RuntimeError(
@@ -46,10 +46,11 @@ def _check_models(models: list[nn.Module]) -> None:
         if is_autocast_forward(m) or has_amp_io(m):
             raise RuntimeError("This model has already been through amp.initialize; call it once per model.")
         for name, p in m.named_parameters():
-            if p.is_floating_point() and p.dtype != torch.float32:
+            if p.is_floating_point() and p.dtype != torch.float32 and not allow_not_fp32:
                 raise RuntimeError(
                     f"Parameter {name!r} is {p.dtype}, expected torch.float32. Build the model in fp32 and let "
-                    "amp.initialize cast it (drop the .half() / .to(dtype) call)."
+                    "amp.initialize cast it (drop the .half() / .to(dtype) call), or, where the 16-bit parameter is "
+                    "intended, set amp._amp_state.allow_incoming_model_not_fp32 = True before initialize."
                 )
 
 
@@ -117,7 +118,7 @@ def initialize(
         return (models, optimizers) if opts_given else models
 
     opt_level = check_opt_level(opt_level)
-    _check_models(model_list)
+    _check_models(model_list, _amp_state.allow_incoming_model_not_fp32)
     _check_optimizers(opt_list)
     first = next((p for m in model_list for p in m.parameters()), None)
     device = first.device if first is not None else torch.device("cpu")

@@ -2,7 +2,8 @@
 
 On entry, gradients already unscaled are set aside; on a clean exit the new gradients are unscaled on
 torch's fused kernel, the set-aside ones added back, and the loss scale updated on the device. The decision
-to skip is taken by the next ``optimizer.step()``, which reads the overflow flag once.
+to skip is taken by the next ``optimizer.step()``, which reads the overflow flag once. The loss scalers are the
+latest ``amp.initialize`` call's, for every optimizer: Apex kept one global list, which a second call replaced.
 """
 
 from __future__ import annotations
@@ -27,10 +28,13 @@ class ScaleLoss:
     def __init__(self, session: AmpSession | None, loss: torch.Tensor, optimizers: list[Any], loss_id: int, delay_unscale: bool) -> None:
         self.session, self.loss, self.optimizers = session, loss, optimizers
         self.loss_id, self.delay_unscale = loss_id, delay_unscale
+        self.passthrough = True
 
     def __enter__(self) -> torch.Tensor:
         s = self.session
-        if s is None or s.passthrough:
+        # Decided on entry, as Apex did, from the scale as it is now (a script may have assigned _loss_scale).
+        self.passthrough = s is None or s.passes_through(s.views[self.loss_id])
+        if self.passthrough:
             return self.loss.float() if s is not None else self.loss
         s.prepare_backward(self.optimizers)
         # fp32 before scaling: a 16-bit loss times 2^16 would overflow on its own.
@@ -38,7 +42,7 @@ class ScaleLoss:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         s = self.session
-        if s is None or s.passthrough:
+        if s is None or self.passthrough:  # s is tested too only for the type checker
             return None
         if exc_type is not None:
             s.abandon_backward(self.optimizers)  # leave the gradients as they were before scale_loss
@@ -95,6 +99,5 @@ def scale_loss(
         stash = getattr(opt, "_amp_stash", None)
         if stash is None:
             raise RuntimeError(f"This {type(opt).__name__} was not passed through amp.initialize; pass the optimizer that initialize returned.")
-        if stash.session is not session:
-            raise RuntimeError("This optimizer belongs to an earlier amp.initialize call; use the optimizers of the latest one.")
+    # An optimizer of an earlier initialize call is fine: as in Apex, it is scaled by the latest call's scalers.
     return ScaleLoss(session, loss, opts, loss_id, delay_unscale)

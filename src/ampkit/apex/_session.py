@@ -37,11 +37,18 @@ def is_rank0() -> bool:
 
 
 class LossScalerView:
-    """Apex's loss-scaler interface (``loss_scale()``, ``_loss_scale``, ``_unskipped``) over an ampkit scaler."""
+    """Apex's loss-scaler interface (``loss_scale()``, ``_loss_scale``, ``_unskipped``) over an ampkit scaler.
+
+    Scripts of Apex's era assign ``_loss_scale`` (BERT's ``loss_scalers[0]._loss_scale = 2**20``) and Apex's
+    own ``load_state_dict`` assigns both; the next ``scale_loss`` uses what was assigned.
+    """
 
     def __init__(self, scaler: LossScaler) -> None:
         self.scaler = scaler
         self.dynamic = isinstance(scaler, DynamicLossScaler)
+        # A static scale changes only through the setter or load(), so it is mirrored here: scale_loss asks
+        # for it on every call (Apex's shortcut for a scale of 1.0) and must not sync to read it.
+        self.static_scale = None if self.dynamic else scaler.get_scale()
 
     def loss_scale(self) -> float:
         """The current scale. Syncs."""
@@ -51,10 +58,26 @@ class LossScalerView:
     def _loss_scale(self) -> float:
         return self.loss_scale()
 
+    @_loss_scale.setter
+    def _loss_scale(self, value: float) -> None:
+        value = float(value)
+        if not (0 < value < float("inf")):
+            raise ValueError(f"_loss_scale must be a positive finite number such as 2.0**16, got {value}.")
+        self.scaler.scale_tensor.fill_(value)  # in place: whatever holds the scale tensor sees the new value
+        if not self.dynamic:
+            self.static_scale = value
+
     @property
     def _unskipped(self) -> int:
         # Apex counted clean backward passes since the scale last changed: the growth tracker.
         return int(self.scaler.state_dict().get("growth_tracker", 0))
+
+    @_unskipped.setter
+    def _unskipped(self, value: int) -> None:
+        if self.dynamic:  # a static scaler never grows, so it keeps no count
+            state = self.scaler.state_dict()
+            state["growth_tracker"] = int(value)
+            self.scaler.load_state_dict(state)
 
     def load(self, entry: Mapping[str, Any]) -> None:
         """Restore Apex's ``{"loss_scale": ..., "unskipped": ...}`` entry."""
@@ -62,6 +85,8 @@ class LossScalerView:
         state["scale"] = float(entry["loss_scale"])
         if self.dynamic:
             state.update(growth_tracker=int(entry.get("unskipped", 0)), consecutive_skips=0, blocked_at_floor=0)
+        else:
+            self.static_scale = state["scale"]
         self.scaler.load_state_dict(state)
 
 
@@ -76,6 +101,9 @@ class OptimizerStash:
     has_scaled_grads: bool = False
     stashed: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
     found: dict[int, torch.Tensor] = field(default_factory=dict)
+    # The loss scalers of the scale_loss calls since the last step: the latest initialize's, which are not
+    # this optimizer's own session's once initialize has been called again (Apex kept one global list).
+    views: list[LossScalerView] = field(default_factory=list)
     skip_run: int = 0
     skip_loss_id: int = 0
     collapse_reported: bool = False
@@ -125,11 +153,9 @@ class AmpSession:
     def enabled(self) -> bool:
         return self.properties.enabled
 
-    @property
-    def passthrough(self) -> bool:
+    def passes_through(self, view: LossScalerView) -> bool:
         """True when scale_loss has nothing to do (Apex's shortcut: static scale 1.0 and no master weights)."""
-        p = self.properties
-        return not p.master_weights and p.loss_scale != "dynamic" and float(p.loss_scale) == 1.0
+        return not self.properties.master_weights and view.static_scale == 1.0
 
     def say(self, message: str) -> None:
         """Print ``message`` the way Apex did: at verbosity >= 1, on rank 0 only."""
@@ -191,7 +217,7 @@ class AmpSession:
                     p.grad = old
             if both:
                 torch._foreach_add_([g for g, _ in both], [old for _, old in both])
-            st.stashed, st.has_scaled_grads = [], False
+            st.stashed, st.has_scaled_grads, st.views = [], False, self.views
         if isinstance(scaler, DynamicLossScaler):
             scaler.update(found)  # on the device; whether to skip is read in step()
             for opt in optimizers:
@@ -254,7 +280,7 @@ class AmpSession:
         # One line per run of skipped steps, plus a summary when it ends: Apex printed a line per skip, which
         # floods the log while the scale settles at the start of training.
         st: OptimizerStash = optimizer._amp_stash
-        scaler = self.views[loss_id].scaler
+        scaler = st.views[loss_id].scaler
         st.skip_run += 1
         st.skip_loss_id = loss_id
         if st.skip_run == 1:
@@ -267,7 +293,7 @@ class AmpSession:
 
     def _report_clean(self, st: OptimizerStash) -> None:
         if st.skip_run > 1:
-            scale = self.views[st.skip_loss_id].scaler.get_scale()
+            scale = st.views[st.skip_loss_id].scaler.get_scale()
             self.say(f"Gradient overflow: {st.skip_run} steps skipped in a row; loss scaler {st.skip_loss_id} is now at {scale}")
         st.skip_run, st.collapse_reported = 0, False
 

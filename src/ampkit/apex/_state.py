@@ -2,7 +2,9 @@
 
 Scripts written for Apex log the loss scale with ``amp._amp_state.loss_scalers[0].loss_scale()`` and test
 ``hasattr(_amp_state, "opt_properties")`` to know whether initialize ran; both work here. The state is the
-latest ``amp.initialize`` call's; optimizers keep a link to the call that patched them.
+latest ``amp.initialize`` call's: as in Apex, a second call replaces ``loss_scalers`` with fresh ones, which
+the first call's optimizers then use too. Scripts may assign ``loss_scalers[i]._loss_scale`` and set
+``allow_incoming_model_not_fp32 = True`` before initialize to pass a model that is not all fp32.
 """
 
 from __future__ import annotations
@@ -20,6 +22,10 @@ class AmpState:
     def __init__(self) -> None:
         self.session: AmpSession | None = None
         self.disabled = False  # the latest initialize had enabled=False
+        # Apex's switches, set by scripts (and Apex's own tests) around initialize: True lets a model with
+        # parameters that are not fp32 through; hard_override is accepted and, as in Apex, nothing here reads it.
+        self.allow_incoming_model_not_fp32 = False
+        self.hard_override = False
 
     def __getattr__(self, name: str) -> Any:
         session = self.__dict__.get("session")

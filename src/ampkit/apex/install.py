@@ -2,7 +2,9 @@
 
 A finder at the front of ``sys.meta_path`` answers for ``apex`` and ``apex.*``. Where a real Apex is
 installed, its modules win and the finder fills in only what it lacks (``apex.amp``, deleted in 2025), saying
-so once; ``force=True`` puts ampkit's modules in front of it, also said aloud.
+so once; ``force=True`` puts ampkit's modules in front of it, also said aloud. While ampkit provides the
+``apex`` package itself, the finder also answers ``importlib.metadata`` for the distribution ``apex`` (tools such
+as transformers ask for its version before they import it); a real Apex's own metadata always wins.
 """
 
 from __future__ import annotations
@@ -10,13 +12,19 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.machinery
+import importlib.metadata
 import logging
+import re
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 from typing import Any, Sequence
 
-__all__ = ["install", "uninstall", "Installed", "PROVIDED"]
+from .. import __version__
+
+__all__ = ["install", "uninstall", "Installed", "PROVIDED", "APEX_VERSION"]
 
 log = logging.getLogger("ampkit")
 
@@ -31,7 +39,12 @@ PROVIDED: dict[str, str] = {
     "apex.parallel.sync_batchnorm": "ampkit.apex.parallel.sync_batchnorm",
     "apex.fp16_utils": "ampkit.apex.fp16_utils",
     "apex.normalization": "ampkit.apex.normalization",
+    "apex.multi_tensor_apply": "ampkit.apex.multi_tensor_apply",
 }
+
+# Apex's setup.py said 0.1 from its first release to its last, so checks written against Apex
+# ("apex >= 0.1") hold; the local label names the provider and its version for bug reports.
+APEX_VERSION = f"0.1+ampkit.{__version__}"
 
 
 @dataclass(frozen=True)
@@ -90,6 +103,30 @@ class _ApexFinder(importlib.abc.MetaPathFinder):
         loader = _AliasLoader(PROVIDED[fullname])
         return importlib.machinery.ModuleSpec(fullname, loader, is_package=fullname in ("apex", "apex.parallel"))
 
+    def find_distributions(self, context: Any = importlib.metadata.DistributionFinder.Context()) -> Iterable[importlib.metadata.Distribution]:
+        """The ``apex`` distribution, while ampkit provides the package and no real Apex has metadata."""
+        name = context.name
+        if not self._ours() or name is not None and re.sub(r"[-_.]+", "_", name).lower() != "apex":
+            return ()
+        named = importlib.metadata.DistributionFinder.Context(name="apex", path=context.path)
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_distributions", None)
+            if not isinstance(finder, _ApexFinder) and find is not None and next(iter(find(named)), None) is not None:
+                return ()  # a real Apex's metadata is on the path: it wins
+        return (_ApexDistribution(),)
+
+
+class _ApexDistribution(importlib.metadata.Distribution):
+    """The metadata of the ``apex`` that ampkit provides: its name and :data:`APEX_VERSION`, no files."""
+
+    def read_text(self, filename: str) -> str | None:
+        if filename == "METADATA":
+            return f"Metadata-Version: 2.1\nName: apex\nVersion: {APEX_VERSION}\nSummary: NVIDIA Apex's API, provided by ampkit.apex\n"
+        return None
+
+    def locate_file(self, path: Any) -> Path:
+        return Path(__file__).parent / str(path)
+
 
 def _finder() -> _ApexFinder | None:
     return next((f for f in sys.meta_path if isinstance(f, _ApexFinder)), None)
@@ -99,12 +136,15 @@ def install(force: bool = False) -> Installed:
     """Make ``import apex`` (and ``apex.amp``, ``apex.optimizers``, ...) resolve to ampkit's modules.
 
     A real Apex found on ``sys.path`` is kept and only its missing modules are supplied, with a warning in
-    the log; ``force=True`` puts ampkit's in front of it. Calling again replaces the previous install.
+    the log; ``force=True`` puts ampkit's in front of it. Calling again replaces the previous install. While
+    ampkit provides the package, ``importlib.metadata.version("apex")`` answers :data:`APEX_VERSION`.
 
     >>> installed = install()
     >>> import apex.amp
     >>> apex.amp.initialize.__module__
     'ampkit.apex._initialize'
+    >>> import importlib.metadata; importlib.metadata.version("apex") == APEX_VERSION
+    True
     >>> uninstall()
     """
     uninstall()

@@ -1,6 +1,9 @@
-"""Each test starts without an amp session or an installed apex finder, and leaves none behind."""
+"""Each test starts without an amp session, amp flags or an installed apex finder, and leaves none behind."""
 
 from __future__ import annotations
+
+import importlib
+import sys
 
 import pytest
 
@@ -10,7 +13,19 @@ from ampkit.apex._state import _amp_state
 
 @pytest.fixture(autouse=True)
 def _fresh_amp_state():
-    _amp_state.session, _amp_state.disabled = None, False
+    _amp_state.__dict__.clear()
+    _amp_state.__init__()
     yield
-    _amp_state.session, _amp_state.disabled = None, False
+    _amp_state.__dict__.clear()  # also what a test set on it (allow_incoming_model_not_fp32, ...)
+    _amp_state.__init__()
     uninstall()
+
+
+@pytest.fixture
+def forget_apex_modules():
+    """Also drop every ``apex`` module a test imported, a real Apex's included (fake ones live in tmp dirs)."""
+    yield
+    uninstall()
+    for name in [n for n in sys.modules if n == "apex" or n.startswith("apex.")]:
+        del sys.modules[name]
+    importlib.invalidate_caches()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
+import importlib.util
 import logging
 import sys
 
@@ -11,14 +13,7 @@ import pytest
 import ampkit.apex
 from ampkit.apex import install, uninstall
 
-
-@pytest.fixture(autouse=True)
-def _forget_apex_modules():
-    yield
-    uninstall()
-    for name in [n for n in sys.modules if n == "apex" or n.startswith("apex.")]:
-        del sys.modules[name]
-    importlib.invalidate_caches()
+pytestmark = pytest.mark.usefixtures("forget_apex_modules")
 
 
 def test_import_apex_resolves_to_ampkit():
@@ -91,3 +86,64 @@ def test_real_apex_with_amp_wins_unless_forced(tmp_path, monkeypatch, caplog):
     import apex.amp as forced
 
     assert forced is ampkit.apex.amp
+
+
+# ------------------------------------------------------------------------------ distribution metadata
+def test_apex_version_answers_while_installed_and_not_after():
+    from packaging.version import Version
+
+    with pytest.raises(importlib.metadata.PackageNotFoundError):
+        importlib.metadata.version("apex")
+    install()
+    version = importlib.metadata.version("apex")
+    # Apex's own setup.py said 0.1 to the end; the local label says who provides it.
+    assert version == f"0.1+ampkit.{ampkit.__version__}" and Version(version).public == "0.1"
+    assert importlib.metadata.metadata("apex")["Name"] == "apex"
+    assert importlib.metadata.version("Apex") == version  # names compare normalised, as pip's do
+    assert "apex" in {d.metadata["Name"] for d in importlib.metadata.distributions()}
+    uninstall()
+    with pytest.raises(importlib.metadata.PackageNotFoundError):
+        importlib.metadata.version("apex")
+
+
+def _fake_dist_info(root, version: str) -> None:
+    info = root / f"apex-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: apex\nVersion: {version}\n")
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_a_real_apex_keeps_its_own_version(tmp_path, monkeypatch, force):
+    _fake_apex(tmp_path, "optimizers")
+    _fake_dist_info(tmp_path, "25.9")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    install(force=force)
+    assert importlib.metadata.version("apex") == "25.9"
+    assert [d.version for d in importlib.metadata.distributions(name="apex")] == ["25.9"]
+
+
+def test_a_real_apex_without_metadata_is_not_given_ampkits(tmp_path, monkeypatch):
+    # ampkit answers only for an apex it provides itself; a vendored copy it merely fills in is not its to describe.
+    _fake_apex(tmp_path, "optimizers")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    install()
+    with pytest.raises(importlib.metadata.PackageNotFoundError):
+        importlib.metadata.version("apex")
+    install(force=True)
+    assert importlib.metadata.version("apex").startswith("0.1+ampkit")
+
+
+def test_transformers_sees_apex_while_installed():
+    import_utils = pytest.importorskip("transformers.utils.import_utils", reason="Requires: transformers (pip install -e '.[hf]')")
+
+    def available() -> tuple[bool, bool]:
+        import_utils.is_apex_available.cache_clear()  # it caches its first answer for the process
+        # transformers 4.27-4.4x also asked importlib.metadata and reported "APEX is not installed" without it.
+        older = importlib.util.find_spec("apex") is not None and bool(importlib.metadata.version("apex"))
+        return import_utils.is_apex_available(), older
+
+    install()
+    assert available() == (True, True)
+    uninstall()
+    import_utils.is_apex_available.cache_clear()
+    assert import_utils.is_apex_available() is False

@@ -1,4 +1,4 @@
-"""``apex.parallel`` on torch: DistributedDataParallel, SyncBatchNorm, convert_syncbn_model and LARC.
+"""``apex.parallel`` on torch: DistributedDataParallel, SyncBatchNorm, convert_syncbn_model, LARC and more.
 
 The submodules keep Apex's names (``apex.parallel.LARC``, ``.distributed``, ``.sync_batchnorm``) so imports
 of either form work: ``from apex.parallel import LARC`` (the class) and ``from apex.parallel.LARC import LARC``.
@@ -14,9 +14,9 @@ import torch
 
 from .distributed import DistributedDataParallel
 from .LARC import LARC
-from .sync_batchnorm import SyncBatchNorm, convert_syncbn_model
+from .sync_batchnorm import SyncBatchNorm, convert_syncbn_model, create_syncbn_process_group
 
-__all__ = ["DistributedDataParallel", "SyncBatchNorm", "convert_syncbn_model", "LARC", "ReduceOp"]
+__all__ = ["DistributedDataParallel", "SyncBatchNorm", "convert_syncbn_model", "create_syncbn_process_group", "LARC", "ReduceOp"]
 
 # Apex re-exported torch's reduce ops here.
 ReduceOp = torch.distributed.ReduceOp if torch.distributed.is_available() else None

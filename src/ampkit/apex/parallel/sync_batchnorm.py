@@ -8,6 +8,7 @@ the cross-process statistics; torch's DistributedDataParallel also refuses SyncB
 (ampkit.apex's DistributedDataParallel says so and names the fix). And :func:`convert_syncbn_model` returns
 modules of *this* class, as Apex did, so ``isinstance(m, apex.parallel.SyncBatchNorm)`` keeps working.
 Apex's NHWC (``channel_last``) and fused-ReLU kernels have no torch counterpart and raise.
+:func:`create_syncbn_process_group` splits the world into the groups that synchronise together.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["SyncBatchNorm", "convert_syncbn_model"]
+__all__ = ["SyncBatchNorm", "convert_syncbn_model", "create_syncbn_process_group"]
 
 _CHANNEL_LAST = (
     "channel_last=True (NHWC input, channels in the last dimension) has no torch SyncBatchNorm equivalent: torch's "
@@ -98,3 +99,35 @@ def convert_syncbn_model(module: nn.Module, process_group: Any = None, channel_l
             m.channel_last = False
             m.fuse_relu = False
     return converted
+
+
+def create_syncbn_process_group(group_size: int) -> Any:
+    """Split the world into consecutive groups of ``group_size`` ranks; return the group this rank is in.
+
+    As Apex: ``group_size=0`` means one group of every rank and returns None (the default group); every rank
+    creates every group, in the same order, because ``torch.distributed.new_group`` is collective. Pass the
+    result as ``process_group=`` to :func:`convert_syncbn_model`. Needs an initialized process group.
+
+    >>> create_syncbn_process_group(0) is None
+    True
+    """
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 0:
+        raise ValueError(f"group_size must be an int >= 0 (0: the whole world), got {group_size!r}.")
+    if group_size == 0:
+        return None
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError(
+            f"create_syncbn_process_group({group_size}) splits an existing process group: call "
+            "torch.distributed.init_process_group(...) first (torchrun sets up its environment)."
+        )
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if world % group_size:
+        divisors = ", ".join(str(d) for d in range(1, world + 1) if world % d == 0)
+        raise ValueError(f"group_size={group_size} does not divide the world size {world}: pass a divisor of it ({divisors}) or 0 for the whole world.")
+    mine = None
+    for start in range(0, world, group_size):
+        group = dist.new_group(ranks=list(range(start, start + group_size)))
+        if start <= rank < start + group_size:
+            mine = group  # keep going: the other ranks' groups must be created here too
+    return mine

@@ -93,3 +93,77 @@ def test_importable_under_apex_names():
         assert by_package is SyncBatchNorm is by_module and convert is convert_syncbn_model
     finally:
         uninstall()
+
+
+# ------------------------------------------------------------------------------ create_syncbn_process_group
+def test_syncbn_process_group_in_a_one_process_group(process_group: None):
+    from ampkit.apex.parallel import create_syncbn_process_group
+
+    assert create_syncbn_process_group(0) is None  # Apex: 0 means the whole world, i.e. the default group
+    group = create_syncbn_process_group(1)
+    assert group is not None and torch.distributed.get_world_size(group) == 1
+    # The group it returns is one SyncBatchNorm accepts, and a one-process group runs as plain batch norm.
+    sbn, bn = convert_syncbn_model(nn.BatchNorm1d(5), process_group=group), nn.BatchNorm1d(5)
+    x = torch.randn(8, 5)
+    torch.testing.assert_close(sbn(x), bn(x), rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"group_size=2 does not divide the world size 1: pass a divisor of it \(1\)"):
+        create_syncbn_process_group(2)
+    with pytest.raises(ValueError, match="group_size must be an int >= 0"):
+        create_syncbn_process_group(-1)
+
+
+def test_syncbn_process_group_needs_an_initialized_group():
+    from ampkit.apex.parallel import create_syncbn_process_group
+
+    with pytest.raises(RuntimeError, match=r"init_process_group"):
+        create_syncbn_process_group(2)
+
+
+@pytest.mark.parametrize("rank", [0, 1, 2, 3, 4, 5])
+def test_every_rank_creates_every_group_in_the_same_order(monkeypatch: pytest.MonkeyPatch, rank: int):
+    # new_group is collective: a rank that skipped or reordered one would hang the job, so the calls are
+    # checked on each rank of a world of 6 split into groups of 2 (the dist calls recorded, not run).
+    from ampkit.apex.parallel import create_syncbn_process_group
+
+    dist = torch.distributed
+    calls: list[list[int]] = []
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 6)
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: rank)
+    monkeypatch.setattr(dist, "new_group", lambda ranks=None, **kw: calls.append(list(ranks)) or tuple(ranks))
+    group = create_syncbn_process_group(2)
+    assert calls == [[0, 1], [2, 3], [4, 5]]
+    assert rank in group and len(group) == 2
+
+
+def _group_sums(rank: int) -> dict:
+    from ampkit.apex.parallel import create_syncbn_process_group
+
+    out = {}
+    for size in (1, 2):
+        group = create_syncbn_process_group(size)
+        value = torch.tensor([rank + 1.0])
+        torch.distributed.all_reduce(value, group=group)
+        out[size] = value.item()
+    return out
+
+
+def _entry(rank: int, init: str, out: str) -> None:
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=2)
+    try:
+        torch.save(_group_sums(rank), f"{out}/rank{rank}.pt")
+        torch.distributed.barrier()
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+@pytest.mark.slow  # two spawned ranks (~5 s on 2 cores); the call order is checked above without processes
+def test_syncbn_process_groups_on_two_ranks(tmp_path):
+    import torch.multiprocessing as mp
+
+    mp.spawn(_entry, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1))
+    # Groups of 1: each rank reduces with itself; a group of 2: both ranks' values (1 + 2).
+    assert (r0[1], r1[1]) == (1.0, 2.0)
+    assert r0[2] == r1[2] == 3.0
