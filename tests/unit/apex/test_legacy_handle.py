@@ -33,17 +33,14 @@ def _data(steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return out
 
 
-def _train(model: nn.Module, data, handle=None) -> list[float]:
+def _train(model: nn.Module, data, amp_handle) -> list[float]:
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     losses = []
     for x, y in data:
         opt.zero_grad()
         loss = nn.functional.mse_loss(model(x).float(), y)
-        if handle is None:
-            loss.backward()
-        else:
-            with handle.scale_loss(loss, opt) as scaled_loss:
-                scaled_loss.backward()
+        with amp_handle.scale_loss(loss, opt) as scaled_loss:  # the script as written for Apex
+            scaled_loss.backward()
         opt.step()
         losses.append(loss.item())
     return losses
@@ -64,7 +61,7 @@ def test_legacy_handle_trains_an_rnn_to_its_fp32_loss_level(one_thread):
     model = Tagger()
     control = copy.deepcopy(model)
     data = _data(60)
-    fp32 = _train(control, data)
+    fp32 = _train(control, data, amp.init(enabled=False))  # Apex's switch: a handle that does nothing
     amp_handle = amp.init()
     try:
         mixed = _train(model, data, amp_handle)
