@@ -11,6 +11,7 @@ this mode does, while autocast is on for the inputs' device:
   to the 16-bit type and they run with autocast off, as Apex's ``rnn_cast`` ran them. Off, because CPU
   autocast would send ``lstm`` to oneDNN's 16-bit LSTM, which has no fp16 form on most CPUs (a
   RuntimeError). CUDA's autocast casts all of them itself (cuDNN RNNs included).
+* In-place forms of the fp32 list (``x.exp_()``) on 16-bit tensors raise, as in Apex, on every device.
 * Apex's banned list (``binary_cross_entropy``): 16-bit inputs raise Apex's NotImplementedError naming the
   fix, or with ``allow_banned`` run in fp32. fp32 inputs run in fp32. Autocast is off for the call, so CUDA
   (whose autocast refuses the function outright) and the CPU (whose autocast runs it in fp32) agree.
@@ -54,6 +55,10 @@ HALF_FUNCTIONS = frozenset(
 
 BANNED_FUNCTIONS = frozenset({"binary_cross_entropy"})
 
+# In-place forms of the fp32 list (``x.exp_()``): fp32 cannot be written into a 16-bit tensor, so Apex refused
+# them on 16-bit inputs rather than round the fp32 result back down.
+_FP32_IN_PLACE = frozenset(name + "_" for name in FP32_FUNCTIONS)
+
 _BANNED_MESSAGE = (
     "amp does not work out-of-the-box with `F.binary_cross_entropy` or `torch.nn.BCELoss` on 16-bit inputs "
     "(here: {name} on {dtype}): the output of the previous function must already be fp32.\n"
@@ -64,7 +69,7 @@ _BANNED_MESSAGE = (
 )
 
 _HALF_TYPES = (torch.float16, torch.bfloat16)
-_WATCHED = FP32_FUNCTIONS | HALF_FUNCTIONS | BANNED_FUNCTIONS
+_WATCHED = FP32_FUNCTIONS | HALF_FUNCTIONS | BANNED_FUNCTIONS | _FP32_IN_PLACE
 
 
 def autocast_covers_apex_lists(device_type: str) -> bool:
@@ -140,6 +145,14 @@ class O1Functions(TorchFunctionMode):
             if half is not None and not self.allow_banned:
                 raise NotImplementedError(_BANNED_MESSAGE.format(name=name, dtype=half))
             return _run_uncast(func, device_type, torch.float32, args, kwargs)
+        if name in _FP32_IN_PLACE:
+            half = _half_input(args, kwargs)
+            if half is not None:
+                raise NotImplementedError(
+                    f"Cannot call in-place function {name} with {half} arguments under O1: {name[:-1]} runs in fp32 "
+                    f"there, and its result cannot be written into a 16-bit tensor. Use x = x.{name[:-1]}(...) instead."
+                )
+            return func(*args, **kwargs)
         if autocast_covers_apex_lists(device_type):
             return func(*args, **kwargs)
         if name in HALF_FUNCTIONS:

@@ -129,3 +129,17 @@ def test_bce_inside_an_o1_forward_is_banned_too():
     m, _ = amp.initialize(m, torch.optim.SGD(m.parameters(), lr=0.1), opt_level="O1", verbosity=0)
     with pytest.raises(NotImplementedError, match="BCEWithLogitsLoss"):
         m(torch.randn(2, 3), torch.rand(2, 3))
+
+
+def test_in_place_fp32_list_function_on_16_bit_raises():
+    x = torch.randn(4)
+    handle = amp.init()
+    try:
+        x.exp_()  # fp32: fine
+        with pytest.raises(NotImplementedError, match=r"in-place function exp_ with torch.bfloat16.*x.exp\("):
+            x.bfloat16().exp_()
+        with pytest.raises(NotImplementedError, match="log_"):
+            torch.log_(x.bfloat16())
+    finally:
+        handle._deactivate()
+    assert x.bfloat16().exp_().dtype == torch.bfloat16  # untouched once deactivated
