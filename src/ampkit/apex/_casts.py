@@ -2,11 +2,12 @@
 
 Apex's O1 replaced functions in ``torch``, ``torch.nn.functional`` and ``torch.Tensor`` for the whole process.
 Here the model's forward runs under ``torch.autocast`` instead (an instance-level wrapper, so nothing outside
-the model changes), and two things close the gaps between autocast and Apex's lists:
+the model changes; ``amp.init()`` turns the same casts on process-wide), and two things close the gaps
+between autocast and Apex's lists:
 
-* On devices whose autocast keeps softmax, norms, losses, ``pow``, ``sum``... in 16 bits (the CPU), a
-  ``TorchFunctionMode`` active only inside the forward casts their 16-bit inputs to fp32, as Apex's fp32 list
-  did. CUDA's autocast already runs those in fp32, so no mode is installed there.
+* :class:`~ampkit.apex._o1_functions.O1Functions`, a ``TorchFunctionMode`` active only inside the forward,
+  applies Apex's lists where the device's autocast differs from them (fp32 softmax, norms and losses and
+  16-bit RNNs on the CPU; Apex's banned functions everywhere).
 * ``register_half_function`` & co. wrap the named function; the wrapper acts only while autocast is on for
   its inputs' device (inside an O1 forward), so it is inert everywhere else and may be called at any time.
 """
@@ -20,9 +21,9 @@ from typing import Any, Literal
 
 import torch
 from torch import nn
-from torch.overrides import TorchFunctionMode
 
 from ..policy.islands import cast_floating
+from ._o1_functions import FP32_FUNCTIONS, O1Functions, device_type_of
 
 __all__ = [
     "FP32_FUNCTIONS",
@@ -35,65 +36,33 @@ __all__ = [
 
 CastKind = Literal["half", "float", "promote"]
 
-# Apex's fp32 lists (torch, torch.nn.functional, Tensor methods), matched by name so that ``torch.sum``,
-# ``x.sum()`` and ``x ** 2`` (Tensor.__pow__ is named "pow") are all caught. In-place forms are left out:
-# upcasting ``self`` would make them write into a copy.
-FP32_FUNCTIONS = frozenset(
-    """
-    acos asin cosh erfinv exp expm1 log log10 log2 log1p reciprocal rsqrt sinh tan pow
-    cumprod cumsum dist norm prod std sum var renorm logsumexp pdist cdist
-    interpolate softplus softmin softmax log_softmax
-    layer_norm group_norm local_response_norm normalize cosine_similarity
-    poisson_nll_loss cosine_embedding_loss cross_entropy hinge_embedding_loss kl_div l1_loss mse_loss
-    margin_ranking_loss multilabel_margin_loss multilabel_soft_margin_loss multi_margin_loss nll_loss
-    binary_cross_entropy_with_logits smooth_l1_loss huber_loss soft_margin_loss triplet_margin_loss
-    """.split()
-)
-
-_HALF_TYPES = (torch.float16, torch.bfloat16)
-
-
-def _upcast_half(value: Any) -> Any:
-    """Cast 16-bit floating tensors inside ``value`` to fp32; leave fp32, fp64 and integer tensors alone."""
-    if isinstance(value, torch.Tensor):
-        return value.float() if value.dtype in _HALF_TYPES else value
-    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
-        return type(value)(_upcast_half(v) for v in value)
-    return value
-
-
-class _Fp32Functions(TorchFunctionMode):
-    """Runs Apex's fp32-list functions on fp32 inputs while ``device_type``'s autocast is on."""
-
-    def __init__(self, device_type: str) -> None:
-        super().__init__()
-        self.device_type = device_type
-
-    def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
-        if getattr(func, "__name__", None) in FP32_FUNCTIONS and torch.is_autocast_enabled(self.device_type):
-            args = tuple(_upcast_half(a) for a in args)
-            kwargs = {k: _upcast_half(v) for k, v in kwargs.items()}
-        return func(*args, **kwargs)
-
-
-def autocast_covers_fp32_list(device_type: str) -> bool:
-    """Whether torch's autocast on ``device_type`` already runs Apex's fp32 list in fp32 (CUDA's does)."""
-    return device_type == "cuda"
-
 
 def _autocast_forward(
-    module: nn.Module, inner: Callable | None, device_type: str, dtype: torch.dtype, output_dtype: torch.dtype | None, *args: Any, **kwargs: Any
+    module: nn.Module,
+    inner: Callable | None,
+    device_type: str,
+    dtype: torch.dtype,
+    output_dtype: torch.dtype | None,
+    active: Callable[[], bool] | None,
+    *args: Any,
+    **kwargs: Any,
 ) -> Any:
     forward = inner if inner is not None else functools.partial(type(module).forward, module)
-    mode = contextlib.nullcontext() if autocast_covers_fp32_list(device_type) else _Fp32Functions(device_type)
-    with torch.autocast(device_type=device_type, dtype=dtype), mode:
+    if active is not None and not active():  # the amp handle was deactivated, or its casts disabled
         out = forward(*args, **kwargs)
+    else:
+        with torch.autocast(device_type=device_type, dtype=dtype), O1Functions():
+            out = forward(*args, **kwargs)
     return cast_floating(out, output_dtype) if output_dtype is not None else out
 
 
-def autocast_forward(module: nn.Module, device_type: str, dtype: torch.dtype, output_dtype: torch.dtype | None) -> None:
+def autocast_forward(
+    module: nn.Module, device_type: str, dtype: torch.dtype, output_dtype: torch.dtype | None, active: Callable[[], bool] | None = None
+) -> None:
     """Make ``module``'s forward run under O1's casts, its floating outputs cast to ``output_dtype`` if given.
+
+    ``active`` (the amp handle's ``is_active``) is asked at each call; while it says False the forward runs
+    uncast.
 
     >>> m = nn.Linear(2, 2); autocast_forward(m, "cpu", torch.bfloat16, None)
     >>> m(torch.ones(1, 2)).dtype
@@ -101,7 +70,7 @@ def autocast_forward(module: nn.Module, device_type: str, dtype: torch.dtype, ou
     """
     # A forward already set on the instance (another wrapper) is kept and called inside autocast.
     inner = module.__dict__.get("forward")
-    module.forward = functools.partial(_autocast_forward, module, inner, device_type, dtype, output_dtype)  # type: ignore[method-assign]
+    module.forward = functools.partial(_autocast_forward, module, inner, device_type, dtype, output_dtype, active)  # type: ignore[method-assign]
 
 
 def is_autocast_forward(module: nn.Module) -> bool:
@@ -111,17 +80,6 @@ def is_autocast_forward(module: nn.Module) -> bool:
 
 
 # ------------------------------------------------------------------------------------------ user casts
-def _device_type_of(args: tuple, kwargs: dict) -> str | None:
-    for value in (*args, *kwargs.values()):
-        if isinstance(value, torch.Tensor):
-            return value.device.type
-        if isinstance(value, (list, tuple)):
-            found = _device_type_of(tuple(value), {})
-            if found is not None:
-                return found
-    return None
-
-
 def _floating_dtypes(value: Any) -> Iterator[torch.dtype]:
     if isinstance(value, torch.Tensor):
         if value.is_floating_point():
@@ -163,7 +121,7 @@ def cast_function(fn: Callable, kind: CastKind) -> Callable:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        device_type = _device_type_of(args, kwargs)
+        device_type = device_type_of(args, kwargs)
         if device_type is None or not torch.is_autocast_enabled(device_type):
             return fn(*args, **kwargs)
         dtype = _target_dtype(kind, device_type, args, kwargs)

@@ -11,6 +11,7 @@ from ..kernel_guards import guard_optimizer
 from ..masters import MasterWeights
 from ._casts import autocast_forward, is_autocast_forward
 from ._convert import cast_io, convert_model, has_amp_io, modules_to_convert
+from ._handle import AmpHandle
 from ._properties import check_opt_level, describe, resolve_half_dtype, resolve_properties
 from ._session import AmpSession
 from ._state import _amp_state
@@ -172,6 +173,7 @@ def initialize(
                 for p, master in zip(mw.model_params, mw.masters):
                     session.register_master(p, master)
                     session.param_names[id(master)] = session.param_names[id(p)]
+    handle = AmpHandle(props.loss_scale, verbose=verbosity == 2) if props.patch_torch_functions else None
     for m in model_list:
         if dtype is not None:
             convert_model(m, dtype, keep_bn, device.type)
@@ -180,7 +182,7 @@ def initialize(
         if props.patch_torch_functions:
             # Outputs leave in fp32 (unless cast_model_outputs says otherwise): the loss is usually computed
             # outside the model, where no casts apply, and must not run in 16 bits.
-            autocast_forward(m, device.type, half, output_dtype)
+            autocast_forward(m, device.type, half, output_dtype, handle.is_active)
         elif dtype is None and cast_model_outputs is not None:
             cast_io(m, None, cast_model_outputs)
     for opt in opt_list:
@@ -188,4 +190,6 @@ def initialize(
         guard_optimizer(opt if isinstance(opt, torch.optim.Optimizer) else opt.optim)
         session.adopt_optimizer(opt, masters_of[id(opt)])
     _amp_state.session, _amp_state.disabled = session, False
+    if handle is not None:
+        _amp_state.handle = handle  # Apex's O1 left its handle here; scripts and its tests read it
     return _shape(model_list, models_was_list, opt_list, opts_given, opts_was_list)

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from ._casts import cast_function, disable_casts, register_function
+from ._handle import AmpHandle, NoOpHandle
 from ._initialize import initialize
 from ._scale_loss import scale_loss
 from ._state import _amp_state
@@ -112,9 +113,34 @@ def promote_function(fn: Callable) -> Callable:
     return cast_function(fn, "promote")
 
 
-def init(*args: Any, **kwargs: Any) -> None:
-    """Apex's pre-2019 API (``amp_handle = amp.init()``), gone from Apex long before amp itself."""
-    raise RuntimeError(
-        "amp.init() is Apex's old handle API. Use model, optimizer = amp.initialize(model, optimizer, opt_level='O1') "
-        "and `with amp.scale_loss(loss, optimizer) as scaled_loss: scaled_loss.backward()`."
-    )
+def init(
+    enabled: bool = True,
+    loss_scale: float | str = "dynamic",
+    enable_caching: bool = True,
+    verbose: bool = False,
+    allow_banned: bool = False,
+    *,
+    half_dtype: torch.dtype | str | None = None,
+) -> NoOpHandle:
+    """Apex's pre-2019 entry point (``amp_handle = amp.init()``): O1's casts for the whole process, and a handle.
+
+    Apex kept it to its last release with amp (its O1 ``initialize`` called it). Every matmul and conv runs
+    in 16 bits and Apex's fp32 list (softmax, norms, losses...) in fp32, in and outside models, until
+    ``handle._deactivate()``; on torch's autocast, without patching torch. ``allow_banned=True`` runs
+    ``binary_cross_entropy`` in fp32 instead of refusing its 16-bit inputs. ``enabled=False`` returns a handle
+    that does nothing. ``half_dtype`` (ampkit only) as in :func:`initialize`; ``enable_caching`` and
+    ``verbose`` are accepted. ``handle.scale_loss(loss, optimizer)`` is Apex's old loss scaling.
+
+    >>> handle = init()
+    >>> (torch.ones(2, 2) @ torch.ones(2, 2)).dtype
+    torch.bfloat16
+    >>> handle._deactivate()
+    >>> (torch.ones(2, 2) @ torch.ones(2, 2)).dtype
+    torch.float32
+    """
+    if not enabled:
+        return NoOpHandle()
+    handle = AmpHandle(loss_scale, enable_caching, verbose)
+    handle._activate(half_dtype, allow_banned)
+    _amp_state.handle = handle
+    return handle

@@ -1,4 +1,5 @@
-"""Each test starts without an amp session, amp flags or an installed apex finder, and leaves none behind."""
+"""Each test starts without an amp session, amp flags, an amp handle or an installed apex finder, and leaves none
+behind."""
 
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ def _fresh_amp_state():
     _amp_state.__dict__.clear()
     _amp_state.__init__()
     yield
+    handle = _amp_state.__dict__.get("handle")
+    if handle is not None and handle.is_active():  # a test that failed before handle._deactivate()
+        handle._deactivate()
     _amp_state.__dict__.clear()  # also what a test set on it (allow_incoming_model_not_fp32, ...)
     _amp_state.__init__()
     uninstall()

@@ -1,0 +1,160 @@
+"""Apex's O1 function lists where ``torch.autocast`` differs from them, as one ``TorchFunctionMode``.
+
+Autocast does most of O1: Apex's FP16 list (conv, linear, matmul, mm, bmm, addmm...) is autocast's 16-bit
+list, and its promote list (cat, stack, addcmul...) autocast's promote list. What autocast does differently,
+this mode does, while autocast is on for the inputs' device:
+
+* Apex's FP32 list: CPU autocast keeps softmax, norms, losses, ``pow``, ``sum``... in 16 bits; their 16-bit
+  inputs are cast to fp32. CUDA's autocast already runs them in fp32.
+* Functions on Apex's FP16 list that CPU autocast leaves alone: ``mv``, ``addmv``, ``addr``, and the RNNs and
+  RNN cells (``_VF.lstm``, ``_VF.gru_cell``...). Their floating inputs, hidden state and weights are cast
+  to the 16-bit type and they run with autocast off, as Apex's ``rnn_cast`` ran them. Off, because CPU
+  autocast would send ``lstm`` to oneDNN's 16-bit LSTM, which has no fp16 form on most CPUs (a
+  RuntimeError). CUDA's autocast casts all of them itself (cuDNN RNNs included).
+* In-place forms of the fp32 list (``x.exp_()``) on 16-bit tensors raise, as in Apex, on every device.
+* Apex's banned list (``binary_cross_entropy``): 16-bit inputs raise Apex's NotImplementedError naming the
+  fix, or with ``allow_banned`` run in fp32. fp32 inputs run in fp32. Autocast is off for the call, so CUDA
+  (whose autocast refuses the function outright) and the CPU (whose autocast runs it in fp32) agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from ..policy.islands import cast_floating
+
+__all__ = ["FP32_FUNCTIONS", "HALF_FUNCTIONS", "BANNED_FUNCTIONS", "O1Functions", "autocast_covers_apex_lists", "device_type_of"]
+
+# Apex's fp32 lists (torch, torch.nn.functional, Tensor methods), matched by name so that ``torch.sum``,
+# ``x.sum()`` and ``x ** 2`` (Tensor.__pow__ is named "pow") are all caught. In-place forms are left out:
+# upcasting ``self`` would make them write into a copy.
+FP32_FUNCTIONS = frozenset(
+    """
+    acos asin cosh erfinv exp expm1 log log10 log2 log1p reciprocal rsqrt sinh tan pow
+    cumprod cumsum dist norm prod std sum var renorm logsumexp pdist cdist
+    interpolate softplus softmin softmax log_softmax
+    layer_norm group_norm local_response_norm normalize cosine_similarity
+    poisson_nll_loss cosine_embedding_loss cross_entropy hinge_embedding_loss kl_div l1_loss mse_loss
+    margin_ranking_loss multilabel_margin_loss multilabel_soft_margin_loss multi_margin_loss nll_loss
+    binary_cross_entropy_with_logits smooth_l1_loss huber_loss soft_margin_loss triplet_margin_loss
+    """.split()
+)
+
+# Apex's FP16 list minus what CPU autocast already casts; the RNN names are those of torch._VF that
+# nn.RNNBase and the nn.*Cell modules call.
+HALF_FUNCTIONS = frozenset(
+    """
+    mv addmv addr
+    lstm gru rnn_tanh rnn_relu lstm_cell gru_cell rnn_tanh_cell rnn_relu_cell
+    """.split()
+)
+
+BANNED_FUNCTIONS = frozenset({"binary_cross_entropy"})
+
+# In-place forms of the fp32 list (``x.exp_()``): fp32 cannot be written into a 16-bit tensor, so Apex refused
+# them on 16-bit inputs rather than round the fp32 result back down.
+_FP32_IN_PLACE = frozenset(name + "_" for name in FP32_FUNCTIONS)
+
+_BANNED_MESSAGE = (
+    "amp does not work out-of-the-box with `F.binary_cross_entropy` or `torch.nn.BCELoss` on 16-bit inputs "
+    "(here: {name} on {dtype}): the output of the previous function must already be fp32.\n"
+    "Most models have a sigmoid right before BCELoss; use torch.nn.BCEWithLogitsLoss (or "
+    "F.binary_cross_entropy_with_logits), which combines both and is safe in 16 bits.\n"
+    "Another option: amp.register_float_function(torch, 'sigmoid').\n"
+    "If you really know what you are doing, pass allow_banned=True to amp.init() to run it in fp32."
+)
+
+_HALF_TYPES = (torch.float16, torch.bfloat16)
+_WATCHED = FP32_FUNCTIONS | HALF_FUNCTIONS | BANNED_FUNCTIONS | _FP32_IN_PLACE
+
+
+def autocast_covers_apex_lists(device_type: str) -> bool:
+    """Whether torch's autocast on ``device_type`` already casts as Apex's lists did (CUDA's does).
+
+    >>> autocast_covers_apex_lists("cuda"), autocast_covers_apex_lists("cpu")
+    (True, False)
+    """
+    return device_type == "cuda"
+
+
+def device_type_of(args: tuple, kwargs: dict) -> str | None:
+    """The device type of the first tensor among ``args`` and ``kwargs`` (lists searched), else None.
+
+    >>> device_type_of((1, [torch.ones(1)]), {})
+    'cpu'
+    """
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            return value.device.type
+        if isinstance(value, (list, tuple)):
+            found = device_type_of(tuple(value), {})
+            if found is not None:
+                return found
+    return None
+
+
+def _upcast_half(value: Any) -> Any:
+    """Cast 16-bit floating tensors inside ``value`` to fp32; leave fp32, fp64 and integer tensors alone."""
+    if isinstance(value, torch.Tensor):
+        return value.float() if value.dtype in _HALF_TYPES else value
+    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+        return type(value)(_upcast_half(v) for v in value)
+    return value
+
+
+def _half_input(args: tuple, kwargs: dict) -> torch.dtype | None:
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor) and value.dtype in _HALF_TYPES:
+            return value.dtype
+    return None
+
+
+def _run_uncast(func: Callable, device_type: str, dtype: torch.dtype, args: tuple, kwargs: dict) -> Any:
+    """Run ``func`` on its floating inputs cast to ``dtype``, with autocast off (so nothing recasts them)."""
+    args, kwargs = cast_floating(args, dtype), cast_floating(kwargs, dtype)
+    with torch.autocast(device_type, enabled=False):
+        return func(*args, **kwargs)
+
+
+class O1Functions(TorchFunctionMode):
+    """Applies Apex's O1 lists where autocast differs from them, while autocast is on (see the module doc).
+
+    >>> with torch.autocast("cpu", dtype=torch.bfloat16), O1Functions():
+    ...     torch.ones(2, dtype=torch.bfloat16).sum().dtype
+    torch.float32
+    """
+
+    def __init__(self, allow_banned: bool = False) -> None:
+        super().__init__()
+        self.allow_banned = allow_banned
+
+    def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", None)
+        if name not in _WATCHED:  # the common case: one set lookup per torch call
+            return func(*args, **kwargs)
+        device_type = device_type_of(args, kwargs)
+        if device_type is None or not torch.is_autocast_enabled(device_type):
+            return func(*args, **kwargs)
+        if name in BANNED_FUNCTIONS:
+            half = _half_input(args, kwargs)
+            if half is not None and not self.allow_banned:
+                raise NotImplementedError(_BANNED_MESSAGE.format(name=name, dtype=half))
+            return _run_uncast(func, device_type, torch.float32, args, kwargs)
+        if name in _FP32_IN_PLACE:
+            half = _half_input(args, kwargs)
+            if half is not None:
+                raise NotImplementedError(
+                    f"Cannot call in-place function {name} with {half} arguments under O1: {name[:-1]} runs in fp32 "
+                    f"there, and its result cannot be written into a 16-bit tensor. Use x = x.{name[:-1]}(...) instead."
+                )
+            return func(*args, **kwargs)
+        if autocast_covers_apex_lists(device_type):
+            return func(*args, **kwargs)
+        if name in HALF_FUNCTIONS:
+            return _run_uncast(func, device_type, torch.get_autocast_dtype(device_type), args, kwargs)
+        return func(*(_upcast_half(a) for a in args), **{k: _upcast_half(v) for k, v in kwargs.items()})
