@@ -445,8 +445,9 @@ def recompute(
     ``example_batch`` is ``(inputs, targets)`` or a dict of keyword arguments, as for
     :func:`ampkit.memory.estimate` (``model(*inputs)`` when inputs is a tuple, ``model(**batch)`` for a dict);
     ``"auto"`` and ``budget`` need it. With it, the activations are measured before and after under ``policy``
-    with ``loss_fn(output, targets)`` (default: the output's ``.loss``, else cross-entropy), on fake tensors (nothing allocated; a meta
-    model works), or on real tensors with ``fake=False`` (for ops without fake kernels). If the modules cannot
+    with ``loss_fn(output, targets)`` (default: the output's ``.loss``, else cross-entropy), on fake tensors
+    (nothing allocated; a meta model works), or on real tensors with ``fake=False`` (for ops without fake
+    kernels). If the modules cannot
     bring the activations under ``budget``, ValueError says by how much and the model is left as it was.
     """
     if not isinstance(model, nn.Module):
