@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -21,3 +23,11 @@ def _restore_torch_globals():
         leaked.append(f"float32 matmul precision changed to {torch.get_float32_matmul_precision()}")
         torch.set_float32_matmul_precision(precision)
     assert not leaked, "; ".join(leaked)
+
+
+@pytest.fixture
+def hf_gpt2() -> str:
+    """Path of examples/train_hf_gpt2.py (a random-init transformers GPT-2, dict batches, ModelOutput with .loss):
+    ``f"{hf_gpt2}:model"`` and ``f"{hf_gpt2}:data"`` are what --model and --data take."""
+    pytest.importorskip("transformers", reason="Requires: transformers (pip install -e '.[hf]')")
+    return str(Path(__file__).resolve().parents[1] / "examples" / "train_hf_gpt2.py")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -76,3 +77,18 @@ def test_main_job_runs_the_default_bench_and_keeps_its_promises(tmp_path: Path) 
     assert mixed["activation_bytes"] < 0.8 * fp32["activation_bytes"]
     assert mixed["within_tolerance"] is True and fp32["eval_metric"] > 0.9
     assert "bf16-mixed:" in done.stdout and (tmp_path / "report.md").exists()
+
+
+def test_hf_example_trains_saves_and_loads_back(tmp_path: Path) -> None:
+    pytest.importorskip("transformers", reason="Requires: transformers (pip install -e '.[hf]')")
+    out = run("examples/train_hf_gpt2.py", "--steps", "6", "--checkpoint", str(tmp_path / "gpt2.pt"))
+    before, after = (float(line.split()[-1]) for line in out.splitlines() if "eval loss" in line and "training" in line)
+    assert after < before  # six steps on a counting pattern already move the held-out loss
+    assert out.strip().endswith("the same as before saving") and (tmp_path / "gpt2.pt").exists()
+
+
+def test_hf_example_without_transformers_says_how_to_install_it(tmp_path: Path) -> None:
+    (tmp_path / "transformers.py").write_text("raise ImportError('No module named transformers')\n")  # shadows the real one
+    done = subprocess.run([sys.executable, str(ROOT / "examples" / "train_hf_gpt2.py")], cwd=tmp_path, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])})
+    assert done.returncode == 1 and "pip install ampkit[hf]" in done.stderr and "Traceback" not in done.stderr

@@ -2,11 +2,13 @@
 
 A :class:`Workload` (built-in, or the user's model and data) is trained from identical weights on identical
 batches under each policy; the runner records time, memory, loss and eval figures into a :class:`BenchResult`.
+:func:`bench_model` runs it from Python on a model and data, as ``ampkit bench --model --data`` does.
 """
 
+from .api import bench_model
 from .results import BenchResult, RunResult
 from .runner import run_bench
 from .user import BenchData
 from .workload import Accuracy, Batch, Metric, Workload
 
-__all__ = ["Workload", "Metric", "Accuracy", "Batch", "BenchData", "BenchResult", "RunResult", "run_bench"]
+__all__ = ["Workload", "Metric", "Accuracy", "Batch", "BenchData", "BenchResult", "RunResult", "run_bench", "bench_model"]

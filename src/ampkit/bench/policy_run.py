@@ -30,7 +30,8 @@ from .flops import count_flops
 from .memory import SavedActivations, peak_rss_bytes, reset_peak_rss, training_state_bytes
 from .results import RunResult
 from .timing import StepTimer, summarize
-from .workload import call_model, output_as_float, Batch, Workload
+from .model_io import batch_loss, run_batch
+from .workload import Batch, Workload
 
 __all__ = ["PolicyRun"]
 
@@ -124,9 +125,9 @@ class PolicyRun:
     # -- one step ----------------------------------------------------------------------------------
     def _step(self) -> None:
         assert self.model is not None and self.engine is not None  # build() ran
-        inputs, target = self.batches[self.steps_done % len(self.batches)]
+        batch = self.batches[self.steps_done % len(self.batches)]
         with self.engine.autocast():
-            loss = self.workload.loss_fn(output_as_float(call_model(self.model, inputs)), target)
+            loss = batch_loss(self.model, batch, self.workload.loss_fn)
         self.engine.backward(loss)
         self.engine.step()
         self.losses.append(loss.detach())
@@ -200,8 +201,8 @@ class PolicyRun:
         model.eval()
         try:
             with self.engine.autocast():
-                for inputs, target in batches:
-                    metric.update(output_as_float(call_model(model, inputs)), target)
+                for batch in batches:
+                    metric.update(*run_batch(model, batch))
         finally:
             model.train()
         values = metric.compute()

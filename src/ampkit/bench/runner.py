@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import datetime
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -105,6 +105,8 @@ def to_device(value: Any, device: torch.device, channels_last: bool) -> Any:
         return value
     if isinstance(value, (tuple, list)):
         return type(value)(to_device(v, device, channels_last) for v in value)
+    if isinstance(value, Mapping):  # a dict batch (input_ids, attention_mask, labels) or dict inputs
+        return {k: to_device(v, device, channels_last) for k, v in value.items()}
     return value
 
 

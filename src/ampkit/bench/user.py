@@ -5,10 +5,14 @@ The contract (also in the README):
 - ``--model`` names a callable taking no arguments and returning a ``torch.nn.Module`` in fp32. It is called
   once; every policy trains a deep copy, so all start from the same weights.
 - ``--data`` names a callable taking no arguments and returning either a :class:`BenchData`, or a sequence (or
-  any iterable, e.g. a DataLoader) of ``(inputs, targets)`` training batches. ``inputs`` is a tensor, or a tuple
-  of tensors passed as ``model(*inputs)``.
-- Without a loss function, integer targets get cross-entropy and floating targets mean squared error. Without
-  a metric, eval batches are scored by their mean loss (lower is better, within 2% counts as equal).
+  any iterable, e.g. a DataLoader) of training batches: ``(inputs, targets)`` pairs, ``inputs`` a tensor, a tuple
+  (``model(*inputs)``) or a dict (``model(**inputs)``); or dicts of keyword arguments such as a Hugging Face
+  collator returns (``input_ids``, ``attention_mask``, ``labels``), passed as ``model(**batch)``.
+- Without a loss function, a model output carrying a ``.loss`` (a ``transformers`` ModelOutput given labels)
+  is the loss; otherwise integer targets get cross-entropy and floating targets mean squared error, of the
+  output's ``.logits`` or first tensor (:mod:`ampkit.bench.model_io`). Without a metric, eval batches are
+  scored by their mean loss (lower is better, within 2% counts as equal).
+- Tables and reports name the workload by the model's class (``GPT2LMHeadModel``).
 - ``path/to/file.py:factory`` works too. Modules are imported with the current directory on ``sys.path``.
 
     >>> spec_parts("mypkg.models:build")
@@ -22,7 +26,7 @@ import importlib
 import importlib.util
 import itertools
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,9 +35,11 @@ import torch
 from torch import nn
 
 from ..errors import one_line
-from .workload import Batch, Metric, Workload, call_model, output_as_float
+from ..memory.micro_batching import batch_rows
+from .model_io import LOSS_FN_HINT, call_model, batch_parts, default_loss
+from .workload import Batch, Metric, Workload
 
-__all__ = ["BenchData", "EvalLoss", "load_factory", "spec_parts", "user_workload"]
+__all__ = ["BenchData", "EvalLoss", "default_loss", "load_factory", "spec_parts", "user_workload", "workload_from"]
 
 
 @dataclass(kw_only=True)
@@ -46,17 +52,22 @@ class BenchData:
     """
 
     train: Iterable[Batch]
-    """Training batches ``(inputs, targets)``; an iterable is read once, up to the number of steps."""
+    """Training batches, ``(inputs, targets)`` or dicts of keyword arguments; an iterable is read once, up to the
+    number of steps."""
     eval: Iterable[Batch] = ()
     """Held-out batches for the eval metric."""
-    loss_fn: Callable[[Any, torch.Tensor], torch.Tensor] | None = None
-    """``loss_fn(output, targets)``; default by targets' dtype (cross-entropy or MSE)."""
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None = None
+    """``loss_fn(output, targets)``, given the output as the model returned it (a floating tensor in fp32) and the
+    targets (a dict batch's ``labels``); default: the output's ``.loss``, else cross-entropy or MSE by the
+    targets' dtype."""
     metric: Callable[[], Metric] | None = None
     """Factory of a fresh :class:`~ampkit.bench.workload.Metric`; default: mean eval loss."""
-    unit: str = "samples"
-    """What throughput counts; ``tokens`` for language models."""
+    unit: str | None = None
+    """What throughput counts: ``samples`` or ``tokens``; default: ``tokens`` for dict batches with ``input_ids``,
+    else ``samples``."""
     items_per_batch: int | None = None
-    """Samples (or tokens) per training batch; default: the first batch's ``len(targets)``."""
+    """Samples (or tokens) per training batch; default: the first batch's ``len(targets)``, or for a dict batch its
+    rows (samples) or the ``numel()`` of its ``input_ids`` (tokens, padding included: what the model computes on)."""
 
     def __post_init__(self) -> None:
         for name in ("train", "eval"):
@@ -64,13 +75,13 @@ class BenchData:
             if isinstance(value, (torch.Tensor, dict, str, bytes)) or not isinstance(value, Iterable):
                 raise TypeError(
                     f"BenchData({name}=...) got {type(value).__name__}; {name} must be a list (or any iterable, e.g. a "
-                    "DataLoader) of (inputs, targets) batches."
+                    "DataLoader) of batches: (inputs, targets) pairs or dicts of model keyword arguments."
                 )
         for name in ("loss_fn", "metric"):
             value = getattr(self, name)
             if value is not None and not callable(value):
                 raise TypeError(f"BenchData({name}=...) got {type(value).__name__}; {name} must be a callable or None.")
-        if not isinstance(self.unit, str) or not self.unit:
+        if self.unit is not None and (not isinstance(self.unit, str) or not self.unit):
             raise TypeError(f"BenchData(unit=...) got {self.unit!r}; unit must be a word such as 'samples' or 'tokens'.")
         n = self.items_per_batch
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
@@ -85,25 +96,18 @@ class EvalLoss:
     tolerance = 0.02
     relative = True
 
-    def __init__(self, loss_fn: Callable[[Any, torch.Tensor], torch.Tensor]) -> None:
+    def __init__(self, loss_fn: Callable[[Any, Any], torch.Tensor]) -> None:
         self._loss_fn = loss_fn
         self._sum: torch.Tensor | None = None
         self._count = 0
 
-    def update(self, output: Any, target: torch.Tensor) -> None:
-        loss = self._loss_fn(output, target).detach().float()
+    def update(self, output: Any, target: Any) -> None:
+        loss = self._loss_fn(output, target).detach().float()  # the default loss_fn takes a ModelOutput's .loss
         self._sum = loss if self._sum is None else self._sum + loss
         self._count += 1
 
     def compute(self) -> dict[str, float]:
         return {self.name: float("nan") if self._sum is None else self._sum.item() / self._count}
-
-
-def default_loss(output: Any, target: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy for integer targets, mean squared error for floating ones."""
-    if target.is_floating_point():
-        return nn.functional.mse_loss(output, target)
-    return nn.functional.cross_entropy(output, target)
 
 
 def spec_parts(spec: str) -> tuple[str, str]:
@@ -164,49 +168,128 @@ def _call_factory(factory: Callable[[], Any], spec: str, option: str) -> Any:
         raise ValueError(f"{option} {spec}: calling {name}() failed ({type(exc).__name__}: {exc}).") from exc
 
 
-def _read(batches: Iterable[Any], limit: int | None, spec: str, what: str) -> list[Any]:
+def _read(batches: Iterable[Any], limit: int | None, where: str, what: str) -> list[Any]:
     """Up to ``limit`` batches of the user's iterable (all when None); an error while iterating names the data."""
     out: list[Any] = []
     try:
         for b in itertools.islice(batches, limit):
             out.append(b)
     except SystemExit as exc:
-        raise ValueError(f"--data {spec}: reading {what} batch {len(out)} exited ({_exit_text(exc)}); make the data iterable end, not exit.") from exc
+        raise ValueError(f"{where}: reading {what} batch {len(out)} exited ({_exit_text(exc)}); make the data iterable end, not exit.") from exc
     except Exception as exc:
-        raise ValueError(f"--data {spec}: reading {what} batch {len(out)} failed ({type(exc).__name__}: {one_line(exc)}).") from exc
+        raise ValueError(f"{where}: reading {what} batch {len(out)} failed ({type(exc).__name__}: {one_line(exc)}).") from exc
     return out
 
 
-def _check_batches(batches: Sequence[Any], spec: str, what: str) -> list[Batch]:
+def _is_kwargs(b: Any) -> bool:
+    return isinstance(b, Mapping) and all(isinstance(k, str) for k in b) and any(isinstance(v, torch.Tensor) for v in b.values())
+
+
+def _check_batches(batches: Sequence[Any], where: str, what: str) -> list[Batch]:
+    """The batches as the runner takes them; dicts (a tokenizer's BatchEncoding too) become plain dicts, which
+    torch's pytree (fake copies, device moves, DDP slices) walks into."""
+    out: list[Batch] = []
     for i, b in enumerate(batches):
-        if not (isinstance(b, (tuple, list)) and len(b) == 2 and isinstance(b[1], torch.Tensor)):
+        if _is_kwargs(b):
+            out.append(dict(b))
+        elif isinstance(b, (tuple, list)) and len(b) == 2 and isinstance(b[1], torch.Tensor):
+            out.append((dict(b[0]) if _is_kwargs(b[0]) else b[0], b[1]))
+        else:
             raise ValueError(
-                f"--data {spec}: {what} batch {i} is {type(b).__name__}; each batch must be an (inputs, targets) pair with a tensor of targets."
+                f"{where}: {what} batch {i} is {type(b).__name__}; each batch must be an (inputs, targets) pair with a tensor "
+                "of targets, or a dict of keyword arguments for the model (e.g. input_ids, attention_mask, labels)."
             )
-    return [tuple(b) for b in batches]  # type: ignore[misc]
+    return out
 
 
-def _as_bench_data(obj: Any, spec: str) -> BenchData:
+def _as_bench_data(obj: Any, where: str) -> BenchData:
     if isinstance(obj, BenchData):
         return obj
-    if isinstance(obj, (torch.Tensor, dict, str)) or not isinstance(obj, Iterable):
+    if isinstance(obj, (torch.Tensor, Mapping, str)) or not isinstance(obj, Iterable):
         raise ValueError(
-            f"--data {spec} returned {type(obj).__name__}; return a list (or DataLoader) of (inputs, targets) batches, or an ampkit.bench.BenchData."
+            f"{where} returned {type(obj).__name__}; return a list (or DataLoader) of batches, or an ampkit.bench.BenchData."
         )
     return BenchData(train=obj)
 
 
-def _smoke_test(model: nn.Module, batch: Batch, loss_fn: Callable[..., torch.Tensor], model_spec: str) -> None:
+def _smoke_test(model: nn.Module, batch: Batch, loss_fn: Callable[..., torch.Tensor], where: str) -> None:
     # One fp32 forward before any policy runs: a model that does not fit its data fails once, clearly, instead
-    # of once per policy row.
-    inputs, target = batch
-    try:
-        with torch.no_grad():
-            loss = loss_fn(output_as_float(call_model(model, inputs)), target)
-    except Exception as exc:
-        raise ValueError(f"--model {model_spec} fails on the first batch ({type(exc).__name__}: {' '.join(str(exc).split())}).") from exc
+    # of once per policy row. The model call and the loss fail for different reasons, with different fixes.
+    inputs, target = batch_parts(batch)
+    with torch.no_grad():
+        try:
+            output = call_model(model, inputs)
+        except Exception as exc:
+            raise ValueError(f"{where} fails on the first batch ({type(exc).__name__}: {one_line(exc)}).") from exc
+        try:
+            loss = loss_fn(output.float() if isinstance(output, torch.Tensor) and output.is_floating_point() else output, target)
+        except Exception as exc:
+            raise ValueError(
+                f"{where}: no loss from its output on the first batch, a {type(output).__name__} ({type(exc).__name__}: "
+                f"{one_line(exc)}); {LOSS_FN_HINT}."
+            ) from exc
     if not (isinstance(loss, torch.Tensor) and loss.numel() == 1):
-        raise ValueError(f"--model {model_spec}: the loss on the first batch is not a scalar tensor; pass a BenchData with a loss_fn that reduces.")
+        raise ValueError(f"{where}: the loss on the first batch is not a scalar tensor; pass a BenchData with a loss_fn that reduces.")
+
+
+def _items(batch: Batch, unit: str) -> int:
+    if not isinstance(batch, Mapping):
+        return len(batch[1])
+    ids = batch.get("input_ids")
+    if unit == "tokens" and isinstance(ids, torch.Tensor):
+        return ids.numel()
+    return batch_rows(batch)
+
+
+def model_name(model: nn.Module, spec: str | None = None) -> str:
+    """What tables call the user's model: its class name, or the factory ``spec`` for a bare torch container.
+
+    >>> class Net(nn.Sequential): ...
+    >>> model_name(nn.Sequential(), "nets:mlp"), model_name(nn.Sequential()), model_name(Net(), "nets:net")
+    ('nets:mlp', 'Sequential', 'Net')
+    """
+    cls = type(model)
+    if spec and cls.__module__.startswith("torch.nn."):  # "Sequential" says less than the factory that built it
+        return spec
+    return cls.__name__
+
+
+def workload_from(
+    model: nn.Module, data: Any, *, steps: int, warmup: int, model_spec: str | None = None, data_spec: str = "data", cli: bool = False
+) -> Workload:
+    """The Workload of ``model`` trained on ``data`` (a :class:`BenchData`, or an iterable of batches).
+
+    ``model_spec``/``data_spec`` name them in the description and results.json; errors name them as the options
+    ``--model``/``--data`` when ``cli``.
+    """
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"{'--model ' + str(model_spec) if cli else 'model'} is {type(model).__name__}; it must be a torch.nn.Module.")
+    name = model_name(model, model_spec)
+    model_at, data_at = (f"--model {model_spec}", f"--data {data_spec}") if cli else (name, data_spec)
+    data = _as_bench_data(data, data_at)
+    train = _check_batches(_read(data.train, steps, data_at, "training"), data_at, "training")
+    if not train:
+        raise ValueError(f"{data_at} gave no training batches; give at least one batch.")
+    eval_batches = _check_batches(_read(data.eval, None, data_at, "eval"), data_at, "eval")
+    loss_fn = data.loss_fn or default_loss
+    metric = (data.metric or (lambda: EvalLoss(loss_fn))) if eval_batches else None
+    _smoke_test(model, train[0], loss_fn, model_at)
+    unit = data.unit or ("tokens" if isinstance(train[0], Mapping) and "input_ids" in train[0] else "samples")
+    n_params = sum(p.numel() for p in model.parameters())
+    return Workload(
+        name=name,
+        model=model,
+        train_batches=train,
+        eval_batches=eval_batches,
+        metric=metric,
+        loss_fn=loss_fn,
+        items_per_batch=data.items_per_batch or _items(train[0], unit),
+        unit=unit,
+        steps=steps,
+        warmup=warmup,
+        description=f"{model_spec or name} on {data_spec}",
+        extra={"model": model_spec or name, "data": data_spec, "model_class": type(model).__name__, "parameters": n_params},
+    )
 
 
 def user_workload(model_spec: str | None, data_spec: str | None, *, steps: int, warmup: int, base: Workload | None = None) -> Workload:
@@ -222,32 +305,11 @@ def user_workload(model_spec: str | None, data_spec: str | None, *, steps: int, 
     if data_spec is None:
         if base is None or model is None:
             raise ValueError("--model without --data needs a built-in --workload whose data it trains on; or pass --data pkg.module:factory.")
-        _smoke_test(model, base.train_batches[0], base.loss_fn, model_spec or "")
-        return dataclasses.replace(base, name=f"{base.name}+{model_spec}", model=model, description=f"{model_spec} on {base.name} data")
+        _smoke_test(model, base.train_batches[0], base.loss_fn, f"--model {model_spec}")
+        return dataclasses.replace(
+            base, name=f"{model_name(model, model_spec)} on {base.name}", model=model, description=f"{model_spec} on {base.name} data"
+        )
     if model is None:
         raise ValueError(f"--data {data_spec} needs --model pkg.module:factory: the model to train on it.")
-
-    data = _as_bench_data(_call_factory(load_factory(data_spec, "--data"), data_spec, "--data"), data_spec)
-    train = _check_batches(_read(data.train, steps, data_spec, "training"), data_spec, "training")
-    if not train:
-        raise ValueError(f"--data {data_spec} gave no training batches; return at least one (inputs, targets) pair.")
-    eval_batches = _check_batches(_read(data.eval, None, data_spec, "eval"), data_spec, "eval")
-    loss_fn = data.loss_fn or default_loss
-    metric = (data.metric or (lambda: EvalLoss(loss_fn))) if eval_batches else None
-    _smoke_test(model, train[0], loss_fn, model_spec or "")
-    items = data.items_per_batch or len(train[0][1])
-    n_params = sum(p.numel() for p in model.parameters())
-    return Workload(
-        name="user",
-        model=model,
-        train_batches=train,
-        eval_batches=eval_batches,
-        metric=metric,
-        loss_fn=loss_fn,
-        items_per_batch=items,
-        unit=data.unit,
-        steps=steps,
-        warmup=warmup,
-        description=f"{model_spec} on {data_spec}",
-        extra={"model": model_spec, "data": data_spec, "parameters": n_params},
-    )
+    data = _call_factory(load_factory(data_spec, "--data"), data_spec, "--data")
+    return workload_from(model, data, steps=steps, warmup=warmup, model_spec=model_spec or "", data_spec=data_spec, cli=True)

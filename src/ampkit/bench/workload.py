@@ -15,39 +15,24 @@ Built-in workloads (``ampkit.bench.workloads``) and user factories (``--model``/
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 from torch import nn
 
+from .model_io import call_model, output_as_float
+
 __all__ = ["Batch", "Metric", "Workload", "Accuracy", "SIZES", "default_optimizer", "call_model", "output_as_float"]
 
-Batch = tuple[Any, torch.Tensor]
-"""One step's ``(inputs, targets)``. ``inputs`` is a tensor (or a tuple of tensors passed as ``model(*inputs)``)."""
+Batch = tuple[Any, torch.Tensor] | Mapping[str, Any]
+"""One step's ``(inputs, targets)``, ``inputs`` a tensor (or a tuple passed as ``model(*inputs)``, a dict as
+``model(**inputs)``); or a dict of keyword arguments, ``model(**batch)``, whose targets are its ``labels``
+(see :mod:`ampkit.bench.model_io`)."""
 
 SIZES = ("tiny", "small", "large")
 """``tiny``: seconds, for tests; ``small``: the CPU default (<= 2 minutes on 2 cores); ``large``: a GPU."""
-
-
-def call_model(model: nn.Module, inputs: Any) -> Any:
-    """Run ``model`` on a batch's inputs: ``model(*inputs)`` for a tuple or list, ``model(inputs)`` otherwise.
-
-    >>> call_model(nn.Identity(), torch.ones(1))
-    tensor([1.])
-    """
-    return model(*inputs) if isinstance(inputs, (tuple, list)) else model(inputs)
-
-
-def output_as_float(output: Any) -> Any:
-    """A floating output in fp32 (other outputs unchanged): the loss is computed in fp32 whatever the policy
-    computes in, so every policy optimises the same function.
-
-    >>> output_as_float(torch.ones(1, dtype=torch.bfloat16)).dtype
-    torch.float32
-    """
-    return output.float() if isinstance(output, torch.Tensor) and output.is_floating_point() else output
 
 
 class Metric(Protocol):
@@ -108,7 +93,7 @@ class Workload:
     """
 
     name: str
-    """Short name shown in tables: ``digits``, ``segment``, ``gpt``, ``resnet``, or ``user`` for --model."""
+    """Short name shown in tables: ``digits``, ``segment``, ``gpt``, ``resnet``, or the class name of a --model's module."""
     model: nn.Module
     """The fp32 model with its initial weights; each policy's run trains a deep copy."""
     train_batches: Sequence[Batch]

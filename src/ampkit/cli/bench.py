@@ -67,7 +67,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--seed", type=int, default=0, help="seed of the weights, the data order and dropout (default: 0)")
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: the GPU if there is one)")
     p.add_argument("--model", metavar="MODULE:FACTORY", help="your model: a no-argument callable returning an nn.Module")
-    p.add_argument("--data", metavar="MODULE:FACTORY", help="your data: a no-argument callable returning (inputs, targets) batches or a BenchData")
+    p.add_argument("--data", metavar="MODULE:FACTORY", help="your data: a no-argument callable returning batches ((inputs, targets) pairs or dicts of model keyword arguments) or a BenchData")
     p.add_argument("--out", type=Path, metavar="DIR", help="write results.json, report.md and PNG plots here")
     p.add_argument("--tensorboard", type=Path, metavar="DIR", help="log loss curves and summary figures for TensorBoard here")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (logs and CI)")

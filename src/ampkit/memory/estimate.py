@@ -22,7 +22,7 @@ import contextlib
 import copy
 import dataclasses
 import gc
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +30,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves, tree_map
 
-from ..bench.workload import call_model, output_as_float
+from ..bench.model_io import batch_loss, batch_parts, default_loss
 from ..engine import Engine
 from ..policy import get_policy
 from ..policy.device import as_device
@@ -97,13 +97,14 @@ def _check_arguments(caller: str, model: Any, example_batch: Any, loss_fn: Any) 
             f"{caller}() takes the model (an nn.Module) first, got {type(model).__name__} {model!r:.40}; pass the module "
             "itself (build one too large for this machine under `with torch.device('meta'):`)."
         )
-    if not (isinstance(example_batch, (tuple, list)) and len(example_batch) == 2):
+    if not (isinstance(example_batch, (tuple, list)) and len(example_batch) == 2 or isinstance(example_batch, Mapping)):
         raise TypeError(
-            f"{caller}() needs example_batch=(inputs, targets), one training batch as ampkit bench takes it, got "
-            f"{type(example_batch).__name__}; e.g. (torch.randn(64, 512), torch.randint(0, 10, (64,)))."
+            f"{caller}() needs example_batch=(inputs, targets) or a dict of model keyword arguments, one training batch "
+            f"as ampkit bench takes it, got {type(example_batch).__name__}; e.g. (torch.randn(64, 512), torch.randint(0, 10, (64,)))."
         )
-    if not any(isinstance(t, torch.Tensor) for t in tree_leaves(example_batch[0])):
-        raise TypeError(f"{caller}(): the inputs of example_batch hold no tensor (got {type(example_batch[0]).__name__}); pass a tensor or a tuple of tensors.")
+    inputs = batch_parts(example_batch)[0]
+    if not any(isinstance(t, torch.Tensor) for t in tree_leaves(inputs)):
+        raise TypeError(f"{caller}(): the inputs of example_batch hold no tensor (got {type(inputs).__name__}); pass a tensor or a tuple of tensors.")
     if not callable(loss_fn):
         raise TypeError(f"{caller}(): loss_fn must be a callable loss_fn(output, targets), got {type(loss_fn).__name__}.")
 
@@ -120,9 +121,8 @@ def _model_device(model: nn.Module) -> torch.device:
 
 
 def _step(model: nn.Module, engine: Engine, batch: Any, loss_fn: LossFn, has_optimizer: bool) -> None:
-    inputs, target = batch
     with engine.autocast():
-        loss = loss_fn(output_as_float(call_model(model, inputs)), target)
+        loss = batch_loss(model, batch, loss_fn)
     if has_optimizer:
         engine.backward(loss)
         engine.step()
@@ -167,14 +167,15 @@ def estimate(
     policy: str = "32-true",
     device: torch.device | str | None = None,
     *,
-    loss_fn: LossFn = nn.functional.cross_entropy,
+    loss_fn: LossFn = default_loss,
     **engine_options: Any,
 ) -> MemoryEstimate:
     """Predict the memory of one training step of ``model`` on ``example_batch`` under ``policy``, allocating nothing.
 
     ``model`` may live anywhere, on the ``meta`` device too (build a model too large for this machine under
-    ``with torch.device("meta"):``). ``example_batch`` is ``(inputs, targets)`` as in ``ampkit bench``; tensors
-    may be meta. ``optimizer`` is an optimizer of ``model`` (rebuilt with the same settings over the copy) or a
+    ``with torch.device("meta"):``). ``example_batch`` is ``(inputs, targets)`` or a dict of keyword arguments, as
+    in ``ampkit bench``; tensors may be meta. ``loss_fn(output, targets)``: default, the output's ``.loss`` or
+    cross-entropy (:func:`ampkit.bench.model_io.default_loss`). ``optimizer`` is an optimizer of ``model`` (rebuilt with the same settings over the copy) or a
     factory ``params -> optimizer``; None counts no optimizer state. ``device`` is the target (default: the
     model's device, or the CPU). ``engine_options`` go to :class:`ampkit.Engine` (e.g. ``clip_grad_norm=1.0``).
 
@@ -227,7 +228,7 @@ def measure(
     policy: str = "32-true",
     device: torch.device | str | None = None,
     *,
-    loss_fn: LossFn = nn.functional.cross_entropy,
+    loss_fn: LossFn = default_loss,
     **engine_options: Any,
 ) -> MemoryEstimate:
     """The same two steps as :func:`estimate`, on real tensors on ``device``: what the prediction is checked against.

@@ -40,7 +40,7 @@ import difflib
 import functools
 import weakref
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +50,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 from torch.utils.checkpoint import checkpoint
 
+from ..bench.model_io import batch_loss, default_loss
 from ..blocks import repeated_blocks
 from ..engine import Engine
 from ..policy import Policy, get_policy
@@ -310,23 +311,18 @@ def _measure(model: nn.Module, batch: Any, loss_fn: Callable[[Any, Any], torch.T
                 raise ValueError("fake=False measures on real tensors; this model is on the meta device. Use fake=True.")
             twin = copy.deepcopy(model).to(device)
             batch = tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, batch)
-        if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
-            raise ValueError("example_batch must be (inputs, targets), as for ampkit.memory.estimate; inputs may be a tuple.")
+        if not (isinstance(batch, (tuple, list)) and len(batch) == 2 or isinstance(batch, Mapping)):
+            raise ValueError("example_batch must be (inputs, targets) or a dict of model keyword arguments, as for ampkit.memory.estimate.")
         engine = Engine(policy)
         twin = engine.setup(twin)  # the policy's conversion (16-bit weights, fp32 islands), on the copy
         twin.train()
         live = stack.enter_context(LiveBytes())
         live.track([*twin.parameters(), *twin.buffers(), *tree_leaves(batch)])
         base = live.current
-        inputs, target = batch
         named = dict(twin.named_modules())
         attribution = _Attribution({named[n]: n for n in blocks}) if blocks else contextlib.nullcontext()
         with attribution, engine.autocast():
-            output = twin(*inputs) if isinstance(inputs, (tuple, list)) else twin(inputs)
-            if isinstance(output, torch.Tensor) and output.is_floating_point():
-                output = output.float()
-            loss = loss_fn(output, target)
-            del output
+            loss = batch_loss(twin, batch, loss_fn)  # the output is dropped inside: only what backward needs stays
         if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
             raise ValueError("loss_fn(output, target) must return a tensor that requires grad; pass loss_fn= for this model.")
         # Read after autocast has exited: its cache of 16-bit weight copies is dropped there, so what is left is
@@ -433,7 +429,7 @@ def recompute(
     *,
     budget: int | str | None = None,
     example_batch: Any = None,
-    loss_fn: Callable[[Any, Any], torch.Tensor] = nn.functional.cross_entropy,
+    loss_fn: Callable[[Any, Any], torch.Tensor] = default_loss,
     policy: str | Policy = "32-true",
     fake: bool = True,
 ) -> RecomputeReport:
@@ -446,10 +442,12 @@ def recompute(
     The forward of each module is replaced on the instance, so parameter names and ``state_dict`` keys do not
     change; :func:`unrecompute` or :meth:`RecomputeReport.undo` restores it.
 
-    ``example_batch`` is ``(inputs, targets)`` as for :func:`ampkit.memory.estimate` (``model(*inputs)`` when
-    inputs is a tuple); ``"auto"`` and ``budget`` need it. With it, the activations are measured before and
-    after under ``policy`` with ``loss_fn(output.float(), targets)``, on fake tensors (nothing allocated; a meta
-    model works), or on real tensors with ``fake=False`` (for ops without fake kernels). If the modules cannot
+    ``example_batch`` is ``(inputs, targets)`` or a dict of keyword arguments, as for
+    :func:`ampkit.memory.estimate` (``model(*inputs)`` when inputs is a tuple, ``model(**batch)`` for a dict);
+    ``"auto"`` and ``budget`` need it. With it, the activations are measured before and after under ``policy``
+    with ``loss_fn(output, targets)`` (default: the output's ``.loss``, else cross-entropy), on fake tensors
+    (nothing allocated; a meta model works), or on real tensors with ``fake=False`` (for ops without fake
+    kernels). If the modules cannot
     bring the activations under ``budget``, ValueError says by how much and the model is left as it was.
     """
     if not isinstance(model, nn.Module):

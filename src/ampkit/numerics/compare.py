@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..bench.workload import call_model, output_as_float
+from ..bench.model_io import batch_loss
 from .recorder import ModuleRecorder
 
 __all__ = ["ModuleAgreement", "ReferenceStep", "StepComparison", "reference_step", "compare_step", "COSINE_MIN", "REL_ERROR_MAX"]
@@ -102,9 +102,8 @@ def reference_step(model: nn.Module, batch: Any, loss_fn: LossFn, *, seed: int =
 def _fp32_grads(model: nn.Module, batch: Any, loss_fn: LossFn, seed: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     control = copy.deepcopy(model).float()
     device = next((p.device for p in control.parameters()), torch.device("cpu"))
-    inputs, target = batch
     with seeded(seed, device):
-        loss = loss_fn(output_as_float(call_model(control, inputs)), target)
+        loss = batch_loss(control, batch, loss_fn)
     loss.backward()
     return loss.detach(), _module_grads(control)
 
@@ -233,10 +232,9 @@ def compare_step(
     device = next((p.device for p in treated.parameters()), torch.device("cpu"))
     engine = Engine(precision, keep_fp32=list(keep_fp32), scaler=StaticLossScaler(loss_scale) if loss_scale is not None else "none")
     treated = engine.setup(treated)
-    inputs, target = batch
     with ModuleRecorder(treated, rounding=False) as rec:
         with seeded(reference.seed, device), engine.autocast():
-            loss = loss_fn(output_as_float(call_model(treated, inputs)), target)
+            loss = batch_loss(treated, batch, loss_fn)
         engine.backward(loss)
         rec.record_parameters(weights=False)
     grads = _module_grads(treated, divide_by=loss_scale or 1.0)

@@ -35,7 +35,7 @@ from torch import nn
 
 from ..bench.format import fmt_share
 from ..policy import get_policy
-from ..bench.workload import call_model, output_as_float
+from ..bench.model_io import batch_loss, default_loss
 from .compare import LossFn, StepComparison, compare_step, reference_step, seeded
 from .formats import FP16
 from .recommend import Tailored, candidate_precisions, choose_precision, tailor
@@ -149,8 +149,7 @@ def _reference_run(model: nn.Module, batches: Sequence[Any], loss_fn: LossFn, st
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     with seeded(seed, device), ModuleRecorder(model) as rec:
         for step in range(steps):
-            inputs, target = batches[step % len(batches)]
-            loss = loss_fn(output_as_float(call_model(model, inputs)), target)
+            loss = batch_loss(model, batches[step % len(batches)], loss_fn)
             if not torch.isfinite(loss.detach()):
                 raise ValueError(
                     f"the fp32 loss is {float(loss.detach())} at reference step {step}: the model fails without any 16-bit "
@@ -178,7 +177,7 @@ def _gradient_totals(stats: dict[str, dict[str, TensorStats]], model: nn.Module)
 def diagnose(
     model: nn.Module,
     batches: Sequence[Any],
-    loss_fn: LossFn = nn.functional.cross_entropy,
+    loss_fn: LossFn = default_loss,
     *,
     steps: int = 3,
     target: str | None = None,
@@ -191,8 +190,10 @@ def diagnose(
 
     Args:
         model: the fp32 model (left untouched: the doctor trains a copy).
-        batches: ``(inputs, targets)`` pairs; step ``i`` uses ``batches[i % len(batches)]``, the comparison the next.
-        loss_fn: ``loss_fn(output, targets)``, given the output in fp32.
+        batches: ``(inputs, targets)`` pairs or dicts of model keyword arguments (targets: their ``labels``); step
+            ``i`` uses ``batches[i % len(batches)]``, the comparison the next.
+        loss_fn: ``loss_fn(output, targets)``, given a tensor output in fp32; default: the output's ``.loss``, else
+            cross-entropy or MSE by the targets' dtype (:func:`ampkit.bench.model_io.default_loss`).
         steps: fp32 reference steps whose statistics are collected (the optimizer steps between them).
         target: tailor for this policy only (e.g. ``"16-mixed"`` for a GPU without bf16); default: choose among
             the mixed policies that run fast on ``device``.

@@ -71,7 +71,7 @@ def _w(model: str | None, data: str | None, base: Workload | None = None) -> Wor
 
 def test_plain_batches_make_a_workload(user_pkg: str) -> None:
     w = _w(f"{user_pkg}:model", f"{user_pkg}:batches")
-    assert w.name == "user" and len(w.train_batches) == 4 and w.items_per_batch == 16
+    assert w.name == f"{user_pkg}:model" and len(w.train_batches) == 4  # a bare nn.Sequential: named by its factory and w.items_per_batch == 16
     assert w.metric is None and w.loss_fn is default_loss and w.extra["parameters"] == 6 * 16 + 16 + 16 * 3 + 3
 
 
@@ -120,7 +120,7 @@ def test_model_alone_trains_on_a_builtin_workloads_data(user_pkg: str) -> None:
     base = Workload(name="toy", model=torch.nn.Linear(6, 3), train_batches=[(torch.randn(8, 6, generator=g), torch.randint(0, 3, (8,), generator=g))],
                     items_per_batch=8, steps=5, warmup=1)
     w = user_workload(f"{user_pkg}:model", None, steps=5, warmup=1, base=base)
-    assert w.name == f"toy+{user_pkg}:model" and w.train_batches is base.train_batches and w.model is not base.model
+    assert w.name == f"{user_pkg}:model on toy" and w.train_batches is base.train_batches and w.model is not base.model
 
 
 @pytest.mark.parametrize(

@@ -96,7 +96,7 @@ def test_user_model_run_writes_every_promised_file(capsys: pytest.CaptureFixture
     stdout = capsys.readouterr().out
     assert "32-true" in stdout and "bf16-mixed" in stdout
     data = json.loads((out / "results.json").read_text())
-    assert data["command"] == "ampkit " + " ".join(argv) and data["workload"] == "user"
+    assert data["command"] == "ampkit " + " ".join(argv) and data["workload"] == "Net"  # the model class, not "user"
     assert data["device"]["type"] == "cpu" and data["torch"] == torch.__version__
     assert [r["precision"] for r in data["runs"]] == ["32-true", "bf16-mixed"]
     for run in data["runs"]:

@@ -1,0 +1,63 @@
+"""``ampkit bench`` from Python: your model and your data, the same runs and figures as the command line.
+
+:func:`bench_model` takes the objects that ``--model``/``--data`` factories return and runs what
+``ampkit bench --model ... --data ...`` runs; the :class:`~ampkit.bench.BenchResult` it returns is what
+``results.json`` holds (``result.write_json(path)``), with a verdict per policy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..policy.device import as_device
+from .defaults import default_device, default_precisions, resolve_precisions
+from .results import BenchResult
+from .runner import run_bench
+from .user import workload_from
+
+__all__ = ["bench_model"]
+
+
+def bench_model(
+    model: nn.Module,
+    data: Any,
+    precisions: str | Sequence[str] | None = None,
+    *,
+    steps: int = 100,
+    warmup: int | None = None,
+    device: torch.device | str | None = None,
+    seed: int = 0,
+    rounds: int = 5,
+) -> BenchResult:
+    """Train ``model`` on ``data`` under each policy, from the same weights on the same batches, and compare.
+
+    ``model``: an fp32 ``nn.Module`` (each policy trains a deep copy; ``model`` is left as it was).
+    ``data``: a :class:`~ampkit.bench.BenchData`, or a list (or any iterable, e.g. a DataLoader) of batches:
+    ``(inputs, targets)`` pairs or dicts of keyword arguments such as ``{"input_ids", "attention_mask",
+    "labels"}`` (see :mod:`ampkit.bench.user` for the contract). ``precisions``: names or aliases, a list or one
+    comma-separated string; ``32-true``, the reference, always runs first. Default: every policy ``device``
+    runs fast. ``steps`` counts optimizer steps per policy, ``warmup`` of them untimed (default: a tenth, at
+    most 5). ``device``: default the GPU if there is one.
+
+    >>> g = torch.Generator().manual_seed(0)
+    >>> batches = [(torch.randn(16, 8, generator=g), torch.randint(0, 3, (16,), generator=g)) for _ in range(3)]
+    >>> result = bench_model(nn.Linear(8, 3), batches, "bf16", steps=4, warmup=1, rounds=1, device="cpu")
+    >>> result.workload, [(r.precision, r.status, len(r.losses)) for r in result.runs]
+    ('Linear', [('32-true', 'ok', 4), ('bf16-mixed', 'ok', 4)])
+    """
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 2:
+        raise ValueError(f"bench_model(steps={steps!r}): steps must be an int >= 2 (at least one warm-up and one timed step).")
+    warmup = min(5, steps // 10) if warmup is None else warmup
+    if steps <= warmup:
+        raise ValueError(f"bench_model(steps={steps}, warmup={warmup}): steps must exceed warmup so some steps are timed.")
+    dev = default_device() if device is None else as_device(device)
+    if precisions is None:
+        names = default_precisions(dev)[0]
+    else:
+        names = resolve_precisions(precisions if isinstance(precisions, str) else ",".join(precisions), dev)
+    workload = workload_from(model, data, steps=steps, warmup=warmup)
+    return run_bench(workload, names, dev, seed=seed, rounds=rounds, settings={"batch_items": workload.items_per_batch, "unit": workload.unit})

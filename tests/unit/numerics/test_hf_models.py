@@ -1,0 +1,36 @@
+"""The doctor on a Hugging Face model: dict batches, the ModelOutput's own .loss, the model named by its class."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from ampkit.bench.user import load_factory
+from ampkit.cli.main import main
+from ampkit.numerics import diagnose
+
+
+def test_diagnose_compares_against_the_models_own_fp32_loss(hf_gpt2: str) -> None:
+    model, data = load_factory(f"{hf_gpt2}:model", "--model")(), load_factory(f"{hf_gpt2}:data", "--data")()
+    batches = data.train[:2]
+    d = diagnose(model, batches, steps=1, target="bf16-mixed")  # default loss: the output's .loss
+    model.train()
+    torch.manual_seed(0)  # the doctor seeds each compared step with seed=0: the same dropout masks
+    control = model(**batches[1]).loss.item()  # no optimizer: the weights are the initial ones
+    for c in d.comparisons:
+        assert c.reference_loss == pytest.approx(control, rel=1e-6)
+        assert c.loss is not None and abs(c.loss - control) < 0.02 * control
+    assert d.recommended_precision == "bf16-mixed"
+
+
+def test_cli_doctor_runs_the_example_and_names_the_model(hf_gpt2: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "doc"
+    argv = ["doctor", "--model", f"{hf_gpt2}:model", "--data", f"{hf_gpt2}:data", "--steps", "1", "--precision", "bf16-mixed",
+            "--device", "cpu", "--out", str(out)]
+    assert main(argv) == 0
+    data = json.loads((out / "doctor.json").read_text())
+    assert data["workload"]["name"] == "GPT2LMHeadModel" and data["recommended_precision"] == "bf16-mixed"
+    assert "GPT2LMHeadModel" in capsys.readouterr().out
