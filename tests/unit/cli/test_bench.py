@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 from pathlib import Path
 
@@ -133,3 +134,21 @@ def test_every_builtin_workload_runs_at_tiny_size(capsys: pytest.CaptureFixture[
             assert run["eval_metric_name"] is None  # throughput and memory only
         else:
             assert run["eval_metric_name"] and run["eval_metric"] is not None
+
+
+def _linked_images(report: Path) -> list[str]:
+    return re.findall(r"!\[[^\]]*\]\(([^)]+)\)", report.read_text(encoding="utf-8"))
+
+
+def test_report_links_every_plot_with_a_relative_out(
+    capsys: pytest.CaptureFixture[str], toy: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every README example passes a relative --out: the plots must still be linked, relative to report.md.
+    monkeypatch.chdir(tmp_path)
+    argv = ["bench", "--model", f"{toy}:model", "--data", f"{toy}:data", "--precision", "bf16", "--steps", "4", "--warmup", "1",
+            "--rounds", "1", "--out", "runs/toy", "--no-progress"]
+    assert main(argv) == 0
+    report = tmp_path / "runs" / "toy" / "report.md"
+    links = _linked_images(report)
+    assert sorted(links) == ["loss_curves.png", "time_memory.png"]
+    assert all((report.parent / link).is_file() for link in links)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -55,3 +56,14 @@ def test_out_must_be_a_directory(tmp_path: Path, capsys: pytest.CaptureFixture[s
     f.write_text("")
     assert main(["doctor", "-w", "digits", "--size", "tiny", "--out", str(f)]) == 2
     assert "is a file" in capsys.readouterr().err
+
+
+def test_report_links_every_plot_with_a_relative_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every README example passes a relative --out: the histograms must still be linked, relative to report.md.
+    monkeypatch.chdir(tmp_path)
+    assert main(["doctor", "--model", f"{FRAGILE}:overflow_net", "--data", f"{FRAGILE}:batches", "--precision", "fp16", "--out", "doc/run"]) == 0
+    report = tmp_path / "doc" / "run" / "report.md"
+    links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", report.read_text(encoding="utf-8"))
+    pngs = sorted(p.name for p in report.parent.glob("*.png"))
+    assert pngs and sorted(links) == pngs
+    assert all((report.parent / link).is_file() for link in links)
