@@ -41,7 +41,9 @@ METHOD = """\
 - Warm-up steps are run and discarded before timing: they hold one-off costs (allocation, kernel selection).
 - Time is measured with the policies interleaved in rounds, the first one rotating each round, so that drift
   of the machine (clock boost, thermals, other load) spreads over every policy instead of favouring one.
-  The table shows the median step time and its p10–p90 spread.
+  The table shows the median step time and its p10–p90 spread. The speed-up is the ratio of the medians; its
+  95% interval (in the verdicts) is a bootstrap of the two samples of step times, and a speed-up whose interval
+  holds 1.0 is called inconclusive, not a gain.
 - Memory: on CPU, the exact bytes of parameters + gradients + optimizer state (+ fp32 master weights) + the
   activations autograd saves for backward; on CUDA, the caching allocator's peak during the policy's run.
   Each policy's memory is measured with that policy alone in the process.

@@ -117,10 +117,12 @@ def _eval_cell(name: str | None) -> Callable[[RunResult], str]:
 def _speedup_style(run: RunResult) -> str | None:
     if run.speedup_vs_fp32 is None or math.isnan(run.speedup_vs_fp32):
         return None
-    # The verdict's own thresholds, so the colour never contradicts the words below the table.
-    if run.speedup_vs_fp32 >= PAYS_SPEEDUP:
+    # The verdict's own thresholds and noise rule, so the colour never contradicts the words below the table:
+    # a speed-up whose interval holds 1.0 is not coloured at all.
+    if run.speedup_vs_fp32 >= PAYS_SPEEDUP and run.speedup_low is not None and run.speedup_low > 1.0:
         return "green"
-    return "yellow" if run.speedup_vs_fp32 < 1.0 - SAME_SPEED else None
+    slower = run.speedup_vs_fp32 < 1.0 - SAME_SPEED and run.speedup_high is not None and run.speedup_high < 1.0
+    return "yellow" if slower else None
 
 
 def _status_style(run: RunResult) -> str | None:

@@ -38,6 +38,12 @@ def bf16_hater():
 def data():
     g = torch.Generator().manual_seed(0)
     return [(torch.randn(16, 8, generator=g), torch.randint(0, 3, (16,), generator=g)) for _ in range(4)]
+
+def data_with_eval():
+    from ampkit.bench.user import BenchData
+
+    batches = data()
+    return BenchData(train=batches[:3], eval=batches[3:])  # one eval batch of 16 samples: a handful
 """
 
 
@@ -69,6 +75,10 @@ def _error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
         (["bench", "--data", "{toy}:data"], "needs --model"),
         (["bench", "--model", "{toy}:model", "--data", "{toy}:model"], "returned Net; return a list"),
         (["bench", "-w", "digits", "--size", "tiny", "--steps", "3", "--warmup", "3"], "must exceed --warmup"),
+        (["bench", "-w", "digits", "--size", "tiny", "--tolerance", "-1"], "--tolerance must be a non-negative finite number"),
+        (["bench", "-w", "digits", "--size", "tiny", "--tolerance", "nan"], "got 'nan'"),
+        (["bench", "-w", "digits", "--size", "tiny", "--tolerance", "2%"], "e.g. 0.01"),
+        (["bench", "--model", "{toy}:model", "--data", "{toy}:data", "--tolerance", "0.1"], "has no eval metric to hold to it; drop --tolerance"),
     ],
 )
 def test_bad_input_is_one_line_that_says_what_to_do(capsys: pytest.CaptureFixture[str], toy: str, argv: list[str], message: str) -> None:
@@ -152,3 +162,22 @@ def test_report_links_every_plot_with_a_relative_out(
     links = _linked_images(report)
     assert sorted(links) == ["loss_curves.png", "time_memory.png"]
     assert all((report.parent / link).is_file() for link in links)
+
+
+def test_tolerance_sets_the_eval_tolerance_and_a_handful_of_eval_samples_is_flagged(
+    capsys: pytest.CaptureFixture[str], toy: str, tmp_path: Path
+) -> None:
+    argv = ["bench", "--model", f"{toy}:model", "--data", f"{toy}:data_with_eval", "--precision", "bf16", "--steps", "8",
+            "--warmup", "2", "--rounds", "1", "--tolerance", "0.5", "--out", str(tmp_path), "--no-progress"]
+    assert main(argv) == 0
+    stdout = capsys.readouterr().out
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert data["eval_samples"] == 16
+    assert data["eval_tolerance"].startswith("eval_loss within 50% of 32-true (on only 16 eval samples")
+    bf16 = data["runs"][1]
+    assert bf16["eval_metric"] is not None and bf16["within_tolerance"] is True
+    assert "within 50% of 32-true" in bf16["verdict"] and "on only 16 eval samples" in bf16["verdict"]
+    assert len(bf16["step_times_s"]) == bf16["timed_steps"] == 6
+    assert 0 < bf16["speedup_low"] <= bf16["speedup_high"]
+    assert "on only 16 eval samples" in " ".join(stdout.split())  # the terminal may wrap the verdict
+    assert "on only 16 eval samples" in (tmp_path / "report.md").read_text()
