@@ -283,4 +283,5 @@ def render(result: BenchResult, console: Console, *, transpose: bool | None = No
     # Squeezed by rich, a 15-column table truncates every figure; turned on its side it stays readable.
     if transpose or (transpose is None and _wide_width(result) > console.width):
         table = build_table(result, transpose=True)
-    console.print(Group(table, Text(), Padding(verdicts, (0, 0, 0, 2))))  # wrapped verdicts keep the indent
+    # Wrapped verdicts keep the indent; not expanded, so a wide console (a log) gets no trailing spaces.
+    console.print(Group(table, Text(), Padding(verdicts, (0, 0, 0, 2), expand=False)))

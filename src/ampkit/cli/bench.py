@@ -42,6 +42,7 @@ from ..bench.workload import SIZES, Workload
 from .checks import non_negative as _non_negative
 from .checks import positive as _positive
 from .checks import writable_dir as _check_out
+from .console import stdout_console
 
 __all__ = ["register", "run"]
 
@@ -211,7 +212,7 @@ def _worker_input_error(exc: BaseException, this_rank: int) -> int:
 
 def _bench(args: argparse.Namespace, device: torch.device, *, main: bool = True, world: int = 1) -> int:
     """The bench itself, in one process or on one rank (``main``: rank 0, the one that prints and writes)."""
-    console = Console(quiet=not main)
+    console = stdout_console(quiet=not main)
     _check_out(args.out, "--out")
     _check_out(args.tensorboard, "--tensorboard")
     size = default_size(device) if args.size == "auto" else args.size

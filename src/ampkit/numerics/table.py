@@ -310,4 +310,4 @@ def render(data: dict[str, Any], console: Console, top: int = TOP) -> None:
         console.print(Text("Comparisons against the fp32 reference:", style="bold"))
         for comp, line in zip(comparisons, comparison_lines(data)):
             # Indented as a block, so a wrapped line still reads as part of its comparison.
-            console.print(Padding(Text(line, style="" if comp.get("finite", True) else "red"), (0, 0, 0, 2)))
+            console.print(Padding(Text(line, style="" if comp.get("finite", True) else "red"), (0, 0, 0, 2), expand=False))

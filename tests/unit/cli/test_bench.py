@@ -5,11 +5,15 @@ from __future__ import annotations
 import json
 import re
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
+from ampkit.bench.results import BenchResult
+from ampkit.bench.table import table_rows
 from ampkit.cli.main import main
 
 TOY = """
@@ -181,3 +185,16 @@ def test_tolerance_sets_the_eval_tolerance_and_a_handful_of_eval_samples_is_flag
     assert 0 < bf16["speedup_low"] <= bf16["speedup_high"]
     assert "on only 16 eval samples" in " ".join(stdout.split())  # the terminal may wrap the verdict
     assert "on only 16 eval samples" in (tmp_path / "report.md").read_text()
+
+
+def test_in_a_log_the_table_keeps_every_column_whole_one_row_per_run(
+    capsys: pytest.CaptureFixture[str], toy: str, tmp_path: Path, log_table: Callable[[str], Any]
+) -> None:
+    # captured stdout is not a terminal: rich alone would squeeze this table to 80 columns or turn it on its side
+    argv = ["bench", "--model", f"{toy}:model", "--data", f"{toy}:data", "--precision", "bf16,bf16-true", "--steps", "4",
+            "--warmup", "1", "--rounds", "1", "--out", str(tmp_path), "--no-progress"]
+    assert main(argv) == 0
+    headers, body = log_table(capsys.readouterr().out)
+    expected = table_rows(BenchResult.read_json(tmp_path / "results.json"))
+    assert headers == expected.headers and len(" ".join(headers)) > 80
+    assert body == expected.rows
