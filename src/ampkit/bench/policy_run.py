@@ -231,7 +231,7 @@ class PolicyRun:
         if times:
             stats = summarize(times)
             r.step_time_median_s, r.step_time_p10_s, r.step_time_p90_s = stats["median"], stats["p10"], stats["p90"]
-            r.timed_steps = len(times)
+            r.timed_steps, r.step_times_s = len(times), list(times)
             r.throughput = self.workload.items_per_batch / stats["median"]  # the global batch: every rank's rows
             if r.flops_per_step is not None:
                 r.achieved_flops = r.flops_per_step / stats["median"]

@@ -29,7 +29,7 @@ from .results import BenchResult, RunResult
 from .table import table_rows, tolerance_line, verdict_lines
 from ..state import write_text_atomic
 
-__all__ = ["write_report", "render_report", "REPORT_NAME"]
+__all__ = ["write_report", "render_report", "plot_links", "REPORT_NAME"]
 
 log = logging.getLogger("ampkit")
 
@@ -41,7 +41,9 @@ METHOD = """\
 - Warm-up steps are run and discarded before timing: they hold one-off costs (allocation, kernel selection).
 - Time is measured with the policies interleaved in rounds, the first one rotating each round, so that drift
   of the machine (clock boost, thermals, other load) spreads over every policy instead of favouring one.
-  The table shows the median step time and its p10–p90 spread.
+  The table shows the median step time and its p10–p90 spread. The speed-up is the ratio of the medians; its
+  95% interval (in the verdicts) is a bootstrap of the two samples of step times, and a speed-up whose interval
+  holds 1.0 is called inconclusive, not a gain.
 - Memory: on CPU, the exact bytes of parameters + gradients + optimizer state (+ fp32 master weights) + the
   activations autograd saves for backward; on CUDA, the caching allocator's peak during the policy's run.
   Each policy's memory is measured with that policy alone in the process.
@@ -127,8 +129,35 @@ def _failures(runs: list[RunResult]) -> list[str]:
     return ["## Errors in full", "", *lines] if lines else []
 
 
+def plot_links(out_dir: str | os.PathLike[str], plots: Iterable[str | os.PathLike[str]] | None) -> list[tuple[str, str]]:
+    """(title, link) of every plot that exists, the link relative to ``out_dir`` where report.md lives.
+
+    A plot path is an ordinary path, absolute or relative to the current directory, as
+    :func:`ampkit.bench.plots.write_plots` returns it: ``runs/toy/loss_curves.png`` with ``out_dir``
+    ``runs/toy`` links ``loss_curves.png``. A plot that does not exist is skipped with a warning rather than
+    left as a broken link. Spaces in the link are escaped, or Markdown would end it there.
+
+    >>> import tempfile
+    >>> with tempfile.TemporaryDirectory() as tmp:
+    ...     _ = (Path(tmp) / "loss_curves.png").write_bytes(b"")
+    ...     plot_links(tmp, [Path(tmp) / "loss_curves.png"])
+    [('loss curves', 'loss_curves.png')]
+    """
+    links = []
+    for path in (Path(p) for p in plots or []):
+        if not path.exists():
+            log.warning("report.md: plot %s does not exist; not linking it", path)
+            continue
+        link = Path(os.path.relpath(path, out_dir)).as_posix().replace(" ", "%20")
+        links.append((path.stem.replace("_", " "), link))
+    return links
+
+
 def render_report(result: BenchResult, out_dir: str | os.PathLike[str] = ".", plots: list[Path] | None = None) -> str:
-    """The text of report.md; plot links are made relative to ``out_dir``, where the report will live."""
+    """The text of report.md; plot links are made relative to ``out_dir``, where the report will live.
+
+    ``plots`` are paths as :func:`ampkit.bench.plots.write_plots` returns them (see :func:`plot_links`).
+    """
     out = Path(out_dir)
     lines = [f"# ampkit bench: {result.workload}", ""]
     if result.description:
@@ -149,15 +178,11 @@ def render_report(result: BenchResult, out_dir: str | os.PathLike[str] = ".", pl
     lines += ["", tolerance, ""] if tolerance else [""]
 
     lines += ["## Memory by part", "", *_memory_section(result.runs)]
-    images = [Path(p) for p in plots or []]
-    present = [p for p in images if (p if p.is_absolute() else out / p).exists()]
-    for missing in set(images) - set(present):
-        log.warning("report.md: plot %s does not exist; not linking it", missing)
-    if present:
+    links = plot_links(out, plots)
+    if links:
         lines += ["## Plots", ""]
-        for path in present:
-            link = Path(os.path.relpath(path if path.is_absolute() else out / path, out)).as_posix()
-            lines += [f"![{path.stem.replace('_', ' ')}]({link})", ""]
+        for title, link in links:
+            lines += [f"![{title}]({link})", ""]
     lines += _failures(result.runs)
     lines += ["## How this was measured", "", METHOD]
     return "\n".join(lines)

@@ -57,12 +57,18 @@ class RunResult:
     """90th percentile of the step times."""
     timed_steps: int = 0
     """How many step times the median is taken over."""
+    step_times_s: list[float] = field(default_factory=list)
+    """Every timed step's wall time, in order (warm-up excluded): the sample the median and its spread come from."""
     throughput: float | None = None
     """``throughput_unit`` per second at the median step time."""
     throughput_unit: str = "samples"
     """``samples`` or ``tokens``."""
     speedup_vs_fp32: float | None = None
     """Reference median step time / this median step time: above 1 means faster than 32-true."""
+    speedup_low: float | None = None
+    """Lower end of the speed-up's 95% bootstrap interval (:mod:`ampkit.bench.speedup`); None with too few steps."""
+    speedup_high: float | None = None
+    """Upper end of that interval. A speed-up whose interval holds 1.0 is within the noise: "inconclusive"."""
     peak_memory_bytes: int | None = None
     """CUDA: the allocator's peak during this policy's run. CPU: parameters + gradients + optimizer state +
     saved activations, counted exactly (the training step's resident tensors)."""
@@ -122,6 +128,8 @@ class BenchResult:
     reference: str = "32-true"
     eval_tolerance: str | None = None
     """The tolerance in words, e.g. ``"within 0.02 of 32-true"``."""
+    eval_samples: int | None = None
+    """Samples (rows of the eval batches) the eval metric was computed on; None when not counted."""
     runs: list[RunResult] = field(default_factory=list)
 
     def run(self, precision: str) -> RunResult | None:

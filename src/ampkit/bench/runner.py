@@ -60,7 +60,7 @@ from .flops import peak_flops
 from .policy_run import PolicyRun
 from .progress import NullReporter, Reporter
 from .results import BenchResult
-from .verdict import Tolerance, apply_verdicts
+from .verdict import Tolerance, apply_verdicts, check_tolerance
 from .workload import Batch, Workload
 
 __all__ = ["run_bench", "device_info", "shard_batch", "check_shardable", "REFERENCE"]
@@ -204,6 +204,7 @@ def run_bench(
     reporter: Reporter | None = None,
     command: str = "",
     settings: dict[str, Any] | None = None,
+    tolerance: float | None = None,
 ) -> BenchResult:
     """Train ``workload`` under each policy in ``precisions`` on ``device`` and return every figure.
 
@@ -213,11 +214,35 @@ def run_bench(
     With a process group initialised (under torchrun) every rank must call it with the same arguments; the runs
     train under DDP on each rank's slice of the batches, and rank 0's result holds the combined figures (see the
     module's docstring). ``device`` is this rank's device.
+
+    ``tolerance`` replaces the eval metric's own tolerance, in the metric's terms (absolute for accuracy and
+    mIoU, a fraction of the reference for perplexity and eval loss); a ValueError when it is not a non-negative
+    finite number or the workload has no eval metric.
     """
+    if tolerance is not None:
+        check_tolerance(tolerance)
+        if workload.metric is None or not workload.eval_batches:
+            raise ValueError(f"a tolerance was given, but workload {workload.name!r} has no eval metric to hold to it; drop the tolerance.")
     device = as_device(device)
     # The runs reseed the global RNG; the caller's RNG state is theirs and comes back untouched.
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        return _run(workload, precisions, device, seed, rounds, count_flops, reporter or NullReporter(), command, settings or {})
+        result = _run(workload, precisions, device, seed, rounds, count_flops, reporter or NullReporter(), command, settings or {})
+    _judge(result, workload, tolerance)
+    return result
+
+
+def _judge(result: BenchResult, workload: Workload, amount: float | None) -> None:
+    """The verdicts, against the workload's metric tolerance or ``amount`` in its place."""
+    tolerance = None
+    if workload.metric is not None and workload.eval_batches:
+        m = workload.metric()
+        tolerance = Tolerance(m.name, m.higher_is_better, m.tolerance, m.relative)
+        tolerance = tolerance if amount is None else tolerance.with_amount(amount)
+        try:
+            result.eval_samples = sum(batch_rows(b) for b in workload.eval_batches)
+        except ValueError:
+            result.eval_samples = None  # batches without one sample dimension: the count is left unsaid
+    apply_verdicts(result, tolerance)
 
 
 def _run(
@@ -286,10 +311,5 @@ def _run(
         reference=REFERENCE,
         runs=[run.result for run in runs],
     )
-    tolerance = None
-    if workload.metric is not None and workload.eval_batches:
-        m = workload.metric()
-        tolerance = Tolerance(m.name, m.higher_is_better, m.tolerance, m.relative)
-    apply_verdicts(result, tolerance)
     _mfu(result, device, world)
     return result

@@ -117,10 +117,12 @@ def _eval_cell(name: str | None) -> Callable[[RunResult], str]:
 def _speedup_style(run: RunResult) -> str | None:
     if run.speedup_vs_fp32 is None or math.isnan(run.speedup_vs_fp32):
         return None
-    # The verdict's own thresholds, so the colour never contradicts the words below the table.
-    if run.speedup_vs_fp32 >= PAYS_SPEEDUP:
+    # The verdict's own thresholds and noise rule, so the colour never contradicts the words below the table:
+    # a speed-up whose interval holds 1.0 is not coloured at all.
+    if run.speedup_vs_fp32 >= PAYS_SPEEDUP and run.speedup_low is not None and run.speedup_low > 1.0:
         return "green"
-    return "yellow" if run.speedup_vs_fp32 < 1.0 - SAME_SPEED else None
+    slower = run.speedup_vs_fp32 < 1.0 - SAME_SPEED and run.speedup_high is not None and run.speedup_high < 1.0
+    return "yellow" if slower else None
 
 
 def _status_style(run: RunResult) -> str | None:
@@ -281,4 +283,5 @@ def render(result: BenchResult, console: Console, *, transpose: bool | None = No
     # Squeezed by rich, a 15-column table truncates every figure; turned on its side it stays readable.
     if transpose or (transpose is None and _wide_width(result) > console.width):
         table = build_table(result, transpose=True)
-    console.print(Group(table, Text(), Padding(verdicts, (0, 0, 0, 2))))  # wrapped verdicts keep the indent
+    # Wrapped verdicts keep the indent; not expanded, so a wide console (a log) gets no trailing spaces.
+    console.print(Group(table, Text(), Padding(verdicts, (0, 0, 0, 2), expand=False)))

@@ -1,29 +1,82 @@
 """Compare every run with the fp32 reference: speed-up, memory saved, eval metric within tolerance, a verdict.
 
+The rule, in the order it is applied:
+
+1. An eval metric OUTSIDE the tolerance: **does not pay**, whatever the speed.
+2. At least :data:`PAYS_SPEEDUP` faster by the medians: **pays** when the speed-up's 95% interval
+   (:func:`ampkit.bench.speedup.speedup_interval`, a bootstrap of the two samples of step times) lies wholly
+   above 1.0; **inconclusive** when it holds 1.0 (or there were too few timed steps to compute it): the
+   difference is within the step-time noise, so rerun with more ``--steps``.
+3. At least :data:`PAYS_MEMORY` leaner and as fast by the medians: **pays** (the memory saving is exact).
+4. Leaner but slower: **trades speed for memory** when the interval lies wholly below 1.0, else
+   **inconclusive**.
+5. Otherwise: **does not pay** (no gain was measured).
+
+An eval metric computed on fewer than :data:`FEW_EVAL_SAMPLES` samples says so in the verdict: a difference of
+a point or two between policies is then chance as much as precision.
+
     >>> from ampkit.bench.results import BenchResult, RunResult
-    >>> ref = RunResult(precision="32-true", step_time_median_s=0.02, peak_memory_bytes=1000, eval_metric=0.95)
-    >>> fast = RunResult(precision="bf16-mixed", step_time_median_s=0.01, peak_memory_bytes=600, eval_metric=0.94)
-    >>> result = BenchResult(workload="digits", runs=[ref, fast])
+    >>> ref = RunResult(precision="32-true", step_time_median_s=0.02, peak_memory_bytes=1000, eval_metric=0.95,
+    ...                 step_times_s=[0.0198, 0.0199, 0.02, 0.0201, 0.0202])
+    >>> fast = RunResult(precision="bf16-mixed", step_time_median_s=0.01, peak_memory_bytes=600, eval_metric=0.94,
+    ...                  step_times_s=[0.0099, 0.00995, 0.01, 0.01005, 0.0101])
+    >>> result = BenchResult(workload="digits", runs=[ref, fast], eval_samples=360)
     >>> apply_verdicts(result, Tolerance("accuracy", higher_is_better=True, tolerance=0.02, relative=False))
     >>> fast.verdict
-    'bf16-mixed: 2.00x faster, 40% less memory, accuracy 0.94 within 0.02 of 32-true (0.95): pays on this model and device'
+    'bf16-mixed: 2.00x faster (1.97–2.03x), 40% less memory, accuracy 0.94 within 0.02 of 32-true (0.95): pays on this model and device'
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 from .results import BenchResult, RunResult
+from .speedup import MIN_TIMED_STEPS, speedup_interval
 
-__all__ = ["Tolerance", "apply_verdicts", "SAME_SPEED", "PAYS_SPEEDUP", "PAYS_MEMORY"]
+__all__ = [
+    "Tolerance",
+    "apply_verdicts",
+    "check_tolerance",
+    "SAME_SPEED",
+    "PAYS_SPEEDUP",
+    "PAYS_MEMORY",
+    "FEW_EVAL_SAMPLES",
+]
 
 SAME_SPEED = 0.03
 """Speed differences under 3% are called "as fast": interleaved medians on a busy 2-core CPU vary by about 2%."""
 PAYS_SPEEDUP = 1.05
-"""A policy pays when its eval metric is within tolerance and it is at least 5% faster than fp32 ..."""
+"""A policy pays when its eval metric is within tolerance and it is at least 5% faster than fp32 (and the
+speed-up's interval clears 1.0) ..."""
 PAYS_MEMORY = 0.10
 """... or as fast while saving at least 10% of fp32's memory. Slower but leaner "trades speed for memory"."""
+FEW_EVAL_SAMPLES = 100
+"""An eval metric from fewer samples than this is flagged: on 100 samples one sample is a whole point of
+accuracy, and the binomial noise of an accuracy near 0.9 is about 3 points, more than the usual tolerance."""
+
+
+def check_tolerance(value: object, option: str = "tolerance") -> float:
+    """``value`` as an eval tolerance: a non-negative finite number, else a ValueError that says what to pass.
+
+    >>> check_tolerance("0.01"), check_tolerance(0)
+    (0.01, 0.0)
+    >>> check_tolerance("-1", "--tolerance")
+    Traceback (most recent call last):
+    ...
+    ValueError: --tolerance must be a non-negative finite number (e.g. 0.01: one point of accuracy, or 1% of a relative metric such as perplexity); got '-1'
+    """
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        number = math.nan
+    if isinstance(value, bool) or not math.isfinite(number) or number < 0:
+        raise ValueError(
+            f"{option} must be a non-negative finite number (e.g. 0.01: one point of accuracy, or 1% of a relative "
+            f"metric such as perplexity); got {value!r}"
+        )
+    return number
 
 
 @dataclass(frozen=True)
@@ -33,7 +86,19 @@ class Tolerance:
     name: str
     higher_is_better: bool
     tolerance: float
+    """Absolute, or a fraction of the reference's figure when ``relative``."""
     relative: bool
+
+    def __post_init__(self) -> None:
+        check_tolerance(self.tolerance, f"Tolerance({self.name!r}).tolerance")
+
+    def with_amount(self, amount: float) -> "Tolerance":
+        """The same metric with ``amount`` as its tolerance, in the metric's own terms (absolute or relative).
+
+        >>> Tolerance("accuracy", True, 0.02, relative=False).with_amount(0.005).describe("32-true")
+        'accuracy within 0.005 of 32-true'
+        """
+        return dataclasses.replace(self, tolerance=check_tolerance(amount))
 
     def within(self, value: float | None, reference: float | None) -> bool | None:
         """Whether ``value`` is within tolerance of ``reference``; None when either is missing or not finite."""
@@ -48,10 +113,19 @@ class Tolerance:
         return f"{self.name} within {amount} of {reference}"
 
 
-def _speed_words(speedup: float) -> str:
+def _speed_words(run: RunResult) -> str:
+    speedup, low, high = run.speedup_vs_fp32, run.speedup_low, run.speedup_high
+    assert speedup is not None
+    if low is None or high is None:
+        span = ""  # the outcome says why there is no interval
+    elif speedup < 1.0 - SAME_SPEED:  # a slower run's interval in "slower" factors, the way its median is stated
+        span = f"{1 / high:.2f}–{1 / low:.2f}x slower"
+    else:
+        span = f"{low:.2f}–{high:.2f}x"
     if abs(speedup - 1.0) < SAME_SPEED:
-        return f"as fast ({speedup:.2f}x)"
-    return f"{speedup:.2f}x faster" if speedup > 1 else f"{1 / speedup:.2f}x slower"
+        return f"as fast ({speedup:.2f}x; {span})" if span else f"as fast ({speedup:.2f}x)"
+    words = f"{speedup:.2f}x faster" if speedup > 1 else f"{1 / speedup:.2f}x slower"
+    return f"{words} ({span})" if span else words
 
 
 def _memory_words(saved: float) -> str:
@@ -63,47 +137,66 @@ def _memory_words(saved: float) -> str:
 def _compare(run: RunResult, ref: RunResult, tol: Tolerance | None) -> None:
     if run.step_time_median_s and ref.step_time_median_s:
         run.speedup_vs_fp32 = ref.step_time_median_s / run.step_time_median_s
+        interval = speedup_interval(ref.step_times_s, run.step_times_s)
+        run.speedup_low, run.speedup_high = interval if interval is not None else (None, None)
     if run.peak_memory_bytes is not None and ref.peak_memory_bytes:
         run.memory_saved_vs_fp32 = 1.0 - run.peak_memory_bytes / ref.peak_memory_bytes
     if tol is not None:
         run.within_tolerance = tol.within(run.eval_metric, ref.eval_metric)
 
 
-def _verdict(run: RunResult, ref: RunResult, tol: Tolerance | None) -> str:
+def _outcome(run: RunResult) -> tuple[str, str]:
+    """The rule of the module docstring, for a run that trained and whose eval (if any) is not outside: the
+    outcome, and why when it is inconclusive."""
+    speedup = run.speedup_vs_fp32 if run.speedup_vs_fp32 is not None else 1.0
+    leaner = (run.memory_saved_vs_fp32 or 0.0) >= PAYS_MEMORY
+    surely_faster = run.speedup_low is not None and run.speedup_low > 1.0
+    surely_slower = run.speedup_high is not None and run.speedup_high < 1.0
+    if run.speedup_vs_fp32 is not None and speedup >= PAYS_SPEEDUP:
+        return ("pays", "") if surely_faster else ("inconclusive", _noise(run, "speed-up"))
+    if leaner and speedup > 1.0 - SAME_SPEED:
+        return "pays", ""
+    if leaner:  # slower, but it may be what lets a model fit at all
+        return ("trades speed for memory", "") if surely_slower else ("inconclusive", "it saves memory, but " + _noise(run, "slow-down"))
+    return "does not pay", ""
+
+
+def _noise(run: RunResult, what: str) -> str:
+    if run.speedup_low is None:
+        return f"too few timed steps (under {MIN_TIMED_STEPS}) to tell the {what} from noise; rerun with more --steps"
+    return f"the {what} is within the step-time noise; rerun with more --steps"
+
+
+def _verdict(run: RunResult, ref: RunResult, tol: Tolerance | None, eval_samples: int | None) -> str:
     if not run.ok:
         return f"{run.precision}: {run.status}: {run.error or 'no figures'}"
     parts = []
     if run.speedup_vs_fp32 is not None:
-        parts.append(_speed_words(run.speedup_vs_fp32))
+        parts.append(_speed_words(run))
     if run.memory_saved_vs_fp32 is not None:
         parts.append(_memory_words(run.memory_saved_vs_fp32))
     if tol is not None and run.eval_metric is not None and ref.eval_metric is not None:
         amount = f"{tol.tolerance:.0%}" if tol.relative else f"{tol.tolerance:g}"
         where = "within" if run.within_tolerance else "OUTSIDE"
-        parts.append(f"{tol.name} {run.eval_metric:.4g} {where} {amount} of {ref.precision} ({ref.eval_metric:.4g})")
+        few = f" on only {eval_samples} eval samples" if eval_samples is not None and eval_samples < FEW_EVAL_SAMPLES else ""
+        parts.append(f"{tol.name} {run.eval_metric:.4g} {where} {amount} of {ref.precision} ({ref.eval_metric:.4g}){few}")
     if run.status == "diverged":
         return f"{run.precision}: {', '.join(parts)}: the loss diverged: does not pay"
-    speedup = run.speedup_vs_fp32 if run.speedup_vs_fp32 is not None else 1.0
-    leaner = (run.memory_saved_vs_fp32 or 0.0) >= PAYS_MEMORY
-    if run.within_tolerance is False:
-        outcome = "does not pay"
-    elif speedup >= PAYS_SPEEDUP or (leaner and speedup > 1.0 - SAME_SPEED):
-        outcome = "pays"
-    elif leaner:
-        outcome = "trades speed for memory"  # slower, but it may be what lets a model fit at all
-    else:
-        outcome = "does not pay"
-    return f"{run.precision}: {', '.join(parts)}: {outcome} on this model and device"
+    outcome, why = ("does not pay", "") if run.within_tolerance is False else _outcome(run)
+    return f"{run.precision}: {', '.join(parts)}: {outcome} on this model and device" + (f" ({why})" if why else "")
 
 
 def apply_verdicts(result: BenchResult, tolerance: Tolerance | None) -> None:
-    """Fill speed-up, memory saved, within-tolerance and verdict of every run against ``result.reference``."""
+    """Fill speed-up (and its interval), memory saved, within-tolerance and verdict of every run against
+    ``result.reference``, by the rule of this module's docstring."""
     ref = result.run(result.reference)
     if tolerance is not None:
         result.eval_tolerance = tolerance.describe(result.reference)
+        if result.eval_samples is not None and result.eval_samples < FEW_EVAL_SAMPLES:
+            result.eval_tolerance += f" (on only {result.eval_samples} eval samples: differences this small may be chance)"
     for run in result.runs:
         if ref is None or not ref.ok:
-            run.verdict = f"{run.precision}: no {result.reference} reference to compare with" if run.ok else _verdict(run, run, None)
+            run.verdict = f"{run.precision}: no {result.reference} reference to compare with" if run.ok else _verdict(run, run, None, None)
             continue
         _compare(run, ref, tolerance)
-        run.verdict = f"{run.precision}: the fp32 reference" if run is ref else _verdict(run, ref, tolerance)
+        run.verdict = f"{run.precision}: the fp32 reference" if run is ref else _verdict(run, ref, tolerance, result.eval_samples)

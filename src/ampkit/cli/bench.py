@@ -37,10 +37,12 @@ from ..bench.progress import NullReporter, RichReporter
 from ..bench.results import BenchResult
 from ..bench.runner import check_shardable, run_bench
 from ..bench.user import user_workload
+from ..bench.verdict import check_tolerance
 from ..bench.workload import SIZES, Workload
 from .checks import non_negative as _non_negative
 from .checks import positive as _positive
 from .checks import writable_dir as _check_out
+from .console import stdout_console
 
 __all__ = ["register", "run"]
 
@@ -68,6 +70,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: the GPU if there is one)")
     p.add_argument("--model", metavar="MODULE:FACTORY", help="your model: a no-argument callable returning an nn.Module")
     p.add_argument("--data", metavar="MODULE:FACTORY", help="your data: a no-argument callable returning batches ((inputs, targets) pairs or dicts of model keyword arguments) or a BenchData")
+    p.add_argument(
+        "--tolerance", metavar="X",
+        help="how far a policy's eval metric may land from 32-true's and still count as equal, in the metric's terms: "
+        "absolute for accuracy and mIoU (0.01: one point), a fraction of 32-true's figure for perplexity and eval loss "
+        "(0.01: 1%%). Default: the metric's own (0.02)",
+    )
     p.add_argument("--out", type=Path, metavar="DIR", help="write results.json, report.md and PNG plots here")
     p.add_argument("--tensorboard", type=Path, metavar="DIR", help="log loss curves and summary figures for TensorBoard here")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (logs and CI)")
@@ -95,8 +103,11 @@ def _device(text: str | None) -> torch.device:
 
 
 def _workload(args: argparse.Namespace, device: torch.device, size: str) -> Workload:
+    """The workload the arguments describe, checked against ``--steps``/``--warmup`` and ``--tolerance``."""
     from ..bench.workloads import get_workload  # imports scikit-learn and friends only when a bench runs
 
+    if args.tolerance is not None:
+        check_tolerance(args.tolerance, "--tolerance")  # before the workload is built: that may take a while
     if args.data is not None or args.model is not None:
         base = None
         if args.data is None and args.workload is None:
@@ -115,6 +126,11 @@ def _workload(args: argparse.Namespace, device: torch.device, size: str) -> Work
             workload.warmup = args.warmup
     if workload.steps <= workload.warmup:
         raise ValueError(f"--steps {workload.steps} must exceed --warmup {workload.warmup} so some steps are timed.")
+    if args.tolerance is not None and (workload.metric is None or not workload.eval_batches):
+        raise ValueError(
+            f"--tolerance {args.tolerance}: workload {workload.name} has no eval metric to hold to it; drop --tolerance "
+            "(or, for your own model, return a BenchData with eval batches from --data)."
+        )
     return workload
 
 
@@ -196,7 +212,7 @@ def _worker_input_error(exc: BaseException, this_rank: int) -> int:
 
 def _bench(args: argparse.Namespace, device: torch.device, *, main: bool = True, world: int = 1) -> int:
     """The bench itself, in one process or on one rank (``main``: rank 0, the one that prints and writes)."""
-    console = Console(quiet=not main)
+    console = stdout_console(quiet=not main)
     _check_out(args.out, "--out")
     _check_out(args.tensorboard, "--tensorboard")
     size = default_size(device) if args.size == "auto" else args.size
@@ -220,6 +236,7 @@ def _bench(args: argparse.Namespace, device: torch.device, *, main: bool = True,
     result = run_bench(
         workload, precisions, device, seed=args.seed, rounds=args.rounds, reporter=reporter, command=command,
         settings={"size": size, "batch_items": workload.items_per_batch, "unit": workload.unit},
+        tolerance=None if args.tolerance is None else float(args.tolerance),
     )
     if main:
         _present(result, args, console)

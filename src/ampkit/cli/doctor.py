@@ -19,11 +19,11 @@ import sys
 from pathlib import Path
 
 import torch
-from rich.console import Console
 
 from ..bench.workload import SIZES
 from .bench import _device
 from .checks import non_negative, positive, writable_dir
+from .console import stdout_console
 
 __all__ = ["register", "run"]
 
@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         workload = user_workload(args.model, args.data, steps=max(steps_needed, 2), warmup=1, base=base)
     else:
         workload = get_workload(default_workload(device) if args.workload is None else args.workload, size=size, seed=args.seed)
-    console = Console()
+    console = stdout_console()
     console.print(f"[dim]ampkit doctor: {args.steps} fp32 reference steps of {workload.name}, then one step per policy tried...[/dim]")
     batches = [to_device(b, device, workload.channels_last) for b in workload.train_batches[:steps_needed]]
     model = workload.model.to(device)

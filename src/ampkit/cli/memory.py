@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import Any
 
 import torch
@@ -28,6 +27,7 @@ from ..memory.fit import Fit, largest_batch, resize_batch
 from ..policy import get_policy, policy_names
 from ..policy.device import as_device
 from .checks import memory_size, positive
+from .console import stdout_console
 
 __all__ = ["register", "run"]
 
@@ -134,8 +134,7 @@ def run(args: argparse.Namespace) -> int:
             out.append(entry)
         print(json.dumps(out, indent=2))
         return 0
-    # A pipe or a log has no width to respect; a terminal keeps its own (rich shrinks columns to fit it).
-    _table(rows, workload, device, budget, Console() if sys.stdout.isatty() else Console(width=160))
+    _table(rows, workload, device, budget, stdout_console())  # a log gets every column whole (cli/console.py)
     return 0
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..bench.format import MISSING, fmt_float
-from ..bench.report import _code_block
+from ..bench.report import _code_block, plot_links
 from ..state import write_text_atomic
 from .formats import FP16
 from .table import (
@@ -186,18 +186,17 @@ def _modules(data: dict[str, Any]) -> list[str]:
 
 def _plots(out: Path, plots: list[Path] | None) -> list[str]:
     lines = []
-    for path in (Path(p) for p in plots or []):
-        full = path if path.is_absolute() else out / path
-        if not full.exists():
-            log.warning("report.md: plot %s does not exist; not linking it", path)
-            continue
-        link = Path(os.path.relpath(full, out)).as_posix()
-        lines += [f"![{md_escape(path.stem.replace('_', ' '))}]({link.replace(' ', '%20')})", ""]
+    for title, link in plot_links(out, plots):
+        lines += [f"![{md_escape(title)}]({link})", ""]
     return ["## Plots", "", *lines] if lines else []
 
 
 def render_report(data: dict[str, Any], out_dir: str | os.PathLike[str] = ".", plots: list[Path] | None = None) -> str:
-    """The text of report.md for the doctor result ``data``; plot links are relative to ``out_dir``."""
+    """The text of report.md for the doctor result ``data``; plot links are relative to ``out_dir``.
+
+    ``plots`` are paths as :func:`ampkit.numerics.plots.write_plots` returns them, absolute or relative to the
+    current directory (see :func:`ampkit.bench.report.plot_links`).
+    """
     out = Path(out_dir)
     lines = _what_ran(data) + _recommendation(data) + _comparisons(data) + _modules(data) + _plots(out, plots)
     return "\n".join(lines + ["## How to read this", "", HOW_TO_READ])

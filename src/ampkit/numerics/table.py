@@ -33,7 +33,7 @@ from .formats import FP16
 __all__ = [
     "render", "build_table", "module_rows", "ranked_modules", "header_lines", "recommendation_lines", "loss_scale_line",
     "comparison_summary", "comparison_lines", "scaled_underflow_share", "fmt_share", "fmt_error", "fmt_cosine",
-    "module_label", "TOP",
+    "module_label", "split_problems", "TOP",
 ]  # fmt: skip
 
 log = logging.getLogger("ampkit")
@@ -129,8 +129,29 @@ def _headers(k: int | None) -> list[str]:
     return [
         "Module", "Type", "Grad underflow\nfp16", f"Grad underflow\nfp16 @ {_scale_tag(k)}", "Act. overflow\nfp16",
         "Grad rel. error\nfp16 / bf16", "Grad range\n(bits)", "Grad cosine\n(recommended)", "Grad error\n(recommended)",
-        "Problems",
+        "Problems", "Watch",
     ]  # fmt: skip
+
+
+_SCALE_FIXES = "(the loss scale fixes it)"
+"""How severity.py ends a finding the recommended fp16 loss scale takes care of."""
+
+
+def split_problems(module: dict[str, Any], recommended_precision: str | None) -> tuple[list[str], list[str]]:
+    """A module's findings as (problems, watch): problems are what the recommendation acts on (the module is kept
+    in fp32, or an fp16 policy's loss scale fixes it); the rest it prescribes nothing for, so they are only to
+    watch: worth knowing (they matter under another policy), not a call to act.
+
+    >>> m = {"keep_fp32": False, "problems": ["grads: 3% below 2^-24 unscaled (the loss scale fixes it)", "x"]}
+    >>> split_problems(m, "16-mixed"), split_problems(m, "bf16-mixed")[0]
+    ((['grads: 3% below 2^-24 unscaled (the loss scale fixes it)'], ['x']), [])
+    """
+    found = list(module.get("problems") or [])
+    if module.get("keep_fp32"):
+        return found, []
+    scaled = str(recommended_precision or "").startswith("16")  # only fp16 policies carry the loss scale
+    fixed = [p for p in found if scaled and p.endswith(_SCALE_FIXES)]
+    return fixed, [p for p in found if p not in fixed]
 
 
 def module_rows(data: dict[str, Any], top: int | None = TOP) -> TableRows:
@@ -140,7 +161,7 @@ def module_rows(data: dict[str, Any], top: int | None = TOP) -> TableRows:
     >>> rows.headers[:4], rows.rows[0][:2]
     (['Module', 'Type', 'Grad underflow fp16', 'Grad underflow fp16 @ 2^10'], ['(model)', 'Net'])
     """
-    k = data.get("loss_scale_log2")
+    k, precision = data.get("loss_scale_log2"), data.get("recommended_precision")
     recommended = _recommended(data)
     rows = []
     modules = ranked_modules(data)
@@ -152,10 +173,10 @@ def module_rows(data: dict[str, Any], top: int | None = TOP) -> TableRows:
             fmt_share(_overflow(module)),
             f"{fmt_error(_get(grads, 'fp16_rel_error'))} / {fmt_error(_get(grads, 'bf16_rel_error'))}",
             MISSING if is_missing(bits) else f"{bits:.1f}",
-            *_comparison_cells(module, recommended), "; ".join(module.get("problems") or []),
+            *_comparison_cells(module, recommended), *("; ".join(f) for f in split_problems(module, precision)),
         ])  # fmt: skip
     headers = [h.replace("\n", " ") for h in _headers(k)]
-    return TableRows(headers=headers, rows=rows, justify=["left", "left"] + ["right"] * 7 + ["left"])
+    return TableRows(headers=headers, rows=rows, justify=["left", "left"] + ["right"] * 7 + ["left", "left"])
 
 
 def header_lines(data: dict[str, Any]) -> list[str]:
@@ -246,15 +267,16 @@ def comparison_lines(data: dict[str, Any]) -> list[str]:
 
 
 # Left out first when the terminal is too narrow for every column, so the cells left are whole, not "Grad r…".
-_DROP_ORDER = ("Grad error", "Grad range", "Grad rel. error", "Type", "Act. overflow", "Grad cosine")
+# Watch goes first: it asks nothing of the user, and report.md and doctor.json keep it.
+_DROP_ORDER = ("Watch", "Grad error", "Grad range", "Grad rel. error", "Type", "Act. overflow", "Grad cosine")
 _PROBLEMS_MIN = 24
-"""Narrowest the problems column may wrap to before another column is left out instead."""
+"""Narrowest the problems and watch columns may wrap to before another column is left out instead."""
 
 
 def _fitting_columns(headers: list[str], rows: list[list[str]], width: int | None) -> list[int]:
     """Indices of the columns to show: all of them if they fit ``width``, else without the least needed."""
     needed = [max(cell_len(t) for t in [*h.split("\n"), *(r[i] for r in rows)]) for i, h in enumerate(headers)]
-    needed[-1] = min(needed[-1], _PROBLEMS_MIN)  # prose wraps
+    needed[-2:] = [min(n, _PROBLEMS_MIN) for n in needed[-2:]]  # problems and watch: prose wraps
     kept = list(range(len(headers)))
     for drop in _DROP_ORDER:
         if width is None or 1 + sum(needed[i] + 3 for i in kept) <= width:  # 3: padding and a border per column
@@ -278,7 +300,7 @@ def build_table(data: dict[str, Any], top: int | None = TOP, width: int | None =
         caption += f"; {dropped} column{'s' if dropped > 1 else ''} left out to fit the terminal (widen it to see them)"
     table = Table(header_style="bold", caption=caption, caption_justify="left")
     for i in kept:
-        wraps = headers[i] in ("Module", "Problems")  # names and prose may wrap; figures keep to one line
+        wraps = headers[i] in ("Module", "Problems", "Watch")  # names and prose may wrap; figures keep to one line
         table.add_column(headers[i], justify=rows.justify[i], no_wrap=not wraps)  # type: ignore[arg-type]
     kept_fp32 = {m.get("name") for m in data.get("modules") or [] if m.get("keep_fp32")}
     for module, cells in zip(ranked_modules(data), rows.rows):
@@ -310,4 +332,4 @@ def render(data: dict[str, Any], console: Console, top: int = TOP) -> None:
         console.print(Text("Comparisons against the fp32 reference:", style="bold"))
         for comp, line in zip(comparisons, comparison_lines(data)):
             # Indented as a block, so a wrapped line still reads as part of its comparison.
-            console.print(Padding(Text(line, style="" if comp.get("finite", True) else "red"), (0, 0, 0, 2)))
+            console.print(Padding(Text(line, style="" if comp.get("finite", True) else "red"), (0, 0, 0, 2), expand=False))

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
+import re
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
+from ampkit.bench.results import BenchResult
+from ampkit.bench.table import table_rows
 from ampkit.cli.main import main
 
 TOY = """
@@ -37,6 +42,12 @@ def bf16_hater():
 def data():
     g = torch.Generator().manual_seed(0)
     return [(torch.randn(16, 8, generator=g), torch.randint(0, 3, (16,), generator=g)) for _ in range(4)]
+
+def data_with_eval():
+    from ampkit.bench.user import BenchData
+
+    batches = data()
+    return BenchData(train=batches[:3], eval=batches[3:])  # one eval batch of 16 samples: a handful
 """
 
 
@@ -68,6 +79,10 @@ def _error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
         (["bench", "--data", "{toy}:data"], "needs --model"),
         (["bench", "--model", "{toy}:model", "--data", "{toy}:model"], "returned Net; return a list"),
         (["bench", "-w", "digits", "--size", "tiny", "--steps", "3", "--warmup", "3"], "must exceed --warmup"),
+        (["bench", "-w", "digits", "--size", "tiny", "--tolerance", "-1"], "--tolerance must be a non-negative finite number"),
+        (["bench", "-w", "digits", "--size", "tiny", "--tolerance", "nan"], "got 'nan'"),
+        (["bench", "-w", "digits", "--size", "tiny", "--tolerance", "2%"], "e.g. 0.01"),
+        (["bench", "--model", "{toy}:model", "--data", "{toy}:data", "--tolerance", "0.1"], "has no eval metric to hold to it; drop --tolerance"),
     ],
 )
 def test_bad_input_is_one_line_that_says_what_to_do(capsys: pytest.CaptureFixture[str], toy: str, argv: list[str], message: str) -> None:
@@ -133,3 +148,53 @@ def test_every_builtin_workload_runs_at_tiny_size(capsys: pytest.CaptureFixture[
             assert run["eval_metric_name"] is None  # throughput and memory only
         else:
             assert run["eval_metric_name"] and run["eval_metric"] is not None
+
+
+def _linked_images(report: Path) -> list[str]:
+    return re.findall(r"!\[[^\]]*\]\(([^)]+)\)", report.read_text(encoding="utf-8"))
+
+
+def test_report_links_every_plot_with_a_relative_out(
+    capsys: pytest.CaptureFixture[str], toy: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every README example passes a relative --out: the plots must still be linked, relative to report.md.
+    monkeypatch.chdir(tmp_path)
+    argv = ["bench", "--model", f"{toy}:model", "--data", f"{toy}:data", "--precision", "bf16", "--steps", "4", "--warmup", "1",
+            "--rounds", "1", "--out", "runs/toy", "--no-progress"]
+    assert main(argv) == 0
+    report = tmp_path / "runs" / "toy" / "report.md"
+    links = _linked_images(report)
+    assert sorted(links) == ["loss_curves.png", "time_memory.png"]
+    assert all((report.parent / link).is_file() for link in links)
+
+
+def test_tolerance_sets_the_eval_tolerance_and_a_handful_of_eval_samples_is_flagged(
+    capsys: pytest.CaptureFixture[str], toy: str, tmp_path: Path
+) -> None:
+    argv = ["bench", "--model", f"{toy}:model", "--data", f"{toy}:data_with_eval", "--precision", "bf16", "--steps", "8",
+            "--warmup", "2", "--rounds", "1", "--tolerance", "0.5", "--out", str(tmp_path), "--no-progress"]
+    assert main(argv) == 0
+    stdout = capsys.readouterr().out
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert data["eval_samples"] == 16
+    assert data["eval_tolerance"].startswith("eval_loss within 50% of 32-true (on only 16 eval samples")
+    bf16 = data["runs"][1]
+    assert bf16["eval_metric"] is not None and bf16["within_tolerance"] is True
+    assert "within 50% of 32-true" in bf16["verdict"] and "on only 16 eval samples" in bf16["verdict"]
+    assert len(bf16["step_times_s"]) == bf16["timed_steps"] == 6
+    assert 0 < bf16["speedup_low"] <= bf16["speedup_high"]
+    assert "on only 16 eval samples" in " ".join(stdout.split())  # the terminal may wrap the verdict
+    assert "on only 16 eval samples" in (tmp_path / "report.md").read_text()
+
+
+def test_in_a_log_the_table_keeps_every_column_whole_one_row_per_run(
+    capsys: pytest.CaptureFixture[str], toy: str, tmp_path: Path, log_table: Callable[[str], Any]
+) -> None:
+    # captured stdout is not a terminal: rich alone would squeeze this table to 80 columns or turn it on its side
+    argv = ["bench", "--model", f"{toy}:model", "--data", f"{toy}:data", "--precision", "bf16,bf16-true", "--steps", "4",
+            "--warmup", "1", "--rounds", "1", "--out", str(tmp_path), "--no-progress"]
+    assert main(argv) == 0
+    headers, body = log_table(capsys.readouterr().out)
+    expected = table_rows(BenchResult.read_json(tmp_path / "results.json"))
+    assert headers == expected.headers and len(" ".join(headers)) > 80
+    assert body == expected.rows

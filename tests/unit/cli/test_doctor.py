@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from ampkit.cli.main import main
+from ampkit.numerics.table import module_rows
 
 FRAGILE = Path(__file__).parents[1] / "numerics" / "fragile.py"
 
@@ -55,3 +59,23 @@ def test_out_must_be_a_directory(tmp_path: Path, capsys: pytest.CaptureFixture[s
     f.write_text("")
     assert main(["doctor", "-w", "digits", "--size", "tiny", "--out", str(f)]) == 2
     assert "is a file" in capsys.readouterr().err
+
+
+def test_report_links_every_plot_with_a_relative_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every README example passes a relative --out: the histograms must still be linked, relative to report.md.
+    monkeypatch.chdir(tmp_path)
+    assert main(["doctor", "--model", f"{FRAGILE}:overflow_net", "--data", f"{FRAGILE}:batches", "--precision", "fp16", "--out", "doc/run"]) == 0
+    report = tmp_path / "doc" / "run" / "report.md"
+    links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", report.read_text(encoding="utf-8"))
+    pngs = sorted(p.name for p in report.parent.glob("*.png"))
+    assert pngs and sorted(links) == pngs
+    assert all((report.parent / link).is_file() for link in links)
+
+
+def test_in_a_log_the_module_table_keeps_every_column_whole(tmp_path: Path, capsys: pytest.CaptureFixture[str], log_table: Callable[[str], Any]) -> None:
+    # captured stdout is not a terminal: at rich's 80 columns the doctor left columns out and wrapped the problems
+    assert main(["doctor", "--model", f"{FRAGILE}:overflow_net", "--data", f"{FRAGILE}:batches", "--precision", "fp16", "--out", str(tmp_path)]) == 0
+    headers, body = log_table(capsys.readouterr().out)
+    expected = module_rows(json.loads((tmp_path / "doctor.json").read_text()))
+    assert headers == expected.headers and len(" ".join(headers)) > 80
+    assert body == expected.rows

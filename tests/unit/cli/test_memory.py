@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -64,3 +66,11 @@ def test_cuda_target_without_cuda_is_simulated(capsys: pytest.CaptureFixture[str
 def test_bad_input_exits_2_with_the_fix(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]):
     assert main(["memory", "-w", "digits", "--size", "tiny", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_in_a_log_the_table_keeps_every_column_whole(capsys: pytest.CaptureFixture[str], log_table: Callable[[str], Any]):
+    assert main(["memory", "-w", "digits", "--size", "tiny", "--precision", "32-true,bf16-true-masters"]) == 0
+    headers, body = log_table(capsys.readouterr().out)
+    assert headers == ["policy", "params", "grads", "optim", "masters", "activ.", "total", "peak", "vs fp32"]
+    assert [cells[0] for cells in body] == ["32-true", "bf16-true-masters"]  # one line per policy: nothing wrapped
+    assert all(len(cells) == len(headers) and "…" not in "".join(cells) for cells in body)

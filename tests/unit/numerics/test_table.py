@@ -51,7 +51,8 @@ def test_underflow_module_shows_unscaled_and_scaled_shares(doctor_data: dict[str
     # 16 of fc1's 25 exponents (-40..-25) are below 2^-24; at 2^13 only -40..-38 are.
     assert row["Grad underflow fp16"] == "64.0%"
     assert row["Grad underflow fp16 @ 2^13"] == "12.0%"
-    assert row["Problems"] == "64% of gradients flush to zero in fp16"
+    # 12% still flush at the recommended scale and nothing more is prescribed for fc1: a finding to watch
+    assert row["Problems"] == "" and row["Watch"] == "64% of gradients flush to zero in fp16"
     text = _render(doctor_data)
     assert "64.0%" in text and "12.0%" in text and "@ 2^13" in text
 
@@ -147,3 +148,18 @@ def test_narrow_terminal_drops_columns_instead_of_truncating(doctor_data: dict[s
 def test_module_names_are_not_rich_markup(doctor_data: dict[str, Any]) -> None:
     doctor_data["modules"][1]["name"] = "[bold]fc1[/bold]"
     assert "[bold]fc1[/bold]" in _render(doctor_data)
+
+
+def test_a_module_the_recommendation_prescribes_nothing_for_is_watched_not_a_problem(doctor_data: dict[str, Any]) -> None:
+    modules = {m["name"]: m for m in doctor_data["modules"]}
+    modules["act"]["problems"] = ["outputs overflow fp16: 3.0% above 65504"]  # kept in fp32: a prescription
+    modules["fc1"]["problems"] = ["grads: 5.0% below 2^-24 unscaled (the loss scale fixes it)", "gradient diverges from fp32"]
+    act, fc1 = _row(doctor_data, "act"), _row(doctor_data, "fc1")
+    assert (act["Problems"], act["Watch"]) == ("outputs overflow fp16: 3.0% above 65504", "")
+    assert fc1["Problems"] == "grads: 5.0% below 2^-24 unscaled (the loss scale fixes it)"  # 16-mixed's loss scale
+    assert fc1["Watch"] == "gradient diverges from fp32"  # nothing prescribed for it
+    doctor_data["recommended_precision"] = "bf16-mixed"  # no loss scale: fc1's fp16 underflow is moot
+    fc1 = _row(doctor_data, "fc1")
+    assert fc1["Problems"] == "" and fc1["Watch"].startswith("grads: 5.0% below")
+    text = _render(doctor_data)
+    assert "Watch" in text and "Problems" in text
