@@ -76,7 +76,8 @@ def _autocast_cast(tensors: list[Any]) -> list[Any]:
     if not torch.is_autocast_enabled(device):
         return tensors
     dtype = torch.get_autocast_dtype(device)
-    return [t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in tensors]
+    # As autocast's own cast: floating tensors only, and never fp64.
+    return [t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64 else t for t in tensors]
 
 
 def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: dict[str, Any]) -> torch.Tensor:
