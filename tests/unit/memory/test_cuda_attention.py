@@ -139,3 +139,14 @@ def test_hugging_face_gpt2_takes_the_sdpa_path():
     cpu, cuda = (estimate(model, (tokens, tokens), policy="32-true", device=d, loss_fn=loss_fn) for d in ("cpu", "cuda"))
     assert cuda.attention == "efficient"
     assert cpu.activations - cuda.activations >= 2 * B * H * T * T * 4 * LAYERS  # attn_pdrop=0.1: the CPU's math path
+
+
+@pytest.mark.parametrize(("dtype", "kernel"), [(torch.float32, "flash"), (torch.float64, "math")])
+def test_autocast_casts_as_cuda_s_autocast_does(dtype: torch.dtype, kernel: str):
+    """Attention is on autocast's 16-bit list: fp32 inputs reach flash in bf16; autocast never casts fp64."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(), torch.autocast("cpu", dtype=torch.bfloat16), CudaAttention() as cuda:
+        q = torch.empty(2, 3, 16, 64, dtype=dtype)
+        out = F.scaled_dot_product_attention(q, q, q, is_causal=True)
+    assert cuda.kernels == {kernel: 1} and out.dtype == (torch.bfloat16 if kernel == "flash" else dtype)
