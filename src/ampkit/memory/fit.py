@@ -14,7 +14,6 @@ CUDA context and the allocator's cache when choosing the budget (a few hundred M
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 from typing import Any

@@ -68,7 +68,7 @@ def test_few_estimates_and_the_same_answer_as_a_bisection(budget_mib: int, most:
     budget = budget_mib * 2**20
     found = largest_batch(model, batch, budget=budget).batch_size
     assert len(calls) <= most, calls
-    peak = lambda n: estimate(model, resize_batch(batch, n), device="cpu").peak  # noqa: E731
+    peak = lambda n: estimate(model, resize_batch(batch, n), device="cpu").peak
     if budget_mib < 100:
         assert found == _control_search(peak, budget)
     else:  # a control search would take 2 log2(55,000) estimates; the boundary it would find is this one
@@ -77,7 +77,7 @@ def test_few_estimates_and_the_same_answer_as_a_bisection(budget_mib: int, most:
 
 def test_a_peak_that_is_not_affine_falls_back_to_bisection(monkeypatch: pytest.MonkeyPatch):
     model, batch = _mlp()
-    quadratic = lambda n: 10**6 + 37 * n * n  # noqa: E731 - no line holds anywhere
+    quadratic = lambda n: 10**6 + 37 * n * n  # no line holds anywhere
     calls = _counting(monkeypatch, quadratic)
     budget = 3 * 10**9
     fit = largest_batch(model, batch, budget=budget, limit=2**20)
