@@ -17,7 +17,7 @@ from torch import nn
 from ampkit.memory import estimate, measure
 from ampkit.memory.cuda_attention import CudaAttention, cuda_kernel
 
-pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is here: a cuda prediction runs CUDA's own kernels")
+simulated = pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is here: a cuda prediction runs CUDA's own kernels")
 
 B, H, T, D, LAYERS, VOCAB = 4, 4, 128, 16, 2, 64
 
@@ -64,6 +64,7 @@ def _models(hand_written: bool = False) -> tuple[nn.Module, nn.Module, tuple[tor
     return with_dropout, without, (tokens, torch.randint(0, VOCAB, (B, T)))
 
 
+@simulated
 @pytest.mark.parametrize(("policy", "kernel"), [("32-true", "efficient"), ("bf16-mixed", "flash")])
 def test_cuda_prediction_drops_the_attention_matrices_the_cpu_math_path_keeps(policy: str, kernel: str):
     model, no_dropout, batch = _models()
@@ -85,6 +86,7 @@ def test_cpu_prediction_is_unchanged_and_agrees_with_a_real_run():
     assert (e.activations, e.peak, e.attention) == (m.activations, m.peak, None)
 
 
+@simulated
 def test_hand_written_attention_is_left_as_it_is():
     model, _, batch = _models(hand_written=True)
     cpu, cuda = estimate(model, batch, device="cpu"), estimate(model, batch, device="cuda")
@@ -126,6 +128,7 @@ def test_every_kernel_gives_sdpa_s_output_and_gradient_shapes(head: int, dtype: 
     assert [(g.shape, g.dtype) for g in grads] == [(t.shape, t.dtype) for t in (q, k, v)]
 
 
+@simulated
 def test_hugging_face_gpt2_takes_the_sdpa_path():
     transformers = pytest.importorskip("transformers", reason="Requires: transformers (pip install -e '.[hf]')")
     config = transformers.GPT2Config(n_layer=LAYERS, n_embd=H * D, n_head=H, n_positions=T, vocab_size=VOCAB, bos_token_id=0, eos_token_id=0)
