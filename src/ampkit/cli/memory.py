@@ -160,9 +160,26 @@ def _table(rows: list[tuple[MemoryEstimate, Fit | None]], workload: Workload, de
     console.print(table)
     if budget:
         console.print(f"[dim]max batch: the largest batch whose peak fits in {fmt_bytes(budget)}.[/dim]")
+    _attention_note(rows, console)
     console.print(
         "[dim]params, grads, optim (optimizer state), masters (fp32 master weights), activ. (activations saved for "
         "backward); total: their sum. "
         "peak: most bytes of live tensors during two steps (batch and temporaries included), comparable with "
         "torch.cuda.max_memory_allocated; leave room for the CUDA context and allocator cache.[/dim]"
+    )
+
+
+def _attention_note(rows: list[tuple[MemoryEstimate, Fit | None]], console: Console) -> None:
+    """Say which CUDA attention kernels a simulated prediction modelled, per policy (nothing when none was)."""
+    by_kernel: dict[str, list[str]] = {}
+    for e, _ in rows:
+        if e.attention:
+            by_kernel.setdefault(e.attention, []).append(e.precision)
+    if not by_kernel:
+        return
+    which = "; ".join(f"{kernels} for {', '.join(names)}" for kernels, names in by_kernel.items())
+    console.print(
+        f"[dim]attention: F.scaled_dot_product_attention modelled with the kernels a CUDA GPU (sm80+) picks: {which}. "
+        "flash and efficient keep the output and a B x H x T logsumexp for backward, not the B x H x T x T scores the "
+        "CPU's kernels keep; math keeps them on a GPU too.[/dim]"
     )

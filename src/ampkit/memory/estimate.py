@@ -35,6 +35,7 @@ from ..engine import Engine
 from ..policy import get_policy
 from ..policy.device import as_device
 from .accounting import LiveBytes, SavedActivations, tensor_bytes, training_state_bytes
+from .cuda_attention import CudaAttention
 from .fake import FakeCopies, rebuild_optimizer
 
 __all__ = ["MemoryEstimate", "estimate", "measure", "LossFn"]
@@ -74,6 +75,9 @@ class MemoryEstimate:
     """Set when a CUDA step was predicted on this machine's CPU (no CUDA here): autocast used the CPU's op lists."""
     allocator_peak: int | None = None
     """``torch.cuda.max_memory_allocated`` over the measured steps (measure on CUDA only)."""
+    attention: str | None = None
+    """When simulated: the CUDA kernels ``F.scaled_dot_product_attention`` was modelled with (``flash``, ``efficient``,
+    ``math``), since a GPU keeps far less for backward there than the CPU's kernels (see :mod:`~ampkit.memory.cuda_attention`)."""
 
     @property
     def total(self) -> int:
@@ -195,14 +199,17 @@ def estimate(
         # Fake CUDA tensors need CUDA's runtime for autograd; without it the step runs on fake CPU tensors.
         run_on, simulated, run_policy = torch.device("cpu"), "cpu", _simulated_precision(requested)
     live = LiveBytes()
+    # Simulated on the CPU, attention takes the kernels a GPU would (the CPU's keep T x T scores for backward).
+    attention = CudaAttention() if simulated else None
     with FakeCopies(run_on) as fake:
         fake_model = fake.model(model, run_on)
         fake_opt = rebuild_optimizer(optimizer, model, fake_model)
         fake_batch = fake.batch(example_batch, run_on)
-        with live:
+        with live, attention or contextlib.nullcontext():
             parts = _account(fake_model, fake_opt, fake_batch, run_policy, loss_fn, engine_options, live)
     return MemoryEstimate(
-        precision=requested, device=str(target), batch_size=_batch_size(example_batch), simulated_on=simulated, method="estimate", **parts,
+        precision=requested, device=str(target), batch_size=_batch_size(example_batch), simulated_on=simulated, method="estimate",
+        attention=attention.describe() if attention else None, **parts,
     )
 
 

@@ -74,14 +74,23 @@ class Fit:
     limit_reached: bool = False
 
 
+_MAX_NEWTON_ESTIMATES = 9
+"""Estimates the line-following search may spend before it bisects the bracket it found."""
+
+
 def largest_batch(
     model: nn.Module, example_batch: Any, optimizer: Any = None, policy: str = "32-true", device: torch.device | str | None = None,
     *, budget: int, limit: int = 2**24, **options: Any,
 ) -> Fit:
     """The largest batch size whose predicted peak (:attr:`MemoryEstimate.peak`) is at most ``budget`` bytes.
 
-    Guesses from two estimates (memory is close to affine in the batch size), brackets the guess and bisects:
-    about ten estimates. ``options`` go to :func:`estimate` (``loss_fn``, engine options).
+    The peak is affine in the batch size wherever one moment of the step holds it (every activation, attention's
+    T x T terms too, grows linearly with the batch at a fixed sequence length); small batches, where fixed
+    temporaries hold the peak instead, lie on a flatter line. So: one estimate at batch 1 gives a first guess
+    (its activations and batch as the bytes per sample); each guess is estimated beside its neighbour, which
+    both checks it (the answer fits and one more sample does not) and measures the line's slope there for the
+    next guess. Typically 5 estimates; after ``_MAX_NEWTON_ESTIMATES`` the bracket found so far is bisected.
+    ``options`` go to :func:`estimate` (``loss_fn``, engine options).
     """
     if budget <= 0:
         raise ValueError(f"budget must be a positive number of bytes, got {budget}.")
@@ -97,40 +106,29 @@ def largest_batch(
 
     if not fits(1):
         return Fit(0, None, at(1))
-    # Memory is close to affine in the batch size: a secant through two sizes guesses the answer, a bracket
-    # widened geometrically around the guess makes it certain, bisection finishes it. About 8-10 estimates,
-    # where doubling from 1 took 2 log2(answer).
-    probe = min(64, limit)
-    if fits(probe) and probe < limit:
-        # Secant iterations: the small-batch slope underestimates (fixed temporaries dominate there), so the
-        # guess is refined through the latest two points until it settles.
-        a, guess = 1, probe
-        for _ in range(4):
-            slope = (at(guess).peak - at(a).peak) / (guess - a)
-            nxt = max(probe, min(limit, int(guess + (budget - at(guess).peak) / slope))) if slope > 0 else limit
-            a, guess = guess, nxt
-            if abs(guess - a) <= max(1, a // 256):
-                break
-        step = max(1, guess // 256)
-        if fits(guess):
-            low, high = guess, guess + step
-            while high <= limit and fits(high):
-                low, step = high, step * 2
-                high = low + step
-            if high > limit:
-                return Fit(limit, at(limit), None, limit_reached=True) if fits(limit) else _bisect(low, limit, fits, at)
-        else:
-            low, high = guess - step, guess
-            while not fits(max(low, probe)):
-                high, step = max(low, probe), step * 2
-                low = high - step
-            low = max(low, probe)
-        return _bisect(low, high, fits, at)
-    low, high = 1, 2
-    while fits(high):
-        low, high = high, high * 2
-        if high > limit:
-            return Fit(low, at(low), None, limit_reached=True)
+    low, high = 1, limit + 1  # low fits; high does not (limit + 1 stands for "not found yet")
+    one = at(1)
+    guess = 1 + (budget - one.peak) // max(1, one.activations + one.batch)
+    while high - low > 1 and len(cache) < _MAX_NEWTON_ESTIMATES:
+        guess = min(max(guess, low + 1), high - 1)
+        neighbour = guess + 1 if fits(guess) else guess - 1
+        low, high = (guess, high) if fits(guess) else (low, guess)
+        if high - low > 1 and neighbour <= limit:
+            low, high = (neighbour, high) if fits(neighbour) else (low, min(high, neighbour))
+        if high - low <= 1 or neighbour > limit:
+            break
+        slope = abs(at(guess).peak - at(neighbour).peak)  # bytes per sample, between adjacent sizes
+        if slope == 0:
+            break  # the peak does not grow here: no line to follow
+        guess += (budget - at(guess).peak) // slope  # Newton's step along the local line (floor: stay inside)
+    if low == limit:
+        return Fit(limit, at(limit), None, limit_reached=True)
+    if high > limit:  # nothing failed yet: double from the largest size known to fit
+        high = min(2 * low, limit)
+        while fits(high):
+            if high == limit:
+                return Fit(limit, at(limit), None, limit_reached=True)
+            low, high = high, min(2 * high, limit)
     return _bisect(low, high, fits, at)
 
 

@@ -55,6 +55,21 @@ def test_cuda_target_without_cuda_is_simulated(capsys: pytest.CaptureFixture[str
     assert (row["device"], row["simulated_on"], row["precision"]) == ("cuda", "cpu", "tf32")
 
 
+def test_simulated_cuda_says_which_attention_kernels_it_modelled(capsys: pytest.CaptureFixture[str]):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is here: nothing is simulated")
+    argv = ["memory", "-w", "gpt", "--size", "tiny", "--device", "cuda", "--precision", "32-true,bf16-mixed"]
+    assert main([*argv, "--json"]) == 0
+    assert [row["attention"] for row in json.loads(capsys.readouterr().out)] == ["efficient", "flash"]
+    assert main(argv) == 0
+    out = " ".join(capsys.readouterr().out.split())  # the note may wrap
+    assert "attention: F.scaled_dot_product_attention modelled" in out and "efficient for 32-true; flash for bf16-mixed" in out
+    assert main(["memory", "-w", "gpt", "--size", "tiny", "--device", "cpu", "--precision", "32-true"]) == 0
+    assert "attention:" not in capsys.readouterr().out  # the CPU's own kernels: nothing modelled
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

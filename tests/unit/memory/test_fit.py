@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 from torch import nn
@@ -26,25 +28,61 @@ def test_the_answer_fits_and_the_next_size_does_not(policy: str):
     assert estimate(model, resize_batch(batch, fit.batch_size + 1), policy=policy, device="cpu").peak > budget
 
 
-@pytest.mark.parametrize("budget_mib", [3, 40, 700])
-def test_few_estimates_and_the_same_answer_as_a_scan(budget_mib: int, monkeypatch):
-    """The secant guess plus bracket needs a handful of estimates; its answer is the boundary a scan finds."""
+def _control_search(peak_at, budget: int) -> int:
+    """Plain doubling then bisection on the estimates themselves: the answer the fast search must reproduce."""
+    if peak_at(1) > budget:
+        return 0
+    low, high = 1, 2
+    while peak_at(high) <= budget:
+        low, high = high, 2 * high
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if peak_at(mid) <= budget else (low, mid)
+    return low
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch, peak=None) -> list[int]:
+    """Count the estimates largest_batch makes (batch sizes, in order); ``peak(n)`` replaces the estimate's peak."""
     from ampkit.memory import fit as fit_module
 
-    model, batch = _mlp()
     calls: list[int] = []
     real = fit_module.estimate
 
     def counting(model, batch, *args, **kwargs):
         calls.append(batch[0].shape[0])
-        return real(model, batch, *args, **kwargs)
+        if peak is None:
+            return real(model, batch, *args, **kwargs)
+        n = batch[0].shape[0]
+        return types.SimpleNamespace(peak=peak(n), activations=peak(n) // 2, batch=n)  # only what the search reads
 
     monkeypatch.setattr(fit_module, "estimate", counting)
+    return calls
+
+
+@pytest.mark.parametrize(("budget_mib", "most"), [(12, 5), (700, 5), (3, 9)])
+def test_few_estimates_and_the_same_answer_as_a_bisection(budget_mib: int, most: int, monkeypatch: pytest.MonkeyPatch):
+    """Where activations hold the peak it is affine in the batch: a guess, its neighbour, the line's answer and its
+    neighbour. At 3 MiB the answer sits where fixed temporaries stop holding the peak: a second line is needed."""
+    model, batch = _mlp()
+    calls = _counting(monkeypatch)
     budget = budget_mib * 2**20
     found = largest_batch(model, batch, budget=budget).batch_size
-    assert len(calls) <= 14, calls
-    peaks = {n: real(model, resize_batch(batch, n), device="cpu").peak for n in (found, found + 1)}
-    assert peaks[found] <= budget < peaks[found + 1]
+    assert len(calls) <= most, calls
+    peak = lambda n: estimate(model, resize_batch(batch, n), device="cpu").peak
+    if budget_mib < 100:
+        assert found == _control_search(peak, budget)
+    else:  # a control search would take 2 log2(55,000) estimates; the boundary it would find is this one
+        assert peak(found) <= budget < peak(found + 1)
+
+
+def test_a_peak_that_is_not_affine_falls_back_to_bisection(monkeypatch: pytest.MonkeyPatch):
+    model, batch = _mlp()
+    quadratic = lambda n: 10**6 + 37 * n * n  # no line holds anywhere
+    calls = _counting(monkeypatch, quadratic)
+    budget = 3 * 10**9
+    fit = largest_batch(model, batch, budget=budget, limit=2**20)
+    assert fit.batch_size == _control_search(quadratic, budget) and not fit.limit_reached
+    assert len(calls) <= 30, calls
 
 
 def test_bf16_fits_a_larger_batch_than_fp32():
