@@ -32,6 +32,7 @@ def bench_model(
     device: torch.device | str | None = None,
     seed: int = 0,
     rounds: int = 5,
+    tolerance: float | None = None,
 ) -> BenchResult:
     """Train ``model`` on ``data`` under each policy, from the same weights on the same batches, and compare.
 
@@ -41,7 +42,10 @@ def bench_model(
     "labels"}`` (see :mod:`ampkit.bench.user` for the contract). ``precisions``: names or aliases, a list or one
     comma-separated string; ``32-true``, the reference, always runs first. Default: every policy ``device``
     runs fast. ``steps`` counts optimizer steps per policy, ``warmup`` of them untimed (default: a tenth, at
-    most 5). ``device``: default the GPU if there is one.
+    most 5). ``device``: default the GPU if there is one. ``tolerance``: as ``--tolerance``, how far a policy's
+    eval metric may land from 32-true's (default: the metric's own). For the files ``--out`` writes:
+    ``result.write_json(out / "results.json")`` and ``write_report(result, out, plots=write_plots(result, out))``
+    from :mod:`ampkit.bench.report` and :mod:`ampkit.bench.plots`.
 
     >>> g = torch.Generator().manual_seed(0)
     >>> batches = [(torch.randn(16, 8, generator=g), torch.randint(0, 3, (16,), generator=g)) for _ in range(3)]
@@ -60,4 +64,6 @@ def bench_model(
     else:
         names = resolve_precisions(precisions if isinstance(precisions, str) else ",".join(precisions), dev)
     workload = workload_from(model, data, steps=steps, warmup=warmup)
-    return run_bench(workload, names, dev, seed=seed, rounds=rounds, settings={"batch_items": workload.items_per_batch, "unit": workload.unit})
+    return run_bench(
+        workload, names, dev, seed=seed, rounds=rounds, settings={"batch_items": workload.items_per_batch, "unit": workload.unit}, tolerance=tolerance,
+    )
