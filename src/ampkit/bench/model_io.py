@@ -128,6 +128,8 @@ def default_loss(output: Any, target: Any) -> torch.Tensor:
 
     >>> default_loss(torch.zeros(2, 4), torch.tensor([0, 3])).item() == torch.log(torch.tensor(4.0)).item()
     True
+    >>> default_loss({"logits": torch.zeros(2, 5, 4)}, torch.zeros(2, 5, dtype=torch.long)).item() == torch.log(torch.tensor(4.0)).item()
+    True
     """
     loss = _model_loss(output)
     if loss is not None:
@@ -140,4 +142,8 @@ def default_loss(output: Any, target: Any) -> torch.Tensor:
     pred = prediction(output).float()
     if target.is_floating_point():
         return nn.functional.mse_loss(pred, target)
+    if pred.dim() > 2 and pred.shape[:-1] == target.shape and pred.shape[:1] + pred.shape[2:] != target.shape:
+        # Sequence models put the classes last ((batch, time, vocab) logits for (batch, time) labels), where
+        # cross_entropy wants them second; an unambiguous layout is flattened rather than refused.
+        return nn.functional.cross_entropy(pred.flatten(0, -2), target.flatten())
     return nn.functional.cross_entropy(pred, target)

@@ -88,6 +88,16 @@ def test_dict_batches_make_a_workload_counting_tokens_named_by_the_model_class()
 
 def test_a_loss_it_cannot_compute_points_at_bench_data_loss_fn() -> None:
     batch = _batch()
-    labels = batch.pop("labels")  # (B, T) targets against (B, T, V) logits: cross-entropy's class dim is wrong
+    labels = batch.pop("labels")[:, 0]  # one label per sequence against (B, T, V) logits: no layout fits
     with pytest.raises(ValueError, match=r"--model m:f: no loss from its output on the first batch, a dict .*BenchData\(loss_fn=\.\.\.\)"):
         workload_from(KwargsNet(), [(batch, labels)], steps=3, warmup=1, model_spec="m:f", data_spec="d:f", cli=True)
+
+
+def test_sequence_logits_with_classes_last_get_the_flattened_cross_entropy() -> None:
+    g = torch.Generator().manual_seed(0)
+    logits, labels = torch.randn(2, 5, 7, generator=g), torch.randint(0, 7, (2, 5), generator=g)
+    control = nn.functional.cross_entropy(logits.reshape(10, 7), labels.reshape(10))
+    assert torch.equal(default_loss({"logits": logits}, labels), control)
+    # Classes second (segmentation's (batch, classes, h, w)) is torch's own layout and stays as it is.
+    maps, masks = torch.randn(2, 3, 4, 4, generator=g), torch.randint(0, 3, (2, 4, 4), generator=g)
+    assert torch.equal(default_loss(maps, masks), nn.functional.cross_entropy(maps, masks))
