@@ -9,8 +9,8 @@ test that leaves amp patched cannot change the next file's results). The 16-bit 
 
 Get the tests from the last Apex commit that still had ``apex/amp`` (its child, cb65b8ed, deleted it)::
 
-    git clone https://github.com/NVIDIA/apex && cd apex
-    git archive e13873debc4699d39c6861074b9a3b2a02327f92 tests/L0/run_amp | tar -x -C /tmp/apexl0
+    git clone https://github.com/NVIDIA/apex /tmp/apex && mkdir -p /tmp/apexl0
+    git -C /tmp/apex archive e13873debc4699d39c6861074b9a3b2a02327f92 tests/L0/run_amp | tar -x -C /tmp/apexl0
 
 then, from the ampkit checkout (``ampkit`` is whatever ``import ampkit`` finds, e.g. via PYTHONPATH=src)::
 
