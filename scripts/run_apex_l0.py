@@ -17,8 +17,9 @@ then, from the ampkit checkout (``ampkit`` is whatever ``import ampkit`` finds, 
     python scripts/run_apex_l0.py --apex-tests /tmp/apexl0/tests/L0/run_amp --out /tmp/apexl0-results
 
 ``--out`` receives ``results.md`` (the per-test table and the counts), ``results.json`` and one JUnit XML file
-per test file. Tests that Apex itself skips without its CUDA extension (``amp_C``) or without several GPUs are
-counted as "not applicable", with the reason, apart from passes, failures and errors.
+per test file. Tests that Apex itself skips without its CUDA extension (``amp_C``) or without several GPUs, and
+the tests in ``CUDA_ONLY`` (whose subject a CPU does not have), are counted as "not applicable", with the
+reason, apart from passes, failures and errors.
 """
 
 from __future__ import annotations
@@ -65,6 +66,15 @@ import ampkit.apex
 ampkit.apex.install(force=True)
 
 
+CUDA_ONLY = {cuda_only!r}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.nodeid in CUDA_ONLY:
+            item.add_marker(pytest.mark.skip(reason="tests CUDA-only behaviour: " + CUDA_ONLY[item.nodeid]))
+
+
 # Some tests draw unseeded data whose outcome depends on the draw (test_loss_scale_decrease overflows its
 # input only when a random parameter is not too small); torch's seed differs per process, so fix it per test.
 @pytest.fixture(autouse=True)
@@ -72,10 +82,20 @@ def _seed():
     torch.manual_seed({seed})
 '''
 
+# Tests whose subject exists only on a CUDA device, with why; the conftest skips them and they count as not
+# applicable. Apex cast only CUDA tensors (apex/amp/utils.py: maybe_float returns CPU tensors unchanged).
+CUDA_ONLY: dict[str, str] = {
+    "test_basic_casts.py::TestTensorCasts::test_cpu_is_float": (
+        "Apex's fp32 cast of Tensor.cpu() is for the CUDA-to-host copy; on a CPU .cpu() copies nothing and "
+        "Apex itself left CPU tensors uncast"
+    ),
+}
+
 # A skip whose reason matches one of these needs hardware or a compiled extension a CPU run cannot have.
-NOT_APPLICABLE = [
+NOT_APPLICABLE: list[tuple[re.Pattern[str], str | None]] = [
     (re.compile(r"amp_C|fused kernels|cuda extension|_cuda\b", re.I), "needs Apex's CUDA extension (amp_C)"),
     (re.compile(r"gpus?\b|world.?size|multi.?gpu|device_count", re.I), "needs several GPUs"),
+    (re.compile(r"^tests CUDA-only behaviour: "), None),  # CUDA_ONLY, reason already said
 ]
 
 
@@ -98,7 +118,7 @@ def adapt(src: Path, dst: Path, seed: int) -> dict[str, int]:
             text, n = re.subn(pattern, replacement, text)
             counts[why] += n
         path.write_text(text)
-    (dst / "conftest.py").write_text(CONFTEST.format(seed=seed))
+    (dst / "conftest.py").write_text(CONFTEST.format(seed=seed, cuda_only=CUDA_ONLY))
     # Our own config file makes `dst` pytest's rootdir, so no ampkit setting (filterwarnings=error, ...) applies.
     (dst / "pytest.ini").write_text("[pytest]\n")
     return counts
@@ -112,7 +132,7 @@ def _first_line(text: str | None) -> str:
 def _not_applicable(reason: str) -> str | None:
     for pattern, label in NOT_APPLICABLE:
         if pattern.search(reason):
-            return f"{label}: {reason}"
+            return reason if label is None else f"{label}: {reason}"
     return None
 
 
