@@ -158,20 +158,44 @@ def parse_junit(xml_path: Path, file: str) -> list[Result]:
     return results
 
 
-def run_file(workdir: Path, test_file: Path, out: Path, half_dtype: str, timeout: float) -> list[Result]:
-    """Run one test file in a fresh pytest process inside ``workdir``; an import-time death is one error row."""
-    xml_path = out / f"{test_file.stem}.xml"
-    env = dict(os.environ, AMPKIT_APEX_HALF_DTYPE=half_dtype)
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rN", f"--junitxml={xml_path}",
-           test_file.name]
+def _pytest(workdir: Path, target: str, xml_path: Path, log_path: Path, env: dict[str, str],
+            timeout: float) -> tuple[list[Result] | None, str]:
+    """Run pytest on ``target`` (a file or a node id); the results, or None and why when no report came back."""
+    file = target.split("::")[0]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rN", f"--junitxml={xml_path}", target]
     try:
         proc = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        return [Result(test_file.name, "(whole file)", "error", f"timed out after {timeout:.0f} s", timeout)]
-    (out / f"{test_file.stem}.log").write_text(proc.stdout + proc.stderr)
+        return None, f"timed out after {timeout:.0f} s"
+    log_path.write_text(proc.stdout + proc.stderr)
     if not xml_path.exists():
-        return [Result(test_file.name, "(whole file)", "error", _first_line(proc.stderr or proc.stdout), 0.0)]
-    return parse_junit(xml_path, test_file.name)
+        # The process died before pytest wrote its report: a crash in native code, or an import-time error.
+        return None, f"exit status {proc.returncode}: {_first_line(proc.stderr) or _first_line(proc.stdout)}"
+    return parse_junit(xml_path, file), ""
+
+
+def run_file(workdir: Path, test_file: Path, out: Path, half_dtype: str, timeout: float) -> list[Result]:
+    """Run one test file in a fresh pytest process inside ``workdir``.
+
+    If that process dies without a report (a segfault in a kernel would take every test of the file with it),
+    each test runs again in its own process, so that only the one that crashes is counted as an error.
+    """
+    env = dict(os.environ, AMPKIT_APEX_HALF_DTYPE=half_dtype)
+    stem = test_file.stem
+    rows, why = _pytest(workdir, test_file.name, out / f"{stem}.xml", out / f"{stem}.log", env, timeout)
+    if rows is not None:
+        return rows
+    listed = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only",
+                             test_file.name], cwd=workdir, env=env, capture_output=True, text=True)
+    node_ids = [line for line in listed.stdout.splitlines() if line.startswith(f"{test_file.name}::")]
+    if not node_ids:
+        return [Result(test_file.name, "(whole file)", "error", why, 0.0)]
+    rows = []
+    for i, node_id in enumerate(node_ids):
+        one, why = _pytest(workdir, node_id, out / f"{stem}.{i}.xml", out / f"{stem}.{i}.log", env, timeout)
+        test = ".".join(node_id.split("::")[1:])
+        rows += one if one is not None else [Result(test_file.name, test, "error", why, 0.0)]
+    return rows
 
 
 def summarize(results: list[Result]) -> dict[str, int]:
@@ -227,6 +251,9 @@ def main(argv: list[str] | None = None) -> int:
         rewrites = adapt(src, workdir, args.seed)
         files = sorted(workdir.glob("test_*.py"))
         if args.only:
+            unknown = set(args.only) - {f.name for f in files}
+            if unknown:
+                parser.error(f"--only {' '.join(sorted(unknown))}: no such test file in {src}")
             files = [f for f in files if f.name in set(args.only)]
         results: list[Result] = []
         for test_file in files:
@@ -242,11 +269,24 @@ def main(argv: list[str] | None = None) -> int:
         else:
             shutil.rmtree(tmp, ignore_errors=True)
     counts = summarize(results)
-    meta = {"apex tests": str(src), "ampkit": str(Path(ampkit.__file__).parent), "torch": _torch_version(),
+    meta = {"apex tests": str(src), "ampkit": _describe(Path(ampkit.__file__).parent), "torch": _torch_version(),
             "AMPKIT_APEX_HALF_DTYPE": args.half_dtype, "seed per test": str(args.seed)}
     write_report(out, results, counts, rewrites, meta)
     print(" ".join(f"{k}={v}" for k, v in counts.items()) + f"; table in {out / 'results.md'}")
     return 0
+
+
+def _describe(package: Path) -> str:
+    """The package's path and, when it lives in a git checkout, the commit (``+ changes`` if uncommitted)."""
+    def git(*cmd: str) -> str:
+        proc = subprocess.run(["git", "-C", str(package), *cmd], capture_output=True, text=True)
+        return proc.stdout.strip() if proc.returncode == 0 else ""
+
+    commit = git("rev-parse", "--short", "HEAD")
+    if not commit:
+        return str(package)
+    dirty = " + changes" if git("status", "--porcelain", "--", ".") else ""
+    return f"{package} (git {commit}{dirty})"
 
 
 def _torch_version() -> str:
