@@ -14,6 +14,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from ampkit.distributed import shutdown
+
 TIMEOUT_S = 120
 
 
@@ -23,9 +25,14 @@ def _entry(rank: int, fn: Callable[..., Any], world: int, init_file: str, out_di
     try:
         result = fn(rank, *args)
         torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
-        dist.barrier()  # neither rank tears gloo down while the other still talks to it
-    finally:
-        dist.destroy_process_group()
+    except BaseException:
+        dist.destroy_process_group()  # no barrier: the other rank may never reach it
+        raise
+    # A barrier (neither rank tears gloo down while the other still talks to it), then the group ends and DTensor's
+    # caches let go of it, so gloo's threads are joined before the interpreter finalizes: with a bare
+    # destroy_process_group an FSDP body left them running, and a rank could abort at exit ("terminate called
+    # without an active exception", SIGABRT).
+    shutdown()
 
 
 @pytest.fixture
