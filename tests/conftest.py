@@ -1,4 +1,12 @@
-"""Fixtures shared by every test: leak guards that keep one test's global state out of the next."""
+"""Fixtures shared by every test: the device a pass runs on, and leak guards that keep one test's global state
+out of the next.
+
+``pytest --device cuda`` runs every device-generic test (one that takes the ``device`` fixture, or is marked
+``gpu``) on the GPU and skips the rest, which are CPU-only by construction and run in the default CPU pass::
+
+    python -m pytest -q -m "not slow"                     # the CPU pass (CI)
+    python -m pytest -q -m "not slow" --device cuda       # the same device-generic tests on a GPU
+"""
 
 from __future__ import annotations
 
@@ -7,21 +15,97 @@ from pathlib import Path
 import pytest
 import torch
 
+DEVICE_TYPES = ("cpu", "cuda")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--device",
+        default="cpu",
+        help="run the device-generic tests (those taking the `device` fixture or marked gpu) on this device: "
+        "cpu (default), cuda or cuda:N. On cuda the CPU-only tests skip: the CPU pass runs them.",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.test_device = _parse_device(config.getoption("--device"))  # type: ignore[attr-defined]
+
+
+def _parse_device(text: str) -> torch.device:
+    try:
+        device = torch.device(text)
+    except RuntimeError as error:
+        raise pytest.UsageError(f"--device {text!r}: {error}. Use cpu, cuda or cuda:N.") from None
+    if device.type not in DEVICE_TYPES:
+        raise pytest.UsageError(f"--device {text!r}: the test suite runs on {' or '.join(DEVICE_TYPES)}, not {device.type}.")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise pytest.UsageError(
+                f"--device {text}: torch {torch.__version__} sees no CUDA device (built with CUDA {torch.version.cuda}). "
+                "Run on a GPU machine, or drop --device for the CPU pass."
+            )
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        if index >= torch.cuda.device_count():
+            raise pytest.UsageError(f"--device {text}: only {torch.cuda.device_count()} CUDA device(s) are visible.")
+        device = torch.device("cuda", index)
+    return device
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    device: torch.device = config.test_device  # type: ignore[attr-defined]
+    cpu_only = pytest.mark.skip(reason=f"CPU-only test (takes no `device` fixture): the CPU pass runs it, not --device {device}")
+    needs_cuda = pytest.mark.skip(reason="needs a CUDA device: run `pytest --device cuda` on a GPU machine")
+    for item in items:
+        generic = "device" in getattr(item, "fixturenames", ())
+        marked_gpu = item.get_closest_marker("gpu") is not None
+        if device.type == "cpu" and marked_gpu and not generic:
+            item.add_marker(needs_cuda)
+        elif device.type != "cpu" and not (generic or marked_gpu):
+            item.add_marker(cpu_only)
+
+
+@pytest.fixture(scope="session")
+def device(pytestconfig: pytest.Config) -> torch.device:
+    """The device of this pass (``--device``, default cpu): device-generic tests build their models and tensors on it."""
+    return pytestconfig.test_device  # type: ignore[attr-defined]
+
+
+@pytest.fixture(scope="session")
+def half_dtype(device: torch.device) -> torch.dtype:
+    """The 16-bit type a mixed-precision user picks on ``device``: fp16 on CUDA (tensor cores, Apex's default), bf16
+    on the CPU (fp16 has no fast CPU kernels)."""
+    return torch.float16 if device.type == "cuda" else torch.bfloat16
+
+
+@pytest.fixture(scope="session")
+def mixed_policy(device: torch.device) -> str:
+    """The mixed-precision policy a user picks on ``device``: ``16-mixed`` (fp16 with loss scaling) on CUDA,
+    ``bf16-mixed`` on the CPU."""
+    return "16-mixed" if device.type == "cuda" else "bf16-mixed"
+
+
+def _tf32_flags() -> tuple[bool, bool]:
+    return torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+
 
 @pytest.fixture(autouse=True)
 def _restore_torch_globals():
-    """Fail a test that leaves autocast on, or changes the default dtype or matmul precision."""
-    dtype, precision = torch.get_default_dtype(), torch.get_float32_matmul_precision()
+    """Fail a test that leaves autocast on, or changes the default dtype, matmul precision or TF32 switches."""
+    dtype, precision, tf32 = torch.get_default_dtype(), torch.get_float32_matmul_precision(), _tf32_flags()
     yield
     leaked = []
-    if torch.is_autocast_enabled("cpu"):
-        leaked.append("CPU autocast still enabled")
+    for device_type in DEVICE_TYPES:
+        if torch.is_autocast_enabled(device_type):
+            leaked.append(f"{device_type} autocast still enabled")
     if torch.get_default_dtype() != dtype:
         leaked.append(f"default dtype changed to {torch.get_default_dtype()}")
         torch.set_default_dtype(dtype)
     if torch.get_float32_matmul_precision() != precision:
         leaked.append(f"float32 matmul precision changed to {torch.get_float32_matmul_precision()}")
         torch.set_float32_matmul_precision(precision)
+    if _tf32_flags() != tf32:
+        leaked.append(f"TF32 switches (matmul, cudnn) changed to {_tf32_flags()}")
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
     assert not leaked, "; ".join(leaked)
 
 

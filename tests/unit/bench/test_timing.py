@@ -32,7 +32,6 @@ def test_summary_of_nothing_says_how_to_get_timed_steps() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="Requires: a CUDA device")
 def test_cuda_timer_measures_the_kernels_not_the_launches() -> None:
     timer = StepTimer(torch.device("cuda"))
     a = torch.randn(4096, 4096, device="cuda")

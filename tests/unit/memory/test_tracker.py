@@ -308,7 +308,6 @@ def test_cuda_allocated_growth_is_a_warning(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="Requires: CUDA")
 def test_cuda_loop_on_the_device() -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 10)).cuda()

@@ -56,7 +56,6 @@ def test_device_ids_inferred():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_device_ids_for_a_cuda_module():
     assert infer_device_ids(_model().cuda()) == [torch.cuda.current_device()]
 

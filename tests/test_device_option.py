@@ -1,0 +1,66 @@
+"""The suite's ``--device`` option (tests/conftest.py): which tests a pass runs, and the errors that name the fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest_plugins = ["pytester"]
+
+CONFTEST = Path(__file__).with_name("conftest.py")
+
+SAMPLE = """
+import pytest, torch
+
+def test_generic(device, half_dtype, mixed_policy):
+    print("RAN", device, half_dtype, mixed_policy)
+
+def test_cpu_only():
+    print("RAN cpu-only")
+
+@pytest.mark.gpu
+def test_gpu():
+    print("RAN gpu")
+"""
+
+
+@pytest.fixture
+def suite(pytester: pytest.Pytester) -> pytest.Pytester:
+    pytester.makeconftest(CONFTEST.read_text())
+    pytester.makeini("[pytest]\nmarkers =\n    gpu: needs a CUDA device\n")
+    pytester.makepyfile(test_sample=SAMPLE)
+    return pytester
+
+
+def test_cpu_pass_runs_generic_and_cpu_only_tests_and_skips_gpu_ones(suite: pytest.Pytester) -> None:
+    result = suite.runpytest("-s", "-rs")
+    result.assert_outcomes(passed=2, skipped=1)
+    result.stdout.fnmatch_lines(["*RAN cpu torch.bfloat16 bf16-mixed*", "*RAN cpu-only*", "*needs a CUDA device: run `pytest --device cuda`*"])
+
+
+def test_an_unknown_device_is_a_usage_error_naming_the_choices(suite: pytest.Pytester) -> None:
+    result = suite.runpytest("--device", "tpu")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--device 'tpu'*cpu, cuda or cuda:N*"])
+
+
+def test_a_device_type_the_suite_does_not_run_on_is_refused(suite: pytest.Pytester) -> None:
+    result = suite.runpytest("--device", "meta")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*runs on cpu or cuda, not meta*"])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is here: --device cuda is valid")
+def test_cuda_without_a_gpu_says_so_instead_of_skipping_everything(suite: pytest.Pytester) -> None:
+    result = suite.runpytest("--device", "cuda")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*sees no CUDA device*drop --device for the CPU pass*"])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device to run the CUDA pass")
+def test_cuda_pass_runs_generic_and_gpu_tests_and_skips_cpu_only_ones(suite: pytest.Pytester) -> None:
+    result = suite.runpytest("--device", "cuda", "-s", "-rs")
+    result.assert_outcomes(passed=2, skipped=1)
+    result.stdout.fnmatch_lines(["*RAN cuda:* torch.float16 16-mixed*", "*CPU-only test*"])
