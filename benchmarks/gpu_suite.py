@@ -1,0 +1,478 @@
+"""GPU proof in one command: the CUDA test pass, then the measurements a GPU user asks for, in one folder.
+
+    python benchmarks/gpu_suite.py --out benchmarks/results/h100-2026-11-24      # on a GPU machine, about 9 minutes
+    python benchmarks/gpu_suite.py --device cpu --smoke --out /tmp/suite          # CI: every step, tiny, < 1 minute
+    python benchmarks/gpu_suite.py --out DIR --only tests,bench                   # some steps (``--list`` names them)
+
+Each step is its own process (``python -m pytest``, ``python -m ampkit bench``, ``python benchmarks/<script>.py``) with
+a time limit, run from this checkout's ``src`` (nothing is installed; the machine is used as it is). A step that
+fails or runs out of time is recorded and the suite goes on. The folder gets ``env.json`` (device, driver, torch,
+CUDA, cuDNN and Triton versions, the commit), one ``<step>.log`` per step (the exact command first, then its raw
+output), the JSON each benchmark writes, the bench's own results folder, and ``summary.md``: the environment, a
+table of steps (status, seconds, command) and each step's figures. The suite exits 1 when a step failed or timed
+out, so a wrapper knows; DEVELOPERS.md says how to run it on a lent GPU and where its folder is committed.
+
+Nothing here asserts GPU results: it records them. The CPU smoke mode only proves every step still starts, runs
+and reports, so the suite does not rot between GPU windows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BENCHMARKS = REPO / "benchmarks"
+
+# The 9-minute promise on an H100/H200, with room left for the environment probe and the summary.
+DEFAULT_BUDGET_S = 540.0
+
+
+@dataclass(frozen=True)
+class Step:
+    """One command of the suite: what it measures, how to run it fully and in smoke mode, and its time limit."""
+
+    name: str
+    title: str
+    full: tuple[str, ...]
+    smoke: tuple[str, ...]
+    budget_s: float
+    smoke_budget_s: float = 60.0
+    writes_json: bool = True  # the command takes --json PATH (added by the suite)
+
+
+@dataclass
+class StepResult:
+    step: Step
+    command: list[str]
+    status: str  # ok | failed | timeout | not run
+    seconds: float = 0.0
+    returncode: int | None = None
+    log: Path | None = None
+    figures: str = ""  # Markdown: the step's own table, or a digest
+    notes: list[str] = field(default_factory=list)
+
+
+def _script(name: str, *args: str) -> tuple[str, ...]:
+    return (str(BENCHMARKS / name), *args)
+
+
+STEPS: tuple[Step, ...] = (
+    Step(
+        "tests",
+        "The test suite's device-generic tests on the device (pytest --device)",
+        ("-m", "pytest", "-q", "-m", "not slow", "-p", "no:cacheprovider", "-rfE"),
+        ("-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE", "tests/test_device_option.py"),
+        budget_s=150,
+        writes_json=False,
+    ),
+    Step(
+        "fused_optimizers",
+        "Each fused optimizer against its unfused twin through GradScaler, a skip on the first step included",
+        _script("fused_optimizers.py"),
+        _script("fused_optimizers.py", "--smoke"),
+        budget_s=30,
+    ),
+    Step(
+        "bench",
+        "ampkit bench, default workload and policies (gpt large on a GPU): step time, tokens/s, MFU",
+        ("-m", "ampkit", "bench", "--no-progress"),
+        ("-m", "ampkit", "bench", "--no-progress", "-w", "gpt", "--size", "tiny", "--steps", "6", "--warmup", "2", "--rounds", "2"),
+        budget_s=110,
+        writes_json=False,
+    ),
+    Step(
+        "cnn",
+        "ResNet-50, channels_last: AMP fp16/bf16 vs TF32 vs FP32 throughput, hand-written and through the Engine",
+        _script("cnn_throughput.py"),
+        _script("cnn_throughput.py", "--smoke"),
+        budget_s=80,
+    ),
+    Step(
+        "engine_overhead",
+        "Engine vs the hand-written torch.amp loop (fused AdamW, clipping) at a 2 ms and a 20 ms step",
+        _script("engine_overhead.py", "--step-ms", "2,20"),
+        _script("engine_overhead.py", "--smoke"),
+        budget_s=45,
+    ),
+    Step(
+        "memory_prediction",
+        "Memory prediction error per policy against measure() and the allocator's peak, bench workloads",
+        _script("memory_prediction.py", "--size", "large"),
+        _script("memory_prediction.py", "--smoke"),
+        budget_s=45,
+    ),
+    Step(
+        "doctor",
+        "What ampkit doctor costs and finds on gpt large",
+        _script("doctor_findings.py", "--size", "large", "--workloads", "gpt"),
+        _script("doctor_findings.py", "--smoke"),
+        budget_s=25,
+    ),
+    Step(
+        "numerics_sampler",
+        "What the numerics sampler costs per step on gpt large",
+        _script("numerics_sampler.py", "--workload", "gpt", "--size", "large"),
+        _script("numerics_sampler.py", "--smoke"),
+        budget_s=25,
+    ),
+    Step(
+        "apex",
+        "ampkit.apex O1/O2 (fp16 on CUDA) against the native loops they stand for",
+        _script("apex_overhead.py", "--width", "2048", "--batch", "512"),
+        _script("apex_overhead.py", "--smoke"),
+        budget_s=30,
+    ),
+)
+STEP_NAMES = tuple(step.name for step in STEPS)
+
+
+def command_for(step: Step, device: str, smoke: bool, out: Path) -> list[str]:
+    """The full argv of ``step`` for this run: the device, and where its JSON or results go.
+
+    >>> cmd = command_for(STEPS[2], "cuda", False, Path("/tmp/s"))
+    >>> cmd[1:4], cmd[-4:]
+    (['-m', 'ampkit', 'bench'], ['--device', 'cuda', '--out', '/tmp/s/bench'])
+    """
+    argv = [sys.executable, *(step.smoke if smoke else step.full), "--device", device]
+    if step.name == "tests" and not smoke:
+        argv += _pytest_extras(device)
+    if step.name == "bench":
+        argv += ["--out", str(out / "bench")]
+    elif step.writes_json:
+        argv += ["--json", str(out / f"{step.name}.json")]
+    return argv
+
+
+def _pytest_extras(device: str) -> list[str]:
+    """Parallel workers and a per-test time limit when the plugins are installed (they are on the GPU image)."""
+    extras = []
+    if _importable("xdist") and device != "cpu":
+        extras += ["-n", "6"]  # 6 processes share one GPU; the GPU pass is mostly launch- and host-bound
+    if _importable("pytest_timeout"):
+        extras += ["--timeout", "120"]
+    return extras
+
+
+def _importable(module: str) -> bool:
+    from importlib.util import find_spec
+
+    return find_spec(module) is not None
+
+
+def shown_command(command: list[str]) -> str:
+    """``command`` as a reader would type it from the repository root.
+
+    >>> shown_command([sys.executable, str(BENCHMARKS / "x.py"), "--device", "cuda"])
+    'python benchmarks/x.py --device cuda'
+    """
+    return shlex.join(["python", *command[1:]]).replace(str(REPO) + "/", "")
+
+
+def child_environment() -> dict[str, str]:
+    """The steps' environment: this checkout's ``src`` first on the path (nothing installed), unbuffered output."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "src"), env.get("PYTHONPATH")]))
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def run_step(step: Step, command: list[str], log: Path, timeout_s: float) -> StepResult:
+    """Run one step in its own process group, its output written straight to ``log`` (so a step killed at its limit
+    still leaves what it printed); the group is killed at the limit, workers included."""
+    result = StepResult(step, command, status="ok", log=log)
+    start = time.perf_counter()
+    with log.open("w") as sink:
+        sink.write(f"$ {shlex.join(command)}\n\n")
+        sink.flush()
+        proc = subprocess.Popen(
+            command, cwd=REPO, env=child_environment(), stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            result.returncode = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            result.status = "timeout"
+            result.notes.append(f"killed at its limit of {timeout_s:.0f} s")
+    result.seconds = time.perf_counter() - start
+    if result.status == "ok" and result.returncode != 0:
+        result.status = "failed"
+    return result
+
+
+# ---------------------------------------------------------------------------------------------- the environment
+
+
+def environment(device: str) -> dict[str, object]:
+    """What the figures were measured on: host, Python, torch/CUDA/cuDNN/Triton versions, the GPU and its driver,
+    and the commit. Read in this process; nothing is written to the device."""
+    import torch
+
+    env: dict[str, object] = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "host": platform.node(),
+        "cpu": _cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "triton": _version("triton"),
+        "numpy": _version("numpy"),
+        "transformers": _version("transformers"),
+        "commit": _git("rev-parse", "HEAD"),
+        "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        "device": device,
+    }
+    if torch.device(device).type == "cuda":
+        index = torch.device(device).index or 0
+        props = torch.cuda.get_device_properties(index)
+        env |= {
+            "gpu": props.name,
+            "capability": f"{props.major}.{props.minor}",
+            "gpu_memory_gib": round(props.total_memory / 2**30, 1),
+            "multiprocessors": props.multi_processor_count,
+            "driver": _nvidia_smi("driver_version"),
+            "gpu_clocks_max_sm_mhz": _nvidia_smi("clocks.max.sm"),
+        }
+    return env
+
+
+def _version(module: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(module)
+    except PackageNotFoundError:
+        return None
+
+
+def _cpu_name() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor()
+    match = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
+    return match.group(1).strip() if match else platform.processor()
+
+
+def _git(*args: str) -> str | None:
+    try:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _nvidia_smi(query: str) -> str | None:
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"], capture_output=True, text=True, timeout=20, check=True
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip().splitlines()[0] if out.stdout.strip() else None
+
+
+# ---------------------------------------------------------------------------------------------- the figures
+
+
+def last_markdown_table(text: str) -> str:
+    """The last Markdown table in ``text`` (consecutive lines starting with ``|``), or "" when there is none.
+
+    >>> last_markdown_table("x\\n| a |\\n|---|\\n| 1 |\\ny\\n| b |\\n|---|\\n| 2 |\\n")
+    '| b |\\n|---|\\n| 2 |'
+    """
+    blocks: list[list[str]] = []
+    current: list[str] = []
+    for line in text.splitlines():
+        if line.lstrip().startswith("|"):
+            current.append(line.strip())
+        elif current:
+            blocks.append(current)
+            current = []
+    if current:
+        blocks.append(current)
+    return "\n".join(blocks[-1]) if blocks else ""
+
+
+def pytest_digest(text: str) -> str:
+    """The pytest summary line and the failing tests, as Markdown.
+
+    >>> print(pytest_digest("..F\\nFAILED tests/a.py::test_x - boom\\n1 failed, 2 passed, 3 skipped in 4.0s\\n"))
+    **1 failed, 2 passed, 3 skipped in 4.0s**
+    <BLANKLINE>
+    - FAILED tests/a.py::test_x - boom
+    """
+    counts = re.findall(r"^=*\s*(\d+ (?:passed|failed|error|errors|skipped|deselected|xfailed|xpassed|warnings?).*?)\s*=*$", text, re.M)
+    lines = [f"**{counts[-1]}**" if counts else "**no pytest summary line (see the log)**"]
+    failures = [line for line in text.splitlines() if line.startswith(("FAILED ", "ERROR "))]
+    if failures:
+        lines.append("")
+        lines += [f"- {line[:300]}" for line in failures]
+    return "\n".join(lines)
+
+
+def bench_digest(folder: Path) -> str:
+    """A table of the bench's results.json: per policy, step time, throughput, speed-up, MFU, peak memory, verdict."""
+    path = folder / "results.json"
+    if not path.exists():
+        return ""
+    data = json.loads(path.read_text())
+    rows = [
+        "| policy | status | step (ms, median) | throughput | speed-up vs 32-true | MFU | peak memory (MiB) | eval | verdict |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for run in data.get("runs", []):
+        rows.append(
+            "| {p} | {s} | {t} | {thr} | {sp} | {mfu} | {mem} | {ev} | {v} |".format(
+                p=run.get("precision"),
+                s=run.get("status"),
+                t=_fmt(run.get("step_time_median_s"), 1e3, "{:.2f}"),
+                thr=f"{_fmt(run.get('throughput'), 1, '{:,.0f}')} {run.get('throughput_unit') or ''}".strip(),
+                sp=_fmt(run.get("speedup_vs_fp32"), 1, "{:.2f}x"),
+                mfu=_fmt(run.get("mfu"), 100, "{:.1f}%"),
+                mem=_fmt(run.get("peak_memory_bytes"), 2**-20, "{:,.0f}"),
+                ev=f"{run.get('eval_metric_name') or ''} {_fmt(run.get('eval_metric'), 1, '{:.4g}')}".strip(),
+                v=(run.get("verdict") or "").replace("|", "/")[:160],
+            )
+        )
+    head = f"{data.get('workload')} on {data.get('device')}, torch {data.get('torch')}"
+    return f"{head}\n\n" + "\n".join(rows)
+
+
+def _fmt(value: object, scale: float, pattern: str) -> str:
+    return pattern.format(value * scale) if isinstance(value, (int, float)) else "—"
+
+
+def figures_of(result: StepResult, out: Path) -> str:
+    text = result.log.read_text(errors="replace") if result.log and result.log.exists() else ""
+    if result.step.name == "tests":
+        return pytest_digest(text)
+    if result.step.name == "bench":
+        return bench_digest(out / "bench") or last_markdown_table(text)
+    return last_markdown_table(text)
+
+
+def summary_markdown(env: dict[str, object], results: list[StepResult], smoke: bool, budget_s: float, wall_s: float) -> str:
+    """summary.md: where it ran, a table of the steps, then each step's figures and the tail of a failing log."""
+    title = "ampkit GPU suite" + (" (smoke mode: tiny sizes, proves the steps run, figures mean nothing)" if smoke else "")
+    gpu = env.get("gpu") or env.get("device")
+    lines = [
+        f"# {title}",
+        "",
+        f"- Device: {gpu}" + (f" (capability {env['capability']}, {env['gpu_memory_gib']} GiB, driver {env['driver']})" if "gpu" in env else ""),
+        f"- Host: {env['cpu']}, {env['cpu_count']} CPUs; Python {env['python']}",
+        f"- torch {env['torch']} (CUDA {env['torch_cuda']}, cuDNN {env['cudnn']}), Triton {env['triton']}, transformers {env['transformers']}",
+        f"- ampkit commit {env['commit'] or 'unknown (no .git here: pass --commit)'}"
+        f"{' (with uncommitted changes)' if env['dirty'] else ''}; {env['date']}",
+        f"- Wall time {wall_s:.0f} s of a {budget_s:.0f} s budget",
+        "",
+        "| step | status | seconds | command |",
+        "|---|---|---|---|",
+    ]
+    for r in results:
+        lines.append(f"| {r.step.name} | {r.status} | {r.seconds:.0f} | `{shown_command(r.command)}` |")
+    for r in results:
+        lines += ["", f"## {r.step.name}: {r.step.title}", "", f"Status: **{r.status}**" + "".join(f"; {n}" for n in r.notes)]
+        if r.figures:
+            lines += ["", r.figures]
+        if r.status in ("failed", "timeout") and r.log and r.log.exists():
+            tail = r.log.read_text(errors="replace").splitlines()[-25:]
+            lines += ["", f"Last lines of {r.log.name}:", "", "```", *tail, "```"]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------- the command
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, help="the folder to write (created; must be empty or new)")
+    p.add_argument("--device", default="cuda", help="cuda (default), cuda:N, or cpu (with --smoke, for CI)")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes: proves every step runs (CI), figures mean nothing")
+    p.add_argument("--only", help=f"comma-separated steps to run (default: all): {', '.join(STEP_NAMES)}")
+    p.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S, help="wall-clock budget of the whole suite")
+    p.add_argument("--list", action="store_true", help="print the steps and their commands, run nothing")
+    p.add_argument("--commit", help="the ampkit commit measured, when the machine's copy has no .git (a lent GPU's has none)")
+    args = p.parse_args(argv)
+    if args.only:
+        unknown = sorted(set(args.only.split(",")) - set(STEP_NAMES))
+        if unknown:
+            p.error(f"--only: unknown step(s) {', '.join(unknown)}; the steps are {', '.join(STEP_NAMES)}")
+    if not args.list and args.out is None:
+        p.error("--out DIR is required: the folder the results are written to")
+    if args.out is not None and args.out.exists() and any(args.out.iterdir()):
+        p.error(f"--out {args.out}: the folder is not empty; name a new one so no earlier results are mixed in")
+    return args
+
+
+def _check_device(device: str) -> str | None:
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except RuntimeError as error:
+        return f"--device {device!r}: {error}"
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        return (
+            f"--device {device}: torch {torch.__version__} sees no CUDA device. On a CPU machine run "
+            "`python benchmarks/gpu_suite.py --device cpu --smoke --out DIR` (what CI runs)."
+        )
+    if dev.type not in ("cpu", "cuda"):
+        return f"--device {device}: the suite runs on cuda (or cpu with --smoke), not {dev.type}"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    chosen = [s for s in STEPS if not args.only or s.name in args.only.split(",")]
+    if args.list:
+        for step in chosen:
+            print(f"{step.name:18s} {step.budget_s:4.0f} s  {shown_command(command_for(step, args.device, args.smoke, Path('OUT')))}")
+        return 0
+    problem = _check_device(args.device)
+    if problem:
+        print(f"gpu_suite: {problem}", file=sys.stderr)
+        return 2
+    start = time.perf_counter()
+    deadline = start + args.budget_s
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    env = environment(args.device)
+    if args.commit:
+        env["commit"], env["dirty"] = args.commit, False
+    (out / "env.json").write_text(json.dumps(env, indent=2) + "\n")
+    print(f"gpu_suite: {env.get('gpu') or args.device}, torch {env['torch']}, {len(chosen)} steps, budget {args.budget_s:.0f} s", flush=True)
+
+    results = []
+    for index, step in enumerate(chosen, 1):
+        command = command_for(step, args.device, args.smoke, out)
+        limit = min(step.smoke_budget_s if args.smoke else step.budget_s, deadline - time.perf_counter())
+        if limit < 5:
+            results.append(StepResult(step, command, status="not run", notes=["the suite's budget was spent"]))
+        else:
+            results.append(run_step(step, command, out / f"{index:02d}-{step.name}.log", limit))
+        results[-1].figures = figures_of(results[-1], out)
+        last = results[-1]
+        print(f"gpu_suite: {step.name:18s} {last.status:8s} {last.seconds:6.1f} s", flush=True)
+
+    wall = time.perf_counter() - start
+    summary = summary_markdown(env, results, args.smoke, args.budget_s, wall)
+    (out / "summary.md").write_text(summary)
+    print(f"\n{summary}")
+    return 0 if all(r.status == "ok" for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""benchmarks/gpu_suite.py: its CPU smoke mode runs every step end to end (so the suite cannot rot between GPU
+windows), and its own machinery (limits, digests, refusals) does what it says. No GPU result is asserted here."""
+
+from __future__ import annotations
+
+import doctest
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def suite() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gpu_suite", ROOT / "benchmarks" / "gpu_suite.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_suite"] = module  # dataclasses resolve their annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_smoke_mode_runs_every_step_and_writes_the_folder(suite: ModuleType, tmp_path: Path) -> None:
+    out = tmp_path / "suite"
+    code = suite.main(["--device", "cpu", "--smoke", "--out", str(out)])
+    summary = (out / "summary.md").read_text()
+    assert code == 0, summary
+    for step in suite.STEPS:
+        assert f"| {step.name} | ok |" in summary, step.name
+        (log,) = out.glob(f"*-{step.name}.log")
+        assert log.read_text().startswith("$ "), "each log starts with the exact command"
+        if step.writes_json:
+            json.loads((out / f"{step.name}.json").read_text())  # each benchmark's rows, machine-readable
+    assert json.loads((out / "bench" / "results.json").read_text())["device"] == "cpu"
+    env = json.loads((out / "env.json").read_text())
+    assert env["torch"] and env["python"] and env["device"] == "cpu"
+    assert "passed" in summary.split("## tests")[1].split("##")[0], "the pytest digest shows the pass's counts"
+
+
+def test_a_step_past_its_limit_is_killed_and_keeps_what_it_printed(suite: ModuleType, tmp_path: Path) -> None:
+    step = suite.Step("slow", "sleeps", (), (), budget_s=1, writes_json=False)
+    code = "import time; print('started', flush=True); time.sleep(60)"
+    result = suite.run_step(step, [sys.executable, "-c", code], tmp_path / "slow.log", timeout_s=2)
+    assert result.status == "timeout" and result.seconds < 30
+    assert "started" in (tmp_path / "slow.log").read_text()
+
+
+def test_a_failing_step_is_recorded_and_the_suite_exits_1(suite: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    broken = suite.Step("broken", "raises", ("-c", "raise SystemExit(3)"), ("-c", "raise SystemExit(3)"), budget_s=10, writes_json=False)
+    monkeypatch.setattr(suite, "STEPS", (broken,))
+    monkeypatch.setattr(suite, "command_for", lambda step, device, smoke, out: [sys.executable, *step.smoke])
+    assert suite.main(["--device", "cpu", "--smoke", "--out", str(tmp_path / "s")]) == 1
+    summary = (tmp_path / "s" / "summary.md").read_text()
+    assert "| broken | failed |" in summary and "Last lines of" in summary
+
+
+def test_a_spent_budget_leaves_later_steps_not_run(suite: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    steps = tuple(suite.Step(n, n, ("-c", "pass"), ("-c", "pass"), budget_s=10, writes_json=False) for n in ("a", "b"))
+    monkeypatch.setattr(suite, "STEPS", steps)
+    monkeypatch.setattr(suite, "command_for", lambda step, device, smoke, out: [sys.executable, *step.smoke])
+    assert suite.main(["--device", "cpu", "--smoke", "--budget-s", "1", "--out", str(tmp_path / "s")]) == 1
+    assert "| a | not run |" in (tmp_path / "s" / "summary.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--device", "cpu", "--smoke"], "--out DIR is required"),
+        (["--only", "tests,nope", "--out", "x"], "unknown step(s) nope"),
+    ],
+)
+def test_bad_arguments_are_refused_naming_the_fix(suite: ModuleType, argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        suite.main(argv)
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_folder_with_results_in_it_is_not_mixed_into(suite: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "old.log").write_text("earlier run")
+    with pytest.raises(SystemExit):
+        suite.main(["--device", "cpu", "--smoke", "--out", str(tmp_path)])
+    assert "not empty" in capsys.readouterr().err
+
+
+def test_cuda_without_a_gpu_names_the_cpu_smoke_command(suite: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here: --device cuda is valid")
+    assert suite.main(["--out", str(tmp_path / "s")]) == 2
+    assert "--device cpu --smoke" in capsys.readouterr().err
+
+
+def test_list_prints_every_step_with_its_command(suite: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
+    assert suite.main(["--list"]) == 0
+    text = capsys.readouterr().out
+    assert all(step.name in text for step in suite.STEPS) and "--device cuda" in text
+
+
+def test_the_digests_examples_hold(suite: ModuleType) -> None:
+    failures, tried = doctest.testmod(suite)
+    assert tried >= 3 and failures == 0
