@@ -58,7 +58,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         generic = "device" in getattr(item, "fixturenames", ())
         marked_gpu = item.get_closest_marker("gpu") is not None
-        if device.type == "cpu" and marked_gpu and not generic:
+        if device.type != "cuda" and marked_gpu:
             item.add_marker(needs_cuda)
         elif device.type != "cpu" and not (generic or marked_gpu):
             item.add_marker(cpu_only)

@@ -29,6 +29,7 @@ class StepTimer:
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
+        self.device = device
         self._pending: list[tuple[object, object]] = []
         self._cpu_times: list[float] = []
 
@@ -36,10 +37,13 @@ class StepTimer:
     def step(self) -> Iterator[None]:
         """Time the enclosed step."""
         if self.cuda:
+            # Recorded on the timed device's stream: a bare record() uses the *current* device's, which is another
+            # GPU's clock when the step runs on cuda:1 while cuda:0 is current.
+            stream = torch.cuda.current_stream(self.device)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
+            start.record(stream)
             yield
-            end.record()
+            end.record(stream)
             self._pending.append((start, end))
         else:
             t0 = time.perf_counter()

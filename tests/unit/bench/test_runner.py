@@ -37,14 +37,14 @@ def _workload(**net: object) -> Workload:
                     items_per_batch=16, steps=STEPS, warmup=WARMUP)
 
 
-def _control_losses(w: Workload, seed: int = 0) -> list[float]:
-    # What a user would write by hand in fp32: same weights, same batches, same clipping, same optimizer.
+def _control_losses(w: Workload, device: torch.device, seed: int = 0) -> list[float]:
+    # What a user would write by hand in fp32: same weights, same batches, same clipping, same optimizer, same device.
     torch.manual_seed(seed)
-    model = copy.deepcopy(w.model)
+    model = copy.deepcopy(w.model).to(device)
     opt = default_optimizer(model.parameters())
     losses = []
     for step in range(w.steps):
-        x, y = w.batch(step)
+        x, y = (t.to(device) for t in w.batch(step))
         loss = nn.functional.cross_entropy(model(x).float(), y)
         loss.backward()
         nn.utils.clip_grad_norm_(model.parameters(), w.clip_grad_norm)
@@ -54,33 +54,38 @@ def _control_losses(w: Workload, seed: int = 0) -> list[float]:
     return losses
 
 
-def test_fp32_run_reproduces_a_hand_written_loop_step_for_step() -> None:
+def test_fp32_run_reproduces_a_hand_written_loop_step_for_step(device: torch.device) -> None:
     w = _workload()
-    result = run_bench(w, ["32-true"], "cpu", rounds=3)
-    assert result.runs[0].losses == _control_losses(w)
+    result = run_bench(w, ["32-true"], device, rounds=3)
+    assert result.runs[0].losses == _control_losses(w, device)
 
 
-def test_interleaving_with_other_policies_changes_no_runs_numbers() -> None:
+def test_interleaving_with_other_policies_changes_no_runs_numbers(device: torch.device, mixed_policy: str) -> None:
     w = _workload()
-    alone = run_bench(w, ["bf16-mixed"], "cpu", rounds=1).runs[0]
-    together = run_bench(w, ["32-true", "bf16-mixed", "bf16-true"], "cpu", rounds=3).run("bf16-mixed")
+    alone = run_bench(w, [mixed_policy], device, rounds=1).runs[0]
+    together = run_bench(w, ["32-true", mixed_policy, "bf16-true"], device, rounds=3).run(mixed_policy)
     assert together is not None and together.losses == alone.losses
     assert together.eval_metric == alone.eval_metric
 
 
-def test_every_run_is_timed_and_summarised() -> None:
-    result = run_bench(_workload(), ["32-true", "bf16-mixed", "16-mixed"], "cpu", rounds=2)
+def test_every_run_is_timed_and_summarised(device: torch.device) -> None:
+    result = run_bench(_workload(), ["32-true", "bf16-mixed", "16-mixed"], device, rounds=2)
     for run in result.runs:
         assert run.status == "ok" and run.timed_steps == STEPS - WARMUP and len(run.losses) == STEPS
         assert run.step_time_p10_s <= run.step_time_median_s <= run.step_time_p90_s
         assert run.throughput == pytest.approx(16 / run.step_time_median_s)
         assert run.flops_per_step > 0 and run.achieved_flops == pytest.approx(run.flops_per_step / run.step_time_median_s)
         assert run.eval_metric_name == "accuracy" and 0 <= run.eval_metric <= 1 and run.within_tolerance is not None
-        assert run.mfu is None  # no published peak for a CPU
+        if device.type == "cpu":
+            assert run.mfu is None  # no published peak for a CPU
+        elif run.mfu is not None:  # a GPU with a published peak
+            assert 0 < run.mfu < 1
+        if device.type == "cuda":
+            assert run.peak_memory_bytes > 0  # the caching allocator's own peak
     fp16 = result.run("16-mixed")
     assert fp16.final_loss_scale == 2.0**16 and fp16.skipped_steps == 0
     assert result.run("bf16-mixed").final_loss_scale is None
-    assert result.settings["rounds"] == 2 and result.device["type"] == "cpu" and result.torch == torch.__version__
+    assert result.settings["rounds"] == 2 and result.device["type"] == device.type and result.torch == torch.__version__
 
 
 def test_memory_is_exact_on_cpu_and_smaller_in_16_bits() -> None:
@@ -126,12 +131,15 @@ def test_a_policy_whose_loss_overflows_is_marked_diverged() -> None:
     assert diverged.status == "diverged" and "diverged" in diverged.verdict
 
 
-def test_the_callers_rng_is_left_as_it_was() -> None:
+def test_the_callers_rng_is_left_as_it_was(device: torch.device) -> None:
     w = _workload()
     torch.manual_seed(123)
     state = torch.get_rng_state()
-    run_bench(w, ["32-true"], "cpu", rounds=1, count_flops=False)
+    cuda_state = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    run_bench(w, ["32-true"], device, rounds=1, count_flops=False)  # dropout draws from the device's generator
     assert torch.equal(torch.get_rng_state(), state)
+    if cuda_state is not None:
+        assert torch.equal(torch.cuda.get_rng_state(device), cuda_state)
 
 
 def test_without_the_reference_no_ratio_is_invented() -> None:

@@ -32,10 +32,10 @@ def test_summary_of_nothing_says_how_to_get_timed_steps() -> None:
 
 
 @pytest.mark.gpu
-def test_cuda_timer_measures_the_kernels_not_the_launches() -> None:
-    timer = StepTimer(torch.device("cuda"))
-    a = torch.randn(4096, 4096, device="cuda")
-    torch.cuda.synchronize()
+def test_cuda_timer_measures_the_kernels_not_the_launches(device: torch.device) -> None:
+    timer = StepTimer(device)
+    a = torch.randn(4096, 4096, device=device)
+    torch.cuda.synchronize(device)
     t0 = time.perf_counter()
     with timer.step():
         for _ in range(20):
