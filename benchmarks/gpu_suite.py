@@ -73,7 +73,7 @@ STEPS: tuple[Step, ...] = (
         "The test suite's device-generic tests on the device (pytest --device)",
         ("-m", "pytest", "-q", "-m", "not slow", "-p", "no:cacheprovider", "-rfE"),
         ("-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE", "tests/test_device_option.py"),
-        budget_s=150,
+        budget_s=130,
         writes_json=False,
     ),
     Step(
@@ -81,14 +81,14 @@ STEPS: tuple[Step, ...] = (
         "Each fused optimizer against its unfused twin through GradScaler, a skip on the first step included",
         _script("fused_optimizers.py"),
         _script("fused_optimizers.py", "--smoke"),
-        budget_s=30,
+        budget_s=25,
     ),
     Step(
         "bench",
         "ampkit bench, default workload and policies (gpt large on a GPU): step time, tokens/s, MFU",
         ("-m", "ampkit", "bench", "--no-progress"),
         ("-m", "ampkit", "bench", "--no-progress", "-w", "gpt", "--size", "tiny", "--steps", "6", "--warmup", "2", "--rounds", "2"),
-        budget_s=110,
+        budget_s=150,
         writes_json=False,
     ),
     Step(
@@ -96,14 +96,14 @@ STEPS: tuple[Step, ...] = (
         "ResNet-50, channels_last: AMP fp16/bf16 vs TF32 vs FP32 throughput, hand-written and through the Engine",
         _script("cnn_throughput.py"),
         _script("cnn_throughput.py", "--smoke"),
-        budget_s=80,
+        budget_s=70,
     ),
     Step(
         "engine_overhead",
         "Engine vs the hand-written torch.amp loop (fused AdamW, clipping) at a 2 ms and a 20 ms step",
         _script("engine_overhead.py", "--step-ms", "2,20"),
         _script("engine_overhead.py", "--smoke"),
-        budget_s=45,
+        budget_s=40,
     ),
     Step(
         "memory_prediction",
@@ -185,6 +185,21 @@ def child_environment() -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "src"), env.get("PYTHONPATH")]))
     env["PYTHONUNBUFFERED"] = "1"
     return env
+
+
+def step_limit(own_s: float, later_s: float, remaining_s: float) -> float:
+    """A step's time limit: its own budget, plus whatever earlier steps left unused beyond what the later steps
+    are budgeted, never past the suite's deadline. So the whole suite keeps to its budget, and a slow step (the
+    bench on a slower GPU) can use the time a fast one saved.
+
+    >>> step_limit(100, 200, 400)   # 100 s saved earlier: this step may take 200
+    200
+    >>> step_limit(100, 200, 250)   # behind: its own budget, no more
+    100
+    >>> step_limit(100, 200, 60)    # never past the deadline
+    60
+    """
+    return min(max(own_s, remaining_s - later_s), remaining_s)
 
 
 def run_step(step: Step, command: list[str], log: Path, timeout_s: float) -> StepResult:
@@ -455,10 +470,11 @@ def main(argv: list[str] | None = None) -> int:
     (out / "env.json").write_text(json.dumps(env, indent=2) + "\n")
     print(f"gpu_suite: {env.get('gpu') or args.device}, torch {env['torch']}, {len(chosen)} steps, budget {args.budget_s:.0f} s", flush=True)
 
+    budgets = [step.smoke_budget_s if args.smoke else step.budget_s for step in chosen]
     results = []
     for index, step in enumerate(chosen, 1):
         command = command_for(step, args.device, args.smoke, out)
-        limit = min(step.smoke_budget_s if args.smoke else step.budget_s, deadline - time.perf_counter())
+        limit = step_limit(budgets[index - 1], sum(budgets[index:]), deadline - time.perf_counter())
         if limit < 5:
             results.append(StepResult(step, command, status="not run", notes=["the suite's budget was spent"]))
         else:
