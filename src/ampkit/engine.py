@@ -487,11 +487,17 @@ class Engine:
     def _defer_outcome(self, any_found: torch.Tensor) -> None:
         # Copy the flag to pinned host memory behind an event: by the next optimizer step the copy has long
         # landed, so reading it waits for nothing queued after this step (unlike .item(), which drains the stream).
-        host = torch.empty((), dtype=any_found.dtype, pin_memory=torch.cuda.is_available())
-        host.copy_(any_found, non_blocking=True)
-        event = torch.cuda.Event() if any_found.is_cuda else None
-        if event is not None:
-            event.record()
+        # Only CUDA gets the pinned copy and the event: another device's non-blocking copy would leave nothing
+        # to wait on before reading, so there the copy is a plain (synchronous) one.
+        on_cuda = any_found.device.type == "cuda"
+        host = torch.empty((), dtype=any_found.dtype, pin_memory=on_cuda)
+        host.copy_(any_found, non_blocking=on_cuda)
+        event = None
+        if on_cuda:
+            # On the stream of the flag's own device, which ran the copy: the current device may be another
+            # GPU (a model on cuda:1 without torch.cuda.set_device), whose stream would not order after it.
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(any_found.device))
         self._deferred = (host, event)
 
     def _resolve_deferred_outcome(self) -> None:

@@ -227,6 +227,10 @@ def save_checkpoint(state: dict, path: str | os.PathLike) -> pathlib.Path:
     return target
 
 
+# How torch.load starts its error for a storage saved on a device that is missing here (CUDA unavailable, or
+# fewer GPUs than the saving machine had).
+_MISSING_DEVICE = "Attempting to deserialize object on"
+
 # torch's message for a pickle global that weights_only refuses, e.g. "Unsupported global: GLOBAL mod.Cls ...".
 _REFUSED_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")
 
@@ -262,7 +266,8 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device | 
 
     Raises:
         CheckpointError: the file is missing, a directory, truncated or corrupt, holds arbitrary Python
-            objects, is not an ampkit checkpoint, or was written by a newer ampkit.
+            objects, is not an ampkit checkpoint, was written by a newer ampkit, or ``map_location`` leaves
+            tensors on a device this machine lacks.
     """
     source = _as_path(path)
     if source.is_dir():
@@ -300,6 +305,14 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device | 
             ) from exc
         raise _corrupt(source, "its pickled data is unreadable") from exc
     except (RuntimeError, EOFError, pickle.PickleError, zipfile.BadZipFile, ValueError, KeyError) as exc:
+        if isinstance(exc, RuntimeError) and _MISSING_DEVICE in str(exc):
+            # A sound file whose tensors were saved on (or mapped to) a device this machine lacks, such as a GPU
+            # checkpoint on a CPU-only machine: not damage, and copying the file again would not help.
+            raise CheckpointError(
+                f"Checkpoint {source} would put tensors on a device this machine lacks ({_first_sentence(exc)}); "
+                f"load it with map_location='cpu' (the default; Engine.load always does), or name a device that "
+                f"exists here, e.g. map_location='cuda:0'."
+            ) from exc
         # RuntimeError: torch's zip reader ("failed finding central directory", bad CRC, missing records);
         # EOFError / KeyError / ValueError: a pickle stream or record table that ends or points nowhere.
         raise _corrupt(source, _first_sentence(exc)) from exc

@@ -7,9 +7,11 @@ bitwise, and the loss scale exactly.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import math
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -21,14 +23,14 @@ from ampkit import Engine, LossScaleCollapseError, ScalerConfig
 INF = float("inf")
 
 
-def mlp(seed: int = 0) -> nn.Module:
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.ReLU(), nn.Linear(16, 3))
+def mlp(seed: int = 0, device: torch.device | str = "cpu") -> nn.Module:
+    torch.manual_seed(seed)  # initialised on the CPU, then moved: every device starts from the same weights
+    return nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.ReLU(), nn.Linear(16, 3)).to(device)
 
 
-def batches(n: int, size: int = 8, seed: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    g = torch.Generator().manual_seed(seed)
-    return [(torch.randn(size, 8, generator=g), torch.randint(0, 3, (size,), generator=g)) for _ in range(n)]
+def batches(n: int, size: int = 8, seed: int = 1, device: torch.device | str = "cpu") -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)  # drawn on the CPU and moved, so every device sees the same values
+    return [(torch.randn(size, 8, generator=g).to(device), torch.randint(0, 3, (size,), generator=g).to(device)) for _ in range(n)]
 
 
 def loss_fn(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -48,7 +50,7 @@ def poison_grad(model: nn.Module) -> None:
 # ------------------------------------------------------------------------------------- control vs treatment
 @pytest.mark.parametrize("fused", [False, True], ids=["sgd", "fused-adamw"])
 @pytest.mark.parametrize("clip", [None, 0.5])
-def test_16_mixed_matches_gradscaler_loop_bitwise(fused: bool, clip: float | None) -> None:
+def test_16_mixed_matches_gradscaler_loop_bitwise(fused: bool, clip: float | None, device: torch.device) -> None:
     """Injected overflows at known steps: same skips, same scale, bitwise-equal parameters as torch's loop."""
     k, steps, poisoned = 2, 12, {3, 4, 9}
     cfg = dict(init_scale=2.0**10, growth_interval=3)
@@ -56,19 +58,19 @@ def test_16_mixed_matches_gradscaler_loop_bitwise(fused: bool, clip: float | Non
     def make_opt(m: nn.Module) -> torch.optim.Optimizer:
         return torch.optim.AdamW(m.parameters(), lr=1e-2, fused=True) if fused else torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
 
-    control = mlp()
+    control = mlp(device=device)
     c_opt = make_opt(control)
-    gs = torch.amp.GradScaler("cpu", **cfg)
-    treat = mlp()
+    gs = torch.amp.GradScaler(device.type, **cfg)
+    treat = mlp(device=device)
     engine = Engine("16-mixed", accumulate=k, clip_grad_norm=clip, scaler=ScalerConfig(**cfg, min_scale=2.0**-20))
     treat, t_opt = engine.setup(treat, make_opt(treat))
 
-    data = batches(steps * k)
+    data = batches(steps * k, device=device)
     skipped = 0
     for step in range(steps):
         for j in range(k):
             x, y = data[step * k + j]
-            with torch.autocast("cpu", dtype=torch.float16):
+            with torch.autocast(device.type, dtype=torch.float16):
                 c_loss = loss_fn(control(x), y)
             gs.scale(c_loss / k).backward()
             with engine.autocast():
@@ -102,14 +104,14 @@ def test_16_mixed_matches_gradscaler_loop_bitwise(fused: bool, clip: float | Non
     assert engine.scale == expected
 
 
-def test_bf16_mixed_matches_autocast_loop_bitwise() -> None:
-    control, treat = mlp(), mlp()
+def test_bf16_mixed_matches_autocast_loop_bitwise(device: torch.device) -> None:
+    control, treat = mlp(device=device), mlp(device=device)
     c_opt = torch.optim.AdamW(control.parameters(), lr=1e-2)
     engine = Engine("bf16", clip_grad_norm=1.0)
     treat, t_opt = engine.setup(treat, torch.optim.AdamW(treat.parameters(), lr=1e-2))
     assert engine.scaler is None
-    for x, y in batches(10):
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+    for x, y in batches(10, device=device):
+        with torch.autocast(device.type, dtype=torch.bfloat16):
             loss = loss_fn(control(x), y)
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(control.parameters(), 1.0)
@@ -123,16 +125,16 @@ def test_bf16_mixed_matches_autocast_loop_bitwise() -> None:
         assert_params_equal(treat, control)
 
 
-def test_several_optimizers_and_losses_skip_per_optimizer_like_gradscaler() -> None:
+def test_several_optimizers_and_losses_skip_per_optimizer_like_gradscaler(device: torch.device) -> None:
     """Two models, two losses, two optimizers; an overflow in one model's grads skips only its optimizer."""
     cfg = dict(init_scale=2.0**8, growth_interval=4)
-    ca, cb, ta, tb = mlp(0), mlp(1), mlp(0), mlp(1)
+    ca, cb, ta, tb = mlp(0, device), mlp(1, device), mlp(0, device), mlp(1, device)
     ca_opt, cb_opt = torch.optim.SGD(ca.parameters(), lr=0.1), torch.optim.SGD(cb.parameters(), lr=0.1)
-    gs = torch.amp.GradScaler("cpu", **cfg)
+    gs = torch.amp.GradScaler(device.type, **cfg)
     engine = Engine("16-mixed", scaler=ScalerConfig(**cfg))
     (ta, tb), ta_opt, tb_opt = engine.setup([ta, tb], torch.optim.SGD(ta.parameters(), lr=0.1), torch.optim.SGD(tb.parameters(), lr=0.1))
-    for step, (x, y) in enumerate(batches(8)):
-        with torch.autocast("cpu", dtype=torch.float16):
+    for step, (x, y) in enumerate(batches(8, device=device)):
+        with torch.autocast(device.type, dtype=torch.float16):
             l0, l1 = loss_fn(ca(x), y), loss_fn(cb(x), y)
         gs.scale(l0).backward()
         gs.scale(l1).backward()
@@ -168,15 +170,15 @@ def test_stepping_one_optimizer_keeps_the_other_models_pending_gradients_under_m
     assert all(p.grad is not None for p in b.parameters())  # still there for opt_b
 
 
-def test_clipping_spans_every_optimizer_of_the_step() -> None:
+def test_clipping_spans_every_optimizer_of_the_step(device: torch.device) -> None:
     """A model split over two optimizers is clipped by its total norm, exactly as clip_grad_norm_ over it."""
-    control, treat = mlp(), mlp()
+    control, treat = mlp(device=device), mlp(device=device)
     c_opt = torch.optim.SGD(control.parameters(), lr=0.5)
     engine = Engine("32-true", clip_grad_norm=0.1)
     treat, *_ = engine.setup(
         treat, torch.optim.SGD(treat[0].parameters(), lr=0.5), torch.optim.SGD(list(treat[1].parameters()) + list(treat[3].parameters()), lr=0.5)
     )
-    for x, y in batches(3):
+    for x, y in batches(3, device=device):
         loss_fn(control(x), y).backward()
         ref_norm = torch.nn.utils.clip_grad_norm_(control.parameters(), 0.1)
         c_opt.step()
@@ -187,12 +189,12 @@ def test_clipping_spans_every_optimizer_of_the_step() -> None:
         assert_params_equal(treat, control)
 
 
-def test_an_overflow_under_joint_clipping_skips_every_optimizer_of_the_step() -> None:
+def test_an_overflow_under_joint_clipping_skips_every_optimizer_of_the_step(device: torch.device) -> None:
     engine = Engine("16-mixed", clip_grad_norm=1.0)
-    model = mlp()
+    model = mlp(device=device)
     model, opt_a, opt_b = engine.setup(model, torch.optim.SGD(model[0].parameters(), lr=0.1), torch.optim.SGD(model[3].parameters(), lr=0.1, weight_decay=0.1))
     before = [p.detach().clone() for p in model.parameters()]
-    x, y = batches(1)[0]
+    x, y = batches(1, device=device)[0]
     with engine.autocast():
         loss = loss_fn(model(x), y)
     engine.backward(loss)
@@ -274,15 +276,15 @@ def test_windows_run_across_epochs_without_start_epoch() -> None:
 @pytest.mark.parametrize(
     ("precision", "rel"), [("16-mixed", 1e-2), ("bf16-mixed", 5e-2), ("16-true-masters", 2e-2), ("bf16-true-masters", 8e-2)]
 )
-def test_clipped_update_matches_the_fp32_control(precision: str, rel: float) -> None:
+def test_clipped_update_matches_the_fp32_control(precision: str, rel: float, device: torch.device) -> None:
     """Clipping sees unscaled (master) gradients: the norm and the weight update equal fp32's within tolerance."""
     updates, norms = {}, {}
     for p in ("32-true", precision):
         engine = Engine(p, clip_grad_norm=1e-3)  # far below the real norm: clipping decides the update
-        model = mlp()
+        model = mlp(device=device)
         start = [q.detach().clone() for q in model.parameters()]
         model, opt = engine.setup(model, torch.optim.SGD(model.parameters(), lr=1.0))
-        x, y = batches(1)[0]
+        x, y = batches(1, device=device)[0]
         with engine.autocast():
             loss = loss_fn(model(x), y)
         engine.backward(loss)
@@ -298,13 +300,13 @@ def test_clipped_update_matches_the_fp32_control(precision: str, rel: float) -> 
     assert error.item() < rel
 
 
-def test_scheduler_does_not_advance_on_a_skipped_step() -> None:
-    model = mlp()
+def test_scheduler_does_not_advance_on_a_skipped_step(device: torch.device) -> None:
+    model = mlp(device=device)
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5**s)
     engine = Engine("16-mixed")
     model, opt = engine.setup(model, opt, schedulers=sched)
-    for step, (x, y) in enumerate(batches(5)):
+    for step, (x, y) in enumerate(batches(5, device=device)):
         with engine.autocast():
             loss = loss_fn(model(x), y)
         engine.backward(loss)
@@ -317,10 +319,10 @@ def test_scheduler_does_not_advance_on_a_skipped_step() -> None:
 
 
 # ------------------------------------------------------------------------------------- master weights
-def test_masters_match_a_hand_written_master_weight_loop_bitwise() -> None:
+def test_masters_match_a_hand_written_master_weight_loop_bitwise(device: torch.device) -> None:
     """bf16 model + fp32 masters + fp32 LayerNorm, against the same recipe written out by hand."""
     # Control: fp32 masters `ref`, a bf16 working copy `work` with its LayerNorm left in fp32.
-    ref = mlp()
+    ref = mlp(device=device)
     work = copy.deepcopy(ref)
     work[0].to(torch.bfloat16)
     work[3].to(torch.bfloat16)
@@ -332,12 +334,12 @@ def test_masters_match_a_hand_written_master_weight_loop_bitwise() -> None:
         return work[3](work[2](h)).float()
 
     engine = Engine("bf16-true-masters")
-    treat = mlp()
+    treat = mlp(device=device)
     treat, t_opt = engine.setup(treat, torch.optim.AdamW(treat.parameters(), lr=1e-2))
     assert {p.dtype for g in t_opt.param_groups for p in g["params"]} == {torch.float32}
     assert treat[0].weight.dtype == torch.bfloat16 and treat[1].weight.dtype == torch.float32
 
-    for x, y in batches(6):
+    for x, y in batches(6, device=device):
         loss_fn(work_forward(x), y).backward()
         for p_ref, p_work in zip(ref.parameters(), work.parameters()):
             p_ref.grad = p_work.grad.float()
@@ -357,32 +359,32 @@ def test_masters_match_a_hand_written_master_weight_loop_bitwise() -> None:
             assert torch.equal(m, p_ref)
 
 
-def test_masters_keep_updates_that_16_bit_weights_round_away() -> None:
+def test_masters_keep_updates_that_16_bit_weights_round_away(device: torch.device) -> None:
     """An update far below bf16's resolution vanishes in bf16-true and survives in the masters.
 
     d(mean(x @ w))/dw = 1 for x = ones, so 50 SGD steps of lr 1e-5 move each weight by 5e-4 < 2^-8.
     """
     results = {}
     for precision in ("bf16-true", "bf16-true-masters"):
-        model = nn.Sequential(nn.Linear(8, 1, bias=False))
+        model = nn.Sequential(nn.Linear(8, 1, bias=False)).to(device)
         nn.init.constant_(model[0].weight, 1.0)
         engine = Engine(precision)
         model, opt = engine.setup(model, torch.optim.SGD(model.parameters(), lr=1e-5))
         for _ in range(50):
-            engine.backward(model(torch.ones(4, 8)).mean())
+            engine.backward(model(torch.ones(4, 8, device=device)).mean())
             engine.step()
         results[precision] = model[0].weight.float() if engine.masters is None else engine.masters.masters[0]
-    assert torch.equal(results["bf16-true"], torch.ones(1, 8))  # every update rounded away
-    torch.testing.assert_close(results["bf16-true-masters"], torch.full((1, 8), 1 - 50 * 1e-5), rtol=0, atol=1e-6)
+    assert torch.equal(results["bf16-true"], torch.ones(1, 8, device=device))  # every update rounded away
+    torch.testing.assert_close(results["bf16-true-masters"], torch.full((1, 8), 1 - 50 * 1e-5, device=device), rtol=0, atol=1e-6)
 
 
-def test_16_true_masters_trains_like_fp32() -> None:
+def test_16_true_masters_trains_like_fp32(device: torch.device) -> None:
     final = {}
     for precision in ("32-true", "16-true-masters"):
-        model = mlp()
+        model = mlp(device=device)
         engine = Engine(precision, clip_grad_norm=5.0)
         model, _ = engine.setup(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
-        data = batches(4, size=32)
+        data = batches(4, size=32, device=device)
         for epoch in range(10):
             for x, y in data:
                 with engine.autocast():
@@ -395,21 +397,21 @@ def test_16_true_masters_trains_like_fp32() -> None:
 
 
 # ------------------------------------------------------------------------------------- penalties, sparse
-def test_gradient_penalty_matches_torch_recipe_bitwise() -> None:
+def test_gradient_penalty_matches_torch_recipe_bitwise(device: torch.device) -> None:
     """Double backward under scaling: engine.grad() returns unscaled gradients, as torch's documented recipe."""
     cfg = dict(init_scale=2.0**12)
-    control, treat = mlp(), mlp()
+    control, treat = mlp(device=device), mlp(device=device)
     c_opt = torch.optim.SGD(control.parameters(), lr=0.1)
-    gs = torch.amp.GradScaler("cpu", **cfg)
+    gs = torch.amp.GradScaler(device.type, **cfg)
     engine = Engine("16-mixed", scaler=ScalerConfig(**cfg))
     treat, _ = engine.setup(treat, torch.optim.SGD(treat.parameters(), lr=0.1))
-    for x, y in batches(4):
-        with torch.autocast("cpu", dtype=torch.float16):
+    for x, y in batches(4, device=device):
+        with torch.autocast(device.type, dtype=torch.float16):
             loss = loss_fn(control(x), y)
         scaled = torch.autograd.grad(gs.scale(loss), list(control.parameters()), create_graph=True)
         inv = 1.0 / gs.get_scale()
         unscaled = [g * inv for g in scaled]
-        with torch.autocast("cpu", dtype=torch.float16):
+        with torch.autocast(device.type, dtype=torch.float16):
             loss = loss + torch.stack([g.pow(2).sum() for g in unscaled]).sum().sqrt()
         gs.scale(loss).backward()
         gs.step(c_opt)
@@ -505,21 +507,21 @@ def test_sparse_gradients_are_clipped_by_the_global_norm() -> None:
 class ExplodingGrad(nn.Module):
     """Wraps a layer whose weight gradient is always inf: no loss scale can save it."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: torch.device | str = "cpu") -> None:
         super().__init__()
-        self.body = mlp()
+        self.body = mlp(device=device)
         self.body[3].weight.register_hook(lambda g: g * INF)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.body(x)
 
 
-def test_collapse_raises_naming_the_parameter_and_the_fix() -> None:
-    model = ExplodingGrad()
+def test_collapse_raises_naming_the_parameter_and_the_fix(device: torch.device) -> None:
+    model = ExplodingGrad(device)
     engine = Engine("16-mixed", scaler=ScalerConfig(init_scale=2.0**4, min_scale=1.0))
     model, _ = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
     before = [p.detach().clone() for p in model.parameters()]
-    x, y = batches(1)[0]
+    x, y = batches(1, device=device)[0]
     with pytest.raises(LossScaleCollapseError) as info:
         for _ in range(10):
             with engine.autocast():
@@ -533,11 +535,11 @@ def test_collapse_raises_naming_the_parameter_and_the_fix() -> None:
         assert torch.equal(p, q)  # every step was skipped
 
 
-def test_collapse_can_warn_instead(caplog: pytest.LogCaptureFixture) -> None:
-    model = ExplodingGrad()
+def test_collapse_can_warn_instead(caplog: pytest.LogCaptureFixture, device: torch.device) -> None:
+    model = ExplodingGrad(device)
     engine = Engine("16-mixed", scaler=ScalerConfig(init_scale=2.0, max_consecutive_skips=3, on_collapse="warn"))
     model, _ = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
-    x, y = batches(1)[0]
+    x, y = batches(1, device=device)[0]
     with caplog.at_level(logging.WARNING, logger="ampkit"):
         for _ in range(4):
             with engine.autocast():
@@ -548,19 +550,22 @@ def test_collapse_can_warn_instead(caplog: pytest.LogCaptureFixture) -> None:
     assert any("body.3.weight" in r.message for r in caplog.records)
 
 
-def test_collapse_is_diagnosed_with_a_fused_optimizer_too() -> None:
+def test_collapse_is_diagnosed_with_a_fused_optimizer_too(device: torch.device) -> None:
     # Fused AdamW unscales inside its own kernel and needs no host read to skip; the diagnosis must not vanish.
-    model = ExplodingGrad()
+    model = ExplodingGrad(device)
     engine = Engine("16-mixed", scaler=ScalerConfig(init_scale=2.0**4, min_scale=1.0))
     model, _ = engine.setup(model, torch.optim.AdamW(model.parameters(), lr=0.1, fused=True))
-    x, y = batches(1)[0]
+    x, y = batches(1, device=device)[0]
     with pytest.raises(LossScaleCollapseError, match=r"floor.*body\.3\.weight"):
         for _ in range(10):
             with engine.autocast():
                 loss = loss_fn(model(x), y)
             engine.backward(loss)
             engine.step()
-    assert engine.steps == 5 and engine.skipped_steps == 5
+    # The fifth step overflows at the floor. The CPU reads its outcome at once; on an accelerator the fused step
+    # is not synced, so the collapse is learnt as the sixth step begins, and that step completes first.
+    steps = 5 if device.type == "cpu" else 6
+    assert engine.steps == steps and engine.skipped_steps == steps
 
 
 def test_deferred_outcome_of_fused_steps_is_counted_and_diagnosed_one_step_late(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -589,11 +594,105 @@ def test_deferred_outcome_of_fused_steps_is_counted_and_diagnosed_one_step_late(
     assert all(p.grad is None for p in model.parameters())
 
 
-def test_collapse_warning_is_logged_once_per_episode(caplog: pytest.LogCaptureFixture) -> None:
-    model = mlp()
+def test_the_deferred_outcome_is_right_and_read_without_draining_the_stream(device: torch.device) -> None:
+    """A fused step's skipped/overflow flag goes to pinned host memory behind an event (CUDA): reading it waits
+    for that event only, not for device work queued after the step. On the CPU it is known at once."""
+    model = mlp(device=device)
+    engine = Engine("16-mixed", scaler=ScalerConfig(init_scale=2.0**8))
+    model, _ = engine.setup(model, torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True))
+    poisoned = {1, 2}
+    for step, (x, y) in enumerate(batches(4, device=device)):
+        with engine.autocast():
+            loss = loss_fn(model(x), y)
+        engine.backward(loss)
+        if step in poisoned:
+            poison_grad(model)
+        engine.step()
+        if device.type == "cuda":
+            assert engine._deferred is not None  # the step itself read nothing
+            with torch.cuda.device(device):
+                torch.cuda._sleep(500_000_000)  # a quarter second or so of device work queued after the step
+            skipped = engine.step_was_skipped
+            assert not torch.cuda.current_stream(device).query(), "reading the outcome waited for later work"
+            torch.cuda.synchronize(device)
+        else:
+            assert engine._deferred is None  # the host reads a CPU flag for free
+            skipped = engine.step_was_skipped
+        assert skipped is (step in poisoned), f"step {step}"
+    assert engine.skipped_steps == len(poisoned)
+
+
+@pytest.mark.gpu
+def test_the_deferred_outcome_waits_for_the_copy_on_a_gpu_that_is_not_the_current_one(device: torch.device) -> None:
+    if device.type != "cuda" or torch.cuda.device_count() < 2:
+        pytest.skip("Requires: [GPUs>=2] (a model on a GPU other than the current device)")
+    other = torch.device("cuda", (torch.cuda.current_device() + 1) % torch.cuda.device_count())
+    model = mlp(device=other)
+    engine = Engine("16-mixed")
+    model, _ = engine.setup(model, torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True))
+    x, y = batches(1, device=other)[0]
+    with engine.autocast():
+        loss = loss_fn(model(x), y)
+    engine.backward(loss)
+    poison_grad(model)
+    with torch.cuda.device(other):
+        torch.cuda._sleep(500_000_000)  # the step's kernels and its flag's copy run only after this
+    engine.step()
+    assert engine.step_was_skipped  # an event on the current GPU's idle stream would let a stale flag be read
+
+
+@contextlib.contextmanager
+def no_host_device_sync(device: torch.device, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Fail if the block makes the host wait for the device: torch's sync debug mode on CUDA; on the CPU, where
+    reads are free, the engine is made to behave as on an accelerator and every host read of a tensor's value
+    (what syncs there) is recorded."""
+    if device.type == "cuda":
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            yield
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        return
+    reads: list[str] = []
+
+    def counting(name: str, original: Callable[..., object]) -> Callable[..., object]:
+        def read(self: torch.Tensor, *args: object) -> object:
+            reads.append(f"Tensor.{name}")
+            return original(self, *args)
+
+        return read
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Engine, "_reads_are_free", lambda self: False)
+        for name in ("item", "tolist", "__bool__", "__float__", "__int__"):
+            patch.setattr(torch.Tensor, name, counting(name, getattr(torch.Tensor, name)))
+        yield
+    assert not reads, f"host reads of device values: {reads}"
+
+
+def test_a_fused_step_with_clipping_makes_no_host_device_sync(device: torch.device, monkeypatch: pytest.MonkeyPatch) -> None:
+    """backward() and step() with a fused optimizer, loss scaling and clipping never make the host wait."""
+    model = mlp(device=device)
+    engine = Engine("16-mixed", clip_grad_norm=1.0)
+    model, _ = engine.setup(model, torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True))
+    for step, (x, y) in enumerate(batches(3, device=device)):
+        with engine.autocast():
+            loss = loss_fn(model(x), y)
+        # The first step creates the optimizer's state and is free to do anything once.
+        with no_host_device_sync(device, monkeypatch) if step else contextlib.nullcontext():
+            engine.backward(loss)
+            engine.step()
+        # Read here, outside the checked block: the next step would otherwise wait on this step's event, long
+        # passed in a real loop but a host wait all the same.
+        assert not engine.step_was_skipped
+    assert engine.steps == 3
+
+
+def test_collapse_warning_is_logged_once_per_episode(caplog: pytest.LogCaptureFixture, device: torch.device) -> None:
+    model = mlp(device=device)
     engine = Engine("16-mixed", scaler=ScalerConfig(init_scale=2.0, max_consecutive_skips=2, on_collapse="warn"))
     model, _ = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
-    x, y = batches(1)[0]
+    x, y = batches(1, device=device)[0]
     with caplog.at_level(logging.WARNING, logger="ampkit"):
         for poisoned in [True] * 5 + [False] + [True] * 3:
             with engine.autocast():
@@ -607,22 +706,22 @@ def test_collapse_warning_is_logged_once_per_episode(caplog: pytest.LogCaptureFi
     assert engine.skipped_steps == 8
 
 
-def test_keep_fp32_runs_the_named_module_in_fp32_under_autocast() -> None:
-    engine = Engine("bf16-mixed", keep_fp32=["3"])
-    model = mlp()
+def test_keep_fp32_runs_the_named_module_in_fp32_under_autocast(device: torch.device, mixed_policy: str, half_dtype: torch.dtype) -> None:
+    engine = Engine(mixed_policy, keep_fp32=["3"])
+    model = mlp(device=device)
     model, _ = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
     with engine.autocast():
-        hidden = model[0](torch.randn(2, 8))
-        out = model(torch.randn(2, 8))
-    assert hidden.dtype == torch.bfloat16 and out.dtype == torch.float32
+        hidden = model[0](torch.randn(2, 8, device=device))
+        out = model(torch.randn(2, 8, device=device))
+    assert hidden.dtype == half_dtype and out.dtype == torch.float32
 
 
-def test_skip_nonfinite_without_scaling() -> None:
-    model = mlp()
+def test_skip_nonfinite_without_scaling(device: torch.device) -> None:
+    model = mlp(device=device)
     engine = Engine("bf16-mixed", skip_nonfinite=True)
     model, _ = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
     before = [p.detach().clone() for p in model.parameters()]
-    x, y = batches(1)[0]
+    x, y = batches(1, device=device)[0]
     with engine.autocast():
         loss = loss_fn(model(x), y)
     engine.backward(loss)

@@ -9,9 +9,9 @@ from torch import nn
 from ampkit.masters import MasterWeights
 
 
-def setup(dtype: torch.dtype = torch.bfloat16) -> tuple[nn.Module, torch.optim.Optimizer, MasterWeights, list[torch.Tensor]]:
+def setup(dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cpu") -> tuple[nn.Module, torch.optim.Optimizer, MasterWeights, list[torch.Tensor]]:
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 2))
+    model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 2)).to(device)
     fp32 = [p.detach().clone() for p in model.parameters()]
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     masters = MasterWeights.clone(model.named_parameters(), [opt])
@@ -19,12 +19,12 @@ def setup(dtype: torch.dtype = torch.bfloat16) -> tuple[nn.Module, torch.optim.O
     return model, opt, masters, fp32
 
 
-def test_masters_are_exact_fp32_copies_taken_before_the_cast() -> None:
-    model, opt, masters, fp32 = setup()
+def test_masters_are_exact_fp32_copies_taken_before_the_cast(device: torch.device, half_dtype: torch.dtype) -> None:
+    model, opt, masters, fp32 = setup(half_dtype, device)
     assert masters.names == ["0.weight", "0.bias", "1.weight", "1.bias"]
     for m, ref in zip(masters.masters, fp32):
-        assert m.dtype == torch.float32 and torch.equal(m, ref)  # no bf16 round trip
-    assert all(p.dtype == torch.bfloat16 for p in model.parameters())
+        assert m.dtype == torch.float32 and m.device == ref.device and torch.equal(m, ref)  # no 16-bit round trip
+    assert all(p.dtype == half_dtype for p in model.parameters())
 
 
 def test_optimizer_holds_the_masters_and_the_model_keeps_its_parameters() -> None:
@@ -34,18 +34,19 @@ def test_optimizer_holds_the_masters_and_the_model_keeps_its_parameters() -> Non
     assert all(a is b for a, b in zip(masters.model_params, model.parameters()))
 
 
-def test_a_step_matches_an_fp32_step_then_rounds_into_the_model() -> None:
-    model, opt, masters, fp32 = setup()
-    grads = [torch.randn_like(r) for r in fp32]
-    for p, g in zip(model.parameters(), grads):
-        p.grad = g.to(p.dtype)
+def test_a_step_matches_an_fp32_step_then_rounds_into_the_model(device: torch.device, half_dtype: torch.dtype) -> None:
+    model, opt, masters, fp32 = setup(half_dtype, device)
+    g = torch.Generator().manual_seed(1)
+    grads = [torch.randn(r.shape, generator=g).to(device) for r in fp32]
+    for p, grad in zip(model.parameters(), grads):
+        p.grad = grad.to(p.dtype)
     masters.copy_grads_to_masters()
     opt.step()
     masters.copy_masters_to_model()
-    for m, p, ref, g in zip(masters.masters, model.parameters(), fp32, grads):
-        expected = ref.clone().add_(g.to(torch.bfloat16).float(), alpha=-0.1)  # SGD on fp32, 16-bit grad
+    for m, p, ref, grad in zip(masters.masters, model.parameters(), fp32, grads):
+        expected = ref.clone().add_(grad.to(half_dtype).float(), alpha=-0.1)  # SGD on fp32, 16-bit grad
         assert torch.equal(m, expected)
-        assert torch.equal(p, expected.to(torch.bfloat16))
+        assert torch.equal(p, expected.to(half_dtype))
 
 
 def test_gradient_buffers_are_reused_between_steps() -> None:
@@ -73,12 +74,12 @@ def test_parameters_the_optimizer_does_not_hold_get_no_master() -> None:
     assert masters.names == ["1.weight", "1.bias"]
 
 
-def test_state_dict_round_trip_refreshes_the_model() -> None:
-    model, _, masters, fp32 = setup()
-    state = {n: t + 1.0 for n, t in masters.state_dict().items()}
+def test_state_dict_round_trip_refreshes_the_model(device: torch.device) -> None:
+    model, _, masters, fp32 = setup(device=device)
+    state = {n: t.cpu() + 1.0 for n, t in masters.state_dict().items()}  # as a checkpoint loads: on the CPU
     masters.load_state_dict(state)
     for m, p, ref in zip(masters.masters, model.parameters(), fp32):
-        assert torch.equal(m, ref + 1.0) and torch.equal(p, (ref + 1.0).to(torch.bfloat16))
+        assert m.device == ref.device and torch.equal(m, ref + 1.0) and torch.equal(p, (ref + 1.0).to(torch.bfloat16))
 
 
 def test_state_dict_of_another_model_is_refused() -> None:

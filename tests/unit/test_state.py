@@ -324,13 +324,14 @@ def test_load_always_uses_weights_only(tmp_path, monkeypatch):
 # --- RNG state ---------------------------------------------------------------------------------------------
 
 
-def _draws():
+def _draws(device=torch.device("cpu")):
     return (
         torch.rand(8),
         torch.randint(0, 1000, (4,)),
         [random.random() for _ in range(4)] + [random.gauss(0.0, 1.0)],
         np.random.rand(4),
         np.random.standard_normal(3),
+        torch.rand(8, device=device),  # on CUDA: that device's own generator (Dropout's masks come from it)
     )
 
 
@@ -339,12 +340,14 @@ def _assert_same_draws(a, b):
     assert a[2] == b[2]
     np.testing.assert_array_equal(a[3], b[3])
     np.testing.assert_array_equal(a[4], b[4])
+    assert torch.equal(a[5], b[5])
 
 
 @pytest.fixture
 def seeded_rngs():
-    """Seed all three generators and restore whatever state the test session had before."""
+    """Seed all the generators and restore whatever state the test session had before."""
     saved = (torch.get_rng_state(), random.getstate(), np.random.get_state())
+    cuda_saved = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
     torch.manual_seed(1234)
     random.seed(1234)
     np.random.seed(1234)
@@ -355,18 +358,20 @@ def seeded_rngs():
     torch.set_rng_state(saved[0])
     random.setstate(saved[1])
     np.random.set_state(saved[2])
+    if cuda_saved is not None:
+        torch.cuda.set_rng_state_all(cuda_saved)
 
 
-def test_restore_repeats_the_next_draws_of_every_generator(seeded_rngs):
+def test_restore_repeats_the_next_draws_of_every_generator(seeded_rngs, device):
     snapshot = capture_rng_state()
-    first = _draws()
-    second = _draws()
+    first = _draws(device)
+    second = _draws(device)
     restore_rng_state(snapshot)
-    again = _draws()
+    again = _draws(device)
 
     _assert_same_draws(first, again)
     # Guard against a vacuous pass: without restoring, the draws move on.
-    assert not torch.equal(first[0], second[0])
+    assert not torch.equal(first[0], second[0]) and not torch.equal(first[5], second[5])
     assert first[2] != second[2]
     assert not np.array_equal(first[3], second[3])
 
@@ -380,16 +385,16 @@ def test_snapshot_holds_only_weights_only_loadable_types(seeded_rngs):
     assert isinstance(snapshot["numpy"]["keys"], torch.Tensor)
 
 
-def test_rng_snapshot_round_trips_through_a_checkpoint(tmp_path, seeded_rngs):
+def test_rng_snapshot_round_trips_through_a_checkpoint(tmp_path, seeded_rngs, device):
     snapshot = capture_rng_state()
-    first = _draws()
+    first = _draws(device)
     path = save_checkpoint({"rng": snapshot, "step": 5}, tmp_path / "ckpt.pt")
-    _draws()  # move every generator on
+    _draws(device)  # move every generator on
 
     loaded = load_checkpoint(path)
     restore_rng_state(loaded["rng"])
 
-    _assert_same_draws(first, _draws())
+    _assert_same_draws(first, _draws(device))
 
 
 def test_cuda_state_without_cuda_restores_the_rest_and_warns(seeded_rngs, monkeypatch, caplog):
@@ -465,3 +470,35 @@ def test_temporaries_of_killed_saves_are_removed_by_the_next_save_and_live_ones_
         sleeper.wait()
     assert left == sorted(["last.pt", running.name, unrelated.name])
     assert load_checkpoint(target) == {"step": 1}
+
+
+# --- checkpoints written on a GPU --------------------------------------------------------------------------
+
+
+def _save_as_on_cuda(state, path, monkeypatch):
+    """Write ``state`` as a GPU machine would: torch.save tags every storage with the device it lived on, and a
+    CUDA machine's file says "cuda:0" where this one's says "cpu" (the bytes are the same once copied to host)."""
+    with monkeypatch.context() as patch:
+        patch.setattr(torch.serialization, "location_tag", lambda storage: "cuda:0")
+        save_checkpoint(state, path)
+    with pytest.raises(RuntimeError, match="CUDA"):  # the file really is tagged for CUDA
+        torch.load(path, weights_only=True)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
+def test_a_gpu_checkpoint_loads_on_a_machine_without_cuda(tmp_path, monkeypatch):
+    path = tmp_path / "gpu.pt"
+    _save_as_on_cuda({"weight": torch.arange(4.0), "step": 3}, path, monkeypatch)
+    loaded = load_checkpoint(path)  # map_location="cpu" by default
+    assert loaded["step"] == 3 and torch.equal(loaded["weight"], torch.arange(4.0)) and loaded["weight"].device.type == "cpu"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
+def test_a_gpu_checkpoint_kept_on_cuda_names_map_location_not_corruption(tmp_path, monkeypatch):
+    path = tmp_path / "gpu.pt"
+    _save_as_on_cuda({"weight": torch.arange(4.0)}, path, monkeypatch)
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint(path, map_location=None)
+    message = str(info.value)
+    assert "map_location='cpu'" in message and "device this machine lacks" in message
+    assert "corrupt" not in message
