@@ -3,18 +3,23 @@
 For each built-in workload and policy: one `estimate` (fake tensors, nothing allocated) beside one `measure`
 (the same two engine steps on real tensors), and on CUDA the allocator's own peak
 (torch.cuda.max_memory_allocated). Prints the prediction error of the total and of the peak, and the saved-
-activation ratio of each policy to 32-true (the physical limit for 16-bit activations is 0.5).
+activation ratio of each policy to 32-true (the physical limit for 16-bit activations is 0.5). The Markdown table
+comes last; --json writes its rows.
 
     python benchmarks/memory_prediction.py                                  # CPU: every CPU policy, small sizes
     python benchmarks/memory_prediction.py --device cuda --size large       # on a GPU: against the allocator too
+    python benchmarks/memory_prediction.py --smoke                          # tiny sizes, 32-true and the mixed policy
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from datetime import date
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -26,30 +31,80 @@ from ampkit.policy import get_policy, policy_names
 MiB = 2**20
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--size", default="small")
-    p.add_argument("--workloads", default="digits,segment,gpt,resnet")
-    p.add_argument("--precision", help="comma-separated policies (default: every policy the device runs)")
-    args = p.parse_args(argv)
-    device = torch.device(args.device)
-    policies = args.precision.split(",") if args.precision else [n for n in policy_names() if get_policy(n).support(device).supported]
+def _policies(args: argparse.Namespace, device: torch.device) -> list[str]:
+    if args.precision:
+        return args.precision.split(",")
+    if args.smoke:  # the reference and the mixed policy a user of this device picks
+        return ["32-true", "16-mixed" if device.type == "cuda" else "bf16-mixed"]
+    return [n for n in policy_names() if get_policy(n).support(device).supported]
 
-    dev = next((d for d in collect_env()["devices"] if d["device"].startswith(device.type)), {"name": device.type})
-    print(f"# memory prediction, {date.today()}, torch {torch.__version__}, {dev['name']} ({dev.get('cores', '?')} cores)" if device.type == "cpu"
-          else f"# memory prediction, {date.today()}, torch {torch.__version__}, {dev['name']}")
-    print(f"# command: python benchmarks/memory_prediction.py {' '.join(sys.argv[1:] if argv is None else argv)}")
-    print()
-    cuda = device.type == "cuda"
+
+def _warm_up(device: torch.device) -> None:
+    """Create the device libraries' workspaces (cuBLAS, cuBLASLt) before the first measure, so that no row's allocator
+    peak carries them and every row is measured alike."""
+    if device.type == "cuda":
+        a = torch.ones(64, 64, device=device)
+        for dtype in (torch.float32, torch.float16, torch.bfloat16):
+            (a.to(dtype) @ a.to(dtype)).sum().item()
+        torch.cuda.synchronize(device)
+
+
+def _row(name: str, e: Any, m: Any, reference: int | None, seconds: tuple[float, float]) -> dict[str, Any]:
+    return {
+        "workload": name, "policy": e.precision, "batch": e.batch_size, "activations": m.activations,
+        "activations_vs_32_true": m.activations / reference if reference else None,
+        "total_estimate": e.total, "total_measure": m.total, "total_error": (e.total - m.total) / m.total,
+        "peak_estimate": e.peak, "peak_measure": m.peak, "peak_error": (e.peak - m.peak) / m.peak,
+        "allocator_peak": m.allocator_peak,
+        "peak_vs_allocator": (e.peak - m.allocator_peak) / m.allocator_peak if m.allocator_peak else None,
+        "attention": e.attention, "estimate_s": seconds[0], "measure_s": seconds[1],
+    }
+
+
+def _markdown(rows: list[dict[str, Any]], cuda: bool) -> list[str]:
     head = "| workload | policy | batch | activations MiB | activ. vs 32-true | total MiB est. | total err | peak MiB est. | peak err |"
     if cuda:
         head += " allocator peak MiB | est. peak vs allocator |"
     head += " estimate s | measure s |"
-    print(head)
-    print("|" + "---|" * (head.count("|") - 1))
-    for name in args.workloads.split(","):
-        w = get_workload(name, size=args.size, seed=0)
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        ratio = f"{r['activations_vs_32_true']:.3f}" if r["activations_vs_32_true"] is not None else "-"
+        line = (f"| {r['workload']} | {r['policy']} | {r['batch']} | {r['activations'] / MiB:.2f} | {ratio} | "
+                f"{r['total_estimate'] / MiB:.2f} | {r['total_error']:+.2%} | {r['peak_estimate'] / MiB:.2f} | {r['peak_error']:+.2%} |")
+        if cuda:
+            line += f" {r['allocator_peak'] / MiB:.2f} | {r['peak_vs_allocator']:+.2%} |"
+        lines.append(line + f" {r['estimate_s']:.2f} | {r['measure_s']:.2f} |")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--size", help="workload size: tiny, small (default) or large (a GPU)")
+    p.add_argument("--workloads", help="comma-separated workloads (default: digits,segment,gpt,resnet; --smoke: digits,segment,gpt)")
+    p.add_argument("--precision", help="comma-separated policies (default: every policy the device runs)")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes, 32-true and the device's mixed policy, no resnet: seconds, for CI")
+    p.add_argument("--json", type=Path, metavar="PATH", help="also write the rows (bytes, errors as fractions) to PATH")
+    args = p.parse_args(argv)
+    device = torch.device(args.device)
+    size = args.size or ("tiny" if args.smoke else "small")
+    # resnet's real step takes most of a CPU smoke run's time: the smoke run leaves it out unless asked for.
+    workloads = (args.workloads or ("digits,segment,gpt" if args.smoke else "digits,segment,gpt,resnet")).split(",")
+    policies = _policies(args, device)
+    cuda = device.type == "cuda"
+
+    dev = next((d for d in collect_env()["devices"] if d["device"].startswith(device.type)), {"name": device.type})
+    print(f"# memory prediction, {date.today()}, torch {torch.__version__}, {dev['name']} ({dev.get('cores', '?')} cores)" if not cuda
+          else f"# memory prediction, {date.today()}, torch {torch.__version__}, {dev['name']}")
+    print(f"# command: python benchmarks/memory_prediction.py {' '.join(sys.argv[1:] if argv is None else argv)}")
+    print("# err: (estimate - measure) / measure on this device's real tensors (exact accounting of live storages).")
+    if cuda:
+        print("# allocator: torch.cuda.max_memory_allocated over the measured steps, above what was allocated before "
+              "(cuBLAS workspaces created beforehand, so no row carries them).")
+    _warm_up(device)
+    rows: list[dict[str, Any]] = []
+    for name in workloads:
+        w = get_workload(name, size=size, seed=0)
         model = w.model.to(memory_format=torch.channels_last) if w.channels_last else w.model
         batch = w.batch(0)
         if w.channels_last:
@@ -64,17 +119,12 @@ def main(argv: list[str] | None = None) -> int:
             t2 = time.perf_counter()
             if reference is None and e.precision == "32-true":
                 reference = m.activations
-            ratio = f"{m.activations / reference:.3f}" if reference else "-"
-            row = (f"| {name} | {e.precision} | {e.batch_size} | {m.activations / MiB:.2f} | {ratio} | {e.total / MiB:.2f} | "
-                   f"{(e.total - m.total) / m.total:+.2%} | {e.peak / MiB:.2f} | {(e.peak - m.peak) / m.peak:+.2%} |")
-            if cuda:
-                row += f" {m.allocator_peak / MiB:.2f} | {(e.peak - m.allocator_peak) / m.allocator_peak:+.2%} |"
-            row += f" {t1 - t0:.2f} | {t2 - t1:.2f} |"
-            print(row, flush=True)
+            rows.append(_row(name, e, m, reference, (t1 - t0, t2 - t1)))
+            print(f"# {name} {e.precision}: total err {rows[-1]['total_error']:+.2%}, peak err {rows[-1]['peak_error']:+.2%}", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps({"device": str(device), "name": dev["name"], "size": size, "torch": torch.__version__, "rows": rows}, indent=1))
     print()
-    print("err: (estimate - measure) / measure on this device's real tensors (exact accounting of live storages).")
-    if cuda:
-        print("allocator: torch.cuda.max_memory_allocated over the measured steps, above what was allocated before.")
+    print("\n".join(_markdown(rows, cuda)))
     return 0
 
 

@@ -67,28 +67,38 @@ class RealOutputDtypes(TorchDispatchMode):
     Some meta kernels guess the dtype of saved statistics wrong: for a bf16 input the CPU's layer_norm saves
     fp32 mean and rstd where the meta kernel says bf16. Those statistics are saved for backward, so an
     estimate that trusted the meta kernel would miss bytes. The first time an op meets a dtype combination,
-    this mode runs the real op once on a one-sample input on the real device and remembers its output dtypes.
+    this mode runs the real op once on a one-sample input on the CPU and remembers its output dtypes.
+
+    The CPU answers for every target: these kernels take their output dtypes from one rule on every device (the
+    statistics in the accumulation type, fp32 for 16-bit inputs). Asking the target instead would allocate on
+    it, and a prediction for a GPU must not touch the GPU (not even to create its CUDA context). Where the CPU
+    has no kernel for a dtype, the meta kernel's dtypes are kept.
     """
 
     OPS = frozenset({"native_layer_norm", "native_group_norm", "native_batch_norm", "_native_batch_norm_legit",
                      "_native_batch_norm_legit_no_training", "_batch_norm_with_update", "_fused_rms_norm"})
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self.device = device
-        self._dtypes: dict[tuple[Any, ...], list[torch.dtype]] = {}
+        self._dtypes: dict[tuple[Any, ...], list[torch.dtype] | None] = {}
 
-    def _real_dtypes(self, func: Any, args: Any, kwargs: Any) -> list[torch.dtype]:
-        def real(x: Any, first: list[bool] = [True]) -> Any:
+    @staticmethod
+    def _real_dtypes(func: Any, args: Any, kwargs: Any) -> list[torch.dtype] | None:
+        first = [True]
+
+        def real(x: Any) -> Any:
             if not isinstance(x, torch.Tensor):
                 return x
             shape = list(x.shape)
             if first[0] and shape:
                 shape[0], first[0] = 1, False  # one sample is enough to learn the dtypes
-            return torch.zeros(shape, dtype=x.dtype, device=self.device)
+            return torch.zeros(shape, dtype=x.dtype, device="cpu")
 
-        with _disable_current_modes():
-            out = func(*tree_map(real, args), **tree_map(real, kwargs))
+        try:
+            with _disable_current_modes():
+                out = func(*tree_map(real, args), **tree_map(real, kwargs))
+        except (RuntimeError, NotImplementedError):  # no CPU kernel for this dtype: trust the meta kernel
+            return None
         return [t.dtype for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -99,6 +109,8 @@ class RealOutputDtypes(TorchDispatchMode):
         key = (func, *(t.dtype for t in tree_leaves(args) if isinstance(t, torch.Tensor)))
         if key not in self._dtypes:
             self._dtypes[key] = self._real_dtypes(func, args, kwargs)
+        if self._dtypes[key] is None:
+            return out
         wanted = iter(self._dtypes[key])
         return tree_map(lambda t: t.to(next(wanted)) if isinstance(t, torch.Tensor) else t, out)
 
@@ -110,9 +122,9 @@ class FakeCopies:
     """
 
     def __init__(self, device: torch.device | None = None) -> None:
+        # ``device`` (the target) is accepted for the callers' symmetry; nothing real is ever made on it.
         self.mode = FakeTensorMode(allow_non_fake_inputs=False)
-        # The real device the output dtypes are learnt from: the target when it exists here, else the CPU.
-        self._dtypes = RealOutputDtypes(device if device is not None else torch.device("cpu"))
+        self._dtypes = RealOutputDtypes()
         self._reads = AssumeCleanReads()
 
     def __enter__(self) -> "FakeCopies":

@@ -34,7 +34,12 @@ __all__ = ["OutOfMemoryError", "is_out_of_memory", "release_memory", "MemoryBudg
 OutOfMemoryError: type[RuntimeError] = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
 
 # Allocators that do not raise OutOfMemoryError still say so in the message (CPU, MPS, XPU, older CUDA paths).
-_OOM_MESSAGES = ("out of memory", "can't allocate memory", "cannot allocate memory", "not enough memory")
+# cuBLAS and cuDNN report a failed allocation of their own (a handle, a workspace taken from a full device) as
+# a plain RuntimeError with their status name: freeing memory and retrying smaller cures those too.
+_OOM_MESSAGES = (
+    "out of memory", "can't allocate memory", "cannot allocate memory", "not enough memory",
+    "cublas_status_alloc_failed", "cudnn_status_alloc_failed",
+)
 
 
 def is_out_of_memory(exc: BaseException) -> bool:

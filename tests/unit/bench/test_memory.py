@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -87,3 +90,24 @@ def test_peak_rss_rises_with_a_large_allocation_and_resets_after() -> None:
     del big
     assert reset_peak_rss()
     assert peak_rss_bytes() < after - 200 * 1024 * 1024
+
+
+def _memory_prediction():
+    path = Path(__file__).resolve().parents[3] / "benchmarks" / "memory_prediction.py"
+    spec = importlib.util.spec_from_file_location("ampkit_bench_memory_prediction", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_memory_prediction_smoke_prints_the_table_last_and_writes_the_rows(tmp_path, capsys) -> None:
+    out = tmp_path / "rows.json"
+    assert _memory_prediction().main(["--smoke", "--workloads", "digits", "--json", str(out)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    table = [line for line in lines if line.startswith("|")]
+    assert lines[-len(table):] == table and len(table) == 2 + 2  # header, rule, 32-true, bf16-mixed: nothing after
+    data = json.loads(out.read_text())
+    assert [(r["workload"], r["policy"]) for r in data["rows"]] == [("digits", "32-true"), ("digits", "bf16-mixed")]
+    for r in data["rows"]:  # the CPU's estimate is exact: the control is the measured step
+        assert r["total_estimate"] == r["total_measure"] and r["peak_estimate"] == r["peak_measure"]
+        assert r["allocator_peak"] is None

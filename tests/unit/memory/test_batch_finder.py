@@ -110,18 +110,22 @@ def test_decorator_forms_and_trial_arguments():
         bare.__wrapped__(found + 1, model, 32)
 
 
-def test_a_real_training_step_through_the_engine():
-    """Two engine steps per try (the second holds Adam's state); the answer is checked against direct runs."""
+def test_a_real_training_step_through_the_engine(device: torch.device, mixed_policy: str):
+    """Two engine steps per try (the second holds Adam's state); the answer is checked against direct runs.
+
+    MemoryBudget counts the live bytes of the device's tensors (test_oom.py runs the search against CUDA's own limit).
+    """
     torch.manual_seed(0)
 
     def trial(batch_size: int) -> None:
-        model = nn.Sequential(nn.Linear(64, 512), nn.GELU(), nn.Linear(512, 10))
+        model = nn.Sequential(nn.Linear(64, 512), nn.GELU(), nn.Linear(512, 10)).to(device)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        engine = Engine("bf16-mixed")
+        engine = Engine(mixed_policy)
         model, opt = engine.setup(model, opt)
+        g = torch.Generator().manual_seed(batch_size)  # drawn on the CPU: every device sees the same values
         with MemoryBudget("4MiB", list(model.parameters())):
             for _ in range(2):
-                x, y = torch.randn(batch_size, 64), torch.randint(0, 10, (batch_size,))
+                x, y = torch.randn(batch_size, 64, generator=g).to(device), torch.randint(0, 10, (batch_size,), generator=g).to(device)
                 with engine.autocast():
                     loss = nn.functional.cross_entropy(model(x).float(), y)
                 engine.backward(loss)

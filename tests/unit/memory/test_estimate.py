@@ -203,3 +203,45 @@ def test_bad_arguments_are_named_before_any_work(fn, args, kwargs, message):
     with pytest.raises(TypeError) as info:
         fn(*args, **kwargs)
     assert message in str(info.value) and str(info.value).startswith(f"{fn.__name__}()")
+
+
+def test_estimate_against_measure_and_the_allocator_on_the_device(device: torch.device, mixed_policy: str):
+    """The prediction (fake tensors) against the same two steps on real tensors, and on CUDA against the allocator.
+
+    CPU: every part agrees to the byte. CUDA: the training state and the batch agree to the byte (they follow from
+    shapes and dtypes); activations and the peak within 1% (a fake kernel may size a saved tensor, such as a
+    kernel's reserve space, unlike CUDA's). ``torch.cuda.max_memory_allocated`` is at least the exact peak and at most
+    5% + 64 MiB above it: the allocator rounds every block up (to 512 B, large blocks to their segment split), and
+    holds what no tensor holds, the cuBLAS/cuBLASLt workspaces (32 MiB on Hopper) and cuDNN's.
+    """
+    cuda = device.type == "cuda"
+    width, rows = (1024, 8192) if cuda else (64, 32)  # on CUDA a step whose ~0.5 GiB peak dwarfs the allocator's slack
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width), nn.LayerNorm(width), nn.Linear(width, 10))
+    g = torch.Generator().manual_seed(0)
+    batch = (torch.randn(rows, width, generator=g), torch.randint(0, 10, (rows,), generator=g))
+    e = estimate(model, batch, adamw, policy=mixed_policy, device=device, clip_grad_norm=1.0)
+    m = measure(model, batch, adamw, policy=mixed_policy, device=device, clip_grad_norm=1.0)
+    assert (e.device, e.simulated_on, m.device) == (str(device), None, str(device))
+    if not cuda:
+        _same(e, m)
+        assert m.allocator_peak is None
+        return
+    for field in ("parameters", "gradients", "optimizer_state", "master_weights", "batch"):
+        assert getattr(e, field) == getattr(m, field), field
+    for field in ("activations", "peak"):
+        assert abs(getattr(e, field) - getattr(m, field)) <= 0.01 * getattr(m, field), field
+    assert m.peak <= m.allocator_peak <= 1.05 * m.peak + 64 * 2**20
+
+
+def test_a_cuda_estimate_allocates_nothing_on_the_gpu(device: torch.device, mixed_policy: str):
+    if device.type != "cuda":
+        pytest.skip("a CPU estimate's allocations are checked by test_nothing_is_allocated_and_the_model_is_untouched")
+    model, batch = mlp()  # LayerNorm included: its fake output dtypes are learnt from a real kernel, on the CPU
+    torch.cuda.synchronize(device)
+    before = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    e = estimate(model, batch, adamw, policy=mixed_policy, device=device)
+    torch.cuda.synchronize(device)
+    assert (e.device, e.simulated_on) == (str(device), None) and e.total > 0
+    assert torch.cuda.max_memory_allocated(device) == torch.cuda.memory_allocated(device) == before
