@@ -109,7 +109,7 @@ STEPS: tuple[Step, ...] = (
         "memory_prediction",
         "Memory prediction error per policy against measure() and the allocator's peak, bench workloads",
         _script("memory_prediction.py", "--size", "large"),
-        _script("memory_prediction.py", "--smoke"),
+        _script("memory_prediction.py", "--smoke", "--workloads", "gpt"),
         budget_s=45,
     ),
     Step(
