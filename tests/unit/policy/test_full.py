@@ -49,11 +49,11 @@ def test_32_true_describes_fp32_everything() -> None:
     assert p.loss_scaling == "none" and p.master_weights is False
 
 
-@pytest.mark.parametrize("device", [None, "cpu", torch.device("cpu"), "meta"])
-def test_32_true_runs_everywhere(device: object) -> None:
-    s = FullPrecision().support(device)  # type: ignore[arg-type]
+@pytest.mark.parametrize("spelling", [None, "cpu", torch.device("cpu"), "meta"])
+def test_32_true_runs_everywhere(spelling: object) -> None:
+    s = FullPrecision().support(spelling)  # type: ignore[arg-type]
     assert s == Support(True, True, "runs everywhere")
-    FullPrecision().check_device(device)  # type: ignore[arg-type]
+    FullPrecision().check_device(spelling)  # type: ignore[arg-type]
 
 
 def test_32_true_leaves_the_model_and_forward_untouched() -> None:
@@ -80,9 +80,9 @@ def test_32_true_keep_fp32_still_makes_islands() -> None:
 
 
 # ------------------------------------------------------------------------------------- tf32 support
-@pytest.mark.parametrize("device", [None, "cpu", torch.device("cpu")])
-def test_tf32_is_unsupported_on_cpu_and_names_alternatives(device: object) -> None:
-    s = TF32Precision().support(device)  # type: ignore[arg-type]
+@pytest.mark.parametrize("spelling", [None, "cpu", torch.device("cpu")])
+def test_tf32_is_unsupported_on_cpu_and_names_alternatives(spelling: object) -> None:
+    s = TF32Precision().support(spelling)  # type: ignore[arg-type]
     assert s.supported is False and s.fast is False
     assert "'bf16-mixed'" in s.reason and "'32-true'" in s.reason
 
