@@ -337,6 +337,15 @@ def test_pre_ampere_gpu_refuses_bf16_and_runs_fp16(fake_gpu: FakeGpu) -> None:
         assert policy.support("cuda:0") == Support(True, True, "16-bit tensor cores")
 
 
+def test_a_gpu_without_tensor_cores_runs_fp16_but_is_not_claimed_fast(fake_gpu: FakeGpu) -> None:
+    fake_gpu((6, 1), "GeForce GTX 1080")  # Pascal: fp16 arithmetic at 1/64 of the fp32 rate, no tensor cores
+    for policy in (FP16True(), FP16TrueMasters()):
+        s = policy.support("cuda:0")
+        assert s.supported is True and s.fast is False
+        assert "GeForce GTX 1080" in s.reason and "sm70" in s.reason
+    assert BF16TrueMasters().support("cuda:0").supported is False
+
+
 def test_ampere_gpu_runs_all_16_bit_policies_fast(fake_gpu: FakeGpu) -> None:
     fake_gpu((8, 6), "RTX 3090")
     for name in HALF:

@@ -181,6 +181,14 @@ def test_bf16_mixed_on_pre_ampere_gpu_is_unsupported_and_points_to_16_mixed(fake
     assert FP16Mixed().support("cuda:0") == Support(True, True, "fp16 tensor cores")
 
 
+def test_16_mixed_on_a_gpu_without_tensor_cores_runs_but_is_not_claimed_fast(fake_gpu: FakeGpu) -> None:
+    fake_gpu((6, 1), "GeForce GTX 1080")  # Pascal: fp16 arithmetic at 1/64 of the fp32 rate, no tensor cores
+    s = FP16Mixed().support("cuda:0")
+    assert s.supported is True and s.fast is False
+    assert "GeForce GTX 1080" in s.reason and "sm70" in s.reason
+    FP16Mixed().check_device("cuda:0")
+
+
 def test_bf16_mixed_on_ampere_is_supported_and_fast(fake_gpu: FakeGpu) -> None:
     fake_gpu((8, 0), "A100")
     assert BF16Mixed().support("cuda:0") == Support(True, True, "bf16 tensor cores")
