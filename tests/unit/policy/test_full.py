@@ -180,6 +180,24 @@ def test_tf32_keeps_fp32_weights_and_does_not_autocast() -> None:
         assert model(torch.randn(2, 6)).dtype == torch.float32
 
 
+def test_tf32_forward_is_fp32_within_tf32_rounding(device: torch.device, matmul_precision: None) -> None:
+    """Treatment: a matmul-heavy forward under the tf32 policy; control: the same forward in IEEE fp32 on the same
+    device. TF32 keeps 10 mantissa bits (eps 2^-11), so the two differ, by little."""
+    policy = TF32Precision()
+    if not policy.support(device).supported:
+        pytest.skip(f"tf32 does not run on {device}: {policy.support(device).reason}")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 64)).to(device)
+    x = torch.randn(32, 256, generator=torch.Generator().manual_seed(1)).to(device)
+    torch.backends.cuda.matmul.fp32_precision = "ieee"
+    reference = model(x)
+    with policy.forward_context(device.type):
+        out = model(x)
+    assert out.dtype == torch.float32 and cuda_precisions()[0] == "ieee"
+    assert not torch.equal(out, reference), "TF32 rounds the matmul inputs; an equal result means it was not used"
+    assert ((out - reference).norm() / reference.norm()).item() < 1e-2
+
+
 def test_tf32_context_works_alongside_torch_per_backend_precision_api() -> None:
     saved = (torch.backends.cuda.matmul.fp32_precision, torch.backends.mkldnn.matmul.fp32_precision)
     try:
