@@ -11,13 +11,18 @@ the doctor's own run time.
 
     python benchmarks/doctor_findings.py                          # CPU, size small, every workload
     python benchmarks/doctor_findings.py --size tiny --workloads gpt,digits
-    python benchmarks/doctor_findings.py --device cuda --size large
+    python benchmarks/doctor_findings.py --device cuda --size large --workloads gpt
+    python benchmarks/doctor_findings.py --smoke --json rows.json   # tiny gpt, 1 step: checks the script runs
+
+On a GPU without bf16 (compute capability below 8.0) the bf16-mixed column says why it was not run. ``--json``
+writes the run's facts and the rows (non-finite figures as null); the Markdown table is printed last.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from datetime import date
@@ -29,7 +34,11 @@ from ampkit.bench.format import fmt_share
 from ampkit.bench.runner import to_device
 from ampkit.bench.workloads import get_workload, workload_names
 from ampkit.numerics import diagnose
+from ampkit.policy import get_policy
 from ampkit.policy.device import cpu_name
+
+SMOKE = {"size": "tiny", "workloads": "gpt", "steps": 1}
+"""What ``--smoke`` runs: seconds on a CPU, every code path of the script."""
 
 
 def worst_ratio(comparison: dict[str, Any]) -> float:
@@ -49,11 +58,18 @@ def one(name: str, size: str, device: torch.device, steps: int, precision: str) 
         model = model.to(memory_format=torch.channels_last)
     start = time.perf_counter()
     fp16 = diagnose(model, batches, w.loss_fn, steps=steps, target=precision, optimizer=w.optimizer).to_dict()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     seconds = time.perf_counter() - start
-    bf16 = diagnose(model, batches, w.loss_fn, steps=steps, target="bf16-mixed", optimizer=w.optimizer).to_dict()
     rec = next(c for c in fp16["comparisons"] if c["label"] == "recommended")
     default = next(c for c in fp16["comparisons"] if c["label"] == "default")
-    bf = next(c for c in bf16["comparisons"] if c["label"] == "default")
+    bf16_support = get_policy("bf16-mixed").support(device)
+    if bf16_support.supported:  # a GPU below sm80 has no bf16: the column says so instead of failing the run
+        bf16 = diagnose(model, batches, w.loss_fn, steps=steps, target="bf16-mixed", optimizer=w.optimizer).to_dict()
+        bf = next(c for c in bf16["comparisons"] if c["label"] == "default")
+        bf16_row = {"bf16_cos": lowest_cosine(bf), "bf16_ratio": worst_ratio(bf), "bf16_diverging": bf["diverging"], "bf16_skipped": None}
+    else:
+        bf16_row = {"bf16_cos": math.nan, "bf16_ratio": math.nan, "bf16_diverging": [], "bf16_skipped": bf16_support.reason}
     k = fp16["loss_scale_log2"]
     return {
         "workload": name, "description": w.description, "seconds": seconds, "max_grad": fp16["gradient_max_abs"], "scale_log2": k,
@@ -61,25 +77,47 @@ def one(name: str, size: str, device: torch.device, steps: int, precision: str) 
         "weights_unscaled": fp16["gradient_underflow"]["weights"]["unscaled"], "acts_unscaled": fp16["gradient_underflow"]["activations"]["unscaled"],
         "keep_fp32": fp16["keep_fp32"],
         "fp16_default_diverging": default["diverging"], "fp16_cos": lowest_cosine(rec), "fp16_ratio": worst_ratio(rec),
-        "fp16_diverging": rec["diverging"], "bf16_cos": lowest_cosine(bf), "bf16_ratio": worst_ratio(bf), "bf16_diverging": bf["diverging"],
+        "fp16_diverging": rec["diverging"], **bf16_row,
     }
+
+
+def finite_or_none(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by None, so the JSON file is strict JSON."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [finite_or_none(v) for v in value]
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--workloads", default=",".join(workload_names()))
+    p.add_argument("--workloads", "--workload", default=",".join(workload_names()))
     p.add_argument("--size", default="small")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--precision", default="16-mixed")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--json", help="also write the rows here")
+    p.add_argument("--smoke", action="store_true", help=f"a tiny run that checks the script works: {SMOKE}")
+    p.add_argument("--json", help="also write the run's facts and the rows here")
     args = p.parse_args(argv)
+    if args.smoke:
+        vars(args).update(SMOKE)
     device = torch.device(args.device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
     where = cpu_name() if device.type == "cpu" else torch.cuda.get_device_name(device)
+    command = f"python benchmarks/doctor_findings.py {' '.join(argv if argv is not None else sys.argv[1:])}"
     print(f"# doctor findings  {date.today()}  torch {torch.__version__}  device {device} ({where}), {torch.get_num_threads()} threads")
-    print(f"# command: python benchmarks/doctor_findings.py {' '.join(argv if argv is not None else sys.argv[1:])}")
+    print(f"# command: {command}")
     print(f"# size {args.size}, {args.steps} fp32 reference steps; fp16 figures for {args.precision}; gradients = weight + activation gradients")
     rows = [one(n.strip(), args.size, device, args.steps, args.precision) for n in args.workloads.split(",") if n.strip()]
+    if args.json:
+        facts = {"device": str(device), "device_name": where, "torch": torch.__version__, "command": command, "size": args.size,
+                 "steps": args.steps, "precision": args.precision}  # fmt: skip
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(finite_or_none({**facts, "rows": rows}), f, indent=1, allow_nan=False)
     head = (
         "| workload | max grad | scale | < 2^-24 unscaled (weights / activations) | < 2^-24 at scale | fp16 as it comes (2^16) "
         "| fp16 tailored: min cos, max err/noise | bf16-mixed: min cos, max err/noise | doctor time |"
@@ -88,14 +126,12 @@ def main(argv: list[str] | None = None) -> int:
     print("| --- | ---: | ---: | ---: | ---: | --- | --- | --- | ---: |")
     for r in rows:
         default = "diverges: " + ", ".join(r["fp16_default_diverging"]) if r["fp16_default_diverging"] else "agrees"
+        bf16 = f"{r['bf16_cos']:.5f}, {r['bf16_ratio']:.3f}" if r["bf16_skipped"] is None else f"not run: {r['bf16_skipped']}"
         print(
             f"| {r['workload']} | {r['max_grad']:.3g} | 2^{r['scale_log2']} | {fmt_share(r['under_unscaled'])} "
             f"({fmt_share(r['weights_unscaled'])} / {fmt_share(r['acts_unscaled'])}) | {fmt_share(r['under_scaled'])} | {default} "
-            f"| {r['fp16_cos']:.5f}, {r['fp16_ratio']:.3f} | {r['bf16_cos']:.5f}, {r['bf16_ratio']:.3f} | {r['seconds']:.1f} s |"
+            f"| {r['fp16_cos']:.5f}, {r['fp16_ratio']:.3f} | {bf16} | {r['seconds']:.1f} s |"
         )
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(rows, f, indent=1)
     return 0
 
 

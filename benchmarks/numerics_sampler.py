@@ -6,14 +6,21 @@ Every step is timed alone. Reported: the median of steps that are not sampled (s
 adds a modulo there), the median of sampled steps (hooks on every module, statistics of every gradient and
 activation, one device-to-host transfer), and the amortized overhead over N steps.
 
-    python benchmarks/numerics_sampler.py                       # digits and gpt, size small, bf16-mixed, N=50
+    python benchmarks/numerics_sampler.py                       # digits and gpt, size small, N=50
     python benchmarks/numerics_sampler.py --workloads gpt --precision 16-mixed --every 100
+    python benchmarks/numerics_sampler.py --device cuda --workload gpt --size large   # the GPU figure
+    python benchmarks/numerics_sampler.py --smoke --json rows.json   # tiny gpt, a few steps: checks the script runs
+
+The precision defaults to the mixed policy a user picks on the device: ``16-mixed`` (fp16, loss scaling) on CUDA,
+``bf16-mixed`` on the CPU. ``--json`` writes the run's facts and the rows; the Markdown table is printed last.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import json
+import math
 import statistics
 import sys
 import time
@@ -28,6 +35,14 @@ from ampkit.bench.workload import call_model, output_as_float
 from ampkit.bench.workloads import get_workload
 from ampkit.numerics.sampler import NumericsSampler
 from ampkit.policy.device import cpu_name
+
+SMOKE = {"size": "tiny", "workloads": "gpt", "every": 4, "rounds": 2}
+"""What ``--smoke`` runs: seconds on a CPU, every code path of the script."""
+
+
+def default_precision(device: torch.device) -> str:
+    """The mixed policy a user trains with on ``device``: fp16 with loss scaling on CUDA, bf16 on the CPU."""
+    return "16-mixed" if device.type == "cuda" else "bf16-mixed"
 
 
 def trainer(workload: Any, model: torch.nn.Module, precision: str, sampler: NumericsSampler | None):  # type: ignore[no-untyped-def]
@@ -78,22 +93,37 @@ def one(name: str, size: str, precision: str, every: int, rounds: int, device: t
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--workloads", default="digits,gpt")
+    p.add_argument("--workloads", "--workload", default="digits,gpt")
     p.add_argument("--size", default="small")
-    p.add_argument("--precision", default="bf16-mixed")
+    p.add_argument("--precision", default=None, help="default: 16-mixed on CUDA, bf16-mixed on the CPU")
     p.add_argument("--every", type=int, default=50)
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--smoke", action="store_true", help=f"a tiny run that checks the script works: {SMOKE}")
+    p.add_argument("--json", help="also write the run's facts and the rows here")
     args = p.parse_args(argv)
+    if args.smoke:
+        vars(args).update(SMOKE)
     device = torch.device(args.device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    precision = args.precision or default_precision(device)
     where = cpu_name() if device.type == "cpu" else torch.cuda.get_device_name(device)
+    command = f"python benchmarks/numerics_sampler.py {' '.join(argv if argv is not None else sys.argv[1:])}"
     print(f"# numerics sampler  {date.today()}  torch {torch.__version__}  device {device} ({where}), {torch.get_num_threads()} threads")
-    print(f"# command: python benchmarks/numerics_sampler.py {' '.join(argv if argv is not None else sys.argv[1:])}")
-    print(f"# size {args.size}, {args.precision}, sample every {args.every} steps, {args.rounds} interleaved rounds of {args.every} steps per engine")
+    print(f"# command: {command}")
+    print(f"# size {args.size}, {precision}, sample every {args.every} steps, {args.rounds} interleaved rounds of {args.every} steps per engine")
+    rows = [one(n.strip(), args.size, precision, args.every, args.rounds, device) for n in args.workloads.split(",") if n.strip()]
+    if args.json:
+        facts = {"device": str(device), "device_name": where, "torch": torch.__version__, "command": command, "size": args.size,
+                 "precision": precision, "every": args.every, "rounds": args.rounds}  # fmt: skip
+        rows_out = [{k: v if not (isinstance(v, float) and not math.isfinite(v)) else None for k, v in r.items()} for r in rows]
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({**facts, "rows": rows_out}, f, indent=1, allow_nan=False)
     print("| workload | step, no sampler | step not sampled | sampled step | sampled / plain | amortized over N |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
-    for name in (n.strip() for n in args.workloads.split(",") if n.strip()):
-        r = one(name, args.size, args.precision, args.every, args.rounds, device)
+    for r in rows:
+        name = r["workload"]
         print(
             f"| {name} | {r['off'] * 1e3:.2f} ms | {r['on'] * 1e3:.2f} ms | {r['sampled'] * 1e3:.1f} ms ({r['n_sampled']} samples) "
             f"| {r['sampled'] / r['off']:.1f}x | {r['amortized']:.3f}x |"

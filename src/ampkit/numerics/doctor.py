@@ -198,7 +198,8 @@ def diagnose(
         target: tailor for this policy only (e.g. ``"16-mixed"`` for a GPU without bf16); default: choose among
             the mixed policies that run fast on ``device``.
         optimizer: ``optimizer(params)`` for the reference steps; default: none (statistics of the initial weights).
-        device: where to run; default: where the model's parameters are.
+        device: where to run; default: where the model's parameters are. The batches are moved there too, so a
+            CPU model and CPU batches can be diagnosed on a GPU as they are.
     """
     if steps < 1:
         raise ValueError(f"steps must be >= 1 (fp32 reference steps to collect statistics from), got {steps}.")
@@ -208,6 +209,10 @@ def diagnose(
     if device is not None:
         work = work.to(device)
     dev = next((p.device for p in work.parameters()), torch.device("cpu"))
+    # The batches go where the model went (a no-op for tensors already there); their memory format is kept.
+    from ..bench.runner import to_device  # imported here: the bench package imports the engine, which imports numerics
+
+    batches = [to_device(b, dev, channels_last=False) for b in batches]
     work.train()
     rec = _reference_run(work, batches, loss_fn, steps, optimizer, seed)
     stats = rec.summaries()

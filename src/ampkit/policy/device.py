@@ -14,7 +14,17 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Support", "as_device", "cpu_bf16_native", "cpu_fp16_native", "cpu_name", "cuda_bf16_supported", "cuda_tf32_supported"]
+__all__ = [
+    "Support",
+    "as_device",
+    "cpu_bf16_native",
+    "cpu_fp16_native",
+    "cpu_name",
+    "cuda_bf16_supported",
+    "cuda_fp16_tensor_cores",
+    "cuda_tf32_supported",
+    "no_fp16_tensor_cores",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +99,19 @@ def cpu_fp16_native() -> bool:
 def cuda_bf16_supported(device: torch.device) -> bool:
     """True when the CUDA device computes bf16 natively (compute capability 8.0, Ampere, or newer)."""
     return torch.cuda.get_device_capability(device) >= (8, 0)
+
+
+def cuda_fp16_tensor_cores(device: torch.device) -> bool:
+    """True when the CUDA device has fp16 tensor cores (compute capability 7.0, Volta, or newer). Below that fp16
+    runs, but without them (Pascal's consumer parts do fp16 arithmetic at 1/64 of the fp32 rate)."""
+    return torch.cuda.get_device_capability(device) >= (7, 0)
+
+
+def no_fp16_tensor_cores(device: torch.device, alternative: str) -> Support:
+    """What an fp16 policy reports on a CUDA device older than Volta: it runs, it does not pay."""
+    return Support(
+        True, False, f"runs, but {torch.cuda.get_device_name(device)} has no fp16 tensor cores (needs sm70+): expect no speed-up; use {alternative!r}"
+    )
 
 
 def cuda_tf32_supported(device: torch.device) -> bool:

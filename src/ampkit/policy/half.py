@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from .base import LossScaling, Policy
-from .device import Support, cpu_bf16_native, cuda_bf16_supported
+from .device import Support, cpu_bf16_native, cuda_bf16_supported, cuda_fp16_tensor_cores, no_fp16_tensor_cores
 from .islands import NORM_TYPES, cast_floating, make_fp32_island, match_modules
 
 __all__ = ["BF16True", "FP16True", "BF16TrueMasters", "FP16TrueMasters"]
@@ -39,6 +39,8 @@ class _Half(Policy):
         if device.type == "cuda":
             if dtype == torch.bfloat16 and not cuda_bf16_supported(device):
                 return Support(False, False, f"{torch.cuda.get_device_name(device)} has no bf16 (needs sm80+); use '16-true-masters'")
+            if not cuda_fp16_tensor_cores(device):
+                return no_fp16_tensor_cores(device, "32-true")
             return Support(True, True, "16-bit tensor cores")
         if device.type == "cpu":
             if dtype == torch.float16:

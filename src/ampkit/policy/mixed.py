@@ -8,7 +8,7 @@ from typing import ClassVar, ContextManager
 import torch
 
 from .base import LossScaling, Policy
-from .device import Support, cpu_bf16_native, cuda_bf16_supported
+from .device import Support, cpu_bf16_native, cuda_bf16_supported, cuda_fp16_tensor_cores, no_fp16_tensor_cores
 
 __all__ = ["BF16Mixed", "FP16Mixed"]
 
@@ -50,6 +50,8 @@ class FP16Mixed(_Mixed):
 
     def _support(self, device: torch.device) -> Support:
         if device.type == "cuda":
+            if not cuda_fp16_tensor_cores(device):
+                return no_fp16_tensor_cores(device, "32-true")
             return Support(True, True, "fp16 tensor cores")
         if device.type == "cpu":
             return Support(

@@ -23,11 +23,11 @@ _spec.loader.exec_module(fragile)  # type: ignore[union-attr]
 STEPS = 30
 
 
-def _train(model: nn.Module, engine: Engine | None, loss_fn, steps: int = STEPS) -> tuple[nn.Module, list[float], int]:  # type: ignore[no-untyped-def]
-    """Train a copy; returns (model, losses, skipped steps). engine None: plain fp32."""
-    model = copy.deepcopy(model)
+def _train(model: nn.Module, engine: Engine | None, loss_fn, device: torch.device, steps: int = STEPS) -> tuple[nn.Module, list[float], int]:  # type: ignore[no-untyped-def]
+    """Train a copy on ``device``; returns (model, losses, skipped steps). engine None: plain fp32."""
+    model = copy.deepcopy(model).to(device)
     opt = fragile.scale_free_adam(model.parameters())
-    data = fragile.batches()
+    data = [(x.to(device), y.to(device)) for x, y in fragile.batches()]
     losses = []
     if engine is not None:
         model, opt = engine.setup(model, opt)
@@ -47,19 +47,23 @@ def _train(model: nn.Module, engine: Engine | None, loss_fn, steps: int = STEPS)
     return model, losses, engine.skipped_steps if engine is not None else 0
 
 
+# The fp32 model and its batches stay on the CPU, as a user hands them over: diagnose(device=...) moves both.
 @pytest.fixture(scope="module")
-def overflow_diagnosis():  # type: ignore[no-untyped-def]
-    return diagnose(fragile.overflow_net(), fragile.batches(), steps=3, target="16-mixed", optimizer=fragile.scale_free_adam)
+def overflow_diagnosis(device: torch.device):  # type: ignore[no-untyped-def]
+    return diagnose(fragile.overflow_net(), fragile.batches(), steps=3, target="16-mixed", optimizer=fragile.scale_free_adam, device=device)
 
 
 @pytest.fixture(scope="module")
-def underflow_diagnosis():  # type: ignore[no-untyped-def]
-    return diagnose(fragile.underflow_net(), fragile.batches(), fragile.underflow_loss, steps=3, target="16-mixed", optimizer=fragile.scale_free_adam)
+def underflow_diagnosis(device: torch.device):  # type: ignore[no-untyped-def]
+    return diagnose(
+        fragile.underflow_net(), fragile.batches(), fragile.underflow_loss, steps=3, target="16-mixed", optimizer=fragile.scale_free_adam, device=device
+    )
 
 
 # -- overflow --------------------------------------------------------------------------------------------
-def test_overflow_layer_is_named_first_and_kept_in_fp32(overflow_diagnosis) -> None:  # type: ignore[no-untyped-def]
+def test_overflow_layer_is_named_first_and_kept_in_fp32(overflow_diagnosis, device: torch.device) -> None:  # type: ignore[no-untyped-def]
     d = overflow_diagnosis
+    assert d.to_dict()["device"] == str(device)
     assert d.keep_fp32 == [fragile.OVERFLOW_LAYER]
     worst = d.modules[0]
     assert worst["name"] == fragile.OVERFLOW_LAYER and worst["keep_fp32"]
@@ -70,21 +74,25 @@ def test_overflow_layer_is_named_first_and_kept_in_fp32(overflow_diagnosis) -> N
     assert recommended.finite and recommended.diverging == []
 
 
-def test_overflow_default_collapses_while_the_prescription_trains_like_fp32(overflow_diagnosis) -> None:  # type: ignore[no-untyped-def]
+def test_overflow_default_collapses_while_the_prescription_trains_like_fp32(overflow_diagnosis, device: torch.device) -> None:  # type: ignore[no-untyped-def]
     model, ce = fragile.overflow_net(), nn.functional.cross_entropy
     assert overflow_diagnosis.engine_kwargs()["precision"] == "16-mixed"  # fp16 made to work, not fp32 fallen back to
-    _, fp32_losses, _ = _train(model, None, ce)
+    _, fp32_losses, _ = _train(model, None, ce, device)
     with pytest.raises(LossScaleCollapseError, match=fragile.OVERFLOW_LAYER):
-        _train(model, Engine(precision="16-mixed"), ce)  # every step overflows: the scale collapses
-    _, losses, skipped = _train(model, Engine(**overflow_diagnosis.engine_kwargs()), ce)
+        _train(model, Engine(precision="16-mixed"), ce, device)  # every step overflows: the scale collapses
+    _, losses, skipped = _train(model, Engine(**overflow_diagnosis.engine_kwargs()), ce, device)
     assert skipped == 0
     assert fp32_losses[-1] < 0.8 * fp32_losses[0]  # the control learns, so tracking it means something
     for got, ref in zip(losses, fp32_losses):
         assert got == pytest.approx(ref, rel=0.05, abs=0.02)
 
 
-def test_overflow_net_needs_nothing_in_bf16() -> None:
-    d = diagnose(fragile.overflow_net(), fragile.batches(), steps=2, target="bf16-mixed")
+def test_overflow_net_needs_nothing_in_bf16(device: torch.device) -> None:
+    from ampkit import get_policy
+
+    if not get_policy("bf16-mixed").support(device).supported:
+        pytest.skip(f"bf16-mixed does not run on {device}: {get_policy('bf16-mixed').support(device).reason}")
+    d = diagnose(fragile.overflow_net(), fragile.batches(), steps=2, target="bf16-mixed", device=device)
     assert d.recommended_precision == "bf16-mixed" and d.keep_fp32 == []
     assert d.engine_kwargs() == {"precision": "bf16-mixed"}  # no loss scaler for bf16
 
@@ -105,10 +113,10 @@ def test_underflow_layer_is_named_and_the_scale_brings_its_gradients_back(underf
     assert data["underflow_share_scaled"] < 0.1 * data["underflow_share_unscaled"]
 
 
-def test_underflow_scale_is_the_largest_without_overflow(underflow_diagnosis) -> None:  # type: ignore[no-untyped-def]
+def test_underflow_scale_is_the_largest_without_overflow(underflow_diagnosis, device: torch.device) -> None:  # type: ignore[no-untyped-def]
     # Control: every gradient of an fp32 backward (parameters and activations) at the diagnosed weights' start.
-    model = fragile.underflow_net()
-    x, y = fragile.batches()[0]
+    model = fragile.underflow_net().to(device)
+    x, y = (t.to(device) for t in fragile.batches()[0])
     acts: list[torch.Tensor] = []
     def keep_grad(module: nn.Module, inputs: object, out: torch.Tensor) -> None:
         out.register_hook(lambda g: acts.append(g.detach()))
@@ -125,13 +133,13 @@ def test_underflow_scale_is_the_largest_without_overflow(underflow_diagnosis) ->
     assert largest * 2.0 ** (k + 3) > 65504
 
 
-def test_underflow_prescription_trains_the_layer_as_fp32_does(underflow_diagnosis) -> None:  # type: ignore[no-untyped-def]
+def test_underflow_prescription_trains_the_layer_as_fp32_does(underflow_diagnosis, device: torch.device) -> None:  # type: ignore[no-untyped-def]
     model, loss = fragile.underflow_net(), fragile.underflow_loss
     assert underflow_diagnosis.engine_kwargs()["precision"] == "16-mixed"
-    start = model.embed.weight.detach().clone()
-    ref, _, _ = _train(model, None, loss)
-    default, _, _ = _train(model, Engine(precision="16-mixed"), loss)
-    fixed, _, skipped = _train(model, Engine(**underflow_diagnosis.engine_kwargs()), loss)
+    start = model.embed.weight.detach().clone().to(device)
+    ref, _, _ = _train(model, None, loss, device)
+    default, _, _ = _train(model, Engine(precision="16-mixed"), loss, device)
+    fixed, _, skipped = _train(model, Engine(**underflow_diagnosis.engine_kwargs()), loss, device)
     moved = (ref.embed.weight - start).norm()
     assert moved > 0.1  # in fp32 the layer learns
     off_default = (default.embed.weight - ref.embed.weight).norm() / moved
@@ -161,10 +169,11 @@ def test_doctor_json_holds_the_promised_keys(overflow_diagnosis, tmp_path: Path)
     assert math.log2(data["recommended_loss_scale"]) == data["loss_scale_log2"]
 
 
-def test_diagnose_leaves_the_model_untouched() -> None:
-    model = fragile.overflow_net()
+def test_diagnose_leaves_the_model_untouched(device: torch.device) -> None:
+    model = fragile.overflow_net().to(device)
     before = copy.deepcopy(model.state_dict())
-    diagnose(model, fragile.batches(), steps=2, target="16-mixed", optimizer=fragile.scale_free_adam)
+    batches = [(x.to(device), y.to(device)) for x, y in fragile.batches()]
+    diagnose(model, batches, steps=2, target="16-mixed", optimizer=fragile.scale_free_adam)
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k])
     assert all(not m._forward_hooks for m in model.modules())

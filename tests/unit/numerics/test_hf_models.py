@@ -11,15 +11,20 @@ import torch
 from ampkit.bench.user import load_factory
 from ampkit.cli.main import main
 from ampkit.numerics import diagnose
+from ampkit.policy import get_policy
 
 
-def test_diagnose_compares_against_the_models_own_fp32_loss(hf_gpt2: str) -> None:
+def test_diagnose_compares_against_the_models_own_fp32_loss(hf_gpt2: str, device: torch.device) -> None:
+    if not get_policy("bf16-mixed").support(device).supported:
+        pytest.skip(f"bf16-mixed does not run on {device}: {get_policy('bf16-mixed').support(device).reason}")
     model, data = load_factory(f"{hf_gpt2}:model", "--model")(), load_factory(f"{hf_gpt2}:data", "--data")()
-    batches = data.train[:2]
-    d = diagnose(model, batches, steps=1, target="bf16-mixed")  # default loss: the output's .loss
-    model.train()
-    torch.manual_seed(0)  # the doctor seeds each compared step with seed=0: the same dropout masks
-    control = model(**batches[1]).loss.item()  # no optimizer: the weights are the initial ones
+    batches = data.train[:2]  # on the CPU, as the factory gives them: diagnose(device=...) moves them
+    d = diagnose(model, batches, steps=1, target="bf16-mixed", device=device)  # default loss: the output's .loss
+    assert d.context["device"] == str(device)
+    model.to(device).train()
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(0)  # the doctor seeds each compared step with seed=0: the same dropout masks
+        control = model(**{k: v.to(device) for k, v in batches[1].items()}).loss.item()  # no optimizer: the initial weights
     for c in d.comparisons:
         assert c.reference_loss == pytest.approx(control, rel=1e-6)
         assert c.loss is not None and abs(c.loss - control) < 0.02 * control

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from ampkit.numerics.compare import ModuleAgreement, StepComparison
-from ampkit.numerics.recommend import Tailored, candidate_precisions, choose_precision, overflowing_modules
+from ampkit.numerics.recommend import PREFERENCE, Tailored, candidate_precisions, choose_precision, overflowing_modules
+from ampkit.policy import get_policy
 from ampkit.numerics.stats import StatsAccumulator
 
 
@@ -53,3 +55,26 @@ def test_cpu_candidates_leave_fp16_out_with_the_reason() -> None:
     fast, why = candidate_precisions(torch.device("cpu"))
     assert "16-mixed" not in fast
     assert any(w.startswith("16-mixed is slow on cpu") for w in why)
+
+
+@pytest.mark.parametrize(
+    "capability, name, expected",
+    [((9, 0), "H100", ["bf16-mixed", "16-mixed"]), ((7, 5), "Tesla T4", ["16-mixed"]), ((6, 1), "GeForce GTX 1080", [])],
+)
+def test_gpu_candidates_follow_the_compute_capability(
+    monkeypatch: pytest.MonkeyPatch, capability: tuple[int, int], name: str, expected: list[str]
+) -> None:
+    """No bf16 below sm80, no tensor cores below sm70: the doctor only tries what runs fast (a fake GPU, so this
+    runs without one, whatever the machine has)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    fast, why = candidate_precisions(torch.device("cuda", 0))
+    assert fast == expected
+    assert len(why) == 2 - len(expected) and all(name in w for w in why)
+
+
+def test_candidates_on_the_pass_device_are_the_fast_supported_policies(device: torch.device) -> None:
+    fast, why = candidate_precisions(device)
+    assert fast == [p for p in PREFERENCE if get_policy(p).support(device).fast]
+    assert len(fast) + len(why) == len(PREFERENCE)

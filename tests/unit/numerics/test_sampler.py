@@ -10,13 +10,14 @@ from __future__ import annotations
 import copy
 import logging
 import math
+import warnings
 from collections import OrderedDict
 
 import pytest
 import torch
 from torch import nn
 
-from ampkit import Engine, ScalerConfig
+from ampkit import Engine, ScalerConfig, get_policy
 from ampkit.numerics.sampler import NumericsSample, NumericsSampler
 
 FP16_TINY = 2.0**-24
@@ -65,9 +66,10 @@ def mlp(seed: int = 0, middle: nn.Module | None = None) -> nn.Sequential:
     return nn.Sequential(layers)
 
 
-def batches(n: int, size: int = 8, seed: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def batches(n: int, size: int = 8, seed: int = 1, device: torch.device | str = "cpu") -> list[tuple[torch.Tensor, torch.Tensor]]:
+    # Drawn on the CPU and moved, so every device sees the same values.
     g = torch.Generator().manual_seed(seed)
-    return [(torch.randn(size, 8, generator=g), torch.randint(0, 3, (size,), generator=g)) for _ in range(n)]
+    return [(torch.randn(size, 8, generator=g).to(device), torch.randint(0, 3, (size,), generator=g).to(device)) for _ in range(n)]
 
 
 def loss_fn(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -87,10 +89,16 @@ def train(engine: Engine, model: nn.Module, data: list[tuple[torch.Tensor, torch
 def reference_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor, scale: float | None, autocast: torch.dtype | None) -> nn.Module:
     """A copy of ``model`` after a plain torch backward of ``loss * scale`` (gradients as the engine's backward makes them)."""
     ref = copy.deepcopy(model)
-    with torch.autocast("cpu", dtype=autocast, enabled=autocast is not None):
+    with torch.autocast(x.device.type, dtype=autocast, enabled=autocast is not None):
         loss = loss_fn(ref(x), y)
     (loss * scale if scale is not None else loss).backward()
     return ref
+
+
+def skip_unless_supported(precision: str, device: torch.device) -> None:
+    support = get_policy(precision).support(device)
+    if not support.supported:
+        pytest.skip(f"{precision} does not run on {device}: {support.reason}")
 
 
 def hooks_on(model: nn.Module) -> int:
@@ -98,19 +106,19 @@ def hooks_on(model: nn.Module) -> int:
 
 
 # ------------------------------------------------------------------------------------------ when
-def test_samples_exactly_on_multiples_of_every() -> None:
+def test_samples_exactly_on_multiples_of_every(device: torch.device) -> None:
     seen: list[int] = []
     engine = Engine(numerics=NumericsSampler(every=3, callback=lambda s: seen.append(s.step)))
-    train(engine, mlp(), batches(7))
+    train(engine, mlp().to(device), batches(7, device=device))
     assert engine.steps == 7
     assert seen == [3, 6]
     assert engine.numerics.last.step == 6
 
 
-def test_accumulation_samples_at_the_boundary_with_the_last_micro_batch_activations() -> None:
+def test_accumulation_samples_at_the_boundary_with_the_last_micro_batch_activations(device: torch.device) -> None:
     seen: list[NumericsSample] = []
     engine = Engine(accumulate=2, numerics=NumericsSampler(every=2, callback=seen.append))
-    train(engine, mlp(), batches(8, size=5))  # 4 optimizer steps
+    train(engine, mlp().to(device), batches(8, size=5, device=device))  # 4 optimizer steps
     assert [s.step for s in seen] == [2, 4]
     # The recorded forward is the boundary micro-batch's alone: 5 rows through fc1's 16 outputs.
     assert seen[-1].modules["fc1"]["outputs"].count == 5 * 16
@@ -167,10 +175,11 @@ def test_activations_off_registers_no_hooks_and_reads_gradients_only() -> None:
     ids=["32-true-static-2^10", "bf16-mixed-unscaled"],
 )
 def test_tiny_gradients_are_named_worst_with_the_hand_counted_underflow_share(
-    precision: str, scaler: float | None, factor: float, autocast: torch.dtype | None
+    precision: str, scaler: float | None, factor: float, autocast: torch.dtype | None, device: torch.device
 ) -> None:
-    model = mlp(middle=ShrinkGrad(factor))
-    x, y = batches(1)[0]
+    skip_unless_supported(precision, device)
+    model = mlp(middle=ShrinkGrad(factor)).to(device)
+    x, y = batches(1, device=device)[0]
     ref = reference_grads(model, x, y, scaler, autocast)
     grads = torch.cat([ref.fc1.weight.grad.reshape(-1), ref.fc1.bias.grad.reshape(-1)])
     expected = ((grads != 0) & (grads.abs() < FP16_TINY)).sum().item() / grads.numel()
@@ -196,9 +205,10 @@ def test_tiny_gradients_are_named_worst_with_the_hand_counted_underflow_share(
     [("32-true", None, None), ("32-true", 2.0**10, None), ("32-true", ScalerConfig(init_scale=2.0**12), None), ("bf16-mixed", None, torch.bfloat16)],
     ids=["32-true", "static-2^10", "dynamic-2^12", "bf16-mixed"],
 )
-def test_suggested_scale_and_headroom_match_a_reference_backward(precision: str, scaler, autocast: torch.dtype | None) -> None:
-    model = mlp()
-    x, y = batches(1)[0]
+def test_suggested_scale_and_headroom_match_a_reference_backward(precision: str, scaler, autocast: torch.dtype | None, device: torch.device) -> None:
+    skip_unless_supported(precision, device)
+    model = mlp().to(device)
+    x, y = batches(1, device=device)[0]
     ref = reference_grads(model, x, y, None, autocast)
     g_max = max(p.grad.abs().max().item() for p in ref.parameters())
     engine = Engine(precision, scaler=scaler if scaler is not None else "none", numerics=1)
@@ -210,11 +220,12 @@ def test_suggested_scale_and_headroom_match_a_reference_backward(precision: str,
     assert s.headroom == pytest.approx(math.log2(65504 / (g_max * scale)), abs=1e-12)
 
 
-def test_activation_above_fp16_max_is_overflow_of_that_module() -> None:
+def test_activation_above_fp16_max_is_overflow_of_that_module(device: torch.device) -> None:
     """bf16 holds 1e6 * x, so nothing is wrong in this run (no WARNING), but fp16 would overflow: reported."""
-    model = mlp(middle=Boost(1e6))
-    x, y = batches(1)[0]
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    skip_unless_supported("bf16-mixed", device)
+    model = mlp(middle=Boost(1e6)).to(device)
+    x, y = batches(1, device=device)[0]
+    with torch.autocast(device.type, dtype=torch.bfloat16):
         h = model.act(model.fc1(x))
         out = model.mid(h)
     expected = (out.float().abs() > 65504).sum().item() / out.numel()
@@ -238,11 +249,11 @@ def test_overflow_warns_with_the_fix_when_fp16_limits_bind(caplog: pytest.LogCap
     assert "exceed fp16's 65504" in warnings[0] and "keep_fp32=['mid']" in warnings[0]
 
 
-def test_fp16_activation_overflow_is_non_finite_and_warns(caplog: pytest.LogCaptureFixture) -> None:
-    model = mlp(middle=Boost(1e6))
+def test_fp16_activation_overflow_is_non_finite_and_warns(caplog: pytest.LogCaptureFixture, device: torch.device) -> None:
+    model = mlp(middle=Boost(1e6)).to(device)
     with caplog.at_level(logging.INFO, logger="ampkit"):
         engine = Engine("16-mixed", numerics=1)
-        trained = train(engine, model, batches(1))
+        trained = train(engine, model, batches(1, device=device))
     s = engine.numerics.last
     assert s.act_nonfinite > 0 and s.worst[0].name == "mid" and s.worst[0].issue == "non-finite"
     assert s.modules["fc1"]["outputs"].nonfinite == 0
@@ -268,9 +279,9 @@ def test_flushed_gradients_warn_and_name_the_raise(caplog: pytest.LogCaptureFixt
     assert f"init_scale={s.suggested_scale:g}" in warnings[0]
 
 
-def test_a_clean_fp16_sample_logs_info_and_no_warning(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_clean_fp16_sample_logs_info_and_no_warning(caplog: pytest.LogCaptureFixture, device: torch.device) -> None:
     with caplog.at_level(logging.INFO, logger="ampkit"):
-        train(Engine("16-mixed", numerics=2), mlp(), batches(4))
+        train(Engine("16-mixed", numerics=2), mlp().to(device), batches(4, device=device))
     ours = [r for r in caplog.records if r.name == "ampkit.numerics"]
     assert [r.levelno for r in ours] == [logging.INFO, logging.INFO]
     assert ours[0].getMessage().startswith("numerics @ step 2 (scale 2^16): ")
@@ -289,9 +300,9 @@ def test_to_scalars_are_flat_floats() -> None:
 
 
 # ------------------------------------------------------------------------------------------ setups
-def test_master_weights_sample_the_16_bit_gradients() -> None:
-    model = mlp()
-    x, y = batches(1)[0]
+def test_master_weights_sample_the_16_bit_gradients(device: torch.device) -> None:
+    model = mlp().to(device)
+    x, y = batches(1, device=device)[0]
     engine = Engine("16-true-masters", numerics=1)
     model, _ = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
     with engine.autocast():
@@ -325,14 +336,53 @@ def test_several_models_are_prefixed_by_index() -> None:
     "precision, accumulate",
     [("16-mixed", 1), ("16-mixed", 2), ("bf16-mixed", 1), ("16-true-masters", 2), ("32-true", 1)],
 )
-def test_training_is_bitwise_unchanged_by_sampling(precision: str, accumulate: int) -> None:
-    data = batches(8)
-    control = train(Engine(precision, accumulate=accumulate), mlp(), data)
+def test_training_is_bitwise_unchanged_by_sampling(precision: str, accumulate: int, device: torch.device) -> None:
+    skip_unless_supported(precision, device)
+    data = batches(8, device=device)
+    control = train(Engine(precision, accumulate=accumulate), mlp().to(device), data)
     engine = Engine(precision, accumulate=accumulate, numerics=1)
-    treatment = train(engine, mlp(), data)
+    treatment = train(engine, mlp().to(device), data)
     assert engine.numerics.last.step == 8 // accumulate
     for (name, p), q in zip(treatment.named_parameters(), control.parameters()):
         assert torch.equal(p, q), f"parameter {name} differs"
+
+
+def _syncs_in_a_step(device: torch.device, precision: str, numerics: NumericsSampler | None) -> int:
+    """Host-device syncs torch's CUDA sync debug mode reports during optimizer step 3 (steps 1 and 2 warm up)."""
+    engine = Engine(precision, numerics=numerics)
+    model = mlp().to(device)
+    model, _ = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    train_steps = batches(3, device=device)
+    for x, y in train_steps[:2]:
+        with engine.autocast():
+            loss = loss_fn(model(x), y)
+        engine.backward(loss)
+        engine.step()
+    torch.cuda.synchronize(device)
+    x, y = train_steps[2]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with engine.autocast():
+                loss = loss_fn(model(x), y)
+            engine.backward(loss)
+            engine.step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchronizing" in str(w.message) for w in caught)
+
+
+def test_a_sampled_step_adds_exactly_one_host_device_sync(device: torch.device, mixed_policy: str) -> None:
+    """Treatment: the step the sampler reads (hooks on every module, every gradient); control: the same step
+    without a sampler. The sample's statistics come back in one transfer, so the difference is exactly one."""
+    if device.type != "cuda":
+        pytest.skip("counts syncs with torch.cuda.set_sync_debug_mode; on the CPU the host is the device")
+    control = _syncs_in_a_step(device, mixed_policy, None)
+    sampler = NumericsSampler(every=3)
+    treatment = _syncs_in_a_step(device, mixed_policy, sampler)
+    assert sampler.last is not None and sampler.last.step == 3 and sampler.last.activations
+    assert treatment - control == 1, f"{treatment} syncs with the sampler, {control} without"
 
 
 # ------------------------------------------------------------------------------------------ parts

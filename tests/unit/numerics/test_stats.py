@@ -11,13 +11,13 @@ from ampkit.numerics.formats import BF16, FP16
 from ampkit.numerics.stats import E_LO, StatsAccumulator, TensorStats, read_summaries
 
 
-def _values(seed: int = 0, n: int = 20000) -> torch.Tensor:
+def _values(seed: int = 0, n: int = 20000, device: torch.device | str = "cpu") -> torch.Tensor:
     # Log-uniform magnitudes over 2^-60..2^20 with random signs, some zeros and non-finite values: every region.
     g = torch.Generator().manual_seed(seed)
     x = torch.pow(2.0, torch.empty(n).uniform_(-60, 20, generator=g)) * torch.randint(0, 2, (n,), generator=g).mul(2).sub(1)
     x[:50] = 0.0
     x[50:53] = torch.tensor([float("inf"), float("-inf"), float("nan")])
-    return x
+    return x.to(device)  # drawn on the CPU and moved, so every device sees the same values
 
 
 def _summary(x: torch.Tensor, chunks: int = 3) -> TensorStats:
@@ -27,8 +27,8 @@ def _summary(x: torch.Tensor, chunks: int = 3) -> TensorStats:
     return acc.summary()
 
 
-def test_shares_match_direct_counts() -> None:
-    x = _values()
+def test_shares_match_direct_counts(device: torch.device) -> None:
+    x = _values(device=device)
     s = _summary(x)
     finite = torch.isfinite(x)
     a = x.abs()
@@ -43,24 +43,25 @@ def test_shares_match_direct_counts() -> None:
 
 
 @pytest.mark.parametrize("k", [0, 5, 16, 30])
-def test_scaled_underflow_is_exact(k: int) -> None:
-    x = _values(1)
+def test_scaled_underflow_is_exact(k: int, device: torch.device) -> None:
+    x = _values(1, device=device)
     s = _summary(x)
     scaled = x * 2.0**k  # exact in fp32 for these magnitudes (no fp32 overflow below 2^50)
     nonzero = torch.isfinite(scaled) & (scaled != 0)
     assert s.underflow("fp16", k) == int((nonzero & (scaled.abs() < 2.0**-24)).sum())
 
 
-def test_bf16_thresholds() -> None:
-    x = torch.tensor([2.0**-134, 2.0**-130, 2.0**-120, 3.0e38, 1.0])
+def test_bf16_thresholds(device: torch.device) -> None:
+    x = torch.tensor([2.0**-134, 2.0**-130, 2.0**-120, 3.0e38, 1.0], device=device)
     s = _summary(x, chunks=1)
     assert (s.underflow("bf16"), s.subnormal("bf16"), s.overflow["bf16"]) == (1, 1, 0)
     assert s.overflow["fp16"] == 1
     assert BF16.exponent_range == (-133, 127) and FP16.exponent_range == (-24, 15)
 
 
-def test_rounding_error_matches_a_direct_cast() -> None:
+def test_rounding_error_matches_a_direct_cast(device: torch.device) -> None:
     x = torch.randn(5000, generator=torch.Generator().manual_seed(2)) * 1e-3
+    x = x.to(device)
     s = _summary(x)
     for fmt in (FP16, BF16):
         direct = float((x - x.to(fmt.dtype).float()).double().norm() / x.double().norm())
@@ -101,22 +102,22 @@ def test_unknown_format_is_a_clear_error() -> None:
         _summary(torch.ones(2)).share("fp8", "underflow")
 
 
-def test_one_transfer_reads_each_accumulator_as_reading_it_alone() -> None:
+def test_one_transfer_reads_each_accumulator_as_reading_it_alone(device: torch.device) -> None:
     accs = []
     for i, values in enumerate(([0.0, 1.0, 2.0**-30, float("inf"), -1e5], [float("nan"), 3.0], [2.0**-20] * 3)):
         acc = StatsAccumulator(rounding=i % 2 == 0)  # mixed layouts: with and without rounding sums
-        acc.update(torch.tensor(values))
+        acc.update(torch.tensor(values, device=device))
         accs.append(acc)
     accs.insert(1, StatsAccumulator())  # never updated: no state at all
-    stats, values = read_summaries(accs, [torch.tensor(2.0**16), torch.tensor(0.1, dtype=torch.float64)])
+    stats, values = read_summaries(accs, [torch.tensor(2.0**16, device=device), torch.tensor(0.1, dtype=torch.float64, device=device)])
     assert stats == [read_summaries([acc])[0][0] for acc in accs]
     assert [s.count for s in stats] == [5, 0, 2, 3] and stats[0].overflow["fp16"] == 1 and stats[2].nonfinite == 1
     assert stats[2].squares is None and stats[0].squares is not None
     assert values == [2.0**16, 0.1]
 
 
-def test_bounded_reading_estimates_shares_and_never_misses_the_extremes() -> None:
-    x = _values(5, 400_000)
+def test_bounded_reading_estimates_shares_and_never_misses_the_extremes(device: torch.device) -> None:
+    x = _values(5, 400_000, device=device)
     x[50:53] = 1.0  # no non-finite values in the bulk...
     x[234_567] = 3.0e6  # ...but one overflow far above the rest, which the strided subset is unlikely to hit
     exact, cheap = StatsAccumulator(rounding=False), StatsAccumulator(rounding=False, max_values=2**14)
@@ -131,6 +132,14 @@ def test_bounded_reading_estimates_shares_and_never_misses_the_extremes() -> Non
     nan = StatsAccumulator(rounding=False, max_values=2**14)
     nan.update(x)
     assert nan.summary().nonfinite >= 1
+
+
+def test_16_bit_tensors_are_read_as_their_exact_fp32_values(device: torch.device, half_dtype: torch.dtype) -> None:
+    """The sampler reads gradients in the dtype the backward left them (fp16 on CUDA): control, the same values
+    upcast to fp32 by hand (exact), read by the same accumulator on the same device."""
+    x = _values(7, 5000, device=device).clamp(-60000, 60000).to(half_dtype)
+    assert x.dtype == half_dtype and x.device.type == device.type
+    assert _summary(x) == _summary(x.float())
 
 
 def test_bounded_reading_of_a_small_tensor_is_exact() -> None:

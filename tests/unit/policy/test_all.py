@@ -23,10 +23,10 @@ class Boom(Exception):
     pass
 
 
-def _globals() -> tuple:
+def _globals(device_type: str = "cpu") -> tuple:
     return (
-        torch.is_autocast_enabled("cpu"),
-        torch.get_autocast_dtype("cpu"),
+        torch.is_autocast_enabled(device_type),
+        torch.get_autocast_dtype(device_type),
         torch.get_default_dtype(),
         torch.get_float32_matmul_precision(),
         torch.backends.cudnn.allow_tf32,
@@ -98,10 +98,10 @@ def test_with_keep_fp32_returns_a_new_policy_and_leaves_the_original(name: str) 
 
 
 # ------------------------------------------------------------------------------------- support
-@pytest.mark.parametrize("device", [None, "cpu", torch.device("cpu")])
-def test_cpu_support_is_a_support_and_agrees_across_spellings(name: str, device: object) -> None:
+@pytest.mark.parametrize("spelling", [None, "cpu", torch.device("cpu")])
+def test_cpu_support_is_a_support_and_agrees_across_spellings(name: str, spelling: object) -> None:
     policy = get_policy(name)
-    s = policy.support(device)  # type: ignore[arg-type]
+    s = policy.support(spelling)  # type: ignore[arg-type]
     assert isinstance(s, Support)
     assert isinstance(s.supported, bool) and isinstance(s.fast, bool) and s.reason
     assert s == policy.support("cpu")
@@ -117,86 +117,99 @@ def test_check_device_raises_exactly_when_unsupported(name: str) -> None:
             policy.check_device("cpu")
 
 
+def test_support_on_the_pass_device_agrees_with_check_device(name: str, device: torch.device) -> None:
+    policy = get_policy(name)
+    s = policy.support(device)
+    assert isinstance(s, Support) and s.reason and not (s.fast and not s.supported)
+    if s.supported:
+        policy.check_device(device)
+    else:
+        with pytest.raises(UnsupportedPolicyError, match=f"Policy {name!r} cannot run on {device}: "):
+            policy.check_device(device)
+
+
 def test_only_tf32_is_refused_on_cpu(name: str) -> None:
     assert get_policy(name).support("cpu").supported is (name != "tf32")
 
 
 # ------------------------------------------------------------------------------------- forward_context
-def test_forward_context_restores_globals_on_normal_exit(name: str) -> None:
-    before = _globals()
-    with get_policy(name).forward_context("cpu"):
+def test_forward_context_restores_globals_on_normal_exit(name: str, device: torch.device) -> None:
+    before = _globals(device.type)
+    with get_policy(name).forward_context(device.type):
         pass
-    assert _globals() == before
+    assert _globals(device.type) == before
 
 
-def test_forward_context_restores_globals_when_the_body_raises(name: str) -> None:
-    before = _globals()
+def test_forward_context_restores_globals_when_the_body_raises(name: str, device: torch.device) -> None:
+    before = _globals(device.type)
     with pytest.raises(Boom):
-        with get_policy(name).forward_context("cpu"):
-            torch.ones(1) @ torch.ones(1)
+        with get_policy(name).forward_context(device.type):
+            torch.ones(1, device=device) @ torch.ones(1, device=device)
             raise Boom
-    assert _globals() == before
+    assert _globals(device.type) == before
 
 
-def test_forward_context_restores_an_enclosing_autocast(name: str) -> None:
-    with torch.autocast("cpu", dtype=torch.float16):
-        before = _globals()
+def test_forward_context_restores_an_enclosing_autocast(name: str, device: torch.device) -> None:
+    with torch.autocast(device.type, dtype=torch.float16):
+        before = _globals(device.type)
         assert before[:2] == (True, torch.float16)
         with pytest.raises(Boom):
-            with get_policy(name).forward_context("cpu"):
+            with get_policy(name).forward_context(device.type):
                 raise Boom
-        assert _globals() == before
-    assert not torch.is_autocast_enabled("cpu")
+        assert _globals(device.type) == before
+    assert not torch.is_autocast_enabled(device.type)
 
 
-def test_forward_context_restores_a_non_default_dtype(name: str) -> None:
+def test_forward_context_restores_a_non_default_dtype(name: str, device: torch.device) -> None:
     torch.set_default_dtype(torch.float64)
     try:
         with pytest.raises(Boom):
-            with get_policy(name).forward_context("cpu"):
+            with get_policy(name).forward_context(device.type):
                 raise Boom
         assert torch.get_default_dtype() == torch.float64
     finally:
         torch.set_default_dtype(torch.float32)
 
 
-def test_forward_context_can_be_used_repeatedly(name: str) -> None:
+def test_forward_context_can_be_used_repeatedly(name: str, device: torch.device) -> None:
     policy = get_policy(name)
-    before = _globals()
+    before = _globals(device.type)
     for _ in range(3):
-        with policy.forward_context("cpu"):
+        with policy.forward_context(device.type):
             pass
-    assert _globals() == before
+    assert _globals(device.type) == before
 
 
 # ------------------------------------------------------------------------------------- convert_module
-def test_convert_module_keeps_every_parameter_object(name: str) -> None:
-    model = mlp()
+def test_convert_module_keeps_every_parameter_object(name: str, device: torch.device) -> None:
+    model = mlp().to(device)
     params = list(model.parameters())
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    get_policy(name).convert_module(model, "cpu")
+    get_policy(name).convert_module(model, device.type)
     assert all(p is q for p, q in zip(model.parameters(), params))
     assert all(p is q for p, q in zip(opt.param_groups[0]["params"], params))
 
 
-def test_converted_modules_are_exactly_the_ones_turned_16_bit(name: str) -> None:
+def test_converted_modules_are_exactly_the_ones_turned_16_bit(name: str, device: torch.device) -> None:
     """The engine builds fp32 masters for converted_modules' parameters; the two must never disagree."""
-    model = mlp()
+    model = mlp().to(device)
     policy = get_policy(name)
     claimed = {id(p) for m in policy.converted_modules(model) for p in m.parameters(recurse=False)}
-    policy.convert_module(model, "cpu")
+    policy.convert_module(model, device.type)
     actual = {id(p) for p in model.parameters() if p.dtype != torch.float32}
     assert claimed == actual
-    assert all(p.dtype == policy.param_dtype for p in model.parameters() if id(p) in actual)
+    assert all(p.dtype == policy.param_dtype and p.device == device for p in model.parameters() if id(p) in actual)
 
 
-def test_converted_model_answers_in_fp32_or_the_compute_dtype(name: str) -> None:
-    model = mlp()
+def test_converted_model_answers_in_fp32_or_the_compute_dtype(name: str, device: torch.device) -> None:
     policy = get_policy(name)
-    policy.convert_module(model, "cpu")
-    with policy.forward_context("cpu"):
-        out = model(torch.randn(3, 4))
-    assert out.dtype == (policy.compute_dtype or torch.float32)
+    if device.type == "cuda" and not policy.support(device).supported:
+        pytest.skip(f"{name} does not run on {device}: {policy.support(device).reason}")
+    model = mlp().to(device)
+    policy.convert_module(model, device.type)
+    with policy.forward_context(device.type):
+        out = model(torch.randn(3, 4, generator=torch.Generator().manual_seed(0)).to(device))
+    assert out.dtype == (policy.compute_dtype or torch.float32) and out.device == device
     assert torch.isfinite(out).all()
 
 

@@ -49,11 +49,11 @@ def test_32_true_describes_fp32_everything() -> None:
     assert p.loss_scaling == "none" and p.master_weights is False
 
 
-@pytest.mark.parametrize("device", [None, "cpu", torch.device("cpu"), "meta"])
-def test_32_true_runs_everywhere(device: object) -> None:
-    s = FullPrecision().support(device)  # type: ignore[arg-type]
+@pytest.mark.parametrize("spelling", [None, "cpu", torch.device("cpu"), "meta"])
+def test_32_true_runs_everywhere(spelling: object) -> None:
+    s = FullPrecision().support(spelling)  # type: ignore[arg-type]
     assert s == Support(True, True, "runs everywhere")
-    FullPrecision().check_device(device)  # type: ignore[arg-type]
+    FullPrecision().check_device(spelling)  # type: ignore[arg-type]
 
 
 def test_32_true_leaves_the_model_and_forward_untouched() -> None:
@@ -80,9 +80,9 @@ def test_32_true_keep_fp32_still_makes_islands() -> None:
 
 
 # ------------------------------------------------------------------------------------- tf32 support
-@pytest.mark.parametrize("device", [None, "cpu", torch.device("cpu")])
-def test_tf32_is_unsupported_on_cpu_and_names_alternatives(device: object) -> None:
-    s = TF32Precision().support(device)  # type: ignore[arg-type]
+@pytest.mark.parametrize("spelling", [None, "cpu", torch.device("cpu")])
+def test_tf32_is_unsupported_on_cpu_and_names_alternatives(spelling: object) -> None:
+    s = TF32Precision().support(spelling)  # type: ignore[arg-type]
     assert s.supported is False and s.fast is False
     assert "'bf16-mixed'" in s.reason and "'32-true'" in s.reason
 
@@ -178,6 +178,24 @@ def test_tf32_keeps_fp32_weights_and_does_not_autocast() -> None:
     with policy.forward_context("cpu"):
         assert not torch.is_autocast_enabled("cpu")
         assert model(torch.randn(2, 6)).dtype == torch.float32
+
+
+def test_tf32_forward_is_fp32_within_tf32_rounding(device: torch.device, matmul_precision: None) -> None:
+    """Treatment: a matmul-heavy forward under the tf32 policy; control: the same forward in IEEE fp32 on the same
+    device. TF32 keeps 10 mantissa bits (eps 2^-11), so the two differ, by little."""
+    policy = TF32Precision()
+    if not policy.support(device).supported:
+        pytest.skip(f"tf32 does not run on {device}: {policy.support(device).reason}")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 64)).to(device)
+    x = torch.randn(32, 256, generator=torch.Generator().manual_seed(1)).to(device)
+    torch.backends.cuda.matmul.fp32_precision = "ieee"
+    reference = model(x)
+    with policy.forward_context(device.type):
+        out = model(x)
+    assert out.dtype == torch.float32 and cuda_precisions()[0] == "ieee"
+    assert not torch.equal(out, reference), "TF32 rounds the matmul inputs; an equal result means it was not used"
+    assert ((out - reference).norm() / reference.norm()).item() < 1e-2
 
 
 def test_tf32_context_works_alongside_torch_per_backend_precision_api() -> None:

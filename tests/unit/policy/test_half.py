@@ -39,10 +39,17 @@ def normed(seed: int = 0) -> nn.Sequential:
     return model
 
 
-def inputs(seed: int = 1) -> torch.Tensor:
-    return torch.randn(6, 4, generator=torch.Generator().manual_seed(seed))
+def inputs(device: torch.device | str = "cpu", seed: int = 1) -> torch.Tensor:
+    # Drawn on the CPU and moved, so every device sees the same values.
+    return torch.randn(6, 4, generator=torch.Generator().manual_seed(seed)).to(device)
 
 
+
+
+def skip_unless_supported(name: str, device: torch.device) -> None:
+    support = get_policy(name).support(device)
+    if not support.supported:
+        pytest.skip(f"{name} does not run on {device}: {support.reason}")
 
 
 def masters_reference(fp32_model: nn.Sequential, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -76,19 +83,19 @@ def test_class_attributes(policy: Policy, dtype: torch.dtype, masters: bool, sca
 
 
 @pytest.mark.parametrize("name", list(HALF))
-def test_forward_context_does_not_autocast(name: str) -> None:
-    with get_policy(name).forward_context("cpu"):
-        assert not torch.is_autocast_enabled("cpu")
+def test_forward_context_does_not_autocast(name: str, device: torch.device) -> None:
+    with get_policy(name).forward_context(device.type):
+        assert not torch.is_autocast_enabled(device.type)
 
 
 # ------------------------------------------------------------------------------------- conversion
 @pytest.mark.parametrize("name", TRUE)
-def test_true_converts_every_floating_param_and_buffer_keeping_identity(name: str) -> None:
+def test_true_converts_every_floating_param_and_buffer_keeping_identity(name: str, device: torch.device) -> None:
     dtype = HALF[name]
-    model, original = normed(), normed()
+    model, original = normed().to(device), normed().to(device)
     params = list(model.parameters())
     opt = torch.optim.SGD(model.parameters(), lr=0.1)  # built before conversion, as the engine asks
-    get_policy(name).convert_module(model, "cpu")
+    get_policy(name).convert_module(model, device.type)
 
     state, before = model.state_dict(), original.state_dict()
     for key, tensor in state.items():
@@ -102,12 +109,13 @@ def test_true_converts_every_floating_param_and_buffer_keeping_identity(name: st
 
 
 @pytest.mark.parametrize("name", TRUE)
-def test_optimizer_built_before_conversion_steps_the_converted_weights(name: str) -> None:
-    model = normed()
+def test_optimizer_built_before_conversion_steps_the_converted_weights(name: str, device: torch.device) -> None:
+    skip_unless_supported(name, device)
+    model = normed().to(device)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
-    get_policy(name).convert_module(model, "cpu")
+    get_policy(name).convert_module(model, device.type)
     before = [p.detach().clone() for p in model.parameters()]
-    model(inputs()).square().mean().backward()
+    model(inputs(device)).square().mean().backward()
     opt.step()
     assert all(p.dtype == HALF[name] and p.grad.dtype == HALF[name] for p in model.parameters())
     assert any(not torch.equal(p, q) for p, q in zip(model.parameters(), before)), "the optimizer moved nothing"
@@ -135,11 +143,11 @@ def test_absent_buffers_are_skipped(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", MASTERS)
-def test_masters_keep_every_norm_layer_in_fp32(name: str) -> None:
+def test_masters_keep_every_norm_layer_in_fp32(name: str, device: torch.device) -> None:
     dtype = HALF[name]
-    model, original = normed(), normed()
+    model, original = normed().to(device), normed().to(device)
     params = list(model.parameters())
-    get_policy(name).convert_module(model, "cpu")
+    get_policy(name).convert_module(model, device.type)
     for index in (1, 2, 3):
         assert is_fp32_island(model[index])
         for key, tensor in model[index].state_dict().items():
@@ -189,14 +197,15 @@ def test_converted_modules_exclude_island_members(name: str) -> None:
 
 # ------------------------------------------------------------------------------------- forward and hooks
 @pytest.mark.parametrize("name", TRUE)
-def test_true_forward_equals_the_model_cast_by_hand(name: str) -> None:
+def test_true_forward_equals_the_model_cast_by_hand(name: str, device: torch.device) -> None:
+    skip_unless_supported(name, device)
     dtype = HALF[name]
-    model = normed()
+    model = normed().to(device)
     reference = copy.deepcopy(model).to(dtype)
-    get_policy(name).convert_module(model, "cpu")
+    get_policy(name).convert_module(model, device.type)
     seen = []
     model[0].register_forward_pre_hook(lambda m, args: seen.append(args[0].dtype))
-    x = inputs()
+    x = inputs(device)
     out = model(x)
     expected = reference(x.to(dtype)).float()
     assert seen == [dtype], "the input should reach the first layer already cast"
@@ -208,15 +217,16 @@ def test_true_forward_equals_the_model_cast_by_hand(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", MASTERS)
-def test_masters_forward_runs_norms_in_fp32_and_casts_their_outputs_back(name: str) -> None:
+def test_masters_forward_runs_norms_in_fp32_and_casts_their_outputs_back(name: str, device: torch.device) -> None:
+    skip_unless_supported(name, device)
     dtype = HALF[name]
-    model = normed()
+    model = normed().to(device)
     fp32_copy = copy.deepcopy(model)
-    get_policy(name).convert_module(model, "cpu")
+    get_policy(name).convert_module(model, device.type)
     outs: dict[int, torch.dtype] = {}
     for index in (1, 2, 3):
         model[index].register_forward_hook(lambda m, a, out, i=index: outs.__setitem__(i, out.dtype))
-    x = inputs()
+    x = inputs(device)
     out = model(x)
     assert outs == {1: dtype, 2: dtype, 3: dtype}
     assert out.dtype == torch.float32
@@ -224,19 +234,20 @@ def test_masters_forward_runs_norms_in_fp32_and_casts_their_outputs_back(name: s
     # Running statistics were accumulated in fp32.
     assert model[2].running_mean.dtype == torch.float32
     # Control: the all-16-bit policy of the same dtype computes something different.
-    all_half = normed()
-    get_policy(name.removesuffix("-masters")).convert_module(all_half, "cpu")
+    all_half = normed().to(device)
+    get_policy(name.removesuffix("-masters")).convert_module(all_half, device.type)
     assert not torch.equal(all_half(x), out)
 
 
 @pytest.mark.parametrize("name", list(HALF))
-def test_keep_fp32_module_computes_in_fp32_and_hands_back_16_bit(name: str) -> None:
+def test_keep_fp32_module_computes_in_fp32_and_hands_back_16_bit(name: str, device: torch.device) -> None:
+    skip_unless_supported(name, device)
     dtype = HALF[name]
-    model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 8), nn.Linear(8, 2))
+    model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 8), nn.Linear(8, 2)).to(device)
     fp32_copy = copy.deepcopy(model)
-    get_policy(name, keep_fp32=["1"]).convert_module(model, "cpu")
+    get_policy(name, keep_fp32=["1"]).convert_module(model, device.type)
     assert model[1].weight.dtype == torch.float32
-    x = inputs()
+    x = inputs(device)
     h = fp32_copy[0].to(dtype)(x.to(dtype))
     h = fp32_copy[1](h.float()).to(dtype)
     expected = fp32_copy[2].to(dtype)(h).float()
@@ -282,11 +293,12 @@ def test_convert_module_twice_registers_the_hooks_once(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", list(HALF))
-def test_converted_model_survives_deepcopy(name: str) -> None:
-    model = normed()
-    get_policy(name).convert_module(model, "cpu")
+def test_converted_model_survives_deepcopy(name: str, device: torch.device) -> None:
+    skip_unless_supported(name, device)
+    model = normed().to(device)
+    get_policy(name).convert_module(model, device.type)
     clone = copy.deepcopy(model)
-    x = inputs()
+    x = inputs(device)
     expected = model(x)
     assert torch.equal(clone(x), expected)
     with torch.no_grad():
@@ -323,6 +335,15 @@ def test_pre_ampere_gpu_refuses_bf16_and_runs_fp16(fake_gpu: FakeGpu) -> None:
         assert s.supported is False and "Tesla V100" in s.reason and "'16-true-masters'" in s.reason
     for policy in (FP16True(), FP16TrueMasters()):
         assert policy.support("cuda:0") == Support(True, True, "16-bit tensor cores")
+
+
+def test_a_gpu_without_tensor_cores_runs_fp16_but_is_not_claimed_fast(fake_gpu: FakeGpu) -> None:
+    fake_gpu((6, 1), "GeForce GTX 1080")  # Pascal: fp16 arithmetic at 1/64 of the fp32 rate, no tensor cores
+    for policy in (FP16True(), FP16TrueMasters()):
+        s = policy.support("cuda:0")
+        assert s.supported is True and s.fast is False
+        assert "GeForce GTX 1080" in s.reason and "sm70" in s.reason
+    assert BF16TrueMasters().support("cuda:0").supported is False
 
 
 def test_ampere_gpu_runs_all_16_bit_policies_fast(fake_gpu: FakeGpu) -> None:

@@ -126,46 +126,47 @@ def test_norm_types_cover_the_normalisation_families() -> None:
 
 
 # ------------------------------------------------------------------------------------- make_fp32_island
-def test_island_runs_in_fp32_under_bf16_autocast() -> None:
+def test_island_runs_in_fp32_under_16_bit_autocast(device: torch.device, half_dtype: torch.dtype) -> None:
     torch.manual_seed(0)
-    island, control = nn.Linear(8, 8), nn.Linear(8, 8)
+    island, control = nn.Linear(8, 8).to(device), nn.Linear(8, 8).to(device)
     control.load_state_dict(island.state_dict())
-    make_fp32_island(island, "cpu")
-    x = torch.randn(4, 8)
+    make_fp32_island(island, device.type)
+    x = torch.randn(4, 8).to(device)
     expected = control(x)  # fp32, no autocast
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert control(x).dtype == torch.bfloat16  # control: autocast would lower it
+    with torch.autocast(device.type, dtype=half_dtype):
+        assert control(x).dtype == half_dtype  # control: autocast would lower it
         out = island(x)
-        assert torch.is_autocast_enabled("cpu"), "autocast must be back on after the island"
+        assert torch.is_autocast_enabled(device.type), "autocast must be back on after the island"
     assert out.dtype == torch.float32
     assert torch.equal(out, expected)
 
 
-def test_island_upcasts_16_bit_inputs_and_kwargs() -> None:
+def test_island_upcasts_16_bit_inputs_and_kwargs(device: torch.device, half_dtype: torch.dtype) -> None:
     class Scaled(nn.Module):
         def forward(self, x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
             self.seen = (x.dtype, scale.dtype)
             return x * scale
 
     module = Scaled()
-    make_fp32_island(module, "cpu")
-    x = torch.randn(3).bfloat16()
-    out = module(x, scale=torch.tensor(3.0, dtype=torch.float16))
+    make_fp32_island(module, device.type)
+    x = torch.randn(3).to(device, half_dtype)
+    out = module(x, scale=torch.tensor(3.0, dtype=torch.float16, device=device))
     assert module.seen == (torch.float32, torch.float32)
     assert torch.equal(out, x.float() * 3.0)
 
 
-def test_island_casts_outputs_to_output_dtype() -> None:
+def test_island_casts_outputs_to_output_dtype(device: torch.device, half_dtype: torch.dtype) -> None:
     torch.manual_seed(0)
     norm, control = nn.LayerNorm(8), nn.LayerNorm(8)
     with torch.no_grad():
         norm.weight.uniform_(0.5, 1.5)
     control.load_state_dict(norm.state_dict())
-    make_fp32_island(norm, "cpu", output_dtype=torch.bfloat16)
-    x = torch.randn(4, 8).bfloat16()
+    norm, control = norm.to(device), control.to(device)
+    make_fp32_island(norm, device.type, output_dtype=half_dtype)
+    x = torch.randn(4, 8).to(device, half_dtype)
     out = norm(x)
-    assert out.dtype == torch.bfloat16
-    assert torch.equal(out, control(x.float()).bfloat16())
+    assert out.dtype == half_dtype
+    assert torch.equal(out, control(x.float()).to(half_dtype))
 
 
 def test_island_keeps_the_module_s_hooks_working() -> None:

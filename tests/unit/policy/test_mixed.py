@@ -26,9 +26,15 @@ def mlp(seed: int = 0) -> nn.Sequential:
     return nn.Sequential(nn.Linear(16, 32), nn.LayerNorm(32), nn.GELU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4))
 
 
-def inputs(seed: int = 1) -> torch.Tensor:
-    return torch.randn(8, 16, generator=torch.Generator().manual_seed(seed))
+def inputs(seed: int = 1, device: torch.device | str = "cpu") -> torch.Tensor:
+    # Drawn on the CPU and moved, so every device sees the same values.
+    return torch.randn(8, 16, generator=torch.Generator().manual_seed(seed)).to(device)
 
+
+def skip_unless_supported(name: str, device: torch.device) -> None:
+    support = get_policy(name).support(device)
+    if not support.supported:
+        pytest.skip(f"{name} does not run on {device}: {support.reason}")
 
 
 
@@ -68,25 +74,27 @@ def test_16_mixed_autocasts_linear_to_fp16() -> None:
 
 
 @pytest.mark.parametrize("name", list(DTYPES))
-def test_forward_matches_torch_autocast_bitwise(name: str) -> None:
+def test_forward_matches_torch_autocast_bitwise(name: str, device: torch.device) -> None:
     """Treatment: the policy's convert_module + forward_context. Control: the torch.autocast block torch documents."""
-    control, treat = mlp(), mlp()
+    skip_unless_supported(name, device)
+    control, treat = mlp().to(device), mlp().to(device)
     policy = get_policy(name)
-    policy.convert_module(treat, "cpu")
-    x = inputs()
-    with torch.autocast("cpu", dtype=DTYPES[name]):
+    policy.convert_module(treat, device.type)
+    x = inputs(device=device)
+    with torch.autocast(device.type, dtype=DTYPES[name]):
         expected = control(x)
-    with policy.forward_context("cpu"):
+    with policy.forward_context(device.type):
         out = treat(x)
-    assert out.dtype == DTYPES[name]
+    assert out.dtype == DTYPES[name] and out.device == device
     assert torch.equal(out, expected)
 
 
-def test_bf16_mixed_forward_is_close_to_fp32_within_bf16_tolerance() -> None:
-    model = mlp()
-    x = inputs()
+def test_bf16_mixed_forward_is_close_to_fp32_within_bf16_tolerance(device: torch.device) -> None:
+    skip_unless_supported("bf16-mixed", device)
+    model = mlp().to(device)
+    x = inputs(device=device)
     reference = model(x)
-    with get_policy("bf16-mixed").forward_context("cpu"):
+    with get_policy("bf16-mixed").forward_context(device.type):
         out = model(x)
     assert not torch.equal(out.float(), reference), "bf16 compute should round somewhere; else nothing was tested"
     # bf16 keeps 8 significant bits (eps 2^-8 ~ 3.9e-3); allow a few roundings through three matmuls.
@@ -95,25 +103,26 @@ def test_bf16_mixed_forward_is_close_to_fp32_within_bf16_tolerance() -> None:
     assert rel < 2e-2
 
 
-def test_16_mixed_forward_is_closer_to_fp32_than_bf16_mixed() -> None:
+def test_16_mixed_forward_is_closer_to_fp32_than_bf16_mixed(device: torch.device) -> None:
     """fp16 has 3 more mantissa bits than bf16; on well-scaled activations its error must be smaller."""
-    model = mlp()
-    x = inputs()
+    skip_unless_supported("bf16-mixed", device)
+    model = mlp().to(device)
+    x = inputs(device=device)
     reference = model(x)
     errors = {}
     for name in DTYPES:
-        with get_policy(name).forward_context("cpu"):
+        with get_policy(name).forward_context(device.type):
             errors[name] = ((model(x).float() - reference).norm() / reference.norm()).item()
     assert 0 < errors["16-mixed"] < errors["bf16-mixed"]
 
 
 @pytest.mark.parametrize("name", list(DTYPES))
-def test_convert_module_keeps_fp32_weights_and_identity(name: str) -> None:
-    model = mlp()
+def test_convert_module_keeps_fp32_weights_and_identity(name: str, device: torch.device) -> None:
+    model = mlp().to(device)
     before = copy.deepcopy(model)
     params = list(model.parameters())
     policy = get_policy(name)
-    policy.convert_module(model, "cpu")
+    policy.convert_module(model, device.type)
     assert policy.converted_modules(model) == []
     for p, q, r in zip(model.parameters(), params, before.parameters()):
         assert p is q and p.dtype == torch.float32 and torch.equal(p, r)
@@ -121,22 +130,23 @@ def test_convert_module_keeps_fp32_weights_and_identity(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", list(DTYPES))
-def test_keep_fp32_module_runs_in_fp32_inside_autocast(name: str) -> None:
-    control, treat = mlp(), mlp()
+def test_keep_fp32_module_runs_in_fp32_inside_autocast(name: str, device: torch.device) -> None:
+    skip_unless_supported(name, device)
+    control, treat = mlp().to(device), mlp().to(device)
     policy = get_policy(name, keep_fp32=["3"])
-    policy.convert_module(treat, "cpu")
+    policy.convert_module(treat, device.type)
     seen = {}
     treat[3].register_forward_hook(lambda m, a, out: seen.update(inp=a[0].dtype, out=out.dtype))
-    x = inputs()
-    with policy.forward_context("cpu"):
+    x = inputs(device=device)
+    with policy.forward_context(device.type):
         treat(x)
     # The island receives the 16-bit activation of the autocast layer before it and still answers in fp32.
     assert seen == {"inp": DTYPES[name], "out": torch.float32}
     # Reference for that layer: fp32 math on the autocast output of the layers before it.
-    with torch.autocast("cpu", dtype=DTYPES[name]):
+    with torch.autocast(device.type, dtype=DTYPES[name]):
         hidden = control[:3](x)
     expected = control[3](hidden.float())
-    with policy.forward_context("cpu"):
+    with policy.forward_context(device.type):
         got = treat[3](treat[:3](x))
     assert torch.equal(got, expected)
 
@@ -169,6 +179,14 @@ def test_bf16_mixed_on_pre_ampere_gpu_is_unsupported_and_points_to_16_mixed(fake
     s = BF16Mixed().support("cuda:0")
     assert s.supported is False and "Tesla T4" in s.reason and "'16-mixed'" in s.reason
     assert FP16Mixed().support("cuda:0") == Support(True, True, "fp16 tensor cores")
+
+
+def test_16_mixed_on_a_gpu_without_tensor_cores_runs_but_is_not_claimed_fast(fake_gpu: FakeGpu) -> None:
+    fake_gpu((6, 1), "GeForce GTX 1080")  # Pascal: fp16 arithmetic at 1/64 of the fp32 rate, no tensor cores
+    s = FP16Mixed().support("cuda:0")
+    assert s.supported is True and s.fast is False
+    assert "GeForce GTX 1080" in s.reason and "sm70" in s.reason
+    FP16Mixed().check_device("cuda:0")
 
 
 def test_bf16_mixed_on_ampere_is_supported_and_fast(fake_gpu: FakeGpu) -> None:

@@ -1,0 +1,71 @@
+"""The numerics benchmark scripts run end to end in their ``--smoke`` mode, as the GPU suite and CI call them.
+
+On the CPU pass they run on the CPU; ``pytest --device cuda`` runs the same smoke on the GPU, the path
+``benchmarks/gpu_suite.py`` takes at full size.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+BENCHMARKS = Path(__file__).resolve().parents[3] / "benchmarks"
+
+
+def script(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"_bench_{name}", BENCHMARKS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def last_table(out: str) -> list[str]:
+    """The Markdown table the script printed last (its rows must be the last lines of the output)."""
+    lines = out.rstrip("\n").splitlines()
+    start = max(i for i, line in enumerate(lines) if line.startswith("| ---")) - 1
+    table = lines[start:]
+    assert all(line.startswith("|") for line in table), "the Markdown table must be printed last"
+    return table
+
+
+def test_doctor_findings_smoke_writes_json_and_prints_the_table_last(
+    device: torch.device, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "doctor.json"
+    assert script("doctor_findings").main(["--smoke", "--device", str(device), "--json", str(path)]) == 0
+    table = last_table(capsys.readouterr().out)
+    assert len(table) == 3 and table[2].startswith("| gpt |")
+    data = json.loads(path.read_text())  # strict JSON: json.loads would take NaN, so check no figure is one
+    assert data["device"].startswith(device.type) and data["size"] == "tiny" and data["precision"] == "16-mixed"
+    (row,) = data["rows"]
+    assert row["workload"] == "gpt" and 0 < row["max_grad"] and row["seconds"] > 0
+    assert row["bf16_skipped"] is None and -1.0 <= row["bf16_cos"] <= 1.0
+    assert "NaN" not in path.read_text() and "Infinity" not in path.read_text()
+
+
+def test_numerics_sampler_smoke_writes_json_and_prints_the_table_last(
+    device: torch.device, mixed_policy: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "sampler.json"
+    assert script("numerics_sampler").main(["--smoke", "--device", str(device), "--json", str(path)]) == 0
+    table = last_table(capsys.readouterr().out)
+    assert len(table) == 3 and table[2].startswith("| gpt |")
+    data = json.loads(path.read_text())
+    assert data["precision"] == mixed_policy, "the default precision is the mixed policy of the device"
+    (row,) = data["rows"]
+    assert row["n_sampled"] == data["rounds"] and row["off"] > 0 and row["sampled"] > 0
+
+
+def test_numerics_sampler_takes_the_gpu_suite_spelling(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    bench = script("numerics_sampler")
+    calls = []
+    monkeypatch.setattr(bench, "one", lambda *a: calls.append(a) or {"workload": a[0], "off": 1.0, "on": 1.0, "sampled": 2.0, "amortized": 1.0, "n_sampled": 1})
+    assert bench.main(["--workload", "gpt", "--size", "large"]) == 0
+    assert [c[:3] for c in calls] == [("gpt", "large", "bf16-mixed")]
+    assert last_table(capsys.readouterr().out)[2].startswith("| gpt |")
