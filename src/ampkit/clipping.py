@@ -14,8 +14,11 @@ def clip_grad_norm(params: Sequence[torch.Tensor], max_norm: float) -> torch.Ten
 
     Under FSDP the norm is the global one, over every rank's shards (torch reduces it across the mesh).
 
-    Dense gradients go through ``torch.nn.utils.clip_grad_norm_``; sparse ones (``nn.Embedding(sparse=True)``),
-    which it rejects, are coalesced and clipped through their values with the same coefficient. No sync.
+    Dense gradients go through ``torch.nn.utils.clip_grad_norm_``. Two cases it gets wrong take another path with
+    the same coefficient: sparse gradients (``nn.Embedding(sparse=True)``), which it rejects, are coalesced and
+    clipped through their values; and fp16 gradients, whose norm it computes in fp16, where a finite gradient of
+    norm above 65504 gives inf and a coefficient of 0 that silently zeroes the whole update. There the norm is
+    accumulated and returned in fp32 (not yet for sharded fp16 gradients, which torch reduces). No sync.
 
     >>> p = torch.nn.Parameter(torch.zeros(2)); p.grad = torch.tensor([3.0, 4.0])
     >>> clip_grad_norm([p], 1.0), p.grad
@@ -23,14 +26,17 @@ def clip_grad_norm(params: Sequence[torch.Tensor], max_norm: float) -> torch.Ten
     """
     with_grad = [p for p in params if p.grad is not None]
     sparse = [p for p in with_grad if p.grad.is_sparse]
-    if not sparse:
+    # Sharded (DTensor) fp16 gradients stay on torch's path, the one that reduces their norm across the mesh.
+    fp16 = any(p.grad.dtype == torch.float16 and not hasattr(p.grad, "full_tensor") for p in with_grad)
+    if not sparse and not fp16:
         total = torch.nn.utils.clip_grad_norm_(with_grad, max_norm)
         # Sharded (FSDP) gradients give the global norm over every shard as a replicated DTensor.
         return total.full_tensor() if hasattr(total, "full_tensor") else total
     for p in sparse:
         p.grad = p.grad.coalesce()  # duplicate indices must be summed before their norm means anything
     tensors = [p.grad for p in with_grad if not p.grad.is_sparse] + [p.grad._values() for p in sparse]
-    total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t, dtype=torch.float32) for t in tensors]))
+    # One foreach launch per device and dtype, each norm accumulated and returned in fp32.
+    total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(tensors, 2, dtype=torch.float32)))
     coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
     torch._foreach_mul_(tensors, coef)
     return total

@@ -100,10 +100,12 @@ class KernelDefect:
             return False
         if self.momentum is not None and (group.get("momentum", 0) != 0) != self.momentum:
             return False
-        params = group["params"]
-        if self.devices is not None and not any(p.device.type in self.devices for p in params):
-            return False
-        return self.dtypes is None or any(p.dtype in self.dtypes for p in params)
+        # Device and dtype must hold for the same parameter: a group that mixes CUDA bf16 with CPU fp32 parameters
+        # holds no CPU 16-bit one, and switching it would cost the CUDA parameters their fused kernel.
+        return any(
+            (self.devices is None or p.device.type in self.devices) and (self.dtypes is None or p.dtype in self.dtypes)
+            for p in group["params"]
+        )
 
 
 def _bounds(spec: str) -> list[tuple[str, str]]:

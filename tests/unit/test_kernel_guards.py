@@ -2,7 +2,9 @@
 
 Sizes reach torch's vectorised code: a 40x40 weight (1600 elements, whole vector blocks) and a 4099-element
 parameter (vector blocks plus a scalar tail). The "plain twin" is the same optimizer with ``foreach=True`` on the
-same weights, data and injected overflow; the fused run must match it.
+same weights, data and injected overflow; the fused run must match it. The engine paths and the first-step defect
+are device-generic (``pytest --device cuda`` runs them on the GPU); the CPU 16-bit SGD defect is CPU-only by nature,
+and on another device the test of its guard checks the fused kernel is kept.
 """
 
 from __future__ import annotations
@@ -32,22 +34,22 @@ def requires(defect: KernelDefect) -> pytest.MarkDecorator:
     )
 
 
-def poison_free_memory(*sizes: int) -> None:
-    """Leave sentinel-filled blocks of ``sizes`` in the allocator's free lists.
+def poison_free_memory(*sizes: int, device: torch.device | str = "cpu") -> None:
+    """Leave sentinel-filled blocks of ``sizes`` in the allocator's free lists (CUDA's caching allocator too).
 
     A kernel that reads memory it never wrote then reads 1e30, not the zeros of a fresh page that would hide it.
     """
-    junk = [torch.full((n,), 1e30) for n in sizes for _ in range(4)]
+    junk = [torch.full((n,), 1e30, device=device) for n in sizes for _ in range(4)]
     del junk
 
 
-def fresh_param(n: int, dtype: torch.dtype, seed: int = 0) -> nn.Parameter:
-    return nn.Parameter(torch.randn(n, generator=torch.Generator().manual_seed(seed)).to(dtype))
+def fresh_param(n: int, dtype: torch.dtype, seed: int = 0, device: torch.device | str = "cpu") -> nn.Parameter:
+    return nn.Parameter(torch.randn(n, generator=torch.Generator().manual_seed(seed)).to(device=device, dtype=dtype))
 
 
-def grads(n: int, dtype: torch.dtype, steps: int) -> list[torch.Tensor]:
+def grads(n: int, dtype: torch.dtype, steps: int, device: torch.device | str = "cpu") -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(1)
-    return [torch.randn(n, generator=g).to(dtype) for _ in range(steps)]
+    return [torch.randn(n, generator=g).to(device=device, dtype=dtype) for _ in range(steps)]
 
 
 def agree(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> bool:
@@ -83,6 +85,37 @@ def test_defects_apply_by_optimizer_fused_momentum_dtype_and_device() -> None:
     assert opt._step_supports_amp_scaling is not torch_affected(SGD_16BIT)
 
 
+def test_device_and_dtype_must_hold_for_the_same_parameter() -> None:
+    # One group, a CPU fp32 parameter and a 16-bit one elsewhere ("meta" stands in for a GPU here): no CPU 16-bit
+    # parameter, so the CPU SGD defect does not apply and the group keeps its fused kernel.
+    elsewhere = nn.Parameter(torch.zeros(8, dtype=torch.bfloat16, device="meta"))
+    opt = torch.optim.SGD([fresh_param(8, torch.float32), elsewhere], lr=0.1, fused=True)
+    assert defects_for(opt, "2.13.0") == []
+    opt = torch.optim.SGD([fresh_param(8, torch.bfloat16), elsewhere], lr=0.1, fused=True)
+    assert defects_for(opt, "2.13.0") == [SGD_16BIT]
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_the_cpu_16bit_guard_switches_only_cpu_parameters(device: torch.device, half_dtype: torch.dtype, momentum: float) -> None:
+    """On CUDA the 16-bit fused SGD is right and fast: the guard must leave it fused, and it must match foreach."""
+    n = 4099
+    finals = []
+    for kernel in ({"fused": True}, {"foreach": True}):
+        p = fresh_param(n, half_dtype, device=device)
+        opt = torch.optim.SGD([p], lr=0.1, momentum=momentum, **kernel)
+        applied = guard_optimizer(opt)
+        if kernel.get("fused"):
+            switched = device.type == "cpu" and torch_affected(SGD_16BIT)
+            assert (SGD_16BIT in applied) is switched
+            assert opt.param_groups[0]["fused"] is (not switched)
+            assert opt._step_supports_amp_scaling is (not switched)
+        for g in grads(n, half_dtype, steps=2, device=device):
+            p.grad = g
+            opt.step()
+        finals.append(p.detach())
+    torch.testing.assert_close(finals[0], finals[1], **TOL[half_dtype])
+
+
 def test_each_defect_is_logged_once_per_process(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setattr(kernel_guards, "_logged", set())
     caplog.set_level(logging.INFO, logger="ampkit")
@@ -112,22 +145,24 @@ def test_raw_fused_sgd_on_cpu_16bit_is_wrong_at_vector_sizes(dtype: torch.dtype,
 
 
 @requires(SGD_FIRST_STEP)
-def test_raw_fused_sgd_momentum_applies_garbage_after_an_overflowed_first_step() -> None:
-    """The defect itself: found_inf on the first step creates unwritten momentum buffers that the next step reads."""
+def test_raw_fused_sgd_momentum_applies_garbage_after_an_overflowed_first_step(device: torch.device) -> None:
+    """The defect itself: found_inf on the first step creates unwritten momentum buffers that the next step reads.
+
+    The table claims every device (the buffers are made in Python): on CUDA this checks that claim."""
     n = 1600
-    g_inf, g_clean = torch.full((n,), float("inf")), grads(n, torch.float32, 1)[0]
+    g_inf, g_clean = torch.full((n,), float("inf"), device=device), grads(n, torch.float32, 1, device=device)[0]
 
     def run() -> torch.Tensor:
-        p = fresh_param(n, torch.float32)
+        p = fresh_param(n, torch.float32, device=device)
         opt = torch.optim.SGD([p], lr=0.1, momentum=0.9, fused=True)
         for g, found in ((g_inf, 1.0), (g_clean, 0.0)):  # as GradScaler and the engine hand them over
             p.grad = g.clone()
-            opt.grad_scale, opt.found_inf = torch.ones(()), torch.tensor(found)  # type: ignore[attr-defined]
-            poison_free_memory(n)
+            opt.grad_scale, opt.found_inf = torch.ones((), device=device), torch.tensor(found, device=device)  # type: ignore[attr-defined]
+            poison_free_memory(n, device=device)
             opt.step()
         return p.detach()
 
-    p = fresh_param(n, torch.float32)
+    p = fresh_param(n, torch.float32, device=device)
     twin = torch.optim.SGD([p], lr=0.1, momentum=0.9, foreach=True)
     p.grad = g_clean.clone()
     twin.step()  # the skipped step never reaches an unfused optimizer
@@ -164,28 +199,43 @@ OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
 PRECISIONS = {"16-mixed": torch.float32, "16-true": torch.float16, "bf16-true": torch.bfloat16}
 
 
-def engine_run(precision: str, make: Callable[..., torch.optim.Optimizer], kernel: dict[str, bool], skip_first: bool) -> tuple[list[torch.Tensor], Engine]:
-    model = Net()
+def engine_run(
+    precision: str, make: Callable[..., torch.optim.Optimizer], kernel: dict[str, bool], skip_first: bool, device: torch.device
+) -> tuple[list[torch.Tensor], Engine]:
+    model = Net().to(device)
     engine = Engine(precision, scaler=ScalerConfig(init_scale=2.0**8))  # 2**16 would overflow these fp16 gradients
     model, opt = engine.setup(model, make(model.parameters(), **kernel))
-    x = 1 + torch.rand(8, 40, generator=torch.Generator().manual_seed(2))
+    x = (1 + torch.rand(8, 40, generator=torch.Generator().manual_seed(2))).to(device)
     for i in range(3):
         with engine.autocast():
             loss = model(x.to(PRECISIONS[precision]))
         engine.backward(loss * float("inf") if skip_first and i == 0 else loss)
-        poison_free_memory(1600, 40, 4099)
+        poison_free_memory(1600, 40, 4099, device=device)
         engine.step()
     return [p.detach().clone() for p in model.parameters()], engine
+
+
+def fused_kernel_missing(make: Callable[..., torch.optim.Optimizer], device: torch.device) -> str | None:
+    """Why torch has no fused kernel for this optimizer on ``device`` (found by trying one step), or None."""
+    p = nn.Parameter(torch.zeros(4, device=device))
+    p.grad = torch.ones(4, device=device)
+    try:
+        make([p], fused=True).step()
+    except (RuntimeError, NotImplementedError) as error:  # e.g. Adagrad's fused kernel is CPU-only
+        return str(error).splitlines()[0]
+    return None
 
 
 @pytest.mark.parametrize("skip_first", [False, True], ids=["clean-first-step", "skipped-first-step"])
 @pytest.mark.parametrize("precision", list(PRECISIONS))
 @pytest.mark.parametrize("name", list(OPTIMIZERS))
-def test_every_fused_engine_path_matches_its_plain_twin(name: str, precision: str, skip_first: bool) -> None:
+def test_every_fused_engine_path_matches_its_plain_twin(device: torch.device, name: str, precision: str, skip_first: bool) -> None:
     if name == "adagrad" and PRECISIONS[precision] != torch.float32:
         pytest.skip("torch's Adagrad allocates its state at construction, in fp32, before the engine casts the model; its fused kernel refuses the mix")
-    fused, engine = engine_run(precision, OPTIMIZERS[name], {"fused": True}, skip_first)
-    plain, twin = engine_run(precision, OPTIMIZERS[name], {"foreach": True}, skip_first)
+    if device.type != "cpu" and (missing := fused_kernel_missing(OPTIMIZERS[name], device)):
+        pytest.skip(f"torch {torch.__version__} has no fused {name} on {device.type}: {missing}")
+    fused, engine = engine_run(precision, OPTIMIZERS[name], {"fused": True}, skip_first, device)
+    plain, twin = engine_run(precision, OPTIMIZERS[name], {"foreach": True}, skip_first, device)
     assert engine.skipped_steps == twin.skipped_steps == int(skip_first)
     dtype = PRECISIONS[precision]
     for a, b in zip(fused, plain, strict=True):
@@ -193,11 +243,11 @@ def test_every_fused_engine_path_matches_its_plain_twin(name: str, precision: st
         torch.testing.assert_close(a, b, **TOL[dtype])
 
 
-def test_the_engine_steps_a_first_step_pending_optimizer_on_the_host_only_until_its_first_real_step() -> None:
-    model = Net()
+def test_the_engine_steps_a_first_step_pending_optimizer_on_the_host_only_until_its_first_real_step(device: torch.device) -> None:
+    model = Net().to(device)
     engine = Engine("16-mixed")
     model, opt = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, fused=True))
-    x = torch.randn(8, 40)
+    x = torch.randn(8, 40, generator=torch.Generator().manual_seed(3)).to(device)
     pending = []
     for i in range(3):
         pending.append(first_step_pending(opt))

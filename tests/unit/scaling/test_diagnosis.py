@@ -1,4 +1,4 @@
-"""Collapse diagnosis: which parameters have non-finite gradients, and the message built from them."""
+"""Collapse diagnosis: which parameters have non-finite gradients (device-generic), and the message built from them."""
 
 from __future__ import annotations
 
@@ -29,21 +29,21 @@ class Net(nn.Module):
         return self.head(self.enc(self.emb(idx)))
 
 
-def _net_with_grads():
+def _net_with_grads(device):
     torch.manual_seed(0)
-    net = Net()
-    net(torch.tensor([0, 2, 2])).sum().backward()
+    net = Net().to(device)
+    net(torch.tensor([0, 2, 2], device=device)).sum().backward()
     assert net.emb.weight.grad.is_sparse
     assert net.unused.weight.grad is None
     return net
 
 
-def test_all_finite_gives_no_names():
-    assert nonfinite_parameters(_net_with_grads().named_parameters()) == []
+def test_all_finite_gives_no_names(device):
+    assert nonfinite_parameters(_net_with_grads(device).named_parameters()) == []
 
 
-def test_names_exactly_the_nonfinite_dense_and_sparse_grads_in_order():
-    net = _net_with_grads()
+def test_names_exactly_the_nonfinite_dense_and_sparse_grads_in_order(device):
+    net = _net_with_grads(device)
     net.enc[0].weight.grad[1, 2] = INF
     net.head.bias.grad[0] = NAN
     net.emb.weight.grad._values()[0, 1] = -INF
@@ -51,18 +51,18 @@ def test_names_exactly_the_nonfinite_dense_and_sparse_grads_in_order():
 
 
 @pytest.mark.parametrize("bad", [INF, -INF, NAN])
-def test_each_kind_of_nonfinite_is_named(bad):
-    net = _net_with_grads()
+def test_each_kind_of_nonfinite_is_named(device, bad):
+    net = _net_with_grads(device)
     net.enc[1].bias.grad[2] = bad
     assert nonfinite_parameters(net.named_parameters()) == ["enc.1.bias"]
 
 
-def test_uncoalesced_sparse_overflow_is_named():
+def test_uncoalesced_sparse_overflow_is_named(device):
     # Every stored value is a finite fp16, but the two entries at index 1 sum past fp16's max.
-    p = nn.Parameter(torch.zeros(3, dtype=torch.float16))
-    p.grad = _sparse(torch.tensor([[1, 1]]), torch.tensor([40000.0, 40000.0], dtype=torch.float16), (3,))
-    q = nn.Parameter(torch.zeros(3, dtype=torch.float16))
-    q.grad = _sparse(torch.tensor([[1, 1]]), torch.tensor([1.0, 2.0], dtype=torch.float16), (3,))
+    p = nn.Parameter(torch.zeros(3, dtype=torch.float16, device=device))
+    p.grad = _sparse(torch.tensor([[1, 1]]), torch.tensor([40000.0, 40000.0], dtype=torch.float16), (3,)).to(device)
+    q = nn.Parameter(torch.zeros(3, dtype=torch.float16, device=device))
+    q.grad = _sparse(torch.tensor([[1, 1]]), torch.tensor([1.0, 2.0], dtype=torch.float16), (3,)).to(device)
     assert nonfinite_parameters([("big", p), ("small", q)]) == ["big"]
 
 
@@ -107,8 +107,8 @@ def test_collapse_message_truncates_long_offender_lists():
     assert "'blocks.12.mlp'" in msg
 
 
-def test_diagnosis_end_to_end():
-    net = _net_with_grads()
+def test_diagnosis_end_to_end(device):
+    net = _net_with_grads(device)
     net.enc[1].weight.grad.fill_(NAN)
     msg = collapse_message(REASON, nonfinite_parameters(net.named_parameters()), "fp16-mixed")
     assert "enc.1.weight" in msg
