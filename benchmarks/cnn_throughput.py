@@ -18,7 +18,7 @@ step is timed with CUDA events (wall clock on CPU). The table gives the median s
 speed-ups over TF32 and over FP32. Every global switch changed (TF32, cudnn.benchmark) is restored on exit.
 
     python benchmarks/cnn_throughput.py --device cuda                   # batch 256, 224 px: < 90 s on an H100
-    python benchmarks/cnn_throughput.py --device cpu --smoke            # tiny batch and image: the CI check
+    python benchmarks/cnn_throughput.py --device cpu --smoke            # tiny batch, image and width: the CI check
     python benchmarks/cnn_throughput.py --device cuda --batch 128 --json out.json
 
 Default CUDA schedule: 5 warm-up steps, then 3 rounds of 12 timed steps per contender (36 each). On an H100
@@ -77,22 +77,26 @@ class Bottleneck(nn.Module):
 
 class ResNet50(nn.Module):
     """ResNet-50 as ``torchvision.models.resnet50(weights=None)`` builds it: the same layers, parameter names
-    (its state_dict loads into torchvision's and back) and initialisation; for machines without torchvision."""
+    (its state_dict loads into torchvision's and back) and initialisation; for machines without torchvision.
 
-    def __init__(self, num_classes: int = NUM_CLASSES) -> None:
+    ``width`` is the stem's channel count (64 in ResNet-50; every stage scales with it): the smoke run uses the
+    same 50 layers at width 8, whose 0.4 M parameters keep a CPU step short.
+    """
+
+    def __init__(self, num_classes: int = NUM_CLASSES, width: int = 64) -> None:
         super().__init__()
-        self.conv1 = nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False)
-        self.bn1 = nn.BatchNorm2d(64)
+        self.conv1 = nn.Conv2d(3, width, 7, stride=2, padding=3, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
         self.relu = nn.ReLU(inplace=True)
         self.maxpool = nn.MaxPool2d(3, stride=2, padding=1)
-        inplanes = 64
-        for i, (planes, blocks, stride) in enumerate(((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)), start=1):
-            width = planes * Bottleneck.expansion
+        inplanes = width
+        for i, (planes, blocks, stride) in enumerate(((width, 3, 1), (2 * width, 4, 2), (4 * width, 6, 2), (8 * width, 3, 2)), start=1):
+            out = planes * Bottleneck.expansion
             # Every stage's first block changes the channel count, so it always has a projection shortcut.
-            downsample = nn.Sequential(nn.Conv2d(inplanes, width, 1, stride=stride, bias=False), nn.BatchNorm2d(width))
-            layers = [Bottleneck(inplanes, planes, stride, downsample)] + [Bottleneck(width, planes) for _ in range(blocks - 1)]
+            downsample = nn.Sequential(nn.Conv2d(inplanes, out, 1, stride=stride, bias=False), nn.BatchNorm2d(out))
+            layers = [Bottleneck(inplanes, planes, stride, downsample)] + [Bottleneck(out, planes) for _ in range(blocks - 1)]
             setattr(self, f"layer{i}", nn.Sequential(*layers))
-            inplanes = width
+            inplanes = out
         self.avgpool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(inplanes, num_classes)
         for m in self.modules():
@@ -108,9 +112,11 @@ class ResNet50(nn.Module):
         return self.fc(torch.flatten(self.avgpool(x), 1))
 
 
-def resnet50(seed: int) -> tuple[nn.Module, str]:
-    """A freshly initialised ResNet-50 on the CPU and where it came from; nothing is downloaded."""
+def resnet50(seed: int, width: int = 64) -> tuple[nn.Module, str]:
+    """A freshly initialised ResNet-50 (stem ``width``) on the CPU and where it came from; nothing is downloaded."""
     torch.manual_seed(seed)
+    if width != 64:
+        return ResNet50(width=width), f"ResNet-50 layers at width {width} (ResNet-50: 64), defined in benchmarks/cnn_throughput.py"
     try:
         from torchvision.models import resnet50 as tv_resnet50
     except ImportError:
@@ -198,7 +204,7 @@ def set_tf32(enabled: bool) -> None:
 
 # --------------------------------------------------------------------------------------------- measuring
 def measure(args: argparse.Namespace, device: torch.device) -> tuple[dict[str, dict[str, object]], str]:
-    base, source = resnet50(seed=0)
+    base, source = resnet50(seed=0, width=args.width)
     g = torch.Generator(device=device).manual_seed(1)
     # One synthetic ImageNet-shaped batch, made on the device: no host-to-device copy in the timed loop.
     x = torch.randn(args.batch, 3, args.image, args.image, generator=g, device=device).contiguous(memory_format=torch.channels_last)
@@ -262,6 +268,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--batch", type=int, help="images per step (default 256; 2 with --smoke)")
     parser.add_argument("--image", type=int, help="image side in pixels (default 224; 32 with --smoke)")
+    parser.add_argument("--width", type=int, help="stem channels: 64 is ResNet-50 (default; 8 with --smoke)")
     parser.add_argument("--steps", type=int, help="timed steps per contender per round (default 12 on CUDA, 2 on CPU, 1 with --smoke)")
     parser.add_argument("--rounds", type=int, help="interleaved rounds (default 3; 2 with --smoke)")
     parser.add_argument("--warmup", type=int, help="untimed steps per contender first (default 5 on CUDA, 1 on CPU or with --smoke)")
@@ -269,8 +276,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args(argv)
     cuda = torch.device(args.device).type == "cuda"
-    defaults = dict(batch=2, image=32, steps=1, rounds=2, warmup=1) if args.smoke else dict(
-        batch=256, image=224, steps=12 if cuda else 2, rounds=3, warmup=5 if cuda else 1
+    defaults = dict(batch=2, image=32, width=8, steps=1, rounds=2, warmup=1) if args.smoke else dict(
+        batch=256, image=224, width=64, steps=12 if cuda else 2, rounds=3, warmup=5 if cuda else 1
     )
     for key, value in defaults.items():
         if getattr(args, key) is None:
