@@ -63,9 +63,12 @@ def _args(**overrides: object) -> argparse.Namespace:
     return argparse.Namespace(**fields)
 
 
-@pytest.mark.parametrize("target_ms", [0.5, 2.0, 20.0, 300.0])
-def test_calibration_finds_the_width_whose_step_takes_the_target(script: ModuleType, monkeypatch: pytest.MonkeyPatch, target_ms: float) -> None:
+@pytest.mark.parametrize("target_ms, most_probes", [(0.2, 6), (0.5, 4), (2.0, 4), (20.0, 4), (300.0, 4)])
+def test_calibration_finds_the_width_whose_step_takes_the_target(
+    script: ModuleType, monkeypatch: pytest.MonkeyPatch, target_ms: float, most_probes: int
+) -> None:
     # A device whose step costs a fixed 0.3 ms plus work growing as width**3 (batch in proportion to width).
+    # Each probe costs device time, so the search must also be quick where the fixed part dominates.
     probed: list[int] = []
 
     def fake_probe(policy: object, width: int, args: object, device: object) -> float:
@@ -74,7 +77,7 @@ def test_calibration_finds_the_width_whose_step_takes_the_target(script: ModuleT
 
     monkeypatch.setattr(script, "probe", fake_probe)
     width, batch = script.calibrate(ampkit.get_policy("32-true"), target_ms / 1e3, _args(), torch.device("cpu"))
-    assert width in probed and len(probed) <= 8
+    assert width in probed and len(probed) <= most_probes
     assert batch == script.batch_for(width, 128 / 256)
     achieved = fake_probe(None, width, None, None)
     if target_ms > 0.3:
