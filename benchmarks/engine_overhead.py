@@ -27,6 +27,7 @@ import statistics
 import sys
 from collections.abc import Callable
 from datetime import date
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -214,7 +215,10 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     names = args.precision.split(",") if args.precision else ["32-true", "bf16-mixed", "16-mixed"]
     policies = [ampkit.get_policy(n) for n in names]
     for p in policies:
-        p.check_device(device)
+        try:
+            p.check_device(device)
+        except ampkit.UnsupportedPolicyError as error:
+            sys.exit(f"engine_overhead: {error}")
 
     rows = []
     with torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext():  # events of the chosen GPU
@@ -233,8 +237,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         print(f"| {r['precision']} | {target} | {r['width']} | {r['batch']} | {r['hand_ms']:.3f} | {r['engine_ms']:.3f} | {r['ratio']:.3f} | {r['steps_each']} |")
     report = {"torch": torch.__version__, "device": str(device), "machine": machine, "args": vars(args), "results": rows}
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(report, f, indent=2)
+        Path(args.json).write_text(json.dumps(report, indent=2), encoding="utf-8")
     return report
 
 
