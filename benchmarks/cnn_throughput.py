@@ -278,9 +278,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     cuda = torch.device(args.device).type == "cuda"
     if cuda and not torch.cuda.is_available():
         parser.error(f"--device {args.device}: torch {torch.__version__} sees no CUDA device; run on a GPU machine or pass --device cpu.")
-    defaults = dict(batch=2, image=32, width=8, steps=1, rounds=2, warmup=1) if args.smoke else dict(
-        batch=256, image=224, width=64, steps=12 if cuda else 2, rounds=3, warmup=5 if cuda else 1
-    )
+    defaults = {"batch": 2, "image": 32, "width": 8, "steps": 1, "rounds": 2, "warmup": 1} if args.smoke else {
+        "batch": 256, "image": 224, "width": 64, "steps": 12 if cuda else 2, "rounds": 3, "warmup": 5 if cuda else 1
+    }
     for key, value in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, value)

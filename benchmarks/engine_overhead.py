@@ -8,7 +8,9 @@ host-bound step shows as one) and the table reports medians over all rounds and 
 An overhead is a fixed cost per step, so its ratio depends on the step's length. ``--step-ms 2,20`` measures
 at a 2 ms and at a 20 ms step: for each target and precision a few short timed probes of the hand-written
 loop scale the MLP's width (and the batch with it, keeping their ratio) until its step lands within 10% of
-the target on this device; the table gives the size found and the step time achieved.
+the target on this device; the table gives the size found and the step time achieved. With the defaults a row
+runs at most 8 probes of 9 steps, then 2 sides x 10 rounds x 20 timed steps: about 10 s at 20 ms and 1 s at
+2 ms, so ``--step-ms 2,20`` over the three default policies takes some 35 s of device time.
 
     python benchmarks/engine_overhead.py                       # CPU: 32-true, bf16-mixed, 16-mixed
     python benchmarks/engine_overhead.py --device cuda --step-ms 2,20
@@ -160,7 +162,7 @@ def calibrate(policy: ampkit.Policy, target_s: float, args: argparse.Namespace, 
     return best, batch_for(best, args.batch / args.width)
 
 
-def measure(policy: ampkit.Policy, width: int, batch: int, args: argparse.Namespace, device: torch.device) -> dict[str, float]:
+def measure(policy: ampkit.Policy, width: int, batch: int, args: argparse.Namespace, device: torch.device) -> dict[str, float | int]:
     steps = {
         "hand": hand_written_step(policy, mlp(width, args.depth, 0, device), args.clip, device),
         "engine": engine_step(policy, mlp(width, args.depth, 0, device), args.clip, device),

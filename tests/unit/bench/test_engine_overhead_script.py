@@ -58,7 +58,7 @@ def test_without_step_ms_the_given_size_is_measured(script: ModuleType, capsys: 
 
 
 def _args(**overrides: object) -> argparse.Namespace:
-    fields: dict[str, object] = dict(width=256, batch=128, depth=3, clip=1.0, probes=8, probe_steps=2)
+    fields: dict[str, object] = {"width": 256, "batch": 128, "depth": 3, "clip": 1.0, "probes": 8, "probe_steps": 2}
     fields.update(overrides)
     return argparse.Namespace(**fields)
 
