@@ -198,7 +198,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args(argv)
     if args.smoke:
-        args.steps, args.rounds, args.warmup, args.probes, args.probe_steps = 3, 2, 1, 3, 2
+        args.steps, args.rounds, args.warmup, args.probes, args.probe_steps = 2, 2, 1, 2, 1
     try:
         args.targets_ms = [float(t) for t in args.step_ms.split(",")] if args.step_ms else [None]
     except ValueError:
