@@ -1,0 +1,108 @@
+"""benchmarks/engine_overhead.py: the smoke run at calibrated step times writes a table and JSON that agree,
+and the calibration converges on the width whose step takes the target time."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+import ampkit
+
+SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "engine_overhead.py"
+
+
+@pytest.fixture
+def script(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    spec = importlib.util.spec_from_file_location("engine_overhead", SCRIPT)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    monkeypatch.setitem(sys.modules, spec.name, module)  # type: ignore[union-attr]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+def test_smoke_run_at_two_step_times_prints_and_writes_the_same_rows(
+    script: ModuleType, device: torch.device, mixed_policy: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # On CUDA the mixed policy is 16-mixed: the hand-written side is fused AdamW driven by torch's GradScaler.
+    out = tmp_path / "overhead.json"
+    script.main(["--device", str(device), "--smoke", "--precision", f"32-true,{mixed_policy}", "--step-ms", "2,20", "--json", str(out)])
+
+    data = json.loads(out.read_text())
+    rows = data["results"]
+    assert [(r["target_ms"], r["precision"]) for r in rows] == [(t, p) for t in (2.0, 20.0) for p in ("32-true", mixed_policy)]
+    for r in rows:
+        assert all(math.isfinite(r[k]) and r[k] > 0 for k in ("hand_ms", "engine_ms")), r
+        assert r["ratio"] == pytest.approx(r["engine_ms"] / r["hand_ms"])
+        assert r["steps_each"] == data["args"]["rounds"] * data["args"]["steps"]
+        assert r["width"] >= 8 and r["batch"] >= 1
+    table = capsys.readouterr().out.strip().splitlines()[-len(rows):]
+    for line, r in zip(table, rows):
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[:4] == [r["precision"], f"{r['target_ms']:g}", str(r["width"]), str(r["batch"])]
+        assert cells[4:7] == [f"{r['hand_ms']:.3f}", f"{r['engine_ms']:.3f}", f"{r['ratio']:.3f}"]
+
+
+def test_without_step_ms_the_given_size_is_measured(script: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
+    report = script.main(["--smoke", "--precision", "bf16-mixed", "--width", "24", "--batch", "16"])
+    (row,) = report["results"]
+    assert (row["target_ms"], row["width"], row["batch"]) == (None, 24, 16)
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("| bf16-mixed | - | 24 | 16 |")
+
+
+def _args(**overrides: object) -> argparse.Namespace:
+    fields: dict[str, object] = {"width": 256, "batch": 128, "depth": 3, "clip": 1.0, "probes": 8, "probe_steps": 2}
+    fields.update(overrides)
+    return argparse.Namespace(**fields)
+
+
+@pytest.mark.parametrize("target_ms, most_probes", [(0.2, 6), (0.5, 4), (2.0, 4), (20.0, 4), (300.0, 4)])
+def test_calibration_finds_the_width_whose_step_takes_the_target(
+    script: ModuleType, monkeypatch: pytest.MonkeyPatch, target_ms: float, most_probes: int
+) -> None:
+    # A device whose step costs a fixed 0.3 ms plus work growing as width**3 (batch in proportion to width).
+    # Each probe costs device time, so the search must also be quick where the fixed part dominates.
+    probed: list[int] = []
+
+    def fake_probe(policy: object, width: int, args: object, device: object) -> float:
+        probed.append(width)
+        return 3e-4 + 1e-12 * width**3
+
+    monkeypatch.setattr(script, "probe", fake_probe)
+    width, batch = script.calibrate(ampkit.get_policy("32-true"), target_ms / 1e3, _args(), torch.device("cpu"))
+    assert width in probed and len(probed) <= most_probes
+    assert batch == script.batch_for(width, 128 / 256)
+    achieved = fake_probe(None, width, None, None)
+    if target_ms > 0.3:
+        assert achieved == pytest.approx(target_ms / 1e3, rel=0.1)
+    else:  # below the fixed cost no size gets there: the smallest width is the closest
+        assert width == 8
+
+
+@pytest.mark.parametrize("times, closest", [({256: 4e-3, 200: 2.5e-3}, 200), ({256: 2.5e-3, 240: 1e-3}, 256)])
+def test_calibration_out_of_probes_returns_the_closest(
+    script: ModuleType, monkeypatch: pytest.MonkeyPatch, times: dict[int, float], closest: int
+) -> None:
+    probed: list[int] = []
+
+    def fake_probe(policy: object, width: int, args: object, device: object) -> float:
+        probed.append(width)
+        return times[width]
+
+    monkeypatch.setattr(script, "probe", fake_probe)
+    width, _ = script.calibrate(ampkit.get_policy("32-true"), 2e-3, _args(probes=2), torch.device("cpu"))
+    assert probed == list(times) and width == closest  # for 2 ms, neither probe within 10%
+
+
+@pytest.mark.parametrize("bad", ["2,x", "0", "-5"])
+def test_bad_step_ms_says_what_to_give(script: ModuleType, bad: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        script.main(["--step-ms", bad])
+    assert "--step-ms" in capsys.readouterr().err
