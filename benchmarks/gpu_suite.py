@@ -87,7 +87,7 @@ STEPS: tuple[Step, ...] = (
         "bench",
         "ampkit bench, default workload and policies (gpt large on a GPU): step time, tokens/s, MFU",
         ("-m", "ampkit", "bench", "--no-progress"),
-        ("-m", "ampkit", "bench", "--no-progress", "-w", "gpt", "--size", "tiny", "--steps", "6", "--warmup", "2", "--rounds", "2"),
+        ("-m", "ampkit", "bench", "--no-progress", "-w", "gpt", "--size", "tiny", "--precision", "bf16", "--steps", "4", "--warmup", "1", "--rounds", "1"),
         budget_s=150,
         writes_json=False,
     ),
@@ -354,7 +354,7 @@ def bench_digest(folder: Path) -> str:
                 p=run.get("precision"),
                 s=run.get("status"),
                 t=_fmt(run.get("step_time_median_s"), 1e3, "{:.2f}"),
-                thr=f"{_fmt(run.get('throughput'), 1, '{:,.0f}')} {run.get('throughput_unit') or ''}".strip(),
+                thr=f"{_fmt(run.get('throughput'), 1, '{:,.0f}')} {run.get('throughput_unit') or 'items'}/s",
                 sp=_fmt(run.get("speedup_vs_fp32"), 1, "{:.2f}x"),
                 mfu=_fmt(run.get("mfu"), 100, "{:.1f}%"),
                 mem=_fmt(run.get("peak_memory_bytes"), 2**-20, "{:,.0f}"),
@@ -362,7 +362,9 @@ def bench_digest(folder: Path) -> str:
                 v=(run.get("verdict") or "").replace("|", "/")[:160],
             )
         )
-    head = f"{data.get('workload')} on {data.get('device')}, torch {data.get('torch')}"
+    device = data.get("device") or {}
+    where = device.get("name", device.get("type")) if isinstance(device, dict) else device
+    head = f"`{data.get('command') or 'ampkit bench'}`: {data.get('workload')} on {where}, torch {data.get('torch')}"
     return f"{head}\n\n" + "\n".join(rows)
 
 

@@ -35,7 +35,7 @@ def test_smoke_mode_runs_every_step_and_writes_the_folder(suite: ModuleType, tmp
         assert log.read_text().startswith("$ "), "each log starts with the exact command"
         if step.writes_json:
             json.loads((out / f"{step.name}.json").read_text())  # each benchmark's rows, machine-readable
-    assert json.loads((out / "bench" / "results.json").read_text())["device"] == "cpu"
+    assert json.loads((out / "bench" / "results.json").read_text())["device"]["type"] == "cpu"
     env = json.loads((out / "env.json").read_text())
     assert env["torch"] and env["python"] and env["device"] == "cpu"
     assert "passed" in summary.split("## tests")[1].split("##")[0], "the pytest digest shows the pass's counts"
