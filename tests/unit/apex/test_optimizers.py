@@ -121,13 +121,14 @@ def test_set_grad_none_decides_bare_zero_grad():
     assert all(p.grad is None for p in params)
 
 
-def test_fused_adam_resumes_an_apex_state_dict():
-    """Apex kept one step count per group; its checkpoints load and the next step equals torch's."""
-    control = FusedAdam(_params(), lr=0.01, weight_decay=0.1)
+def test_fused_adam_resumes_an_apex_state_dict(device):
+    """Apex kept one step count per group; its checkpoints load and the next step equals torch's (on CUDA the fused
+    kernel needs the step counts on the parameters' device: torch's loading puts the converted ones there)."""
+    control = FusedAdam(_params(device=device), lr=0.01, weight_decay=0.1)
     g = torch.Generator().manual_seed(3)
     for _ in range(2):
         for p in control.param_groups[0]["params"]:
-            p.grad = torch.randn(p.shape, generator=g)
+            p.grad = torch.randn(p.shape, generator=g).to(device)
         control.step()
     sd = control.state_dict()
     apex_sd = copy.deepcopy(sd)
