@@ -24,7 +24,7 @@ def test_init_casts_process_wide_until_deactivated(half, device):
         assert handle.is_active()
         # Outside any model: Apex's FP16 list runs in 16 bits, its FP32 list in fp32 even on 16-bit inputs.
         assert torch.mm(a, b).dtype == half
-        assert nn.Linear(4, 4)(a).dtype == half
+        assert nn.Linear(4, 4, device=device)(a).dtype == half
         assert torch.mv(a, b[0]).dtype == half  # on Apex's FP16 list; CPU autocast leaves it alone
         assert F.softmax(a.to(half), dim=-1).dtype == torch.float32
         assert a.to(half).sum().dtype == a.to(half).std().dtype == torch.float32
