@@ -35,31 +35,21 @@ def _sgd(params) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=0.1, momentum=0.9)
 
 
-def test_o1_equals_the_torch_amp_loop(device: torch.device, half_dtype: torch.dtype):
+def test_o1_equals_the_torch_amp_loop(device: torch.device, half_dtype: torch.dtype, apex_step, torch_amp_step):
     model = _model(device)
     native = copy.deepcopy(model)
     model, opt = amp.initialize(model, _sgd(model.parameters()), opt_level="O1", half_dtype=half_dtype, verbosity=0)
     native_opt = _sgd(native.parameters())
     scaler = torch.amp.GradScaler(device.type, init_scale=2.0**16, growth_interval=2000)
     for x, y in _batches(device):
-        opt.zero_grad()
-        loss = nn.functional.cross_entropy(model(x).float(), y)
-        with amp.scale_loss(loss, opt) as scaled:
-            scaled.backward()
-        opt.step()
-
-        native_opt.zero_grad()
-        with torch.autocast(device.type, dtype=half_dtype):
-            out = native(x)
-        scaler.scale(nn.functional.cross_entropy(out.float(), y)).backward()
-        scaler.step(native_opt)
-        scaler.update()
+        apex_step(model, opt, x, y)
+        torch_amp_step(native, native_opt, scaler, x, y)
     assert amp._amp_state.loss_scalers[0].loss_scale() == scaler.get_scale() == 2.0**15
     for a, b in zip(model.parameters(), native.parameters(), strict=True):
         assert torch.equal(a, b)
 
 
-def test_o2_equals_a_hand_cast_model_with_fp32_masters(device: torch.device, half_dtype: torch.dtype):
+def test_o2_equals_a_hand_cast_model_with_fp32_masters(device: torch.device, half_dtype: torch.dtype, apex_step):
     model = _model(device)
     half = copy.deepcopy(model).to(half_dtype)
     masters = [p.detach().clone().requires_grad_() for p in model.parameters()]  # fp32, from the same weights
@@ -67,11 +57,7 @@ def test_o2_equals_a_hand_cast_model_with_fp32_masters(device: torch.device, hal
     assert model[0].weight.dtype == half_dtype
     master_opt, scale = _sgd(masters), 2.0**16
     for x, y in _batches(device):
-        opt.zero_grad()
-        loss = nn.functional.cross_entropy(model(x), y)  # O2 casts the input in and the output to fp32
-        with amp.scale_loss(loss, opt) as scaled:
-            scaled.backward()
-        opt.step()
+        apex_step(model, opt, x, y)  # O2 casts the input in and the output to fp32
 
         half.zero_grad()
         (nn.functional.cross_entropy(half(x.to(half_dtype)).float(), y) * scale).backward()

@@ -148,7 +148,7 @@ def _cnn(device: torch.device) -> nn.Module:
     return nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 3)).to(device)
 
 
-def test_apex_imagenet_recipe_sync_bn_ddp_and_amp_equals_plain_batchnorm(device_process_group: None, device: torch.device, half_dtype: torch.dtype):
+def test_apex_imagenet_recipe_sync_bn_ddp_and_amp_equals_plain_batchnorm(device_process_group: None, device: torch.device, apex_step, torch_amp_step):
     """Apex's ImageNet example: convert_syncbn_model, amp.initialize, then DDP; at world size 1 it is the plain run."""
     if device.type == "cpu":
         pytest.skip("torch's DDP refuses SyncBatchNorm in CPU modules (the refusal is tested above); runs on CUDA")
@@ -164,15 +164,7 @@ def test_apex_imagenet_recipe_sync_bn_ddp_and_amp_equals_plain_batchnorm(device_
     g = torch.Generator().manual_seed(1)
     for _ in range(3):
         x, y = torch.randn(8, 3, 10, 10, generator=g).to(device), torch.randint(0, 3, (8,), generator=g).to(device)
-        opt.zero_grad()
-        with amp.scale_loss(nn.functional.cross_entropy(model(x), y), opt) as scaled:
-            scaled.backward()
-        opt.step()
-        plain_opt.zero_grad()
-        with torch.autocast(device.type, dtype=half_dtype):
-            out = plain(x)
-        scaler.scale(nn.functional.cross_entropy(out.float(), y)).backward()
-        scaler.step(plain_opt)
-        scaler.update()
+        apex_step(model, opt, x, y)
+        torch_amp_step(plain, plain_opt, scaler, x, y)
     for a, b in zip(model.module.state_dict().values(), plain.state_dict().values(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
