@@ -11,12 +11,18 @@ median per contender, its ratio to its native counterpart (the wrapper's overhea
 
     python benchmarks/apex_overhead.py                        # CNN with BatchNorm, bf16 on CPU
     python benchmarks/apex_overhead.py --model mlp --width 512
-    python benchmarks/apex_overhead.py --device cuda --half float16 --width 2048 --batch 512
+    python benchmarks/apex_overhead.py --device cuda --half float16 --width 2048 --batch 512   # MLP (CUDA's default)
+    python benchmarks/apex_overhead.py --smoke --json out.json   # seconds: checks the script runs (CI)
+
+The model defaults to the CNN on the CPU and to the MLP on CUDA: at a tensor-core width (2048) the CNN's
+full-resolution first layer alone holds 4 GB of fp32 activations per batch of 512 and its fp32 steps take
+about a second each, so eight contenders would need minutes; ``--model cnn`` asks for it anyway.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -115,17 +121,35 @@ def time_steps(step: Step, data: list[tuple[torch.Tensor, torch.Tensor]], device
     return times
 
 
-def main() -> None:
+# What --smoke changes unless given explicitly: a run of seconds that still builds and steps every contender.
+SMOKE = {"width": 8, "batch": 8, "steps": 2, "rounds": 2, "warmup": 1}
+DEFAULTS = {"width": 32, "batch": 64, "steps": 10, "rounds": 8, "warmup": 3}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="ampkit.apex O0-O2 against native loops: medians and ratios.")
-    parser.add_argument("--model", choices=["cnn", "mlp"], default="cnn")
+    parser.add_argument("--model", choices=["cnn", "mlp"], default=None, help="default: cnn on the CPU, mlp on CUDA and with --smoke")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--half", choices=["bfloat16", "float16"], default=None, help="16-bit type (default: bf16 on CPU, fp16 on CUDA)")
-    parser.add_argument("--width", type=int, default=32)
-    parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--steps", type=int, default=10, help="steps per round per contender")
-    parser.add_argument("--rounds", type=int, default=8)
-    parser.add_argument("--warmup", type=int, default=3)
-    args = parser.parse_args()
+    parser.add_argument("--width", type=int, default=None, help=f"default {DEFAULTS['width']}")
+    parser.add_argument("--batch", type=int, default=None, help=f"default {DEFAULTS['batch']}")
+    parser.add_argument("--steps", type=int, default=None, help=f"steps per round per contender (default {DEFAULTS['steps']})")
+    parser.add_argument("--rounds", type=int, default=None, help=f"default {DEFAULTS['rounds']}")
+    parser.add_argument("--warmup", type=int, default=None, help=f"default {DEFAULTS['warmup']}")
+    parser.add_argument("--smoke", action="store_true", help=f"a run of seconds to check the script works: {SMOKE} unless given")
+    parser.add_argument("--json", metavar="PATH", default=None, help="also write the table and the run's settings as JSON")
+    args = parser.parse_args(argv)
+    for name, value in (SMOKE if args.smoke else DEFAULTS).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.model is None:
+        args.model = "mlp" if args.smoke or torch.device(args.device).type == "cuda" else "cnn"
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, object]:
+    """Run the comparison, print the table; returns what --json writes."""
+    args = parse_args(argv)
     device = torch.device(args.device)
     half = getattr(torch, args.half) if args.half else (torch.bfloat16 if device.type == "cpu" else torch.float16)
 
@@ -159,14 +183,30 @@ def main() -> None:
     median = {name: 1e3 * statistics.median(t) for name, t in times.items()}
 
     machine = torch.cuda.get_device_name(device) if device.type == "cuda" else collect_env()["devices"][0]["name"]
+    command = f"python {' '.join(sys.argv if argv is None else ['benchmarks/apex_overhead.py', *argv])}"
     print(f"# apex_overhead  {date.today()}  torch {torch.__version__}  device {device} ({machine}), {torch.get_num_threads()} threads")
-    print(f"# command: python {' '.join(sys.argv)}")
+    print(f"# command: {command}")
     print(f"# {args.model} width {args.width}, batch {args.batch}, SGD momentum 0.9, 16-bit type {half}")
     print("| contender | median step (ms) | vs its native counterpart | speed-up vs fp32 | steps |")
     print("|---|---:|---:|---:|---:|")
+    rows = []
     for name in names:
-        vs = f"{median[name] / median[native[name]]:.3f} ({native[name]})" if name in native else "-"
+        ratio = median[name] / median[native[name]] if name in native else None
+        vs = f"{ratio:.3f} ({native[name]})" if ratio is not None else "-"
         print(f"| {name} | {median[name]:.3f} | {vs} | {median['fp32 loop'] / median[name]:.2f}x | {len(times[name])} |")
+        rows.append({
+            "contender": name, "median_ms": median[name], "native": native.get(name), "vs_native": ratio,
+            "speedup_vs_fp32": median["fp32 loop"] / median[name], "steps": len(times[name]),
+        })
+    result: dict[str, object] = {
+        "benchmark": "apex_overhead", "date": str(date.today()), "command": command, "torch": torch.__version__,
+        "device": str(device), "machine": machine, "threads": torch.get_num_threads(), "model": args.model,
+        "width": args.width, "batch": args.batch, "half": str(half).removeprefix("torch."), "smoke": args.smoke, "rows": rows,
+    }
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(result, f, indent=2)
+    return result
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ list, and its promote list (cat, stack, addcmul...) autocast's promote list. Wha
 this mode does, while autocast is on for the inputs' device:
 
 * Apex's FP32 list: CPU autocast keeps softmax, norms, losses, ``pow``, ``sum``... in 16 bits; their 16-bit
-  inputs are cast to fp32. CUDA's autocast already runs them in fp32.
+  inputs are cast to fp32. CUDA's autocast already runs most of them in fp32, all but
+  :data:`CUDA_AUTOCAST_GAPS` (``std``, ``var`` and two composites), which are cast here on CUDA too.
 * Functions on Apex's FP16 list that CPU autocast leaves alone: ``mv``, ``addmv``, ``addr``, and the RNNs and
   RNN cells (``_VF.lstm``, ``_VF.gru_cell``...). Their floating inputs, hidden state and weights are cast
   to the 16-bit type and they run with autocast off, as Apex's ``rnn_cast`` ran them. Off, because CPU
@@ -27,7 +28,15 @@ from torch.overrides import TorchFunctionMode
 
 from ..policy.islands import cast_floating
 
-__all__ = ["FP32_FUNCTIONS", "HALF_FUNCTIONS", "BANNED_FUNCTIONS", "O1Functions", "autocast_covers_apex_lists", "device_type_of"]
+__all__ = [
+    "FP32_FUNCTIONS",
+    "HALF_FUNCTIONS",
+    "BANNED_FUNCTIONS",
+    "CUDA_AUTOCAST_GAPS",
+    "O1Functions",
+    "autocast_covers_apex_lists",
+    "device_type_of",
+]
 
 # Apex's fp32 lists (torch, torch.nn.functional, Tensor methods), matched by name so that ``torch.sum``,
 # ``x.sum()`` and ``x ** 2`` (Tensor.__pow__ is named "pow") are all caught. In-place forms are left out:
@@ -55,6 +64,11 @@ HALF_FUNCTIONS = frozenset(
 
 BANNED_FUNCTIONS = frozenset({"binary_cross_entropy"})
 
+# Apex's fp32 list minus what CUDA's autocast runs in fp32 (its fp32 and fp32-output lists, torch 2.4 to 2.13):
+# std and var are on neither, and two composites run 16-bit inner ops (local_response_norm's average pool,
+# multilabel_soft_margin_loss's logsigmoid). Everything else on the list is cast by CUDA's autocast itself.
+CUDA_AUTOCAST_GAPS = frozenset({"std", "var", "local_response_norm", "multilabel_soft_margin_loss"})
+
 # In-place forms of the fp32 list (``x.exp_()``): fp32 cannot be written into a 16-bit tensor, so Apex refused
 # them on 16-bit inputs rather than round the fp32 result back down.
 _FP32_IN_PLACE = frozenset(name + "_" for name in FP32_FUNCTIONS)
@@ -72,13 +86,16 @@ _HALF_TYPES = (torch.float16, torch.bfloat16)
 _WATCHED = FP32_FUNCTIONS | HALF_FUNCTIONS | BANNED_FUNCTIONS | _FP32_IN_PLACE
 
 
-def autocast_covers_apex_lists(device_type: str) -> bool:
-    """Whether torch's autocast on ``device_type`` already casts as Apex's lists did (CUDA's does).
+def autocast_covers_apex_lists(device_type: str, name: str) -> bool:
+    """Whether torch's autocast on ``device_type`` already casts function ``name`` as Apex's lists did (CUDA's
+    does, but for :data:`CUDA_AUTOCAST_GAPS`).
 
-    >>> autocast_covers_apex_lists("cuda"), autocast_covers_apex_lists("cpu")
+    >>> autocast_covers_apex_lists("cuda", "softmax"), autocast_covers_apex_lists("cuda", "std")
     (True, False)
+    >>> autocast_covers_apex_lists("cpu", "softmax")
+    False
     """
-    return device_type == "cuda"
+    return device_type == "cuda" and name not in CUDA_AUTOCAST_GAPS
 
 
 def device_type_of(args: tuple, kwargs: dict) -> str | None:
@@ -153,7 +170,7 @@ class O1Functions(TorchFunctionMode):
                     f"there, and its result cannot be written into a 16-bit tensor. Use x = x.{name[:-1]}(...) instead."
                 )
             return func(*args, **kwargs)
-        if autocast_covers_apex_lists(device_type):
+        if autocast_covers_apex_lists(device_type, name):
             return func(*args, **kwargs)
         if name in HALF_FUNCTIONS:
             return _run_uncast(func, device_type, torch.get_autocast_dtype(device_type), args, kwargs)

@@ -121,7 +121,12 @@ def save_distributed(engine: "Engine", path: str | os.PathLike, extra: dict[str,
             "under FSDP, save at an accumulation boundary (when engine.step() returned True): the pending "
             "gradients are unsharded per rank and are not part of a sharded checkpoint."
         )
-    mine = {"rng": capture_rng_state(), "pending_grads": None if sharded else _pending_grads(engine)}
+    pending = None if sharded else _pending_grads(engine)
+    if pending is not None:
+        # On the host before gathering: a rank's CUDA tensors would unpickle on rank 0 onto that rank's GPU
+        # (another CUDA context there, or a missing device on another node).
+        pending = {name: grad.cpu() for name, grad in pending.items()}
+    mine = {"rng": capture_rng_state(), "pending_grads": pending}
     gathered = _gather_to_rank0(mine)
     target = Path(os.fspath(path))
     token = _broadcast_from_rank0(secrets.token_hex(6) if rank == 0 else None)

@@ -131,9 +131,12 @@ def init_distributed(
     backend = backend or ("nccl" if dev.type == "cuda" else "gloo")
     if backend == "nccl" and dev.type != "cuda":
         raise RuntimeError("backend='nccl' needs CUDA devices; use backend='gloo' (or leave it out) to train on the CPU.")
+    kwargs: dict[str, object] = {"timeout": timeout} if timeout is not None else {}
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
-    kwargs = {"timeout": timeout} if timeout is not None else {}
+        # Bound to its GPU, an NCCL group knows where a barrier's tensor lives (unbound, shutdown()'s barrier
+        # guesses the current device and warns about it) and connects at once rather than on first use.
+        kwargs["device_id"] = dev
     dist.init_process_group(backend, store=_attempt_store(rank, world, timeout), rank=rank, world_size=world, **kwargs)
     _end_at_exit()
     if rank_zero_logging:

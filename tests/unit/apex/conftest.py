@@ -1,5 +1,5 @@
 """Each test starts without an amp session, amp flags, an amp handle or an installed apex finder, and leaves none
-behind."""
+behind. ``apex_step`` and ``torch_amp_step`` are one step of Apex's loop and of the torch.amp loop it stands for."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import importlib
 import sys
 
 import pytest
+import torch
 
 from ampkit.apex import uninstall
 from ampkit.apex._state import _amp_state
@@ -33,3 +34,33 @@ def forget_apex_modules():
     for name in [n for n in sys.modules if n == "apex" or n.startswith("apex.")]:
         del sys.modules[name]
     importlib.invalidate_caches()
+
+
+@pytest.fixture
+def apex_step():
+    """``apex_step(model, opt, x, y)``: one step of Apex's loop (amp.scale_loss around backward) on a cross-entropy loss."""
+    from ampkit.apex import amp
+
+    def step(model, opt, x, y) -> None:
+        opt.zero_grad()
+        with amp.scale_loss(torch.nn.functional.cross_entropy(model(x).float(), y), opt) as scaled:
+            scaled.backward()
+        opt.step()
+
+    return step
+
+
+@pytest.fixture
+def torch_amp_step(half_dtype):
+    """``torch_amp_step(model, opt, scaler, x, y)``: one step of the torch.amp loop Apex's O1 stands for (autocast in
+    the pass's 16-bit type around the forward, the GradScaler around backward and step)."""
+
+    def step(model, opt, scaler, x, y) -> None:
+        opt.zero_grad()
+        with torch.autocast(x.device.type, dtype=half_dtype):
+            out = model(x)
+        scaler.scale(torch.nn.functional.cross_entropy(out.float(), y)).backward()
+        scaler.step(opt)
+        scaler.update()
+
+    return step

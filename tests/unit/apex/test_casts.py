@@ -44,6 +44,8 @@ class OpProbe(nn.Module):
         s["**"] = (h**2).dtype
         s["exp"] = torch.exp(h).dtype
         s["norm"] = h.norm().dtype
+        s["std"] = h.std().dtype
+        s["var"] = torch.var(h, dim=0).dtype
         s["cross_entropy"] = F.cross_entropy(h, target).dtype
         s["mse_loss"] = F.mse_loss(h, torch.zeros_like(h)).dtype
         # promotion: a 16-bit and an fp32 input meet
@@ -55,16 +57,18 @@ class OpProbe(nn.Module):
 
 
 HALF_OPS = ["linear", "conv", "matmul", "@", "mm", "bmm", "add 16-bit"]
-FP32_OPS = ["softmax", "log_softmax", "layer_norm", "group_norm", "sum", "torch.sum", "pow", "**", "exp", "norm", "cross_entropy", "mse_loss"]
+FP32_OPS = ["softmax", "log_softmax", "layer_norm", "group_norm", "sum", "torch.sum", "pow", "**", "exp", "norm", "std", "var", "cross_entropy", "mse_loss"]
 PROMOTED = ["add mixed", "cat mixed", "addcmul mixed"]
 
 
 @pytest.mark.parametrize("half", [torch.bfloat16, torch.float16])
-def test_o1_op_output_dtypes(half):
-    probe = OpProbe()
+def test_o1_op_output_dtypes(half, device):
+    probe = OpProbe().to(device)
     opt = torch.optim.SGD(probe.parameters(), lr=0.1)
     probe, opt = amp.initialize(probe, opt, opt_level="O1", verbosity=0, half_dtype=half)
-    out = probe(torch.randn(4, 8), torch.randn(1, 2, 5, 5), torch.tensor([0, 1, 2, 3]))
+    g = torch.Generator().manual_seed(0)
+    x, img = torch.randn(4, 8, generator=g).to(device), torch.randn(1, 2, 5, 5, generator=g).to(device)
+    out = probe(x, img, torch.tensor([0, 1, 2, 3], device=device))
     seen = probe.seen
     assert {k: seen[k] for k in HALF_OPS} == {k: half for k in HALF_OPS}
     assert {k: seen[k] for k in FP32_OPS} == {k: torch.float32 for k in FP32_OPS}
@@ -176,3 +180,20 @@ def test_disable_casts_inside_an_o1_forward():
     m, _ = amp.initialize(m, torch.optim.SGD(m.parameters(), lr=0.1), opt_level="O1", verbosity=0, cast_model_outputs=torch.bfloat16)
     assert m(torch.randn(2, 4)).dtype == torch.bfloat16
     assert m.inside == torch.float32
+
+
+def test_on_cuda_the_functions_its_autocast_leaves_16_bit_are_cast_to_fp32(monkeypatch: pytest.MonkeyPatch):
+    # What the mode decides for CUDA tensors, seen on the CPU: the inputs are reported as CUDA ones under CUDA
+    # autocast, so the mode leaves to autocast what CUDA's casts itself and upcasts only where it does not
+    # (std and var, which Apex ran in fp32, stayed fp16 under O1 on CUDA).
+    from ampkit.apex import _o1_functions
+    from ampkit.apex._o1_functions import CUDA_AUTOCAST_GAPS, FP32_FUNCTIONS, O1Functions
+
+    assert CUDA_AUTOCAST_GAPS <= FP32_FUNCTIONS
+    monkeypatch.setattr(_o1_functions, "device_type_of", lambda args, kwargs: "cuda")
+    monkeypatch.setattr(torch, "is_autocast_enabled", lambda device_type=None: device_type == "cuda")
+    h = torch.randn(4, 8).to(torch.bfloat16)
+    with O1Functions():
+        assert torch.std(h).dtype == h.var(dim=0).dtype == torch.float32
+        assert F.local_response_norm(h[None], 2).dtype == F.multilabel_soft_margin_loss(h, (h > 0).float()).dtype == torch.float32
+        assert torch.exp(h).dtype == h.sum().dtype == torch.bfloat16  # CUDA's autocast casts these itself

@@ -11,28 +11,28 @@ from ampkit.apex import amp
 from ampkit.apex._state import _amp_state
 
 
-def _autocast_state() -> tuple:
-    return (torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"), torch.is_autocast_cache_enabled())
+def _autocast_state(device_type: str = "cpu") -> tuple:
+    return (torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type), torch.is_autocast_cache_enabled())
 
 
 @pytest.mark.parametrize("half", [torch.bfloat16, torch.float16])
-def test_init_casts_process_wide_until_deactivated(half):
-    before = _autocast_state()
-    a, b = torch.randn(4, 4), torch.randn(4, 4)
+def test_init_casts_process_wide_until_deactivated(half, device):
+    before = _autocast_state(device.type)
+    a, b = torch.randn(4, 4, device=device), torch.randn(4, 4, device=device)
     handle = amp.init(half_dtype=half)
     try:
         assert handle.is_active()
         # Outside any model: Apex's FP16 list runs in 16 bits, its FP32 list in fp32 even on 16-bit inputs.
         assert torch.mm(a, b).dtype == half
-        assert nn.Linear(4, 4)(a).dtype == half
+        assert nn.Linear(4, 4, device=device)(a).dtype == half
         assert torch.mv(a, b[0]).dtype == half  # on Apex's FP16 list; CPU autocast leaves it alone
         assert F.softmax(a.to(half), dim=-1).dtype == torch.float32
-        assert a.to(half).sum().dtype == torch.float32
+        assert a.to(half).sum().dtype == a.to(half).std().dtype == torch.float32
     finally:
         handle._deactivate()
     assert torch.mm(a, b).dtype == torch.float32
     assert F.softmax(a.to(half), dim=-1).dtype == half
-    assert _autocast_state() == before
+    assert _autocast_state(device.type) == before
 
 
 def test_init_values_match_the_16_bit_reference():

@@ -10,9 +10,9 @@ from ampkit.apex import amp
 from ampkit.apex._properties import OptLevelError
 
 
-def net() -> nn.Module:
+def net(device: torch.device | str = "cpu") -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.LayerNorm(8), nn.Linear(8, 2))
+    return nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.LayerNorm(8), nn.Linear(8, 2)).to(device)
 
 
 def sgd(model: nn.Module) -> torch.optim.Optimizer:
@@ -40,19 +40,23 @@ def test_return_shapes_mirror_the_input():
 
 
 # -------------------------------------------------------------------------------------------- levels
+HALF = "half"  # the device's default 16-bit type: fp16 on CUDA (as in Apex), bf16 on the CPU
+
+
 @pytest.mark.parametrize(
     "level, weight, bn, masters",
     [
         ("O0", torch.float32, torch.float32, False),
         ("O1", torch.float32, torch.float32, False),
-        ("O2", torch.bfloat16, torch.float32, True),
-        ("O3", torch.bfloat16, torch.bfloat16, False),
+        ("O2", HALF, torch.float32, True),
+        ("O3", HALF, HALF, False),
     ],
 )
-def test_what_each_level_does_on_cpu(level, weight, bn, masters):
-    model = net()
+def test_what_each_level_does_on_the_device(level, weight, bn, masters, device, half_dtype):
+    weight, bn = (half_dtype if t == HALF else t for t in (weight, bn))
+    model = net(device)
     opt = sgd(model)
-    model, opt = amp.initialize(model, opt, opt_level=level, verbosity=0)
+    model, opt = amp.initialize(model, opt, opt_level=level, verbosity=0)  # no half_dtype: the device's default
     assert model[0].weight.dtype == weight
     assert model[1].weight.dtype == bn and model[1].running_mean.dtype == bn
     # Apex kept only BatchNorm in fp32; LayerNorm goes 16-bit with the rest under O2/O3.
@@ -60,7 +64,7 @@ def test_what_each_level_does_on_cpu(level, weight, bn, masters):
     stepped = list(amp.master_params(opt))
     assert all(p.dtype == torch.float32 for p in stepped) == (masters or weight == torch.float32)
     assert (stepped[0] is model[0].weight) == (not masters)
-    out = model(torch.randn(3, 4))
+    out = model(torch.randn(3, 4, device=device))
     assert out.dtype == torch.float32
 
 
@@ -89,24 +93,24 @@ def test_o2_cast_model_type_override_and_half_dtype_env(monkeypatch):
         amp.initialize(net(), opt_level="O3", verbosity=0)
 
 
-def test_o2_master_params_are_fp32_from_initialize_and_model_follows_them():
-    model = net()
+def test_o2_master_params_are_fp32_from_initialize_and_model_follows_them(device, half_dtype):
+    model = net(device)
     opt = sgd(model)
     model, opt = amp.initialize(model, opt, opt_level="O2", verbosity=0)
-    with amp.scale_loss(model(torch.randn(5, 4)).pow(2).mean(), opt) as scaled:
+    with amp.scale_loss(model(torch.randn(5, 4, device=device)).pow(2).mean(), opt) as scaled:
         scaled.backward()
     masters = list(amp.master_params(opt))
-    assert all(p.dtype == torch.float32 and p.grad is not None for p in masters)
+    assert all(p.dtype == torch.float32 and p.device == device and p.grad is not None for p in masters)
     opt.step()
-    assert torch.equal(model[0].weight, masters[0].to(torch.bfloat16))
+    assert torch.equal(model[0].weight, masters[0].to(half_dtype))
     assert masters[0].grad is None  # cleared after the step: model.zero_grad() is enough
 
 
-def test_o0_keeps_everything_fp32_and_exact():
-    model = net()
-    ref = net()
+def test_o0_keeps_everything_fp32_and_exact(device):
+    model = net(device)
+    ref = net(device)
     model, opt = amp.initialize(model, sgd(model), opt_level="O0", verbosity=0)
-    x = torch.randn(3, 4)
+    x = torch.randn(3, 4, device=device)
     ref.eval(), model.eval()
     assert torch.equal(model(x), ref(x))
 

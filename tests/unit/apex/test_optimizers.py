@@ -1,4 +1,6 @@
-"""apex.optimizers on torch's optimizers: each step equals torch's own optimizer on identical weights and grads."""
+"""apex.optimizers on torch's optimizers: each step equals torch's own optimizer on identical weights and grads.
+
+The parity tests are device-generic: on CUDA the fused kernels are CUDA's, compared with torch's default there."""
 
 from __future__ import annotations
 
@@ -12,19 +14,19 @@ from ampkit.apex import optimizers as apex_optim
 from ampkit.apex.optimizers import FusedAdagrad, FusedAdam, FusedLAMB, FusedMixedPrecisionLamb, FusedNovoGrad, FusedSGD
 
 
-def _params(seed: int = 0) -> list[torch.nn.Parameter]:
-    g = torch.Generator().manual_seed(seed)
-    return [torch.nn.Parameter(torch.randn(5, 3, generator=g)), torch.nn.Parameter(torch.randn(3, generator=g))]
+def _params(seed: int = 0, device: torch.device | str = "cpu") -> list[torch.nn.Parameter]:
+    g = torch.Generator().manual_seed(seed)  # drawn on the CPU: every device sees the same values
+    return [torch.nn.Parameter(torch.randn(5, 3, generator=g).to(device)), torch.nn.Parameter(torch.randn(3, generator=g).to(device))]
 
 
-def _run(make: Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer], steps: int = 3) -> list[torch.Tensor]:
+def _run(make: Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer], steps: int = 3, device: torch.device | str = "cpu") -> list[torch.Tensor]:
     """Step an optimizer from fixed weights on a fixed gradient sequence; return the final weights."""
-    params = _params()
+    params = _params(device=device)
     opt = make(params)
     g = torch.Generator().manual_seed(1)
     for _ in range(steps):
         for p in params:
-            p.grad = torch.randn(p.shape, generator=g)
+            p.grad = torch.randn(p.shape, generator=g).to(device)
         opt.step()
     return [p.detach().clone() for p in params]
 
@@ -35,16 +37,16 @@ def _assert_same(a: list[torch.Tensor], b: list[torch.Tensor]) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ FusedAdam
-def test_fused_adam_w_mode_equals_adamw():
-    got = _run(lambda ps: FusedAdam(ps, lr=0.01, weight_decay=0.1))
-    _assert_same(got, _run(lambda ps: torch.optim.AdamW(ps, lr=0.01, weight_decay=0.1)))
+def test_fused_adam_w_mode_equals_adamw(device):
+    got = _run(lambda ps: FusedAdam(ps, lr=0.01, weight_decay=0.1), device=device)
+    _assert_same(got, _run(lambda ps: torch.optim.AdamW(ps, lr=0.01, weight_decay=0.1), device=device))
     # Different from L2 Adam, so the comparison above is not vacuous.
-    assert not torch.allclose(got[0], _run(lambda ps: torch.optim.Adam(ps, lr=0.01, weight_decay=0.1))[0])
+    assert not torch.allclose(got[0], _run(lambda ps: torch.optim.Adam(ps, lr=0.01, weight_decay=0.1), device=device)[0])
 
 
-def test_fused_adam_l2_mode_equals_adam():
-    got = _run(lambda ps: FusedAdam(ps, lr=0.01, weight_decay=0.1, adam_w_mode=False, betas=(0.8, 0.99), eps=1e-6))
-    _assert_same(got, _run(lambda ps: torch.optim.Adam(ps, lr=0.01, weight_decay=0.1, betas=(0.8, 0.99), eps=1e-6)))
+def test_fused_adam_l2_mode_equals_adam(device):
+    got = _run(lambda ps: FusedAdam(ps, lr=0.01, weight_decay=0.1, adam_w_mode=False, betas=(0.8, 0.99), eps=1e-6), device=device)
+    _assert_same(got, _run(lambda ps: torch.optim.Adam(ps, lr=0.01, weight_decay=0.1, betas=(0.8, 0.99), eps=1e-6), device=device))
 
 
 def test_fused_adam_amsgrad_runs_torchs():
@@ -52,8 +54,8 @@ def test_fused_adam_amsgrad_runs_torchs():
     _assert_same(got, _run(lambda ps: torch.optim.AdamW(ps, lr=0.01, weight_decay=0.0, amsgrad=True)))
 
 
-def test_fused_adam_is_torch_adam_on_the_fused_kernel():
-    opt = FusedAdam(_params())
+def test_fused_adam_is_torch_adam_on_the_fused_kernel(device):
+    opt = FusedAdam(_params(device=device))
     assert isinstance(opt, torch.optim.Adam)
     assert opt.defaults["fused"] is True and opt._step_supports_amp_scaling
 
@@ -119,13 +121,14 @@ def test_set_grad_none_decides_bare_zero_grad():
     assert all(p.grad is None for p in params)
 
 
-def test_fused_adam_resumes_an_apex_state_dict():
-    """Apex kept one step count per group; its checkpoints load and the next step equals torch's."""
-    control = FusedAdam(_params(), lr=0.01, weight_decay=0.1)
+def test_fused_adam_resumes_an_apex_state_dict(device):
+    """Apex kept one step count per group; its checkpoints load and the next step equals torch's (on CUDA the fused
+    kernel needs the step counts on the parameters' device: torch's loading puts the converted ones there)."""
+    control = FusedAdam(_params(device=device), lr=0.01, weight_decay=0.1)
     g = torch.Generator().manual_seed(3)
     for _ in range(2):
         for p in control.param_groups[0]["params"]:
-            p.grad = torch.randn(p.shape, generator=g)
+            p.grad = torch.randn(p.shape, generator=g).to(device)
         control.step()
     sd = control.state_dict()
     apex_sd = copy.deepcopy(sd)
@@ -166,8 +169,8 @@ def test_fused_adam_under_amp_o2_trains():
 
 # ------------------------------------------------------------------------------------------------- FusedSGD
 @pytest.mark.parametrize("kwargs", [{}, {"momentum": 0.9}, {"momentum": 0.9, "nesterov": True, "weight_decay": 0.01}, {"momentum": 0.5, "dampening": 0.2}])
-def test_fused_sgd_equals_sgd(kwargs: dict):
-    _assert_same(_run(lambda ps: FusedSGD(ps, lr=0.1, **kwargs)), _run(lambda ps: torch.optim.SGD(ps, lr=0.1, **kwargs)))
+def test_fused_sgd_equals_sgd(kwargs: dict, device):
+    _assert_same(_run(lambda ps: FusedSGD(ps, lr=0.1, **kwargs), device=device), _run(lambda ps: torch.optim.SGD(ps, lr=0.1, **kwargs), device=device))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -241,9 +244,9 @@ def test_fused_sgd_needs_lr_like_apex():
 
 
 # --------------------------------------------------------------------------------------------- FusedAdagrad
-def test_fused_adagrad_equals_adagrad():
-    got = _run(lambda ps: FusedAdagrad(ps, lr=0.1, weight_decay=0.01, eps=1e-8))
-    _assert_same(got, _run(lambda ps: torch.optim.Adagrad(ps, lr=0.1, weight_decay=0.01, eps=1e-8)))
+def test_fused_adagrad_equals_adagrad(device):
+    got = _run(lambda ps: FusedAdagrad(ps, lr=0.1, weight_decay=0.01, eps=1e-8), device=device)
+    _assert_same(got, _run(lambda ps: torch.optim.Adagrad(ps, lr=0.1, weight_decay=0.01, eps=1e-8), device=device))
     assert isinstance(FusedAdagrad(_params()), torch.optim.Adagrad)
 
 

@@ -6,6 +6,8 @@ Three kinds of control, as in Apex's own tests but stricter:
 * O1/O2 with injected infs against the same opt level without injection that simply does not step at those
   iterations: the scale differs only by powers of two, so again bitwise equal;
 * O1/O2 against the fp32 control, within 16-bit tolerance.
+
+The scenario tests are device-generic: on CUDA, O1 and O2 run Apex's default there, fp16 with a dynamic scale.
 """
 
 from __future__ import annotations
@@ -21,14 +23,15 @@ from ampkit.apex import amp
 ITERS = 6
 
 
-def make_models(n: int) -> list[nn.Module]:
+def make_models(n: int, device: torch.device) -> list[nn.Module]:
     torch.manual_seed(0)
-    return [nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 3)) for _ in range(n)]
+    return [nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 3)).to(device) for _ in range(n)]
 
 
-def batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
-    g = torch.Generator().manual_seed(1)
-    return [(torch.randn(12, 6, generator=g), torch.randint(0, 3, (12,), generator=g)) for _ in range(ITERS)]
+def batches(device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(1)  # drawn on the CPU: every device sees the same values
+    data = [(torch.randn(12, 6, generator=g), torch.randint(0, 3, (12,), generator=g)) for _ in range(ITERS)]
+    return [(x.to(device), y.to(device)) for x, y in data]
 
 
 # Each scenario: models, optimizer -> model indices, losses -> (model indices summed, optimizers passed),
@@ -58,12 +61,14 @@ def build(sc: dict, models: list[nn.Module]) -> list[torch.optim.Optimizer]:
     return [torch.optim.SGD([p for i in idx for p in models[i].parameters()], lr=0.1, momentum=0.9) for idx in sc["opts"]]
 
 
-def run_amp(sc: dict, opt_level: str, inject: bool, manual_skip: bool = False, **kw) -> tuple[list[nn.Module], list[float]]:
-    models = make_models(sc["models"])
+def run_amp(
+    sc: dict, device: torch.device, opt_level: str, inject: bool, manual_skip: bool = False, **kw
+) -> tuple[list[nn.Module], list[float]]:
+    models = make_models(sc["models"], device)
     opts = build(sc, models)
     models, opts = amp.initialize(models, opts, opt_level=opt_level, num_losses=len(sc["losses"]), verbosity=0, **kw)
     skips = expected_skips(sc)
-    for it, (x, y) in enumerate(batches()):
+    for it, (x, y) in enumerate(batches(device)):
         for o in opts:
             o.zero_grad()
         outs = [m(x) for m in models]
@@ -82,11 +87,11 @@ def run_amp(sc: dict, opt_level: str, inject: bool, manual_skip: bool = False, *
     return models, scales
 
 
-def run_fp32_control(sc: dict) -> list[nn.Module]:
-    models = make_models(sc["models"])
+def run_fp32_control(sc: dict, device: torch.device) -> list[nn.Module]:
+    models = make_models(sc["models"], device)
     opts = build(sc, models)
     skips = expected_skips(sc)
-    for it, (x, y) in enumerate(batches()):
+    for it, (x, y) in enumerate(batches(device)):
         for o in opts:
             o.zero_grad()
         outs = [m(x) for m in models]
@@ -107,10 +112,10 @@ def expected_scales(sc: dict) -> list[float]:
 
 
 @pytest.mark.parametrize("name", SCENARIOS)
-def test_o0_dynamic_equals_fp32_control_bitwise(name):
+def test_o0_dynamic_equals_fp32_control_bitwise(name, device):
     sc = SCENARIOS[name]
-    treated, scales = run_amp(sc, "O0", inject=True, loss_scale="dynamic")
-    control = run_fp32_control(sc)
+    treated, scales = run_amp(sc, device, "O0", inject=True, loss_scale="dynamic")
+    control = run_fp32_control(sc, device)
     a, b = state(treated), state(control)
     assert a.keys() == b.keys()
     for k in a:
@@ -120,18 +125,20 @@ def test_o0_dynamic_equals_fp32_control_bitwise(name):
 
 @pytest.mark.parametrize("opt_level", ["O1", "O2"])
 @pytest.mark.parametrize("name", SCENARIOS)
-def test_injected_overflow_skips_exactly_like_manual_skip(name, opt_level):
+def test_injected_overflow_skips_exactly_like_manual_skip(name, opt_level, device, half_dtype):
     sc = SCENARIOS[name]
-    treated, scales = run_amp(sc, opt_level, inject=True)
+    treated, scales = run_amp(sc, device, opt_level, inject=True)
+    if opt_level == "O2":
+        assert treated[0][0].weight.dtype == half_dtype  # Apex's default type: fp16 on CUDA (bf16 on the CPU)
     _amp_reset()
-    reference, ref_scales = run_amp(sc, opt_level, inject=False, manual_skip=True)
+    reference, ref_scales = run_amp(sc, device, opt_level, inject=False, manual_skip=True)
     a, b = state(treated), state(reference)
     for k in a:
         assert torch.equal(a[k], b[k]), k
     assert scales == expected_scales(sc)
     assert ref_scales == [2.0**16] * len(sc["losses"])
     # And the 16-bit run stays near the fp32 control that skipped the same steps.
-    control = state(run_fp32_control(sc))
+    control = state(run_fp32_control(sc, device))
     for k in a:
         assert torch.allclose(a[k], control[k], rtol=5e-2, atol=2e-2), k
 

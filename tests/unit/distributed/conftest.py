@@ -1,4 +1,10 @@
-"""Running a test body on two gloo ranks (CPU), each a spawned process, with results passed back through files."""
+"""Running a test body on spawned ranks, with results passed back through files.
+
+The ranks follow the device of the pass (``pytest --device``): on the CPU, two gloo ranks; on CUDA, one NCCL
+rank on the pass's GPU (world size 1: the GPU machines have one GPU, and NCCL refuses two ranks on one device).
+A body is ``fn(rank, device, *args)``: it builds its model and data on ``device``, and reads the world size
+from ``torch.distributed.get_world_size()`` (tests size their batches by the ``world`` fixture).
+"""
 
 from __future__ import annotations
 
@@ -19,11 +25,17 @@ from ampkit.distributed import shutdown
 TIMEOUT_S = 120
 
 
-def _entry(rank: int, fn: Callable[..., Any], world: int, init_file: str, out_dir: str, args: tuple[Any, ...]) -> None:
+def _entry(rank: int, fn: Callable[..., Any], world: int, device: str, init_file: str, out_dir: str, args: tuple[Any, ...]) -> None:
     torch.set_num_threads(1)  # two ranks on two cores
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)  # .cuda(), NCCL's object collectives and torch.cuda.current_device() land here
+        # device_id binds the group to the GPU: barrier() then needs no guess (and gives no warning about one).
+        dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=world, device_id=dev)
+    else:
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
-        result = fn(rank, *args)
+        result = fn(rank, dev, *args)
         torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
     except BaseException:
         dist.destroy_process_group()  # no barrier: the other rank may never reach it
@@ -35,13 +47,21 @@ def _entry(rank: int, fn: Callable[..., Any], world: int, init_file: str, out_di
     shutdown()
 
 
-@pytest.fixture
-def run_ranks(tmp_path: Path) -> Callable[..., list[Any]]:
-    """``run_ranks(fn, *args, world=2)``: ``fn(rank, *args)`` on each rank; returns what each returned (tensors, dicts)."""
+@pytest.fixture(scope="session")
+def world(device: torch.device) -> int:
+    """Ranks a distributed test runs on: 2 gloo ranks on the CPU, 1 NCCL rank on CUDA."""
+    return 1 if device.type == "cuda" else 2
 
-    def run(fn: Callable[..., Any], *args: Any, world: int = 2) -> list[Any]:
+
+@pytest.fixture
+def run_ranks(tmp_path: Path, device: torch.device, world: int) -> Callable[..., list[Any]]:
+    """``run_ranks(fn, *args)``: ``fn(rank, device, *args)`` on each of ``world`` ranks; returns what each returned
+    (tensors, dicts), loaded onto the device they were saved from."""
+
+    def run(fn: Callable[..., Any], *args: Any) -> list[Any]:
         out = Path(tempfile.mkdtemp(prefix=f"{fn.__name__}-", dir=tmp_path))  # a fresh rendezvous file per run
-        context = mp.spawn(_entry, args=(fn, world, str(out / "init"), str(out), args), nprocs=world, join=False)
+        entry_args = (fn, world, str(device), str(out / "init"), str(out), args)
+        context = mp.spawn(_entry, args=entry_args, nprocs=world, join=False)
         deadline = time.monotonic() + TIMEOUT_S
         while not context.join(timeout=max(0.0, deadline - time.monotonic())):
             if time.monotonic() >= deadline:  # a hung collective must fail the test, not stall the suite

@@ -1,6 +1,7 @@
 """Sharded checkpoints as an attacker and a crash would leave them: crafted metadata runs nothing, a missing,
 truncated or garbled shard changes nothing, a save killed between its two renames is found again, and the
-next save removes what killed saves left behind."""
+next save removes what killed saves left behind. The checkpoints are written on the pass's ranks (two gloo ranks on
+the CPU, one NCCL rank on CUDA) and loaded in this process on the same device."""
 
 from __future__ import annotations
 
@@ -23,13 +24,13 @@ from ampkit.distributed.checkpoint_dir import ENGINE_FILE, find_checkpoint
 from ampkit.distributed.safe_dcp import _RestrictedUnpickler
 
 
-def _model(seed: int, width: int = 16) -> nn.Module:
+def _model(seed: int, width: int, device: torch.device) -> nn.Module:
     torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(6, width), nn.LayerNorm(width), nn.Linear(width, 3))
+    return nn.Sequential(nn.Linear(6, width), nn.LayerNorm(width), nn.Linear(width, 3)).to(device)
 
 
-def _setup(strategy: str | None, seed: int, width: int = 16) -> tuple[nn.Module, Engine]:
-    model = _model(seed, width)
+def _setup(strategy: str | None, seed: int, device: torch.device, width: int = 16) -> tuple[nn.Module, Engine]:
+    model = _model(seed, width, device)
     engine = Engine(strategy=strategy)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     model, _ = engine.setup(model, opt)
@@ -37,10 +38,11 @@ def _setup(strategy: str | None, seed: int, width: int = 16) -> tuple[nn.Module,
 
 
 def _train(model: nn.Module, engine: Engine, rank: int, steps: int) -> None:
-    g = torch.Generator().manual_seed(rank)
+    g = torch.Generator().manual_seed(rank)  # drawn on the CPU: every device sees the same values
     for _ in range(steps):
+        x, y = torch.randn(8, 6, generator=g).to(engine.device), torch.randint(0, 3, (8,), generator=g).to(engine.device)
         with engine.autocast():
-            loss = nn.functional.cross_entropy(model(torch.randn(8, 6, generator=g)), torch.randint(0, 3, (8,), generator=g))
+            loss = nn.functional.cross_entropy(model(x), y)
         engine.backward(loss)
         engine.step()
 
@@ -49,9 +51,9 @@ def _full(engine: Engine) -> dict[str, torch.Tensor]:
     return {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone() for n, p in engine.models[0].named_parameters()}
 
 
-def _save_twice(rank: int, first: str, second: str) -> dict:
+def _save_twice(rank: int, device: torch.device, first: str, second: str) -> dict:
     """Saves at step 2 and step 4; before the second save, rank 0 plants what killed saves leave behind."""
-    model, engine = _setup("fsdp", 0)
+    model, engine = _setup("fsdp", 0, device)
     _train(model, engine, rank, 2)
     engine.save(first)
     at_first = _full(engine)
@@ -67,7 +69,7 @@ def _save_twice(rank: int, first: str, second: str) -> dict:
 @pytest.fixture
 def saved(run_ranks, tmp_path) -> tuple[Path, Path, dict]:
     first, second = tmp_path / "step2", tmp_path / "step4"
-    r0, _ = run_ranks(_save_twice, str(first), str(second))
+    r0 = run_ranks(_save_twice, str(first), str(second))[0]
     return first, second, r0
 
 
@@ -83,8 +85,8 @@ def _pickle_global(module: str, name: str, args: tuple[str, ...]) -> bytes:
     return data
 
 
-def _assert_refused_and_unchanged(path: Path, match: str) -> None:
-    model, engine = _setup(None, seed=9)
+def _assert_refused_and_unchanged(path: Path, match: str, device: torch.device) -> None:
+    model, engine = _setup(None, 9, device)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     with pytest.raises(CheckpointError, match=match):
         engine.load(path)
@@ -93,7 +95,7 @@ def _assert_refused_and_unchanged(path: Path, match: str) -> None:
     assert not engine.optimizers[0].state  # a load that initialised the optimizer's state undid that too
 
 
-def test_crafted_metadata_runs_nothing_and_damaged_shards_change_nothing(saved, tmp_path):
+def test_crafted_metadata_runs_nothing_and_damaged_shards_change_nothing(saved, tmp_path, device, world):
     first, _, r0 = saved
 
     def copy(name: str) -> Path:
@@ -108,7 +110,7 @@ def test_crafted_metadata_runs_nothing_and_damaged_shards_change_nothing(saved, 
     ]:
         crafted = copy(f"crafted-{name}")
         (crafted / ".metadata").write_bytes(_pickle_global(module, name, args))
-        _assert_refused_and_unchanged(crafted, f"refers to {module}.{name}, which a safe load refuses")
+        _assert_refused_and_unchanged(crafted, f"refers to {module}.{name}, which a safe load refuses", device)
     assert not victim.exists()
 
     # 2. Metadata that sends the reader outside the directory.
@@ -118,34 +120,34 @@ def test_crafted_metadata_runs_nothing_and_damaged_shards_change_nothing(saved, 
     next(iter(metadata.storage_data.values())).relative_path = "../step4/__0_0.distcp"
     with open(escaping / ".metadata", "wb") as f:
         pickle.dump(metadata, f)
-    _assert_refused_and_unchanged(escaping, "not a file inside the checkpoint directory")
+    _assert_refused_and_unchanged(escaping, "not a file inside the checkpoint directory", device)
 
     # 3. A shard missing, cut short, or garbled at its full length.
-    missing = copy("missing")
-    (missing / "__1_0.distcp").unlink()
-    _assert_refused_and_unchanged(missing, r"__1_0.distcp \(missing\)")
+    missing, last = copy("missing"), f"__{world - 1}_0.distcp"  # the last rank's shards
+    (missing / last).unlink()
+    _assert_refused_and_unchanged(missing, rf"{last} \(missing\)", device)
     truncated = copy("truncated")
     shard = truncated / "__0_0.distcp"
     shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
-    _assert_refused_and_unchanged(truncated, r"__0_0.distcp \(\d+ of at least \d+ bytes\)")
+    _assert_refused_and_unchanged(truncated, r"__0_0.distcp \(\d+ of at least \d+ bytes\)", device)
     garbled = copy("garbled")
     shard = garbled / "__0_0.distcp"
     shard.write_bytes(bytes(shard.stat().st_size))
-    _assert_refused_and_unchanged(garbled, "reading the shards failed.*nothing was changed")
+    _assert_refused_and_unchanged(garbled, "reading the shards failed.*nothing was changed", device)
 
     # 4. A sharded checkpoint of another model: checked against the metadata before anything is read.
-    model, engine = _setup(None, seed=9, width=8)
+    model, engine = _setup(None, 9, device, width=8)
     with pytest.raises(CheckpointError, match=r"the model does not match the checkpoint.*shape mismatch \[.*'model.0.0.weight \(16, 6\) vs \(8, 6\)'"):
         engine.load(first)
 
-    # The undamaged directory still loads, resharded from two ranks to one.
-    model, engine = _setup(None, seed=9)
+    # The undamaged directory still loads, resharded from the pass's ranks to one process.
+    model, engine = _setup(None, 9, device)
     engine.load(first)
     for n, p in model.named_parameters():
         assert torch.equal(p, r0["first"][n]), n
 
 
-def test_a_save_killed_between_its_renames_is_found_and_the_next_save_cleans_up(saved, tmp_path):
+def test_a_save_killed_between_its_renames_is_found_and_the_next_save_cleans_up(saved, tmp_path, device):
     first, second, r0 = saved
     # The second save removed the leftovers planted before it; only the two checkpoints remain.
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("step")) == ["step2", "step4"]
@@ -157,13 +159,13 @@ def test_a_save_killed_between_its_renames_is_found_and_the_next_save_cleans_up(
     shutil.copytree(second, new)
     os.utime(old / ENGINE_FILE, ns=(1, 1))  # the new one's engine file is written later
     assert not target.exists() and checkpoint_exists(target)
-    model, engine = _setup(None, seed=9)
+    model, engine = _setup(None, 9, device)
     engine.load(target)
     assert all(torch.equal(p, r0["second"][n]) for n, p in model.named_parameters())
 
     # Killed before the new one was complete: the old one is the checkpoint.
     (new / ENGINE_FILE).unlink()
-    model, engine = _setup(None, seed=9)
+    model, engine = _setup(None, 9, device)
     engine.load(target)
     assert all(torch.equal(p, r0["first"][n]) for n, p in model.named_parameters())
 

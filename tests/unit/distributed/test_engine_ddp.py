@@ -1,9 +1,11 @@
-"""The engine under DDP on two gloo ranks, checked against a single process on the concatenated batch."""
+"""The engine under DDP on the pass's ranks (two gloo ranks on the CPU, one NCCL rank on CUDA), checked against a
+single process on the concatenated batch."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from ampkit import Engine
@@ -11,19 +13,25 @@ from ampkit import Engine
 ROWS = 16  # per rank
 
 
-def _model() -> nn.Module:
+def _model(device: torch.device) -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(12, 32), nn.LayerNorm(32), nn.GELU(), nn.Linear(32, 5))
+    return nn.Sequential(nn.Linear(12, 32), nn.LayerNorm(32), nn.GELU(), nn.Linear(32, 5)).to(device)
 
 
-def _batches(steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    g = torch.Generator().manual_seed(1)
-    return [(torch.randn(2 * ROWS, 12, generator=g), torch.randint(0, 5, (2 * ROWS,), generator=g)) for _ in range(steps)]
+def _batches(steps: int, world: int, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(1)  # drawn on the CPU: every device sees the same values
+    batches = [(torch.randn(world * ROWS, 12, generator=g), torch.randint(0, 5, (world * ROWS,), generator=g)) for _ in range(steps)]
+    return [(x.to(device), y.to(device)) for x, y in batches]
 
 
 def _rows(batch, rank):
     x, y = batch
     return x[rank * ROWS : (rank + 1) * ROWS], y[rank * ROWS : (rank + 1) * ROWS]
+
+
+def _precision(spec: str, half_dtype: torch.dtype) -> str:
+    """``{half}`` in a parametrized precision is the pass's 16-bit type: fp16 (with loss scaling) on CUDA, bf16 on CPU."""
+    return spec.format(half="16" if half_dtype == torch.float16 else "bf16")
 
 
 def _train(model, engine, opt, batches, rank=None):
@@ -39,41 +47,45 @@ def _train(model, engine, opt, batches, rank=None):
     return grads
 
 
-def _ddp_grads(rank: int, precision: str) -> dict:
+def _ddp_grads(rank: int, device: torch.device, precision: str) -> dict:
     torch.manual_seed(100 + rank)  # different weights per rank: setup must broadcast rank 0's
-    model = nn.Sequential(nn.Linear(12, 32), nn.LayerNorm(32), nn.GELU(), nn.Linear(32, 5))
-    model.load_state_dict(_model().state_dict()) if rank == 0 else None
+    model = nn.Sequential(nn.Linear(12, 32), nn.LayerNorm(32), nn.GELU(), nn.Linear(32, 5)).to(device)
+    model.load_state_dict(_model(device).state_dict()) if rank == 0 else None
     engine = Engine(precision, strategy="ddp")
     model, opt = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
     assert isinstance(model, nn.parallel.DistributedDataParallel)
-    grads = _train(model, engine, opt, _batches(3), rank)
+    grads = _train(model, engine, opt, _batches(3, dist.get_world_size(), device), rank)
     return {"grads": grads, "params": [p.detach().clone() for p in engine.models[0].parameters()]}
 
 
-@pytest.mark.parametrize("precision, rtol", [("32-true", 1e-5), ("bf16-mixed", 2e-2), ("bf16-true-masters", 3e-2)])
-def test_ddp_gradients_equal_the_single_process_step_on_the_concatenated_batch(run_ranks, precision, rtol):
-    r0, r1 = run_ranks(_ddp_grads, precision)
-    for a, b in zip(r0["params"], r1["params"], strict=True):
-        assert torch.equal(a, b)  # replicas never drift apart
-    model = _model()
+@pytest.mark.parametrize("spec, rtol", [("32-true", 1e-5), ("{half}-mixed", 2e-2), ("{half}-true-masters", 3e-2)], ids=["32-true", "half-mixed", "half-true-masters"])
+def test_ddp_gradients_equal_the_single_process_step_on_the_concatenated_batch(run_ranks, device, world, half_dtype, spec, rtol):
+    precision = _precision(spec, half_dtype)
+    results = run_ranks(_ddp_grads, precision)
+    for other in results[1:]:
+        for a, b in zip(results[0]["params"], other["params"], strict=True):
+            assert torch.equal(a, b)  # replicas never drift apart
+    model = _model(device)
     engine = Engine(precision)
     model, opt = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
-    want = _train(model, engine, opt, _batches(3))
-    for got_step, want_step in zip(r0["grads"], want, strict=True):
+    want = _train(model, engine, opt, _batches(3, world, device))
+    assert len(results[0]["grads"]) == len(want) > 0
+    for got_step, want_step in zip(results[0]["grads"], want, strict=True):
         for g, w in zip(got_step, want_step, strict=True):
             assert (g.float() - w.float()).norm() <= rtol * w.float().norm()
 
 
-def _skip_on_one_rank(rank: int) -> dict:
-    model = _model()
+def _skip_on_one_rank(rank: int, device: torch.device) -> dict:
+    model = _model(device)
     engine = Engine("16-mixed", strategy="ddp")
     model, opt = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    world = dist.get_world_size()
     out = {"scales": [], "skipped": [], "params": []}
-    for step, batch in enumerate(_batches(3)):
+    for step, batch in enumerate(_batches(3, world, device)):
         x, y = _rows(batch, rank)
-        if step == 1 and rank == 1:
+        if step == 1 and rank == world - 1:
             x = x.clone()
-            x[0, 0] = float("inf")  # an overflow on rank 1 only
+            x[0, 0] = float("inf")  # an overflow on the last rank only
         with engine.autocast():
             loss = nn.functional.cross_entropy(model(x).float(), y)
         engine.backward(loss)
@@ -85,19 +97,22 @@ def _skip_on_one_rank(rank: int) -> dict:
 
 
 def test_an_inf_on_one_rank_skips_the_step_on_every_rank_with_the_same_scale(run_ranks):
-    r0, r1 = run_ranks(_skip_on_one_rank)
-    assert [bool(s) for s in r0["skipped"]] == [bool(s) for s in r1["skipped"]] == [False, True, False]
-    assert [float(s) for s in r0["scales"]] == [float(s) for s in r1["scales"]] == [2.0**16, 2.0**15, 2.0**15]
+    results = run_ranks(_skip_on_one_rank)
+    r0 = results[0]
+    for r in results:
+        assert [bool(s) for s in r["skipped"]] == [False, True, False]
+        assert [float(s) for s in r["scales"]] == [2.0**16, 2.0**15, 2.0**15]
     for a, b in zip(r0["params"][1], r0["params"][0], strict=True):
         assert torch.equal(a, b)  # the skipped step changed nothing
-    for step0, step1 in zip(r0["params"], r1["params"], strict=True):
-        assert all(torch.equal(a, b) for a, b in zip(step0, step1, strict=True))
+    for r in results[1:]:
+        for step0, step1 in zip(r0["params"], r["params"], strict=True):
+            assert all(torch.equal(a, b) for a, b in zip(step0, step1, strict=True))
 
 
-def _accumulate(rank: int, through_engine_forward: bool) -> dict:
+def _accumulate(rank: int, device: torch.device, through_engine_forward: bool) -> dict:
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
-    model = _model()
+    model = _model(device)
     engine = Engine(strategy="ddp", accumulate=4)
     model, opt = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
     calls = []
@@ -107,7 +122,7 @@ def _accumulate(rank: int, through_engine_forward: bool) -> dict:
         return allreduce_hook(state, bucket)
 
     model.register_comm_hook(None, counting)
-    for batch in _batches(8):
+    for batch in _batches(8, dist.get_world_size(), device):
         x, y = _rows(batch, rank)
         if through_engine_forward:
             with engine.autocast():  # no_sync on the 3 micro-batches before each boundary
@@ -120,8 +135,8 @@ def _accumulate(rank: int, through_engine_forward: bool) -> dict:
 
 
 def test_accumulation_under_no_sync_equals_syncing_every_micro_batch(run_ranks):
-    lazy, _ = run_ranks(_accumulate, True)
-    eager, _ = run_ranks(_accumulate, False)
+    lazy = run_ranks(_accumulate, True)[0]
+    eager = run_ranks(_accumulate, False)[0]
     assert int(eager["calls"]) == 4 * int(lazy["calls"]) > 0  # one all-reduce per optimizer step, not per micro-batch
     for a, b in zip(lazy["params"], eager["params"], strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
