@@ -29,6 +29,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.test_device = _parse_device(config.getoption("--device"))  # type: ignore[attr-defined]
+    # Every sparse tensor a test builds is validated. Opting in globally also silences torch's "invariant checks
+    # are implicitly disabled" warning (an error here), which torch 2.11 emits even for check_invariants=True.
+    torch.sparse.check_sparse_tensor_invariants.enable()
 
 
 def _parse_device(text: str) -> torch.device:

@@ -220,9 +220,27 @@ def _clear_dtensor_caches() -> None:
             log.debug("no DTensor cache %s.%s in this torch", module, path)
 
 
+def _unlink_surviving_meshes() -> None:
+    # torch 2.11's C++ DTensor fast path keeps references to the specs it cached that clearing its cache does not
+    # drop, so there a DeviceMesh outlives the caches, holding its (destroyed) groups in _pg_registry. The registry
+    # only serves torch.compile tracing; emptying it lets the groups, and their gloo threads, go.
+    if "torch.distributed.tensor" not in sys.modules:
+        return  # DTensor never ran: nothing of it holds a mesh
+    from torch.distributed.device_mesh import DeviceMesh
+
+    # type(), not isinstance(): an isinstance check on every live object reaches objects whose __class__ warns.
+    meshes = [o for o in gc.get_objects() if issubclass(type(o), DeviceMesh) and getattr(o, "_pg_registry", None)]
+    for mesh in meshes:
+        mesh._pg_registry.clear()
+    if meshes:
+        log.debug("dropped the process groups of %d DeviceMesh(es) that outlived shutdown", len(meshes))
+        gc.collect()
+
+
 def _release_destroyed_groups() -> None:
     _clear_dtensor_caches()
     gc.collect()  # FSDP modules are reference cycles: a group they hold goes only when a collection runs
+    _unlink_surviving_meshes()
 
 
 _hooked = False
