@@ -108,7 +108,8 @@ STEPS: tuple[Step, ...] = (
     Step(
         "memory_prediction",
         "Memory prediction error per policy against measure() and the allocator's peak, bench workloads",
-        _script("memory_prediction.py", "--size", "large"),
+        # Most telling first: the script prints a line per row, so a step cut at its limit still shows those.
+        _script("memory_prediction.py", "--size", "large", "--workloads", "gpt,resnet,segment,digits"),
         _script("memory_prediction.py", "--smoke", "--workloads", "gpt"),
         budget_s=45,
     ),
