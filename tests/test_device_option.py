@@ -60,7 +60,8 @@ def test_cuda_without_a_gpu_says_so_instead_of_skipping_everything(suite: pytest
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device to run the CUDA pass")
-def test_cuda_pass_runs_generic_and_gpu_tests_and_skips_cpu_only_ones(suite: pytest.Pytester) -> None:
+def test_cuda_pass_runs_generic_and_gpu_tests_and_skips_cpu_only_ones(suite: pytest.Pytester, device: torch.device) -> None:
+    # Takes `device` so that the CUDA pass itself runs it (a CPU-only test is skipped there).
     result = suite.runpytest("--device", "cuda", "-s", "-rs")
     result.assert_outcomes(passed=2, skipped=1)
     result.stdout.fnmatch_lines(["*RAN cuda:* torch.float16 16-mixed*", "*CPU-only test*"])
