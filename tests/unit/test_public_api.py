@@ -1,0 +1,240 @@
+"""The public API, pinned: every name users import, its kind, and how it is called.
+
+Each public module's ``__all__`` is rendered one line per name (and, for a class, one line per public method or
+property) and compared with the snapshot committed beside this file. A line that changes, disappears or appears
+is a change users see. If the change is deliberate, rewrite the snapshot and commit it with the change::
+
+    AMPKIT_UPDATE_API=1 python -m pytest -q -p no:cacheprovider tests/unit/test_public_api.py
+
+Where a name is defined is not pinned (moving ``Engine`` to another module keeps ``ampkit.Engine``), nor are
+annotations: only parameter names, kinds and defaults, rendered the same on every supported torch and Python.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import enum
+import importlib
+import inspect
+import os
+import types
+import typing
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+SNAPSHOT = Path(__file__).with_name("public_api.txt")
+UPDATE_VARIABLE = "AMPKIT_UPDATE_API"
+
+# The modules users import, as the README, docs/migrating_from_apex.md and the examples import them: every package
+# and the top-level modules, plus the Apex modules whose import paths Apex code keeps (apex.parallel.LARC, ...).
+PUBLIC_MODULES = (
+    "ampkit",
+    "ampkit.apex",
+    "ampkit.apex.amp",
+    "ampkit.apex.fp16_utils",
+    "ampkit.apex.multi_tensor_apply",
+    "ampkit.apex.normalization",
+    "ampkit.apex.optimizers",
+    "ampkit.apex.parallel",
+    "ampkit.apex.parallel.LARC",
+    "ampkit.apex.parallel.distributed",
+    "ampkit.apex.parallel.sync_batchnorm",
+    "ampkit.bench",
+    "ampkit.bench.workloads",
+    "ampkit.blocks",
+    "ampkit.checkpoint",
+    "ampkit.checkpoint_checks",
+    "ampkit.clipping",
+    "ampkit.distributed",
+    "ampkit.engine",
+    "ampkit.errors",
+    "ampkit.kernel_guards",
+    "ampkit.masters",
+    "ampkit.memory",
+    "ampkit.numerics",
+    "ampkit.policy",
+    "ampkit.rng",
+    "ampkit.scaling",
+    "ampkit.state",
+)
+
+# Dunder methods that are behaviour users rely on (calling, `with`, iterating); the rest are implementation.
+_PROTOCOL_DUNDERS = ("__call__", "__enter__", "__exit__", "__iter__", "__len__", "__getitem__", "__contains__")
+
+
+class _Shown:
+    """A default value as the snapshot writes it (``repr`` of this object is the text)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+
+def _value(value: Any) -> str:
+    """A default value, written the same on every torch and Python (no addresses, no module paths of torch)."""
+    if value is None or isinstance(value, (bool, int, float, str, bytes)):
+        return repr(value)
+    if repr(value) == "<factory>":
+        return "<factory>"  # a dataclass field's default_factory
+    if isinstance(value, enum.Enum):
+        return f"{type(value).__name__}.{value.name}"
+    if isinstance(value, torch.dtype):
+        return str(value)  # "torch.float16"
+    if isinstance(value, torch.device):
+        return f"torch.device({str(value)!r})"
+    if isinstance(value, (tuple, list)):
+        inner = ", ".join(_value(v) for v in value)
+        return f"({inner},)" if isinstance(value, tuple) and len(value) == 1 else f"({inner})" if isinstance(value, tuple) else f"[{inner}]"
+    if isinstance(value, (set, frozenset)):
+        return f"{type(value).__name__}({{{', '.join(sorted(_value(v) for v in value))}}})"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_value(k)}: {_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, type) or callable(value):
+        return f"<{getattr(value, '__qualname__', type(value).__qualname__)}>"
+    return f"<{type(value).__qualname__} object>"
+
+
+def _signature(obj: Callable[..., Any]) -> str:
+    try:
+        signature = inspect.signature(obj)
+    except (TypeError, ValueError):
+        return "(signature unavailable)"
+    parameters = [
+        p.replace(annotation=inspect.Parameter.empty, default=p.default if p.default is inspect.Parameter.empty else _Shown(_value(p.default)))
+        for p in signature.parameters.values()
+    ]
+    return str(signature.replace(parameters=parameters, return_annotation=inspect.Signature.empty))
+
+
+def _ours(cls: type) -> bool:
+    return cls.__module__.split(".")[0] == "ampkit"
+
+
+def _constructor(cls: type) -> str:
+    # A constructor inherited from Python, typing or torch renders differently across their versions: not ours to pin.
+    owner = next((k for k in cls.__mro__ if "__init__" in vars(k) or "__new__" in vars(k)), object)
+    if owner is object:
+        return "()"
+    made = vars(owner).get("__init__", vars(owner).get("__new__"))
+    source = (getattr(inspect.unwrap(getattr(made, "__func__", made)), "__module__", None) or owner.__module__).split(".")[0]
+    if source != "ampkit":
+        return f"(constructor from {source})"
+    return _signature(cls)
+
+
+def _public_bases(cls: type) -> list[str]:
+    # Private bases are where code is shared, free to change; the public classes above them are what isinstance sees.
+    names: list[str] = []
+    for base in cls.__bases__:
+        if base is object:
+            continue
+        for name in [base.__qualname__] if not base.__name__.startswith("_") else _public_bases(base):
+            if name not in names:
+                names.append(name)
+    return names
+
+
+def _members(qualified: str, cls: type) -> Iterator[str]:
+    names = sorted({n for k in cls.__mro__ if _ours(k) for n in vars(k) if not n.startswith("_") or n in _PROTOCOL_DUNDERS})
+    fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
+    for name in names:
+        if name in fields:
+            yield f"{qualified}.{name}: field"  # its default is in the constructor's signature
+            continue
+        owner = next(k for k in cls.__mro__ if name in vars(k))
+        if not _ours(owner):
+            continue  # overrides nothing of ours: torch's own method, pinned by torch
+        raw = vars(owner)[name]
+        if isinstance(raw, property):
+            yield f"{qualified}.{name}: property"
+        elif isinstance(raw, classmethod):
+            yield f"{qualified}.{name}: classmethod {_signature(getattr(cls, name))}"
+        elif isinstance(raw, staticmethod):
+            yield f"{qualified}.{name}: staticmethod {_signature(raw.__func__)}"
+        elif inspect.isfunction(raw):
+            yield f"{qualified}.{name}: method {_signature(raw)}"
+        elif isinstance(raw, type):
+            yield f"{qualified}.{name}: class"
+        else:
+            yield f"{qualified}.{name}: attribute"
+
+
+def _render_class(qualified: str, cls: type) -> Iterator[str]:
+    if not _ours(cls):
+        yield f"{qualified}: class (from {cls.__module__.split('.')[0]})"
+        return
+    if issubclass(cls, enum.Enum):
+        yield f"{qualified}: enum [{', '.join(cls.__members__)}]"
+        return
+    bases = ", ".join(_public_bases(cls))
+    kind = "exception" if issubclass(cls, BaseException) else "class"
+    yield f"{qualified}: {kind}({bases}) {_constructor(cls)}"
+    yield from _members(qualified, cls)
+
+
+def _render_constant(qualified: str, value: Any) -> str:
+    kind = type(value).__qualname__
+    if isinstance(value, types.UnionType) or typing.get_origin(value) is not None:
+        return f"{qualified}: type alias"  # typing's reprs differ across Python versions
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return f"{qualified}: {kind} keys {sorted(value)}"
+    if isinstance(value, (tuple, list, frozenset, set)) and all(isinstance(v, str) for v in value):
+        return f"{qualified}: {kind} {sorted(value) if isinstance(value, (set, frozenset)) else list(value)}"
+    return f"{qualified}: {kind}"
+
+
+def render(module_name: str) -> Iterator[str]:
+    """One line per public name of ``module_name`` (and per public member of each class it exports)."""
+    module = importlib.import_module(module_name)
+    exported = getattr(module, "__all__", None)
+    assert exported is not None, f"{module_name} has no __all__: declare its public names"
+    yield f"{module_name}: module"
+    for name in sorted(exported):
+        qualified = f"{module_name}.{name}"
+        value = getattr(module, name)
+        if isinstance(value, types.ModuleType):
+            yield f"{qualified}: module"
+        elif isinstance(value, type):
+            yield from _render_class(qualified, value)
+        elif callable(value) and not getattr(value, "__module__", "ampkit").startswith("ampkit"):
+            yield f"{qualified}: function (from {value.__module__.split('.')[0]})"  # its signature is pinned upstream
+        elif callable(value):
+            yield f"{qualified}: function {_signature(value)}"
+        else:
+            yield _render_constant(qualified, value)
+
+
+def current_api() -> str:
+    return "".join(f"{line}\n" for module in PUBLIC_MODULES for line in render(module))
+
+
+def test_public_api_matches_the_snapshot() -> None:
+    current = current_api()
+    if os.environ.get(UPDATE_VARIABLE) == "1":
+        SNAPSHOT.write_text(current)
+        pytest.skip(f"{UPDATE_VARIABLE}=1: rewrote {SNAPSHOT.name}; review it with git diff and commit it")
+    assert SNAPSHOT.exists(), f"{SNAPSHOT} is missing; write it with {UPDATE_VARIABLE}=1 (see this file's docstring)"
+    expected = SNAPSHOT.read_text()
+    if current != expected:
+        diff = "".join(difflib.unified_diff(expected.splitlines(True), current.splitlines(True), "public_api.txt (pinned)", "the code now"))
+        pytest.fail(
+            f"The public API changed ('-' pinned, '+' now):\n{diff}\nIf users may lose or must relearn a name, keep "
+            f"the old one working. If the change is deliberate, rewrite the snapshot and commit it with the change:\n"
+            f"    {UPDATE_VARIABLE}=1 python -m pytest -q -p no:cacheprovider tests/unit/test_public_api.py",
+            pytrace=False,
+        )
+
+
+def test_the_rendering_drops_what_varies_across_torch_and_python() -> None:
+    def f(a: torch.Tensor, /, b: int = 2, *args: Any, dtype: torch.dtype = torch.float16, device: Any = torch.device("cpu"), fn: Any = len, **kw: Any) -> None:
+        pass
+
+    assert _signature(f) == "(a, /, b=2, *args, dtype=torch.float16, device=torch.device('cpu'), fn=<len>, **kw)"
+    assert _value(object()) == "<object object>"  # no address
