@@ -38,12 +38,22 @@ def test_the_option_and_its_value_are_stripped_in_every_spelling(argv: list[str]
 
 def test_other_options_stay_even_when_they_share_a_prefix() -> None:
     argv = ["bench", "--no-progress", "--n", "x", "--steps", "6"]
-    assert strip_option(argv, "--nproc") == argv  # "--n" is too short to be --nproc (argparse calls it ambiguous)
+    kept = strip_option(argv, "--nproc")
+    # "--n" is too short to be --nproc (argparse calls it ambiguous); compared with a copy, not with argv itself.
+    assert kept == ["bench", "--no-progress", "--n", "x", "--steps", "6"] and kept is not argv
 
 
 def test_workers_share_the_cores() -> None:
     assert [worker_threads(n, cores=8) for n in (1, 2, 3, 8, 16)] == [8, 4, 2, 1, 1]
-    assert worker_threads(2) >= 1
+
+
+def test_workers_share_the_cores_this_process_may_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The usable cores are the affinity mask (taskset, cgroups, a batch scheduler), not every core in the machine.
+    monkeypatch.setattr(launch.os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(launch.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5}, raising=False)
+    assert worker_threads(2) == 3 and worker_threads(4) == 1
+    monkeypatch.delattr(launch.os, "sched_getaffinity")  # macOS and Windows have no affinity mask
+    assert worker_threads(2) == 32
 
 
 def test_exit_code_goes_through_the_file_when_relaunched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
