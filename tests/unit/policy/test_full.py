@@ -160,11 +160,16 @@ def test_tf32_context_falls_back_to_the_legacy_api_on_older_torch(monkeypatch: p
 
 
 def test_tf32_forward_context_is_fresh_each_call(matmul_precision: None) -> None:
-    # A generator-based context manager can be entered once; the policy must hand out a new one per call.
+    # A generator-based context manager can be entered once; the policy must hand out a new one per call, and each
+    # must switch TF32 on and put the caller's setting back (a reusable do-nothing context would pass the first part).
+    torch.backends.cuda.matmul.fp32_precision = torch.backends.cudnn.conv.fp32_precision = "ieee"
     policy = TF32Precision()
-    for _ in range(2):
-        with policy.forward_context("cpu"):
-            pass
+    first, second = policy.forward_context("cuda"), policy.forward_context("cuda")
+    assert first is not second
+    for context in (first, second):
+        with context:
+            assert cuda_precisions() == ("tf32", "tf32")
+        assert cuda_precisions() == ("ieee", "ieee")
 
 
 def test_tf32_keeps_fp32_weights_and_does_not_autocast() -> None:
