@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -172,8 +173,26 @@ def test_add_param_group_mid_training_against_fp32_control(opt_level):
 
 
 def test_lr_scheduler_wraps_the_patched_step():
-    model, opt = fresh("O2")
-    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
-    train(model, opt, data(2))
-    sched.step()
-    assert opt.param_groups[0]["lr"] == pytest.approx(5e-3)
+    """A scheduler made after amp.initialize wraps amp's step: the steps still go through amp, the scheduler sees them
+    and its lr is the one the fp32 masters step with. Control: the same O2 run with the lr halved by hand."""
+    batches = data(4)
+
+    def run(halve: str | None) -> list[torch.Tensor]:
+        model, opt = fresh("O2")
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5) if halve == "scheduler" else None
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # torch warns when the scheduler did not see optimizer.step() run
+            train(model, opt, batches[:2])
+            if sched is not None:
+                sched.step()
+            elif halve == "by hand":
+                for group in opt.param_groups:
+                    group["lr"] *= 0.5
+            train(model, opt, batches[2:])
+        assert opt.param_groups[0]["lr"] == (5e-3 if halve else 1e-2)
+        # The 16-bit weights and the fp32 masters (O2's state_dict): both move only through amp's step.
+        return [p.detach().clone() for p in model.parameters()] + list(model.state_dict().values())
+
+    scheduled, control, constant = run("scheduler"), run("by hand"), run(None)
+    assert all(torch.equal(a, b) for a, b in zip(scheduled, control, strict=True))
+    assert not all(torch.equal(a, b) for a, b in zip(scheduled, constant, strict=True)), "the halved lr must show"
