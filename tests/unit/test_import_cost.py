@@ -36,13 +36,6 @@ def test_import_ampkit_loads_no_tool() -> None:
     assert _under(loaded, TOOLS + TOOL_DEPENDENCIES) == []
 
 
-def test_the_engine_loads_no_tool() -> None:
-    # The engine reaches the tools (OOM splitting, the numerics sampler) only when a step asks for them.
-    loaded = _loaded_by("from ampkit import Engine")
-    assert "ampkit.engine" in loaded
-    assert _under(loaded, TOOLS + TOOL_DEPENDENCIES) == []
-
-
 def test_every_public_name_is_reachable() -> None:
     namespace: dict[str, object] = {}
     exec("from ampkit import *", namespace)
@@ -59,3 +52,30 @@ def test_submodules_stay_attributes_and_unknown_names_fail() -> None:
     assert ampkit.__getattr__("memory") is sys.modules["ampkit.memory"]
     with pytest.raises(AttributeError, match="module 'ampkit' has no attribute 'no_such_name'"):
         ampkit.__getattr__("no_such_name")
+
+
+def _run_cli(*args: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """Run ``python -m ampkit ARGS`` with ``-X importtime``; return the result and the modules it imported."""
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "ampkit", *args], capture_output=True, text=True, timeout=120, check=False
+    )
+    # -X importtime writes "import time: self [us] | cumulative | module" to stderr, one line per import.
+    imported = [line.rsplit("|", 1)[1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")]
+    return result, imported
+
+
+def test_help_lists_the_subcommands_without_importing_torch() -> None:
+    result, imported = _run_cli("--help")
+    assert result.returncode == 0, result.stderr
+    for command in ("bench", "doctor", "env", "memory"):
+        assert f"    {command} " in result.stdout
+    assert imported, "no -X importtime lines: the check below would pass vacuously"
+    assert _under(imported, ("torch", *TOOLS[:-1], *TOOL_DEPENDENCIES)) == []
+
+
+@pytest.mark.parametrize("command", ["bench", "doctor", "env", "memory"])
+def test_subcommand_help_imports_no_torch(command: str) -> None:
+    result, imported = _run_cli(command, "--help")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"usage: ampkit {command}")
+    assert _under(imported, ("torch", *TOOLS[:-1], *TOOL_DEPENDENCIES)) == []
