@@ -39,6 +39,12 @@ def _runs(command: str) -> Callable[[argparse.Namespace], int]:
     return run
 
 
+def _add_user_model(p: argparse.ArgumentParser) -> None:
+    """``--model`` and ``--data``: the user's own model and data, as bench, doctor and memory take them."""
+    p.add_argument("--model", metavar="MODULE:FACTORY", help="your model: a no-argument callable returning an nn.Module")
+    p.add_argument("--data", metavar="MODULE:FACTORY", help="your data: a no-argument callable returning batches ((inputs, targets) pairs or dicts of model keyword arguments) or a BenchData")
+
+
 def add_bench(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``bench`` subcommand to ``subparsers``."""
     p = subparsers.add_parser(
@@ -58,8 +64,7 @@ def add_bench(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -
     p.add_argument("--rounds", type=positive, default=5, help="interleaving rounds the timed steps are split into (default: 5)")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights, the data order and dropout (default: 0)")
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: the GPU if there is one)")
-    p.add_argument("--model", metavar="MODULE:FACTORY", help="your model: a no-argument callable returning an nn.Module")
-    p.add_argument("--data", metavar="MODULE:FACTORY", help="your data: a no-argument callable returning batches ((inputs, targets) pairs or dicts of model keyword arguments) or a BenchData")
+    _add_user_model(p)
     p.add_argument(
         "--tolerance", metavar="X",
         help="how far a policy's eval metric may land from 32-true's and still count as equal, in the metric's terms: "
@@ -91,8 +96,7 @@ def add_doctor(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     p.add_argument("-w", "--workload", help="built-in workload: digits, segment, gpt, resnet (default: bench's for this device)")
     p.add_argument("--size", default="auto", choices=("auto", *SIZES), help="workload size (default: small on CPU, large on GPU)")
-    p.add_argument("--model", metavar="MODULE:FACTORY", help="your model: a no-argument callable returning an nn.Module")
-    p.add_argument("--data", metavar="MODULE:FACTORY", help="your data: a no-argument callable returning batches ((inputs, targets) pairs or dicts of model keyword arguments) or a BenchData")
+    _add_user_model(p)
     p.add_argument("--precision", help="tailor for this policy (e.g. 16-mixed for a GPU without bf16); default: choose among the fast ones")
     p.add_argument("--steps", type=positive, default=3, help="fp32 reference steps to collect statistics over (default: 3)")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights, data and dropout (default: 0)")
@@ -126,8 +130,7 @@ def add_memory(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     p.add_argument("-w", "--workload", help="built-in workload: digits, segment, gpt, resnet (default: the one for the device)")
     p.add_argument("--size", default="auto", choices=("auto", *SIZES), help="built-in workload size (default: small on CPU, large on CUDA)")
-    p.add_argument("--model", metavar="MODULE:FACTORY", help="your model: a no-argument callable returning an nn.Module")
-    p.add_argument("--data", metavar="MODULE:FACTORY", help="your data: a no-argument callable returning batches ((inputs, targets) pairs or dicts of model keyword arguments) or a BenchData")
+    _add_user_model(p)
     p.add_argument("--batch-size", type=positive, help="batch size to predict for (default: the data's)")
     p.add_argument("--precision", help="comma-separated policies or aliases (default: every policy the device supports)")
     p.add_argument("--device", help="the device to predict for: cpu or cuda (default: cuda if visible, else cpu); no GPU is needed")
