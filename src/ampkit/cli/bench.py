@@ -20,7 +20,6 @@ import logging
 import os
 import shlex
 import sys
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -38,54 +37,14 @@ from ..bench.results import BenchResult
 from ..bench.runner import check_shardable, run_bench
 from ..bench.user import user_workload
 from ..bench.verdict import check_tolerance
-from ..bench.workload import SIZES, Workload
-from .checks import non_negative as _non_negative
-from .checks import positive as _positive
+from ..bench.workload import Workload
 from .checks import writable_dir as _check_out
 from .console import stdout_console
+from .parsers import add_bench as register  # declared apart: `ampkit --help` imports none of this module
 
 __all__ = ["register", "run"]
 
 log = logging.getLogger("ampkit")
-
-
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add the ``bench`` subcommand to ``subparsers``."""
-    p = subparsers.add_parser(
-        "bench",
-        help="train one workload under several precision policies and compare time, memory and accuracy",
-        description=(
-            "Train the same model from the same weights on the same batches under several precision policies, "
-            "interleaved, and report step time, throughput, memory, loss, eval metric and a verdict per policy "
-            "against 32-true."
-        ),
-    )
-    p.add_argument("-w", "--workload", help="built-in workload: digits, segment, gpt, resnet (default: the one for this device)")
-    p.add_argument("--precision", help="comma-separated policies or aliases (default: every policy this device runs fast); 32-true always runs as the reference")
-    p.add_argument("--size", default="auto", choices=("auto", *SIZES), help="workload size: small for a CPU, large for a GPU (default: auto)")
-    p.add_argument("--steps", type=_positive, help="optimizer steps per policy, warm-up included (default: the workload's)")
-    p.add_argument("--warmup", type=_non_negative, help="leading steps excluded from timing (default: the workload's)")
-    p.add_argument("--rounds", type=_positive, default=5, help="interleaving rounds the timed steps are split into (default: 5)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the weights, the data order and dropout (default: 0)")
-    p.add_argument("--device", help="cpu, cuda or cuda:N (default: the GPU if there is one)")
-    p.add_argument("--model", metavar="MODULE:FACTORY", help="your model: a no-argument callable returning an nn.Module")
-    p.add_argument("--data", metavar="MODULE:FACTORY", help="your data: a no-argument callable returning batches ((inputs, targets) pairs or dicts of model keyword arguments) or a BenchData")
-    p.add_argument(
-        "--tolerance", metavar="X",
-        help="how far a policy's eval metric may land from 32-true's and still count as equal, in the metric's terms: "
-        "absolute for accuracy and mIoU (0.01: one point), a fraction of 32-true's figure for perplexity and eval loss "
-        "(0.01: 1%%). Default: the metric's own (0.02)",
-    )
-    p.add_argument("--out", type=Path, metavar="DIR", help="write results.json, report.md and PNG plots here")
-    p.add_argument("--tensorboard", type=Path, metavar="DIR", help="log loss curves and summary figures for TensorBoard here")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar (logs and CI)")
-    p.add_argument(
-        "--nproc", type=_positive, metavar="N",
-        help="train every policy under DDP in N processes on this machine, started through torchrun; each process "
-        "trains 1/N of every batch (the batch rows must divide by N). On the CPU each process gets cores/N threads "
-        "(OMP_NUM_THREADS, unless you set it). Default: 1",
-    )
-    p.set_defaults(func=run)
 
 
 def _device(text: str | None) -> torch.device:

@@ -18,8 +18,6 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from ..memory.fit import parse_bytes
-
 __all__ = ["MAX_COUNT", "positive", "non_negative", "memory_size", "writable_dir"]
 
 MAX_COUNT = 2**31 - 1
@@ -55,6 +53,8 @@ def memory_size(text: str) -> int:
     ...
     argparse.ArgumentTypeError: must be more than 0 bytes, e.g. 24GiB or 80GB; got '0'
     """
+    from ..memory.fit import parse_bytes  # here, not at the top: the parsers (and --help) import this module
+
     try:
         value = parse_bytes(text)
     except ValueError as exc:

@@ -16,42 +16,17 @@ import argparse
 import logging
 import shlex
 import sys
-from pathlib import Path
 
 import torch
 
-from ..bench.workload import SIZES
 from .bench import _device
-from .checks import non_negative, positive, writable_dir
+from .checks import writable_dir
 from .console import stdout_console
+from .parsers import add_doctor as register  # declared apart: `ampkit --help` imports none of this module
 
 __all__ = ["register", "run"]
 
 log = logging.getLogger("ampkit")
-
-
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add the ``doctor`` subcommand to ``subparsers``."""
-    p = subparsers.add_parser(
-        "doctor",
-        help="per-layer fp16/bf16 numerics of a model: underflow, overflow, the loss scale and the layers to keep in fp32",
-        description=(
-            "Train a few fp32 steps of a model with every module recorded; report, per module, how activations, "
-            "weights and gradients fit fp16 and bf16; recommend a policy, a loss scale and the modules to keep in "
-            "fp32, checked by one step under the policy against fp32."
-        ),
-    )
-    p.add_argument("-w", "--workload", help="built-in workload: digits, segment, gpt, resnet (default: bench's for this device)")
-    p.add_argument("--size", default="auto", choices=("auto", *SIZES), help="workload size (default: small on CPU, large on GPU)")
-    p.add_argument("--model", metavar="MODULE:FACTORY", help="your model: a no-argument callable returning an nn.Module")
-    p.add_argument("--data", metavar="MODULE:FACTORY", help="your data: a no-argument callable returning batches ((inputs, targets) pairs or dicts of model keyword arguments) or a BenchData")
-    p.add_argument("--precision", help="tailor for this policy (e.g. 16-mixed for a GPU without bf16); default: choose among the fast ones")
-    p.add_argument("--steps", type=positive, default=3, help="fp32 reference steps to collect statistics over (default: 3)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the weights, data and dropout (default: 0)")
-    p.add_argument("--device", help="cpu, cuda or cuda:N (default: the GPU if there is one)")
-    p.add_argument("--top", type=non_negative, default=15, help="modules shown in the table, worst first (default: 15)")
-    p.add_argument("--out", type=Path, metavar="DIR", help="write doctor.json, report.md and PNG histograms here")
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -23,6 +23,7 @@ from .. import __version__
 from ..kernel_guards import KNOWN_DEFECTS, torch_affected
 from ..policy import ALIASES, get_policy, policy_names
 from ..policy.device import Support, cpu_bf16_native, cpu_fp16_native, cpu_name, cuda_bf16_supported
+from .parsers import add_env as register  # declared apart: `ampkit --help` imports none of this module
 
 __all__ = ["register", "run", "collect_env", "recommend", "RECOMMEND_ORDER"]
 
@@ -31,17 +32,6 @@ logger = logging.getLogger("ampkit")
 RECOMMEND_ORDER: tuple[str, ...] = ("bf16-mixed", "16-mixed", "tf32", "32-true")
 """Policies ``env`` may recommend, best first. All keep fp32 weights, so none can lose small updates;
 ``32-true`` runs everywhere, so every device gets a recommendation."""
-
-
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add the ``env`` subcommand to ``subparsers``."""
-    parser = subparsers.add_parser(
-        "env",
-        help="show versions, devices and which precision policies run fast here",
-        description="Show versions, devices and which precision policies run (and run fast) on each device.",
-    )
-    parser.add_argument("--json", action="store_true", help="print the same facts as one JSON object")
-    parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

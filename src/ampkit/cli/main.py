@@ -1,49 +1,74 @@
 """Entry point of the ``ampkit`` command: builds the parser and dispatches to a subcommand module.
 
-Each subcommand lives in its own module (as in Accelerate's CLI) exposing ``register(subparsers)``, which
-adds its parser and sets ``func``: a callable taking the parsed namespace and returning an exit code.
-Adding a command means writing that module and listing it in :data:`SUBCOMMANDS`.
+Each subcommand lives in its own module (as in Accelerate's CLI) exposing ``run(args) -> int``; its parser is
+declared in :mod:`ampkit.cli.parsers`, and the module itself is imported only when the command runs, so
+``ampkit --help`` imports neither torch nor any tool. Adding a command means writing that module, declaring its
+parser there and listing it in :data:`_ADD_PARSERS`.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
+from collections.abc import Callable, Sequence
 from types import ModuleType
-
-import torch
+from typing import Any
 
 from .. import __version__
 from ..errors import AmpkitError, one_line
-from . import bench, doctor, env, memory
+from .parsers import add_bench, add_doctor, add_env, add_memory
 
 __all__ = ["main", "build_parser", "SUBCOMMANDS"]
 
 logger = logging.getLogger("ampkit")
 
-SUBCOMMANDS: tuple[ModuleType, ...] = (bench, doctor, env, memory)
-"""Modules that each expose ``register(subparsers) -> None``."""
+_ADD_PARSERS: dict[str, Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = {
+    "bench": add_bench, "doctor": add_doctor, "env": add_env, "memory": add_memory,
+}
+"""Each subcommand, the name of its module in this package, and the function declaring its parser."""
+
+
+def __getattr__(name: str) -> Any:
+    # SUBCOMMANDS, the subcommand modules, is public: it imports them (and torch) only when it is read.
+    if name == "SUBCOMMANDS":
+        return tuple(importlib.import_module(f"{__package__}.{command}") for command in _ADD_PARSERS)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+SUBCOMMANDS: tuple[ModuleType, ...]
+"""Modules that each expose ``register(subparsers) -> None`` and ``run(args) -> int``, imported when read."""
+
+
+class _Version(argparse.Action):
+    """``--version``: prints ampkit's version and torch's, importing torch only when asked."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, help: str | None = None) -> None:
+        super().__init__(option_strings, dest=dest, default=argparse.SUPPRESS, nargs=0, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option_string: str | None = None) -> None:
+        import torch
+
+        print(f"ampkit {__version__} (torch {torch.__version__})")  # stdout, as argparse's own version action
+        parser.exit()
+
 
 # Exit code for usage errors and for errors ampkit reports on purpose, as argparse uses for bad arguments.
 EXIT_USAGE = 2
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``ampkit`` parser with every subcommand in :data:`SUBCOMMANDS` registered."""
+    """The ``ampkit`` parser with every subcommand registered; builds it without importing the subcommands."""
     # prog is fixed so help reads "ampkit" under `python -m ampkit` too, not "__main__.py".
     parser = argparse.ArgumentParser(
         prog="ampkit",
         description="Fast, memory-lean and safe mixed-precision training on native PyTorch.",
     )
-    parser.add_argument(
-        "--version",
-        action="version",
-        version=f"ampkit {__version__} (torch {torch.__version__})",
-    )
+    parser.add_argument("--version", action=_Version, help="show program's version number and exit")
     subparsers = parser.add_subparsers(title="commands", dest="command", metavar="COMMAND")
-    for module in SUBCOMMANDS:
-        module.register(subparsers)
+    for add_parser in _ADD_PARSERS.values():
+        add_parser(subparsers)
     return parser
 
 

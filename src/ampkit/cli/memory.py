@@ -21,42 +21,18 @@ from rich.table import Table
 
 from ..bench.defaults import default_size, default_workload
 from ..bench.format import fmt_bytes
-from ..bench.workload import SIZES, Workload
+from ..bench.workload import Workload
 from ..memory.estimate import BREAKDOWN, MemoryEstimate, estimate
 from ..memory.fit import Fit, largest_batch, resize_batch
 from ..policy import get_policy, policy_names
 from ..policy.device import as_device
-from .checks import memory_size, positive
 from .console import stdout_console
+from .parsers import add_memory as register  # declared apart: `ampkit --help` imports none of this module
 
 __all__ = ["register", "run"]
 
 _HEADERS = {"parameters": "params", "gradients": "grads", "optimizer_state": "optim", "master_weights": "masters",
             "activations": "activ."}
-
-
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add the ``memory`` subcommand to ``subparsers``."""
-    p = subparsers.add_parser(
-        "memory",
-        help="predict the memory of a training step per precision policy (and the largest batch that fits)",
-        description=(
-            "Run one training step of a model on fake tensors under each precision policy and print its memory: "
-            "parameters, gradients, optimizer state, master weights, saved activations, their total, and the peak of "
-            "live tensors. Nothing is allocated on the device."
-        ),
-    )
-    p.add_argument("-w", "--workload", help="built-in workload: digits, segment, gpt, resnet (default: the one for the device)")
-    p.add_argument("--size", default="auto", choices=("auto", *SIZES), help="built-in workload size (default: small on CPU, large on CUDA)")
-    p.add_argument("--model", metavar="MODULE:FACTORY", help="your model: a no-argument callable returning an nn.Module")
-    p.add_argument("--data", metavar="MODULE:FACTORY", help="your data: a no-argument callable returning batches ((inputs, targets) pairs or dicts of model keyword arguments) or a BenchData")
-    p.add_argument("--batch-size", type=positive, help="batch size to predict for (default: the data's)")
-    p.add_argument("--precision", help="comma-separated policies or aliases (default: every policy the device supports)")
-    p.add_argument("--device", help="the device to predict for: cpu or cuda (default: cuda if visible, else cpu); no GPU is needed")
-    p.add_argument("--device-memory", type=memory_size, metavar="SIZE", help="memory to fit in, e.g. 24GiB or 80GB: adds the largest batch that fits per policy")
-    p.add_argument("--json", action="store_true", help="print JSON (one object per policy) instead of the table")
-    p.add_argument("--seed", type=int, default=0, help="seed of the built-in workload (default: 0)")
-    p.set_defaults(func=run)
 
 
 def _target(text: str | None) -> torch.device:

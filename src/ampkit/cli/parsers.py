@@ -1,0 +1,140 @@
+"""The grammar of the ``ampkit`` command: every subcommand's parser, declared apart from its implementation.
+
+``ampkit --help`` and ``ampkit bench --help`` build these parsers and nothing else: this module imports no
+torch, no rich and no tool, and each subcommand's implementation (``ampkit.cli.<command>.run``, with what it
+imports) is imported only when that command runs.
+
+    >>> import argparse
+    >>> parser = argparse.ArgumentParser(prog="ampkit")
+    >>> subparsers = parser.add_subparsers(dest="command")
+    >>> for add in (add_bench, add_doctor, add_env, add_memory):
+    ...     add(subparsers)
+    >>> args = parser.parse_args(["memory", "--size", "tiny", "--device-memory", "1KiB"])
+    >>> args.size, args.device_memory, callable(args.func)
+    ('tiny', 1024, True)
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from collections.abc import Callable
+from pathlib import Path
+
+from .checks import memory_size, non_negative, positive
+
+__all__ = ["add_bench", "add_doctor", "add_env", "add_memory", "SIZES"]
+
+SIZES = ("tiny", "small", "large")
+"""The built-in workload sizes, as :data:`ampkit.bench.workload.SIZES` (a test holds the two equal): repeated here
+because that module imports torch, which ``--help`` does without."""
+
+
+def _runs(command: str) -> Callable[[argparse.Namespace], int]:
+    """``ampkit.cli.<command>.run``, imported (and looked up, so a patched ``run`` is the one called) when called."""
+
+    def run(args: argparse.Namespace) -> int:
+        return int(importlib.import_module(f"{__package__}.{command}").run(args))
+
+    return run
+
+
+def _add_user_model(p: argparse.ArgumentParser) -> None:
+    """``--model`` and ``--data``: the user's own model and data, as bench, doctor and memory take them."""
+    p.add_argument("--model", metavar="MODULE:FACTORY", help="your model: a no-argument callable returning an nn.Module")
+    p.add_argument("--data", metavar="MODULE:FACTORY", help="your data: a no-argument callable returning batches ((inputs, targets) pairs or dicts of model keyword arguments) or a BenchData")
+
+
+def add_bench(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``bench`` subcommand to ``subparsers``."""
+    p = subparsers.add_parser(
+        "bench",
+        help="train one workload under several precision policies and compare time, memory and accuracy",
+        description=(
+            "Train the same model from the same weights on the same batches under several precision policies, "
+            "interleaved, and report step time, throughput, memory, loss, eval metric and a verdict per policy "
+            "against 32-true."
+        ),
+    )
+    p.add_argument("-w", "--workload", help="built-in workload: digits, segment, gpt, resnet (default: the one for this device)")
+    p.add_argument("--precision", help="comma-separated policies or aliases (default: every policy this device runs fast); 32-true always runs as the reference")
+    p.add_argument("--size", default="auto", choices=("auto", *SIZES), help="workload size: small for a CPU, large for a GPU (default: auto)")
+    p.add_argument("--steps", type=positive, help="optimizer steps per policy, warm-up included (default: the workload's)")
+    p.add_argument("--warmup", type=non_negative, help="leading steps excluded from timing (default: the workload's)")
+    p.add_argument("--rounds", type=positive, default=5, help="interleaving rounds the timed steps are split into (default: 5)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights, the data order and dropout (default: 0)")
+    p.add_argument("--device", help="cpu, cuda or cuda:N (default: the GPU if there is one)")
+    _add_user_model(p)
+    p.add_argument(
+        "--tolerance", metavar="X",
+        help="how far a policy's eval metric may land from 32-true's and still count as equal, in the metric's terms: "
+        "absolute for accuracy and mIoU (0.01: one point), a fraction of 32-true's figure for perplexity and eval loss "
+        "(0.01: 1%%). Default: the metric's own (0.02)",
+    )
+    p.add_argument("--out", type=Path, metavar="DIR", help="write results.json, report.md and PNG plots here")
+    p.add_argument("--tensorboard", type=Path, metavar="DIR", help="log loss curves and summary figures for TensorBoard here")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (logs and CI)")
+    p.add_argument(
+        "--nproc", type=positive, metavar="N",
+        help="train every policy under DDP in N processes on this machine, started through torchrun; each process "
+        "trains 1/N of every batch (the batch rows must divide by N). On the CPU each process gets cores/N threads "
+        "(OMP_NUM_THREADS, unless you set it). Default: 1",
+    )
+    p.set_defaults(func=_runs("bench"))
+
+
+def add_doctor(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``doctor`` subcommand to ``subparsers``."""
+    p = subparsers.add_parser(
+        "doctor",
+        help="per-layer fp16/bf16 numerics of a model: underflow, overflow, the loss scale and the layers to keep in fp32",
+        description=(
+            "Train a few fp32 steps of a model with every module recorded; report, per module, how activations, "
+            "weights and gradients fit fp16 and bf16; recommend a policy, a loss scale and the modules to keep in "
+            "fp32, checked by one step under the policy against fp32."
+        ),
+    )
+    p.add_argument("-w", "--workload", help="built-in workload: digits, segment, gpt, resnet (default: bench's for this device)")
+    p.add_argument("--size", default="auto", choices=("auto", *SIZES), help="workload size (default: small on CPU, large on GPU)")
+    _add_user_model(p)
+    p.add_argument("--precision", help="tailor for this policy (e.g. 16-mixed for a GPU without bf16); default: choose among the fast ones")
+    p.add_argument("--steps", type=positive, default=3, help="fp32 reference steps to collect statistics over (default: 3)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights, data and dropout (default: 0)")
+    p.add_argument("--device", help="cpu, cuda or cuda:N (default: the GPU if there is one)")
+    p.add_argument("--top", type=non_negative, default=15, help="modules shown in the table, worst first (default: 15)")
+    p.add_argument("--out", type=Path, metavar="DIR", help="write doctor.json, report.md and PNG histograms here")
+    p.set_defaults(func=_runs("doctor"))
+
+
+def add_env(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``env`` subcommand to ``subparsers``."""
+    p = subparsers.add_parser(
+        "env",
+        help="show versions, devices and which precision policies run fast here",
+        description="Show versions, devices and which precision policies run (and run fast) on each device.",
+    )
+    p.add_argument("--json", action="store_true", help="print the same facts as one JSON object")
+    p.set_defaults(func=_runs("env"))
+
+
+def add_memory(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``memory`` subcommand to ``subparsers``."""
+    p = subparsers.add_parser(
+        "memory",
+        help="predict the memory of a training step per precision policy (and the largest batch that fits)",
+        description=(
+            "Run one training step of a model on fake tensors under each precision policy and print its memory: "
+            "parameters, gradients, optimizer state, master weights, saved activations, their total, and the peak of "
+            "live tensors. Nothing is allocated on the device."
+        ),
+    )
+    p.add_argument("-w", "--workload", help="built-in workload: digits, segment, gpt, resnet (default: the one for the device)")
+    p.add_argument("--size", default="auto", choices=("auto", *SIZES), help="built-in workload size (default: small on CPU, large on CUDA)")
+    _add_user_model(p)
+    p.add_argument("--batch-size", type=positive, help="batch size to predict for (default: the data's)")
+    p.add_argument("--precision", help="comma-separated policies or aliases (default: every policy the device supports)")
+    p.add_argument("--device", help="the device to predict for: cpu or cuda (default: cuda if visible, else cpu); no GPU is needed")
+    p.add_argument("--device-memory", type=memory_size, metavar="SIZE", help="memory to fit in, e.g. 24GiB or 80GB: adds the largest batch that fits per policy")
+    p.add_argument("--json", action="store_true", help="print JSON (one object per policy) instead of the table")
+    p.add_argument("--seed", type=int, default=0, help="seed of the built-in workload (default: 0)")
+    p.set_defaults(func=_runs("memory"))
