@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from ..checkpoint import _apply_payload, _pending_grads, _Undo, check_training_payload, training_payload
+from ..checkpoint_checks import check_training_payload
+from ..checkpoint_payload import Undo, apply_payload, pending_grads, training_payload
 from ..errors import CheckpointError, one_line
 from ..state import capture_rng_state, load_checkpoint, save_checkpoint
 from .checkpoint_dir import ENGINE_FILE, find_checkpoint, is_complete, remove_leftovers, swap_into_place
@@ -121,7 +122,7 @@ def save_distributed(engine: "Engine", path: str | os.PathLike, extra: dict[str,
             "under FSDP, save at an accumulation boundary (when engine.step() returned True): the pending "
             "gradients are unsharded per rank and are not part of a sharded checkpoint."
         )
-    pending = None if sharded else _pending_grads(engine)
+    pending = None if sharded else pending_grads(engine)
     if pending is not None:
         # On the host before gathering: a rank's CUDA tensors would unpickle on rank 0 onto that rank's GPU
         # (another CUDA context there, or a missing device on another node).
@@ -204,14 +205,14 @@ def load_distributed(engine: "Engine", path: str | os.PathLike) -> dict[str, Any
         payload["engine"]["pending_grads"] = ranks["pending_grads"][rank]
     else:
         payload["rng"] = None
-    undo = _Undo(engine)  # before the shards are read: reading initialises an empty optimizer's state in place
+    undo = Undo(engine)  # before the shards are read: reading initialises an empty optimizer's state in place
     try:
         with undo:
             if metadata is not None:
                 from .sharded_load import load_shards
 
                 load_shards(engine, found, metadata)
-            _apply_payload(engine, payload)
+            apply_payload(engine, payload)
     except CheckpointError as exc:
         error = str(exc)
     try:
