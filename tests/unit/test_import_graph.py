@@ -18,6 +18,9 @@ ROOT = "ampkit"
 CORE = ("policy", "scaling", "engine", "masters", "clipping", "state", "checkpoint", "distributed")
 TOOLS = ("bench", "memory", "numerics", "cli")
 
+# The bottom layer: every module may import these, so they import nothing from ampkit.
+BOTTOM = ("_util", "errors")
+
 # Module-level imports from the core into a tool that remain. The redesign removes them; this list may only shrink.
 ALLOWED_CORE_TO_TOOL: set[tuple[str, str]] = set()
 
@@ -172,6 +175,12 @@ def test_core_imports_no_tool_at_module_level():
     assert not new, f"the library core imports a tool at module level (import it inside the function): {sorted(new)}"
     gone = ALLOWED_CORE_TO_TOOL - edges
     assert not gone, f"these allowed edges are gone, remove them from ALLOWED_CORE_TO_TOOL: {sorted(gone)}"
+
+
+def test_bottom_layer_imports_nothing_from_ampkit():
+    graph = import_graph()
+    upward = {module: sorted(targets) for module, targets in graph.items() if _layer(module) in BOTTOM and targets}
+    assert not upward, f"the bottom layer ({', '.join(BOTTOM)}) must not import ampkit modules: {upward}"
 
 
 # The checker itself, on small trees: each rule is shown to catch what it is meant to.
