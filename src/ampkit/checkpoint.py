@@ -5,24 +5,21 @@ master weights (Apex lost them, so O2 resumes spiked), gradients pending in an u
 window, and every RNG.
 
 Loading is all or nothing. The whole payload is validated against the running setup first, types and shapes
-included (:mod:`ampkit.checkpoint_checks`); then it is applied under an :class:`_Undo` that holds what the load
-overwrites, so anything that still fails part-way (a custom module's load hook, an optimizer's
-``__setstate__``, a Ctrl-C) puts every model, optimizer, scheduler, counter, gradient and generator back as it
-was before the error is raised.
+included (:mod:`ampkit.checkpoint_checks`); then it is applied under an :class:`~ampkit.checkpoint_payload.Undo`
+that puts everything back if the load fails part-way. The payload itself is built and applied in
+:mod:`ampkit.checkpoint_payload`; this module writes it to one file, or hands it to
+:mod:`ampkit.distributed.checkpoint` under a distributed strategy.
 """
 
 from __future__ import annotations
 
-import copy
 import os
 from typing import TYPE_CHECKING, Any
 
-import torch
-
-from .checkpoint_checks import check_engine_state, check_training_payload
-from .errors import CheckpointError, one_line
-from .kernel_guards import guard_optimizer
-from .state import capture_rng_state, load_checkpoint, restore_rng_state, save_checkpoint
+from .checkpoint_checks import check_training_payload
+from .checkpoint_payload import apply_training_payload, engine_state, load_engine_state, training_payload
+from .errors import CheckpointError
+from .state import load_checkpoint, save_checkpoint
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -38,153 +35,6 @@ __all__ = [
     "load_training_state",
 ]
 
-_SAFE_LEAVES = (torch.Tensor, str, int, float, bool, type(None))
-
-
-def _pending_grads(engine: "Engine") -> dict[str, torch.Tensor] | None:
-    if engine._micro % engine.accumulate == 0:
-        return None
-    return {
-        engine._param_names[id(p)]: p.grad.detach().clone()
-        for m in engine.models
-        for p in m.parameters()
-        if p.grad is not None and id(p) in engine._param_names
-    }
-
-
-def engine_state(engine: "Engine") -> dict[str, Any]:
-    """The engine's own state (no model or optimizer tensors besides masters and pending gradients)."""
-    return {
-        "policy": engine.policy.name,
-        "accumulate": engine.accumulate,
-        "micro": engine._micro,
-        "epoch_len": engine._epoch_len,
-        "steps": engine.steps,
-        "micro_batch_rows": engine.micro_batch_rows,
-        "skipped_steps": engine.skipped_steps,
-        "scaler": engine.scaler.state_dict() if engine.scaler is not None else None,
-        "masters": engine.masters.state_dict() if engine.masters is not None else None,
-        "pending_grads": _pending_grads(engine),
-    }
-
-
-def load_engine_state(engine: "Engine", state: dict[str, Any]) -> None:
-    """Restore :func:`engine_state` after validating it against ``engine``; on any error nothing changes."""
-    check_engine_state(engine, state)
-    with _Undo(engine, models=False):
-        _apply_engine_state(engine, state)
-
-
-def _apply_engine_state(engine: "Engine", state: dict[str, Any]) -> None:
-    engine._micro, engine._epoch_len, engine.steps = state["micro"], state["epoch_len"], state["steps"]
-    if state.get("micro_batch_rows") is not None:  # learnt after an OOM; absent from older checkpoints
-        engine.micro_batch_rows = state["micro_batch_rows"]
-    engine._skipped_total.fill_(int(state["skipped_steps"]))  # type: ignore[union-attr]
-    engine._last_found_host = engine._last_norm = engine._deferred = None
-    engine._diagnose_late = False
-    if engine.scaler is not None:
-        engine.scaler.load_state_dict(state["scaler"])
-    if engine.masters is not None:
-        engine.masters.load_state_dict(state["masters"])
-    if state["pending_grads"] is not None:
-        by_name = {engine._param_names[id(p)]: p for m in engine.models for p in m.parameters() if id(p) in engine._param_names}
-        for name, grad in state["pending_grads"].items():
-            p = by_name[name]
-            p.grad = grad.to(device=p.device, dtype=p.dtype)
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if hasattr(t, "to_local") else t  # an FSDP shard (DTensor): its own part
-
-
-class _Undo:
-    """Holds what a load overwrites; leaving the block by an exception puts all of it back, then re-raises.
-
-    Optimizers and gradients are restored by reference (a load replaces their containers, it does not write
-    into them); model tensors, which a load writes in place, by a copy on the host (the checkpoint being
-    loaded is already there, so the host has room for one more model); the rest by its own state_dict.
-    """
-
-    def __init__(self, engine: "Engine", *, models: bool = True) -> None:
-        self.engine = engine
-        self.tensors = [(t, _local(t).detach().to("cpu", copy=True)) for m in engine.models for t in _model_tensors(m)] if models else []
-        self.grads = [(p, p.grad) for p in _engine_params(engine)]
-        self.optimizers = [(o, o.state, list(o.param_groups), dict(o.state)) for o in engine.optimizers]
-        self.schedulers = [copy.deepcopy(s.state_dict()) for s in engine.schedulers]
-        self.counters = engine_state(engine)
-        self.outcome = (engine.micro_batch_rows, engine._last_found_host, engine._last_norm, engine._deferred, engine._diagnose_late)
-        self.rng = capture_rng_state()
-
-    def __enter__(self) -> "_Undo":
-        return self
-
-    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
-        if exc is None:
-            return
-        self.restore()
-        if isinstance(exc, CheckpointError) or not isinstance(exc, Exception):
-            return  # re-raised as it is: already clear, or a KeyboardInterrupt/SystemExit
-        raise CheckpointError(f"loading the checkpoint failed part-way ({one_line(exc, with_type=True)}); everything it had changed was restored.") from exc
-
-    def restore(self) -> None:
-        """Put back everything as it was when the snapshot was taken."""
-        engine = self.engine
-        for opt, state, groups, entries in self.optimizers:
-            state.clear()
-            state.update(entries)  # the state a sharded load's initialisation may have filled in place
-            opt.__dict__.update(state=state, param_groups=groups)
-        for sched, saved in zip(engine.schedulers, self.schedulers):
-            sched.load_state_dict(saved)
-        _apply_engine_state(engine, self.counters)
-        for p, grad in self.grads:
-            p.grad = grad
-        engine.micro_batch_rows, engine._last_found_host, engine._last_norm, engine._deferred, engine._diagnose_late = self.outcome
-        with torch.no_grad():  # last: restoring master weights above wrote their 16-bit copies into the model
-            for t, saved in self.tensors:
-                _local(t).copy_(saved)
-        restore_rng_state(self.rng)
-
-
-def _model_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
-    return [t for _, t in model.named_parameters()] + [t for _, t in model.named_buffers() if t is not None]
-
-
-def _engine_params(engine: "Engine") -> list[torch.Tensor]:
-    params = [p for m in engine.models for p in m.parameters()]
-    return params + (list(engine.masters.masters) if engine.masters is not None else [])
-
-
-def _check_safe(value: Any, where: str) -> None:
-    if isinstance(value, dict):
-        for k, v in value.items():
-            _check_safe(k, where)
-            _check_safe(v, f"{where}[{k!r}]")
-    elif isinstance(value, (list, tuple)):
-        for i, v in enumerate(value):
-            _check_safe(v, f"{where}[{i}]")
-    elif not isinstance(value, _SAFE_LEAVES):
-        # Name functions as such: "builtin_function_or_method" tells a user less than "a function".
-        what = f"a function ({getattr(value, '__name__', '?')})" if callable(value) and not isinstance(value, type) else f"a {type(value).__name__}"
-        raise CheckpointError(
-            f"{where} holds {what}, which a safe (weights_only) load refuses; "
-            "store only tensors, numbers, strings and lists/dicts of them."
-        )
-
-
-def training_payload(engine: "Engine", extra: dict[str, Any] | None, *, tensors: bool = True) -> dict[str, Any]:
-    """What a checkpoint holds; ``tensors=False`` leaves out models and optimizers (a sharded save writes those)."""
-    if not engine.models:
-        raise RuntimeError("engine.save() called before engine.setup(); there is nothing to save yet.")
-    _check_safe(extra, "extra")
-    return {
-        "engine": engine_state(engine),
-        "models": [m.state_dict() for m in engine.models] if tensors else None,
-        "optimizers": [o.state_dict() for o in engine.optimizers] if tensors else None,
-        "schedulers": [s.state_dict() for s in engine.schedulers],
-        "rng": capture_rng_state(),
-        "extra": extra,
-    }
-
 
 def save_training_state(engine: "Engine", path: str | os.PathLike, extra: dict[str, Any] | None = None) -> None:
     """Write everything needed to resume ``engine``'s run bitwise-exactly, atomically, to ``path``.
@@ -197,26 +47,6 @@ def save_training_state(engine: "Engine", path: str | os.PathLike, extra: dict[s
         save_distributed(engine, path, extra)
         return
     save_checkpoint(training_payload(engine, extra), path)
-
-
-def apply_training_payload(engine: "Engine", payload: dict[str, Any]) -> None:
-    """Restore a validated payload (models and optimizers only when it holds them); all or nothing."""
-    with _Undo(engine):
-        _apply_payload(engine, payload)
-
-
-def _apply_payload(engine: "Engine", payload: dict[str, Any]) -> None:
-    if payload["models"] is not None:
-        for opt, saved in zip(engine.optimizers, payload["optimizers"]):
-            opt.load_state_dict(saved)
-            guard_optimizer(opt)  # the saved groups' fused flags come from another machine or torch
-        for model, saved in zip(engine.models, payload["models"]):
-            model.load_state_dict(saved)
-    for sched, saved in zip(engine.schedulers, payload["schedulers"]):
-        sched.load_state_dict(saved)
-    _apply_engine_state(engine, payload["engine"])
-    if payload["rng"] is not None:
-        restore_rng_state(payload["rng"])
 
 
 def checkpoint_exists(path: str | os.PathLike) -> bool:

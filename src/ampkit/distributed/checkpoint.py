@@ -21,23 +21,21 @@ where each rank stands (a warning says so), and a checkpoint taken inside an acc
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import secrets
 import shutil
-import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
 import torch.distributed as dist
 
-from ..checkpoint import _apply_payload, _pending_grads, _Undo, check_training_payload, training_payload
+from ..checkpoint_checks import check_training_payload
+from ..checkpoint_payload import Undo, apply_payload, pending_grads, training_payload
 from ..errors import CheckpointError, one_line
 from ..state import capture_rng_state, load_checkpoint, save_checkpoint
 from .checkpoint_dir import ENGINE_FILE, find_checkpoint, is_complete, remove_leftovers, swap_into_place
+from .dcp_state import grouped, sharded_state, single_process_intended
 from .strategy import FSDP
 
 if TYPE_CHECKING:
@@ -47,26 +45,15 @@ __all__ = ["save_distributed", "load_distributed", "ENGINE_FILE"]
 
 log = logging.getLogger("ampkit")
 
-def _grouped() -> bool:
-    return dist.is_available() and dist.is_initialized()
-
-
-@contextlib.contextmanager
-def _single_process_intended() -> Iterator[None]:
-    # DCP warns that it "assumes" a single process even when told so with no_dist=True; here it is the intent.
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
-        yield
-
 
 def _rank_world() -> tuple[int, int]:
-    return (dist.get_rank(), dist.get_world_size()) if _grouped() else (0, 1)
+    return (dist.get_rank(), dist.get_world_size()) if grouped() else (0, 1)
 
 
 def _raise_if_any(error: str | None, what: str) -> None:
     """Every rank raises when any rank failed, so no rank goes on alone (or waits forever in a collective)."""
     errors: list[str | None] = [error]
-    if _grouped():
+    if grouped():
         errors = [None] * dist.get_world_size()
         dist.all_gather_object(errors, error)
     failed = [(r, e) for r, e in enumerate(errors) if e is not None]
@@ -87,29 +74,9 @@ def _gather_to_rank0(obj: Any) -> list[Any] | None:
 
 def _broadcast_from_rank0(obj: Any) -> Any:
     box = [obj]
-    if _grouped():
+    if grouped():
         dist.broadcast_object_list(box, src=0)
     return box[0]
-
-
-def _sharded_state(engine: "Engine") -> dict[str, Any]:
-    """Model and optimizer state as DCP wants it: sharded tensors keyed by parameter name."""
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
-
-    state: dict[str, Any] = {}
-    for i, model in enumerate(engine.models):
-        state[f"model.{i}"] = get_model_state_dict(model)
-    for j, opt in enumerate(engine.optimizers):
-        state[f"optim.{j}"] = get_optimizer_state_dict(_owner(engine, opt), opt)
-    return state
-
-
-def _owner(engine: "Engine", opt: torch.optim.Optimizer) -> torch.nn.Module:
-    ids = {id(p) for g in opt.param_groups for p in g["params"]}
-    for model in engine.models:
-        if ids <= {id(p) for p in model.parameters()}:
-            return model
-    raise CheckpointError("a sharded checkpoint needs each optimizer to hold the parameters of one model; build one optimizer per model.")
 
 
 def save_distributed(engine: "Engine", path: str | os.PathLike, extra: dict[str, Any] | None = None) -> None:
@@ -121,7 +88,7 @@ def save_distributed(engine: "Engine", path: str | os.PathLike, extra: dict[str,
             "under FSDP, save at an accumulation boundary (when engine.step() returned True): the pending "
             "gradients are unsharded per rank and are not part of a sharded checkpoint."
         )
-    pending = None if sharded else _pending_grads(engine)
+    pending = None if sharded else pending_grads(engine)
     if pending is not None:
         # On the host before gathering: a rank's CUDA tensors would unpickle on rank 0 onto that rank's GPU
         # (another CUDA context there, or a missing device on another node).
@@ -134,8 +101,8 @@ def save_distributed(engine: "Engine", path: str | os.PathLike, extra: dict[str,
     if sharded:
         import torch.distributed.checkpoint as dcp
 
-        with _single_process_intended():
-            dcp.save(_sharded_state(engine), checkpoint_id=tmp, no_dist=not _grouped())
+        with single_process_intended():
+            dcp.save(sharded_state(engine), checkpoint_id=tmp, no_dist=not grouped())
     error = None
     if rank == 0:
         try:
@@ -204,14 +171,14 @@ def load_distributed(engine: "Engine", path: str | os.PathLike) -> dict[str, Any
         payload["engine"]["pending_grads"] = ranks["pending_grads"][rank]
     else:
         payload["rng"] = None
-    undo = _Undo(engine)  # before the shards are read: reading initialises an empty optimizer's state in place
+    undo = Undo(engine)  # before the shards are read: reading initialises an empty optimizer's state in place
     try:
         with undo:
             if metadata is not None:
                 from .sharded_load import load_shards
 
                 load_shards(engine, found, metadata)
-            _apply_payload(engine, payload)
+            apply_payload(engine, payload)
     except CheckpointError as exc:
         error = str(exc)
     try:
@@ -225,6 +192,6 @@ def load_distributed(engine: "Engine", path: str | os.PathLike) -> dict[str, Any
             "%s was saved by %d rank(s) and resumes on %d: weights, optimizer and scaler are restored, the random "
             "streams are not (they cannot be mapped between world sizes).", found, ranks["world_size"], world,
         )
-    if _grouped():
+    if grouped():
         dist.barrier()  # no rank trains on before every rank has its state
     return payload["extra"]

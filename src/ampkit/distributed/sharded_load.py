@@ -28,7 +28,7 @@ from torch.utils._pytree import tree_map_only
 
 from ..errors import CheckpointError, one_line
 from ..kernel_guards import guard_optimizer
-from .checkpoint import _grouped, _owner, _sharded_state, _single_process_intended
+from .dcp_state import grouped, optimizer_owner, sharded_state, single_process_intended
 from .safe_dcp import SafeFileSystemReader, SafeLoadPlanner, storage_files
 
 if TYPE_CHECKING:
@@ -87,13 +87,13 @@ def load_shards(engine: "Engine", directory: Path, metadata: Metadata) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
-    state = _sharded_state(engine)
+    state = sharded_state(engine)
     flat, _ = flatten_state_dict(state)
     _check_against(flat, metadata, directory)
     fresh = tree_map_only(torch.Tensor, lambda t: t.detach().clone(), state)  # DTensors stay DTensors
     try:
-        with _single_process_intended():
-            dcp.load(fresh, storage_reader=SafeFileSystemReader(directory), planner=SafeLoadPlanner(), no_dist=not _grouped())
+        with single_process_intended():
+            dcp.load(fresh, storage_reader=SafeFileSystemReader(directory), planner=SafeLoadPlanner(), no_dist=not grouped())
     except CheckpointException as exc:  # a BaseException: turn it into the one error this load raises
         # failures: rank -> (exception, traceback summary)
         causes = "; ".join(f"rank {r}: {one_line(e[0] if isinstance(e, tuple) else e, with_type=True)}" for r, e in exc.failures.items())
@@ -101,5 +101,5 @@ def load_shards(engine: "Engine", directory: Path, metadata: Metadata) -> None:
     for i, model in enumerate(engine.models):
         set_model_state_dict(model, fresh[f"model.{i}"])
     for j, opt in enumerate(engine.optimizers):
-        set_optimizer_state_dict(_owner(engine, opt), opt, fresh[f"optim.{j}"])
+        set_optimizer_state_dict(optimizer_owner(engine, opt), opt, fresh[f"optim.{j}"])
         guard_optimizer(opt)  # the saved groups' fused flags come from another machine or torch

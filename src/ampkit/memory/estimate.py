@@ -30,7 +30,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves, tree_map
 
-from ..bench.model_io import batch_loss, batch_parts, default_loss
+from .._util.model_io import batch_loss, batch_parts, default_loss
 from ..engine import Engine
 from ..policy import get_policy
 from ..policy.device import as_device

@@ -14,7 +14,6 @@ CUDA context and the allocator's cache when choosing the budget (a few hundred M
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,26 +21,10 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map
 
+from .._util.units import parse_bytes  # re-exported: its home was here
 from .estimate import MemoryEstimate, estimate
 
 __all__ = ["Fit", "largest_batch", "resize_batch", "parse_bytes"]
-
-_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
-
-def parse_bytes(text: str) -> int:
-    """``"24GiB"``, ``"80 GB"``, ``"512MiB"`` or a plain number of bytes, as bytes.
-
-    >>> parse_bytes("24GiB"), parse_bytes("1.5 GB"), parse_bytes("4096")
-    (25769803776, 1500000000, 4096)
-    """
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", text)
-    unit = m.group(2).lower() if m else None
-    if m is None or unit not in _UNITS:
-        raise ValueError(f"{text!r} is not a memory size; write it like 24GiB, 80GB, 512MiB or a number of bytes.")
-    return int(float(m.group(1)) * _UNITS[unit])
-
 
 def resize_batch(batch: Any, n: int) -> Any:
     """``batch`` with every tensor's first dimension set to ``n``, as meta tensors (same dtype and memory format).

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from ..bench.format import fmt_bytes
+from .._util.units import fmt_bytes
 from .accounting import tensor_bytes
 
 __all__ = ["Growth", "HolderSearch", "Snapshot", "StepBoundaries"]

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from .._util.units import parse_bytes
 from .accounting import LiveBytes
 
 __all__ = ["OutOfMemoryError", "is_out_of_memory", "release_memory", "MemoryBudget"]
@@ -91,8 +92,6 @@ class MemoryBudget(LiveBytes):
     def __init__(self, budget: int | str, tensors: Any = ()) -> None:
         super().__init__()
         if isinstance(budget, str):
-            from .fit import parse_bytes
-
             budget = parse_bytes(budget)
         if isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0:
             raise ValueError(f"MemoryBudget(budget={budget!r}): pass a positive number of bytes or a size like '512MiB'.")

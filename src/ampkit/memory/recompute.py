@@ -50,14 +50,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 from torch.utils.checkpoint import checkpoint
 
-from ..bench.model_io import batch_loss, default_loss
+from .._util.model_io import batch_loss, default_loss
+from .._util.units import fmt_bytes, parse_bytes
 from ..blocks import repeated_blocks
 from ..engine import Engine
 from ..policy import Policy, get_policy
 from .accounting import LiveBytes, storage_key, tensor_bytes
 from .estimate import _model_device
 from .fake import FakeCopies
-from .fit import parse_bytes
 
 __all__ = ["RecomputeReport", "recompute", "recomputed_modules", "unrecompute"]
 
@@ -336,12 +336,6 @@ def _measure(model: nn.Module, batch: Any, loss_fn: Callable[[Any, Any], torch.T
 # -------------------------------------------------------------------------------------------- the report
 
 
-def _fmt(n: int | None) -> str:
-    from ..bench.format import fmt_bytes  # here, not at the top: ampkit.bench imports ampkit.memory
-
-    return fmt_bytes(n)
-
-
 @dataclass(frozen=True)
 class RecomputeReport:
     """What :func:`recompute` checkpointed and the activations it measured before and after.
@@ -413,9 +407,9 @@ class RecomputeReport:
             lines.append("  not measured: pass example_batch=(inputs, targets) to measure the activations")
         else:
             ratio = f" ({self.ratio:.2f}x)" if self.ratio is not None else ""
-            budget = f", budget {_fmt(self.budget)} ({'fits' if self.fits else 'does NOT fit'})" if self.budget is not None else ""
-            lines.append(f"  activations held for backward: {_fmt(self.activations_before)} -> {_fmt(self.activations_after)}{ratio}{budget}")
-            lines.append(f"  peak of forward + backward: {_fmt(self.peak_before)} -> {_fmt(self.peak_after)}")
+            budget = f", budget {fmt_bytes(self.budget)} ({'fits' if self.fits else 'does NOT fit'})" if self.budget is not None else ""
+            lines.append(f"  activations held for backward: {fmt_bytes(self.activations_before)} -> {fmt_bytes(self.activations_after)}{ratio}{budget}")
+            lines.append(f"  peak of forward + backward: {fmt_bytes(self.peak_before)} -> {fmt_bytes(self.peak_after)}")
             lines.append(f"  measured under {self.policy} on {self.method} tensors with the example batch")
         return "\n".join(lines)
 
@@ -518,8 +512,8 @@ def recompute(
         if limit is not None and after is not None and before is not None and after.held > limit:
             what = f"checkpointing all {len(chosen)} blocks" if auto else f"checkpointing {len(chosen)} module(s)"
             raise ValueError(
-                f"activations of {_fmt(after.held)} even with {what} (from {_fmt(before.held)}) exceed the budget of "
-                f"{_fmt(limit)} by {_fmt(after.held - limit)}; use a smaller batch, a 16-bit policy (policy='bf16-mixed' "
+                f"activations of {fmt_bytes(after.held)} even with {what} (from {fmt_bytes(before.held)}) exceed the budget of "
+                f"{fmt_bytes(limit)} by {fmt_bytes(after.held - limit)}; use a smaller batch, a 16-bit policy (policy='bf16-mixed' "
                 "stores most activations in half the bytes) or more/larger modules. The model is unchanged."
             )
     except BaseException:

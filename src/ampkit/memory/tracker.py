@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..bench.format import fmt_bytes
+from .._util.units import fmt_bytes
 from ..policy.device import as_device
 from .accounting import LiveBytes
 from .leak_holders import Growth, HolderSearch, Snapshot, StepBoundaries

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..bench.model_io import batch_loss
+from .._util.model_io import batch_loss
 from .recorder import ModuleRecorder
 
 __all__ = ["ModuleAgreement", "ReferenceStep", "StepComparison", "reference_step", "compare_step", "COSINE_MIN", "REL_ERROR_MAX"]

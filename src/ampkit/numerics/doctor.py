@@ -33,9 +33,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..bench.format import fmt_share
+from .._util.units import fmt_share
 from ..policy import get_policy
-from ..bench.model_io import batch_loss, default_loss
+from .._util.model_io import batch_loss, default_loss
 from .compare import LossFn, StepComparison, compare_step, reference_step, seeded
 from .formats import FP16
 from .recommend import Tailored, candidate_precisions, choose_precision, tailor

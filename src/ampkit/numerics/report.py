@@ -22,7 +22,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ..bench.format import MISSING, fmt_float
+from .._util.units import MISSING, fmt_float
 from ..bench.report import _code_block, plot_links
 from ..state import write_text_atomic
 from .formats import FP16

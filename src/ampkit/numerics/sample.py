@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch  # noqa: F401  (the examples in the docstrings use it)
 
-from ..bench.format import fmt_share
+from .._util.units import fmt_share
 from .formats import FP16
 from .scale import largest_safe_log2
 from .stats import TensorStats

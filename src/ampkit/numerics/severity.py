@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..bench.format import fmt_share
+from .._util.units import fmt_share
 from .compare import ModuleAgreement, StepComparison
 from .scale import LossScaleAdvice
 from .stats import KINDS, TensorStats

@@ -26,7 +26,7 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from ..bench.format import MISSING, fmt_float, fmt_share, is_missing
+from .._util.units import MISSING, fmt_float, fmt_share, is_missing
 from ..bench.table import TableRows
 from .formats import FP16
 

@@ -1,0 +1,238 @@
+"""The import graph of ampkit: no cycle, and the library core imports no tool.
+
+Only imports that run when a module is first imported count: module level, class bodies, and the branches of
+module-level ``if``/``try``/``with``. An import inside a function is deferred until the call, and one under
+``if TYPE_CHECKING:`` never runs, so neither makes an edge. Importing ``ampkit.a.b`` runs ``ampkit/a/__init__``
+first, so it is an edge to that package as well (unless the importer lives inside it: then it is already loading).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+ROOT = "ampkit"
+
+# The library core, and the tools built on top of it. A core module may use a tool only from inside a function.
+CORE = ("policy", "scaling", "engine", "masters", "clipping", "state", "checkpoint", "distributed")
+TOOLS = ("bench", "memory", "numerics", "cli")
+
+# The bottom layer: every module may import these, so they import nothing from ampkit.
+BOTTOM = ("_util", "errors")
+
+# Module-level imports from the core into a tool that remain. The redesign removes them; this list may only shrink.
+ALLOWED_CORE_TO_TOOL: set[tuple[str, str]] = set()
+
+
+def _module_names(src: Path = SRC) -> dict[str, Path]:
+    """Every module under ``src/ampkit`` by dotted name; a package is named by its ``__init__``'s package."""
+    names = {}
+    for path in sorted((src / ROOT).rglob("*.py")):
+        parts = list(path.relative_to(src).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        names[".".join(parts)] = path
+    return names
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _eager_imports(body: list[ast.stmt]) -> list[ast.Import | ast.ImportFrom]:
+    """The import statements that run while the module body runs (not in functions, not for type checkers)."""
+    found: list[ast.Import | ast.ImportFrom] = []
+    for node in body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.append(node)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        elif isinstance(node, ast.If) and _is_type_checking(node.test):
+            found += _eager_imports(node.orelse)
+        else:  # if/try/with/for/class bodies run at import time
+            for field in ("body", "orelse", "finalbody"):
+                found += _eager_imports(getattr(node, field, []))
+            for clause in getattr(node, "handlers", []) + getattr(node, "cases", []):
+                found += _eager_imports(clause.body)
+    return found
+
+
+def _targets(node: ast.Import | ast.ImportFrom, importer: str, is_package: bool, modules: set[str]) -> set[str]:
+    """The ampkit modules an import statement loads, its packages' ``__init__`` included."""
+    if isinstance(node, ast.Import):
+        dotted = [alias.name for alias in node.names]
+    else:
+        if node.level:
+            base = importer.split(".") if is_package else importer.split(".")[:-1]
+            base = base[: len(base) - (node.level - 1)]
+            prefix = ".".join(base + ([node.module] if node.module else []))
+        else:
+            prefix = node.module or ""
+        # `from p import x` loads p, and p.x too when x is a submodule rather than a name.
+        dotted = [prefix] + [f"{prefix}.{alias.name}" for alias in node.names if f"{prefix}.{alias.name}" in modules]
+    loaded = set()
+    for name in dotted:
+        parts = name.split(".")
+        for end in range(1, len(parts) + 1):
+            loaded.add(".".join(parts[:end]))
+    # A package the importer sits in is already running (its __init__ started the import): not a new edge.
+    ancestors = {".".join(importer.split(".")[:end]) for end in range(1, importer.count(".") + 1 + is_package)}
+    return {name for name in loaded if name in modules and name not in ancestors and name != importer}
+
+
+def import_graph(src: Path = SRC) -> dict[str, set[str]]:
+    """Module -> the ampkit modules it imports when it is imported."""
+    paths = _module_names(src)
+    modules = set(paths)
+    graph = {}
+    for name, path in paths.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        is_package = path.name == "__init__.py"
+        graph[name] = set().union(*(_targets(n, name, is_package, modules) for n in _eager_imports(tree.body)))
+    return graph
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle per strongly connected component of more than one module (or a module importing itself)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def visit(node: str) -> None:  # Tarjan; the graph is ~130 modules, well within the recursion limit
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1 or node in graph.get(node, ()):
+                components.append(component)
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return [_cycle_in(set(component), graph) for component in components]
+
+
+def _cycle_in(component: set[str], graph: dict[str, set[str]]) -> list[str]:
+    """A shortest cycle through the component's first module, as ``[a, b, ..., a]``."""
+    start = min(component)
+    paths = {start: [start]}
+    frontier = [start]
+    while frontier:
+        following = []
+        for node in frontier:
+            for nxt in sorted(graph[node] & component):
+                if nxt == start:
+                    return paths[node] + [start]
+                if nxt not in paths:
+                    paths[nxt] = paths[node] + [nxt]
+                    following.append(nxt)
+        frontier = following
+    raise AssertionError(f"no cycle through {start}")  # a strongly connected component always has one
+
+
+def _layer(module: str) -> str:
+    return module.split(".")[1] if "." in module else ""
+
+
+def core_to_tool_edges(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    return {
+        (module, target)
+        for module, targets in graph.items()
+        if _layer(module) in CORE
+        for target in targets
+        if _layer(target) in TOOLS
+    }
+
+
+def test_no_import_cycle():
+    cycles = find_cycles(import_graph())
+    assert not cycles, "import cycles (move the shared piece down a layer, or defer the import into the function):\n" + "\n".join(
+        " -> ".join(cycle) for cycle in cycles
+    )
+
+
+def test_core_imports_no_tool_at_module_level():
+    edges = core_to_tool_edges(import_graph())
+    new = edges - ALLOWED_CORE_TO_TOOL
+    assert not new, f"the library core imports a tool at module level (import it inside the function): {sorted(new)}"
+    gone = ALLOWED_CORE_TO_TOOL - edges
+    assert not gone, f"these allowed edges are gone, remove them from ALLOWED_CORE_TO_TOOL: {sorted(gone)}"
+
+
+def test_bottom_layer_imports_nothing_from_ampkit():
+    graph = import_graph()
+    upward = {module: sorted(targets) for module, targets in graph.items() if _layer(module) in BOTTOM and targets}
+    assert not upward, f"the bottom layer ({', '.join(BOTTOM)}) must not import ampkit modules: {upward}"
+
+
+# The checker itself, on small trees: each rule is shown to catch what it is meant to.
+
+
+def _tree(tmp_path: Path, files: dict[str, str]) -> dict[str, set[str]]:
+    for rel, text in files.items():
+        path = tmp_path / ROOT / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return import_graph(tmp_path)
+
+
+def test_finds_a_cycle_through_relative_and_package_imports(tmp_path):
+    graph = _tree(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "a.py": "from .pkg.b import f\n",
+            "pkg/__init__.py": "from . import b\n",
+            "pkg/b.py": "from ..c import g\n",
+            "c.py": "import ampkit.pkg\n",
+        },
+    )
+    assert graph["ampkit.a"] == {"ampkit.pkg", "ampkit.pkg.b"}
+    assert graph["ampkit.pkg"] == {"ampkit.pkg.b"}
+    assert find_cycles(graph) == [["ampkit.c", "ampkit.pkg", "ampkit.pkg.b", "ampkit.c"]]
+
+
+def test_deferred_and_type_checking_imports_are_no_edges(tmp_path):
+    graph = _tree(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "a.py": "from . import b\n",
+            "b.py": (
+                "from typing import TYPE_CHECKING\n"
+                "if TYPE_CHECKING:\n    from .a import x\nelse:\n    from . import c\n"
+                "def f():\n    from .a import x\n"
+                "class K:\n    from . import d\n"
+                "try:\n    import ampkit.e\nexcept ImportError:\n    pass\n"
+            ),
+            "c.py": "",
+            "d.py": "",
+            "e.py": "",
+        },
+    )
+    assert graph["ampkit.b"] == {"ampkit.c", "ampkit.d", "ampkit.e"}
+    assert find_cycles(graph) == []
+
+
+def test_core_to_tool_edge_is_reported(tmp_path):
+    graph = _tree(tmp_path, {"__init__.py": "", "engine.py": "from .memory import oom\n", "memory/__init__.py": "", "memory/oom.py": ""})
+    assert core_to_tool_edges(graph) == {("ampkit.engine", "ampkit.memory"), ("ampkit.engine", "ampkit.memory.oom")}
+
