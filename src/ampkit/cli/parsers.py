@@ -39,10 +39,28 @@ def _runs(command: str) -> Callable[[argparse.Namespace], int]:
     return run
 
 
-def _add_user_model(p: argparse.ArgumentParser) -> None:
-    """``--model`` and ``--data``: the user's own model and data, as bench, doctor and memory take them."""
+_DEVICE_HELP = "cpu, cuda or cuda:N (default: the GPU if there is one)"
+_TRAINING_SEED = "the weights, the data order and dropout"
+
+
+def _add_workload(p: argparse.ArgumentParser, *, seeds: str = _TRAINING_SEED) -> None:
+    """What bench, doctor and memory run: a built-in workload (``-w``, ``--size``) or the user's own model and
+    data (``--model``, ``--data``), and ``--seed``, whose help names what it ``seeds``."""
+    p.add_argument("-w", "--workload", help="built-in workload: digits, segment, gpt, resnet (default: the one for the device)")
+    p.add_argument("--size", default="auto", choices=("auto", *SIZES), help="built-in workload size (default: auto: small on CPU, large on GPU)")
     p.add_argument("--model", metavar="MODULE:FACTORY", help="your model: a no-argument callable returning an nn.Module")
     p.add_argument("--data", metavar="MODULE:FACTORY", help="your data: a no-argument callable returning batches ((inputs, targets) pairs or dicts of model keyword arguments) or a BenchData")
+    p.add_argument("--seed", type=int, default=0, help=f"seed of {seeds} (default: 0)")
+
+
+def _add_device(p: argparse.ArgumentParser, help: str = _DEVICE_HELP) -> None:
+    """``--device``: where the command runs (or, for memory, what it predicts for); None picks the default."""
+    p.add_argument("--device", help=help)
+
+
+def _add_out(p: argparse.ArgumentParser, *, writes: str) -> None:
+    """``--out DIR``: the folder the command ``writes`` its files to (laid out by :func:`ampkit.cli.output.write_out`)."""
+    p.add_argument("--out", type=Path, metavar="DIR", help=f"write {writes} here")
 
 
 def add_bench(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -56,22 +74,19 @@ def add_bench(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -
             "against 32-true."
         ),
     )
-    p.add_argument("-w", "--workload", help="built-in workload: digits, segment, gpt, resnet (default: the one for this device)")
+    _add_workload(p)
     p.add_argument("--precision", help="comma-separated policies or aliases (default: every policy this device runs fast); 32-true always runs as the reference")
-    p.add_argument("--size", default="auto", choices=("auto", *SIZES), help="workload size: small for a CPU, large for a GPU (default: auto)")
     p.add_argument("--steps", type=positive, help="optimizer steps per policy, warm-up included (default: the workload's)")
     p.add_argument("--warmup", type=non_negative, help="leading steps excluded from timing (default: the workload's)")
     p.add_argument("--rounds", type=positive, default=5, help="interleaving rounds the timed steps are split into (default: 5)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the weights, the data order and dropout (default: 0)")
-    p.add_argument("--device", help="cpu, cuda or cuda:N (default: the GPU if there is one)")
-    _add_user_model(p)
+    _add_device(p)
     p.add_argument(
         "--tolerance", metavar="X",
         help="how far a policy's eval metric may land from 32-true's and still count as equal, in the metric's terms: "
         "absolute for accuracy and mIoU (0.01: one point), a fraction of 32-true's figure for perplexity and eval loss "
         "(0.01: 1%%). Default: the metric's own (0.02)",
     )
-    p.add_argument("--out", type=Path, metavar="DIR", help="write results.json, report.md and PNG plots here")
+    _add_out(p, writes="results.json, report.md and PNG plots")
     p.add_argument("--tensorboard", type=Path, metavar="DIR", help="log loss curves and summary figures for TensorBoard here")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (logs and CI)")
     p.add_argument(
@@ -94,15 +109,12 @@ def add_doctor(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
             "fp32, checked by one step under the policy against fp32."
         ),
     )
-    p.add_argument("-w", "--workload", help="built-in workload: digits, segment, gpt, resnet (default: bench's for this device)")
-    p.add_argument("--size", default="auto", choices=("auto", *SIZES), help="workload size (default: small on CPU, large on GPU)")
-    _add_user_model(p)
+    _add_workload(p)
     p.add_argument("--precision", help="tailor for this policy (e.g. 16-mixed for a GPU without bf16); default: choose among the fast ones")
     p.add_argument("--steps", type=positive, default=3, help="fp32 reference steps to collect statistics over (default: 3)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the weights, data and dropout (default: 0)")
-    p.add_argument("--device", help="cpu, cuda or cuda:N (default: the GPU if there is one)")
+    _add_device(p)
     p.add_argument("--top", type=non_negative, default=15, help="modules shown in the table, worst first (default: 15)")
-    p.add_argument("--out", type=Path, metavar="DIR", help="write doctor.json, report.md and PNG histograms here")
+    _add_out(p, writes="doctor.json, report.md and PNG histograms")
     p.set_defaults(func=_runs("doctor"))
 
 
@@ -128,13 +140,10 @@ def add_memory(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
             "live tensors. Nothing is allocated on the device."
         ),
     )
-    p.add_argument("-w", "--workload", help="built-in workload: digits, segment, gpt, resnet (default: the one for the device)")
-    p.add_argument("--size", default="auto", choices=("auto", *SIZES), help="built-in workload size (default: small on CPU, large on CUDA)")
-    _add_user_model(p)
+    _add_workload(p, seeds="the built-in workload")
     p.add_argument("--batch-size", type=positive, help="batch size to predict for (default: the data's)")
     p.add_argument("--precision", help="comma-separated policies or aliases (default: every policy the device supports)")
-    p.add_argument("--device", help="the device to predict for: cpu or cuda (default: cuda if visible, else cpu); no GPU is needed")
+    _add_device(p, "the device to predict for: cpu or cuda (default: cuda if visible, else cpu); no GPU is needed")
     p.add_argument("--device-memory", type=memory_size, metavar="SIZE", help="memory to fit in, e.g. 24GiB or 80GB: adds the largest batch that fits per policy")
     p.add_argument("--json", action="store_true", help="print JSON (one object per policy) instead of the table")
-    p.add_argument("--seed", type=int, default=0, help="seed of the built-in workload (default: 0)")
     p.set_defaults(func=_runs("memory"))
