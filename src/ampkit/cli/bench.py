@@ -40,6 +40,7 @@ from ..bench.verdict import check_tolerance
 from ..bench.workload import Workload
 from .checks import writable_dir as _check_out
 from .console import stdout_console
+from .output import write_out
 from .parsers import add_bench as register  # declared apart: `ampkit --help` imports none of this module
 
 __all__ = ["register", "run"]
@@ -220,11 +221,8 @@ def _present(result: BenchResult, args: argparse.Namespace, console: Console) ->
         from ..bench.plots import write_plots
         from ..bench.report import write_report
 
-        args.out.mkdir(parents=True, exist_ok=True)
-        result.write_json(args.out / "results.json")
-        plots = write_plots(result, args.out)
-        report = write_report(result, args.out, plots=plots)
-        console.print(f"results: {args.out / 'results.json'}, report: {report}")
+        results, report = write_out(args.out, "results.json", result, write_json=result.write_json, write_plots=write_plots, write_report=write_report)
+        console.print(f"results: {results}, report: {report}")
     if args.tensorboard is not None:
         from ..bench.tensorboard import log_tensorboard
 

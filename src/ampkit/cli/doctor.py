@@ -22,6 +22,7 @@ import torch
 from .bench import _device
 from .checks import writable_dir
 from .console import stdout_console
+from .output import write_out
 from .parsers import add_doctor as register  # declared apart: `ampkit --help` imports none of this module
 
 __all__ = ["register", "run"]
@@ -70,9 +71,6 @@ def run(args: argparse.Namespace) -> int:
         from ..numerics.plots import write_plots
         from ..numerics.report import write_report
 
-        args.out.mkdir(parents=True, exist_ok=True)
-        diagnosis.write_json(args.out / "doctor.json")
-        plots = write_plots(data, args.out)
-        report = write_report(data, args.out, plots=plots)
-        console.print(f"doctor.json: {args.out / 'doctor.json'}, report: {report}")
+        results, report = write_out(args.out, "doctor.json", data, write_json=diagnosis.write_json, write_plots=write_plots, write_report=write_report)
+        console.print(f"doctor.json: {results}, report: {report}")
     return 0 if diagnosis.recommended_precision != "32-true" else 1
