@@ -21,6 +21,7 @@ from .checkpoint_checks import check_engine_state
 from .errors import CheckpointError, one_line
 from .kernel_guards import guard_optimizer
 from .state import capture_rng_state, restore_rng_state
+from .step_state import StepState
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -53,7 +54,7 @@ def pending_grads(engine: "Engine") -> dict[str, torch.Tensor] | None:
     True
     True
     """
-    if engine._micro % engine.accumulate == 0:
+    if not engine.micro_batches_pending:
         return None
     return {
         engine._param_names[id(p)]: p.grad.detach().clone()
@@ -68,9 +69,7 @@ def engine_state(engine: "Engine") -> dict[str, Any]:
     return {
         "policy": engine.policy.name,
         "accumulate": engine.accumulate,
-        "micro": engine._micro,
-        "epoch_len": engine._epoch_len,
-        "steps": engine.steps,
+        **engine._state.to_dict(),  # micro, epoch_len, steps
         "micro_batch_rows": engine.micro_batch_rows,
         "skipped_steps": engine.skipped_steps,
         "scaler": engine.scaler.state_dict() if engine.scaler is not None else None,
@@ -87,12 +86,10 @@ def load_engine_state(engine: "Engine", state: dict[str, Any]) -> None:
 
 
 def _apply_engine_state(engine: "Engine", state: dict[str, Any]) -> None:
-    engine._micro, engine._epoch_len, engine.steps = state["micro"], state["epoch_len"], state["steps"]
+    engine._state = StepState.from_dict(state)  # with no step outcome: that was another process's last step
     if state.get("micro_batch_rows") is not None:  # learnt after an OOM; absent from older checkpoints
         engine.micro_batch_rows = state["micro_batch_rows"]
     engine._skipped_total.fill_(int(state["skipped_steps"]))  # type: ignore[union-attr]
-    engine._last_found_host = engine._last_norm = engine._deferred = None
-    engine._diagnose_late = False
     if engine.scaler is not None:
         engine.scaler.load_state_dict(state["scaler"])
     if engine.masters is not None:
@@ -123,7 +120,7 @@ class Undo:
         self.optimizers = [(o, o.state, list(o.param_groups), dict(o.state)) for o in engine.optimizers]
         self.schedulers = [copy.deepcopy(s.state_dict()) for s in engine.schedulers]
         self.counters = engine_state(engine)
-        self.outcome = (engine.micro_batch_rows, engine._last_found_host, engine._last_norm, engine._deferred, engine._diagnose_late)
+        self.micro_batch_rows, self.step_state = engine.micro_batch_rows, copy.copy(engine._state)
         self.rng = capture_rng_state()
 
     def __enter__(self) -> "Undo":
@@ -149,7 +146,7 @@ class Undo:
         _apply_engine_state(engine, self.counters)
         for p, grad in self.grads:
             p.grad = grad
-        engine.micro_batch_rows, engine._last_found_host, engine._last_norm, engine._deferred, engine._diagnose_late = self.outcome
+        engine.micro_batch_rows, engine._state = self.micro_batch_rows, self.step_state
         with torch.no_grad():  # last: restoring master weights above wrote their 16-bit copies into the model
             for t, saved in self.tensors:
                 _local(t).copy_(saved)

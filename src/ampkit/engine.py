@@ -35,6 +35,7 @@ from .policy import Policy, get_policy
 from .scaling import DynamicLossScaler, LossScaler, ScalerConfig, StaticLossScaler
 from .scaling.diagnosis import collapse_message, nonfinite_parameters
 from .scaling.kernels import grads_of, unscale_grads_
+from .step_state import StepState, delegate
 
 if TYPE_CHECKING:  # at run time only when asked for: importing ampkit.numerics loads the whole doctor
     from .numerics.sampler import NumericsSampler
@@ -110,6 +111,12 @@ class Engine:
     (True, 1)
     """
 
+    # Names the engine has always used for its StepState fields.
+    steps = delegate("steps")
+    _micro, _epoch_len = delegate("micro"), delegate("epoch_len")
+    _last_found_host, _last_norm = delegate("found_host"), delegate("norm")
+    _deferred, _diagnose_late = delegate("deferred"), delegate("diagnose_late")
+
     def __init__(
         self,
         precision: str | int | Policy = "32-true",
@@ -157,16 +164,10 @@ class Engine:
         self.schedulers: list[Any] = []
         self.masters: MasterWeights | None = None
         self._param_names: dict[int, str] = {}
-        # Accumulation position: micro-batches since the epoch (or run) began; epoch length when declared.
-        self._micro = 0
-        self._epoch_len: int | None = None
-        # Step outcome. Device tensors where the answer lives on the device; host mirrors once synced.
-        self.steps = 0
+        # Accumulation position, step count and the last step's outcome (see StepState; a checkpoint saves the
+        # counters through it). Device tensors where the answer lives on the device; host mirrors once synced.
+        self._state = StepState()
         self._skipped_total: torch.Tensor | None = None
-        self._last_found_host: bool | None = None
-        self._last_norm: torch.Tensor | None = None
-        self._deferred: tuple[torch.Tensor, Any] | None = None
-        self._diagnose_late = False
         self._collapse_warned = False
 
     # ------------------------------------------------------------------------------------------ setup
@@ -295,9 +296,9 @@ class Engine:
 
         Without it, windows of exactly ``accumulate`` micro-batches run across epochs.
         """
-        if self._micro % self.accumulate and self._epoch_len is None:
+        if self.micro_batches_pending and self._epoch_len is None:
             raise RuntimeError(
-                f"start_epoch() called with {self._micro % self.accumulate} micro-batch(es) of gradients pending; "
+                f"start_epoch() called with {self.micro_batches_pending} micro-batch(es) of gradients pending; "
                 "call it at an accumulation boundary, or pass num_micro_batches to the previous start_epoch()."
             )
         if num_micro_batches is not None and (isinstance(num_micro_batches, bool) or not isinstance(num_micro_batches, int) or num_micro_batches < 1):
@@ -307,9 +308,23 @@ class Engine:
 
     def _window(self) -> tuple[int, bool]:
         """(size of the current window, whether the current micro-batch ends it)."""
-        start = self._micro - self._micro % self.accumulate
+        start = self._micro - self.micro_batches_pending
         size = self.accumulate if self._epoch_len is None else min(self.accumulate, self._epoch_len - start)
         return size, self._micro + 1 - start >= size
+
+    @property
+    def micro_batches_pending(self) -> int:
+        """Micro-batches accumulated since the last optimizer step; 0 at a window boundary. No sync.
+
+        >>> model = nn.Linear(2, 1); engine = Engine(accumulate=3)
+        >>> model, opt = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        >>> pending = []
+        >>> for _ in range(4):
+        ...     engine.backward(model(torch.ones(1, 2)).sum()); _ = engine.step(); pending.append(engine.micro_batches_pending)
+        >>> pending
+        [1, 2, 0, 1]
+        """
+        return self._micro % self.accumulate
 
     @property
     def is_boundary(self) -> bool:

@@ -272,6 +272,31 @@ def test_windows_run_across_epochs_without_start_epoch() -> None:
         engine.start_epoch(5)
 
 
+def test_micro_batches_pending_counts_the_window_and_a_skipped_step_ends_it_too() -> None:
+    engine = Engine(accumulate=3, skip_nonfinite=True)
+    model = mlp()
+    model, _ = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    pending, skipped = [], []
+    for i, (x, y) in enumerate(batches(7)):
+        engine.backward(loss_fn(model(x), y))
+        if i == 2:
+            poison_grad(model)  # the first window's step is skipped
+        ends = engine.step()
+        pending.append(engine.micro_batches_pending)
+        skipped.append(ends and engine.step_was_skipped)
+    assert pending == [1, 2, 0, 1, 2, 0, 1]
+    assert skipped == [False, False, True, False, False, False, False]
+    with pytest.raises(RuntimeError, match="with 1 micro-batch"):
+        engine.start_epoch(2)
+    # A declared epoch's short last window (2 of 3) ends at 0 as well.
+    for _ in range(2):
+        engine.backward(loss_fn(model(x), y)); engine.step()
+    engine.start_epoch(2)
+    for expected in (1, 0):
+        engine.backward(loss_fn(model(x), y)); engine.step()
+        assert engine.micro_batches_pending == expected
+
+
 # ------------------------------------------------------------------------------------- clipping, schedulers
 @pytest.mark.parametrize(
     ("precision", "rel"), [("16-mixed", 1e-2), ("bf16-mixed", 5e-2), ("16-true-masters", 2e-2), ("bf16-true-masters", 8e-2)]

@@ -83,7 +83,7 @@ def save_distributed(engine: "Engine", path: str | os.PathLike, extra: dict[str,
     """Every rank calls it: rank 0 writes a file (DDP), or all ranks write a sharded directory (FSDP)."""
     rank, world = _rank_world()
     sharded = isinstance(engine.strategy, FSDP)
-    if sharded and engine._micro % engine.accumulate:
+    if sharded and engine.micro_batches_pending:
         raise CheckpointError(
             "under FSDP, save at an accumulation boundary (when engine.step() returned True): the pending "
             "gradients are unsharded per rank and are not part of a sharded checkpoint."

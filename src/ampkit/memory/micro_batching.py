@@ -104,7 +104,7 @@ def train_step(engine: "Engine", loss_fn: LossFn, batch: Any, optimizers: tuple[
         # largest count any rank needs, in near-equal pieces (ranks may hold different numbers of rows).
         pieces = -agree_min(-math.ceil(n / rows))
         rows = math.ceil(n / pieces)
-    window_start = engine._micro % engine.accumulate == 0
+    window_start = not engine.micro_batches_pending
     done, passes = 0, 0
     total: torch.Tensor | None = None
     while done < n:
@@ -164,7 +164,7 @@ def _drop_partial_gradients(engine: "Engine", window_start: bool, done: int, in_
     # At a window start the gradients were empty before this batch: emptying them restores them exactly.
     # Later in a window, this batch's share cannot be taken out of the sums without a copy the step had no
     # memory for: the whole window goes, and the next micro-batch starts a new one.
-    pending = engine._micro % engine.accumulate
+    pending = engine.micro_batches_pending
     for m in engine.models:
         m.zero_grad(set_to_none=True)
     if window_start:
