@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["call_model", "batch_parts", "run_batch", "batch_loss", "default_loss", "output_as_float", "prediction", "LOSS_FN_HINT"]
+__all__ = ["call_model", "batch_parts", "run_batch", "batch_loss", "default_loss", "output_as_float", "prediction", "to_device", "LOSS_FN_HINT"]
 
 LOSS_FN_HINT = (
     "pass a loss function that takes this output: BenchData(loss_fn=...) for --data (loss_fn= in Python), e.g. "
@@ -147,3 +147,22 @@ def default_loss(output: Any, target: Any) -> torch.Tensor:
         # cross_entropy wants them second; an unambiguous layout is flattened rather than refused.
         return nn.functional.cross_entropy(pred.flatten(0, -2), target.flatten())
     return nn.functional.cross_entropy(pred, target)
+
+
+def to_device(value: Any, device: torch.device, channels_last: bool = False) -> Any:
+    """``value`` (a batch: a tensor, or tuples, lists and dicts of them) with every tensor on ``device``, 4-D
+    floating tensors in channels_last when asked; other values as they are. No copy for tensors already there.
+
+    >>> to_device({"x": torch.ones(1, 2), "n": 3}, torch.device("cpu"))
+    {'x': tensor([[1., 1.]]), 'n': 3}
+    """
+    if isinstance(value, torch.Tensor):
+        value = value.to(device, non_blocking=True)
+        if channels_last and value.dim() == 4 and value.is_floating_point():
+            value = value.contiguous(memory_format=torch.channels_last)
+        return value
+    if isinstance(value, (tuple, list)):
+        return type(value)(to_device(v, device, channels_last) for v in value)
+    if isinstance(value, Mapping):  # a dict batch (input_ids, attention_mask, labels) or dict inputs
+        return {k: to_device(v, device, channels_last) for k, v in value.items()}
+    return value

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import datetime
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -62,6 +62,7 @@ from .progress import NullReporter, Reporter
 from .results import BenchResult
 from .verdict import Tolerance, apply_verdicts, check_tolerance
 from .workload import Batch, Workload
+from .._util.model_io import to_device
 
 __all__ = ["run_bench", "device_info", "shard_batch", "check_shardable", "REFERENCE"]
 
@@ -95,19 +96,6 @@ def device_info(device: torch.device) -> dict[str, Any]:
             "fp16_native": cpu_fp16_native(),
         }
     return {"type": device.type, "name": str(device)}
-
-
-def to_device(value: Any, device: torch.device, channels_last: bool) -> Any:
-    if isinstance(value, torch.Tensor):
-        value = value.to(device, non_blocking=True)
-        if channels_last and value.dim() == 4 and value.is_floating_point():
-            value = value.contiguous(memory_format=torch.channels_last)
-        return value
-    if isinstance(value, (tuple, list)):
-        return type(value)(to_device(v, device, channels_last) for v in value)
-    if isinstance(value, Mapping):  # a dict batch (input_ids, attention_mask, labels) or dict inputs
-        return {k: to_device(v, device, channels_last) for k, v in value.items()}
-    return value
 
 
 def shard_batch(batch: Any, rank: int, world: int) -> Any:

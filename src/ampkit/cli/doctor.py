@@ -33,7 +33,7 @@ log = logging.getLogger("ampkit")
 def run(args: argparse.Namespace) -> int:
     """Diagnose the model the arguments describe; print the table; write the files asked for."""
     from ..bench.defaults import default_size, default_workload
-    from ..bench.runner import to_device
+    from .._util.model_io import to_device
     from ..bench.user import user_workload
     from ..bench.workloads import get_workload
     from ..numerics import diagnose

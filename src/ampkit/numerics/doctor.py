@@ -35,7 +35,7 @@ from torch import nn
 
 from .._util.units import fmt_share
 from ..policy import get_policy
-from .._util.model_io import batch_loss, default_loss
+from .._util.model_io import batch_loss, default_loss, to_device
 from .compare import LossFn, StepComparison, compare_step, reference_step, seeded
 from .formats import FP16
 from .recommend import Tailored, candidate_precisions, choose_precision, tailor
@@ -210,9 +210,7 @@ def diagnose(
         work = work.to(device)
     dev = next((p.device for p in work.parameters()), torch.device("cpu"))
     # The batches go where the model went (a no-op for tensors already there); their memory format is kept.
-    from ..bench.runner import to_device  # imported here: the bench package imports the engine, which imports numerics
-
-    batches = [to_device(b, dev, channels_last=False) for b in batches]
+    batches = [to_device(b, dev) for b in batches]
     work.train()
     rec = _reference_run(work, batches, loss_fn, steps, optimizer, seed)
     stats = rec.summaries()
