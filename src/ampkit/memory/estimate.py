@@ -201,7 +201,7 @@ def estimate(
     live = LiveBytes()
     # Simulated on the CPU, attention takes the kernels a GPU would (the CPU's keep T x T scores for backward).
     attention = CudaAttention() if simulated else None
-    with FakeCopies(run_on) as fake:
+    with FakeCopies() as fake:
         fake_model = fake.model(model, run_on)
         fake_opt = rebuild_optimizer(optimizer, model, fake_model)
         fake_batch = fake.batch(example_batch, run_on)

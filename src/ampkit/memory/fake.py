@@ -121,8 +121,7 @@ class FakeCopies:
     Use as a context manager: inside, every new tensor is fake. The originals are never modified.
     """
 
-    def __init__(self, device: torch.device | None = None) -> None:
-        # ``device`` (the target) is accepted for the callers' symmetry; nothing real is ever made on it.
+    def __init__(self) -> None:
         self.mode = FakeTensorMode(allow_non_fake_inputs=False)
         self._dtypes = RealOutputDtypes()
         self._reads = AssumeCleanReads()

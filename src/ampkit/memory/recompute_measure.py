@@ -116,7 +116,7 @@ def _measure(model: nn.Module, batch: Any, loss_fn: Callable[[Any, Any], torch.T
         device = torch.device("cpu")  # fake CUDA tensors need CUDA's runtime for autograd; the CPU stands in
     with contextlib.ExitStack() as stack:
         if fake:
-            copies = stack.enter_context(FakeCopies(device))
+            copies = stack.enter_context(FakeCopies())
             twin, batch = copies.model(model, device), copies.batch(batch, device)
         else:
             if any(t.device.type == "meta" for t in model.parameters()):
