@@ -17,13 +17,16 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from . import _moved
 from .errors import AmpkitError, CheckpointError, LossScaleCollapseError, PolicyError, UnsupportedPolicyError
+
+_moved.install()  # modules that moved into the layered layout stay importable by their old names
 
 __version__ = "0.1.0"
 
 # Where each lazily imported public name lives; the module is imported on the name's first use.
 _LAZY: dict[str, str] = {
-    "Engine": "ampkit.engine",
+    "Engine": "ampkit.training.engine",
     "checkpoint_exists": "ampkit.checkpoint",
     "recompute": "ampkit.memory.recompute",
     "unrecompute": "ampkit.memory.recompute",
@@ -38,7 +41,7 @@ _LAZY: dict[str, str] = {
 
 if TYPE_CHECKING:  # what type checkers and IDEs see: the names as eager imports would give them
     from .checkpoint import checkpoint_exists
-    from .engine import Engine
+    from .training.engine import Engine
     from .memory.recompute import recompute, unrecompute
     from .policy import Policy, get_policy, policy_names
     from .scaling import DynamicLossScaler, LossScaler, ScalerConfig, StaticLossScaler

@@ -19,7 +19,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from ..masters import MasterWeights
+from ..training.masters import MasterWeights
 from ..scaling import DynamicLossScaler, LossScaler, ScalerConfig, StaticLossScaler
 from ..scaling.diagnosis import collapse_message, nonfinite_parameters
 from ..scaling.kernels import grads_of

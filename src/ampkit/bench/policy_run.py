@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..distributed.strategy import unwrap
-from ..engine import Engine
+from ..training.engine import Engine
 from ..errors import one_line
 from .flops import count_flops
 from .memory import SavedActivations, peak_rss_bytes, reset_peak_rss, training_state_bytes

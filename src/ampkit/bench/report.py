@@ -27,7 +27,7 @@ from .format import MISSING, fmt_bytes
 from .plots import MEMORY_PARTS
 from .results import BenchResult, RunResult
 from .table import table_rows, tolerance_line, verdict_lines
-from ..state import write_text_atomic
+from ..fileio.checkpoint_files import write_text_atomic
 
 __all__ = ["write_report", "render_report", "plot_links", "REPORT_NAME"]
 

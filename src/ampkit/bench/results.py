@@ -153,7 +153,7 @@ class BenchResult:
 
     def write_json(self, path: str | Path) -> Path:
         """Write results.json atomically (a crash leaves any previous file whole)."""
-        from ..state import write_text_atomic
+        from ..fileio.checkpoint_files import write_text_atomic
 
         return write_text_atomic(path, json.dumps(self.to_dict(), indent=2) + "\n")
 

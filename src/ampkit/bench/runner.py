@@ -53,7 +53,7 @@ import torch.distributed as dist
 
 from .. import __version__
 from ..distributed.agreement import agree_max
-from ..memory.micro_batching import batch_rows, split_batch
+from ..training.micro_batching import batch_rows, split_batch
 from ..policy import get_policy
 from ..policy.device import as_device, cpu_bf16_native, cpu_fp16_native, cpu_name
 from .flops import peak_flops

@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from ..errors import one_line
-from ..memory.micro_batching import batch_rows
+from ..training.micro_batching import batch_rows
 from .model_io import LOSS_FN_HINT, call_model, batch_parts, default_loss
 from .workload import Batch, Metric, Workload
 

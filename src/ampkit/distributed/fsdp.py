@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..blocks import repeated_blocks
+from .._util.blocks import repeated_blocks
 from ..policy import Policy
 from ..policy.islands import make_fp32_island, match_modules
 

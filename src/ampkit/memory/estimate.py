@@ -31,7 +31,7 @@ from torch import nn
 from torch.utils._pytree import tree_leaves, tree_map
 
 from .._util.model_io import batch_loss, batch_parts, default_loss
-from ..engine import Engine
+from ..training.engine import Engine
 from ..policy import get_policy
 from ..policy.device import as_device
 from .accounting import LiveBytes, SavedActivations, tensor_bytes, training_state_bytes

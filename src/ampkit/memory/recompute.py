@@ -42,7 +42,7 @@ from torch import nn
 
 from .._util.model_io import default_loss
 from .._util.units import fmt_bytes, parse_bytes
-from ..blocks import repeated_blocks
+from .._util.blocks import repeated_blocks
 from ..policy import Policy, get_policy
 from .recompute_measure import _measure, _Measured
 from .recompute_report import RecomputeReport

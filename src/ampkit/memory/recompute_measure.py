@@ -18,7 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 
 from .._util.model_io import batch_loss
-from ..engine import Engine
+from ..training.engine import Engine
 from ..policy import Policy
 from .accounting import LiveBytes, storage_key, tensor_bytes
 from .estimate import _model_device

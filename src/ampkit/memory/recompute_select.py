@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from torch import nn
 
-from ..blocks import repeated_blocks
+from .._util.blocks import repeated_blocks
 
 __all__: list[str] = []  # private helpers of ampkit.memory.recompute
 

@@ -195,7 +195,7 @@ def _steady_rise(values: Sequence[int], min_growth: float) -> float | None:
 def _tensors_of(obj: Any, out: list[torch.Tensor]) -> None:
     """The tensors ``obj`` holds: a module's parameters, gradients and buffers, an optimizer's parameters and
     state, an Engine's models, optimizers, master weights and scaler state, or tensors in containers."""
-    from ..engine import Engine  # here: the engine module imports much of ampkit
+    from ..training.engine import Engine  # here: the engine module imports much of ampkit
 
     if obj is None:
         return

@@ -109,7 +109,7 @@ def _fp32_grads(model: nn.Module, batch: Any, loss_fn: LossFn, seed: int) -> tup
 
 
 def _sampling_noise(model: nn.Module, batch: Any, loss_fn: LossFn, seed: int) -> dict[str, float]:
-    from ..memory.micro_batching import batch_rows, split_batch
+    from ..training.micro_batching import batch_rows, split_batch
 
     try:
         rows = batch_rows(batch)
@@ -225,7 +225,7 @@ def compare_step(
 ) -> StepComparison:
     """One forward and backward of a copy of ``model`` under the policy ``precision`` with ``keep_fp32``, the loss
     scaled by ``loss_scale`` (None: no scaling), compared module by module with ``reference``."""
-    from ..engine import Engine  # the engine imports the policies; imported here to keep this module light
+    from ..training.engine import Engine  # the engine imports the policies; imported here to keep this module light
     from ..scaling import StaticLossScaler
 
     treated = copy.deepcopy(model).float()

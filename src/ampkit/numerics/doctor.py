@@ -138,7 +138,7 @@ class Diagnosis:
 
     def write_json(self, path: str | os.PathLike[str]) -> Path:
         """Write :meth:`to_dict` to ``path`` atomically (a temporary file renamed into place)."""
-        from ..state import write_text_atomic
+        from ..fileio.checkpoint_files import write_text_atomic
 
         return write_text_atomic(path, json.dumps(self.to_dict(), indent=1, allow_nan=False) + "\n")
 

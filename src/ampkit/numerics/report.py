@@ -24,7 +24,7 @@ from typing import Any
 
 from .._util.units import MISSING, fmt_float
 from ..bench.report import _code_block, plot_links
-from ..state import write_text_atomic
+from ..fileio.checkpoint_files import write_text_atomic
 from .formats import FP16
 from .table import (
     comparison_summary,

@@ -49,7 +49,7 @@ from .sample import ModuleIssue, NumericsSample, build_sample
 from .stats import StatsAccumulator, TensorStats, read_summaries
 
 if TYPE_CHECKING:  # the engine imports this module; importing it back at run time would be circular
-    from ..engine import Engine
+    from ..training.engine import Engine
 
 __all__ = ["NumericsSampler", "NumericsSample", "ModuleIssue", "SAMPLE_VALUES"]
 

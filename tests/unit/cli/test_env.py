@@ -110,7 +110,7 @@ def test_fake_cuda_device_is_listed_and_recommended_for(fake_volta: None, capsys
 
 # ------------------------------------------------------------------------------------------------ kernel guards
 def test_json_lists_every_kernel_guard_with_the_devices_it_is_active_on(fake_volta: None, capsys: pytest.CaptureFixture[str]) -> None:
-    from ampkit.kernel_guards import KNOWN_DEFECTS, torch_affected
+    from ampkit.training.kernel_guards import KNOWN_DEFECTS, torch_affected
 
     guards = {g["name"]: g for g in _env_json(capsys)["kernel_guards"]}
     assert list(guards) == [d.name for d in KNOWN_DEFECTS]
@@ -123,7 +123,7 @@ def test_json_lists_every_kernel_guard_with_the_devices_it_is_active_on(fake_vol
 
 
 def test_table_shows_active_and_not_applicable_guards(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    from ampkit.kernel_guards import KNOWN_DEFECTS
+    from ampkit.training.kernel_guards import KNOWN_DEFECTS
 
     assert main(["env"]) == 0
     out = capsys.readouterr().out

@@ -3,7 +3,7 @@
 On CUDA the limit is real: ``torch.cuda.set_per_process_memory_fraction`` lets the caching allocator reserve only
 a given headroom above what it holds, so a too-large batch raises ``torch.OutOfMemoryError`` from the allocator
 itself. The CPU has no such limit (an allocation fails only after the machine swaps): there the same recovery paths
-run under :class:`~ampkit.memory.oom.MemoryBudget`, in test_micro_batching.py and test_batch_finder.py.
+run under :class:`~ampkit.memory.oom.MemoryBudget`, in training/test_micro_batching.py and memory/test_batch_finder.py.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from ampkit.memory import find_max_batch_size, is_out_of_memory, release_memory
 MiB = 2**20
 NO_FRACTION_ON_CPU = (
     "needs the CUDA caching allocator's per-process memory fraction to provoke a real OOM; the CPU runs the same "
-    "recovery under MemoryBudget (test_micro_batching.py, test_batch_finder.py)"
+    "recovery under MemoryBudget (training/test_micro_batching.py, memory/test_batch_finder.py)"
 )
 
 

@@ -14,7 +14,7 @@ read it; nothing else in ampkit knows about a particular defect. Two remedies ex
   CPU) and nothing after. Logged once per process at INFO: nothing changes for the user and there is nothing
   to do.
 
-To add a defect, add an entry (and a test in tests/unit/test_kernel_guards.py that shows the raw kernel is wrong
+To add a defect, add an entry (and a test in tests/unit/training/test_kernel_guards.py that shows the raw kernel is wrong
 on the versions the entry claims); to retire one, bound its ``torch_versions``.
 """
 

@@ -23,22 +23,22 @@ import torch
 from torch import nn
 
 from .clipping import clip_grad_norm, clip_grad_value
-from .distributed.agreement import any_rank, world_size
-from .distributed.ddp import broadcast_from_rank0, no_sync
-from .distributed.environment import launched_by_torchrun
-from .distributed.fsdp import adopt_sharded_params, set_gradient_sync
-from .distributed.strategy import DDP, FSDP, Strategy, detect_strategy, resolve_strategy, unwrap
-from .errors import LossScaleCollapseError
+from ..distributed.agreement import any_rank, world_size
+from ..distributed.ddp import broadcast_from_rank0, no_sync
+from ..distributed.environment import launched_by_torchrun
+from ..distributed.fsdp import adopt_sharded_params, set_gradient_sync
+from ..distributed.strategy import DDP, FSDP, Strategy, detect_strategy, resolve_strategy, unwrap
+from ..errors import LossScaleCollapseError
 from .kernel_guards import first_step_pending, guard_optimizer
 from .masters import MasterWeights
-from .policy import Policy, get_policy
-from .scaling import DynamicLossScaler, LossScaler, ScalerConfig, StaticLossScaler
-from .scaling.diagnosis import collapse_message, nonfinite_parameters
-from .scaling.kernels import grads_of, unscale_grads_
+from ..policy import Policy, get_policy
+from ..scaling import DynamicLossScaler, LossScaler, ScalerConfig, StaticLossScaler
+from ..scaling.diagnosis import collapse_message, nonfinite_parameters
+from ..scaling.kernels import grads_of, unscale_grads_
 from .step_state import StepState, delegate
 
 if TYPE_CHECKING:  # at run time only when asked for: importing ampkit.numerics loads the whole doctor
-    from .numerics.sampler import NumericsSampler
+    from ..numerics.sampler import NumericsSampler
 
 __all__ = ["Engine"]
 
@@ -68,7 +68,7 @@ def _build_scaler(spec: Any, policy: Policy) -> LossScaler | None:
 def _build_sampler(spec: Any) -> NumericsSampler | None:
     if spec is None:
         return None
-    from .numerics.sampler import NumericsSampler
+    from ..numerics.sampler import NumericsSampler
 
     if isinstance(spec, NumericsSampler):
         return spec
@@ -355,7 +355,7 @@ class Engine:
         along its first dimension). On an out-of-memory error the engine frees the attempt, halves the rows per
         pass (kept as ``micro_batch_rows`` for later steps) and goes on where it failed; every sample counts
         once, each pass weighted by its share of rows, so the gradients are the unsplit step's. Returns the
-        batch's loss (detached, on the device: no sync). See :mod:`ampkit.memory.micro_batching` for the limits.
+        batch's loss (detached, on the device: no sync). See :mod:`ampkit.training.micro_batching` for the limits.
 
         >>> model = nn.Linear(4, 1); opt = torch.optim.SGD(model.parameters(), lr=0.1)
         >>> engine = Engine(micro_batch_rows=2); model, opt = engine.setup(model, opt)
@@ -364,7 +364,7 @@ class Engine:
         >>> engine.steps
         1
         """
-        from .memory.micro_batching import train_step
+        from .micro_batching import train_step
 
         self._require_setup("train_step")
         return train_step(self, loss_fn, batch, optimizers, reduction)
@@ -587,25 +587,25 @@ class Engine:
     # ------------------------------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
         """Engine state for exact resume: policy, counters, scaler, masters, pending gradients."""
-        from .checkpoint import engine_state
+        from ..checkpoint import engine_state
 
         return engine_state(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` (after setup, with the same policy)."""
-        from .checkpoint import load_engine_state
+        from ..checkpoint import load_engine_state
 
         load_engine_state(self, state)
 
     def save(self, path: Any, extra: dict[str, Any] | None = None) -> None:
         """Write models, optimizers, schedulers, engine state and RNG atomically to ``path``."""
-        from .checkpoint import save_training_state
+        from ..checkpoint import save_training_state
 
         save_training_state(self, path, extra)
 
     def load(self, path: Any) -> dict[str, Any] | None:
         """Restore everything :meth:`save` wrote; returns its ``extra``. Nothing changes if the file is bad."""
-        from .checkpoint import load_training_state
+        from ..checkpoint import load_training_state
 
         return load_training_state(self, path)
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from .errors import CheckpointError
+from ..errors import CheckpointError
 
 __all__ = ["capture_rng_state", "check_rng_state", "restore_rng_state"]
 
@@ -38,7 +38,7 @@ def capture_rng_state() -> dict:
     """Snapshot the global random generators: torch CPU, every CUDA device, Python ``random``, NumPy.
 
     The result holds only tensors, lists and plain values, so it can be stored with
-    :func:`ampkit.state.save_checkpoint` and read back by :func:`ampkit.state.load_checkpoint`. NumPy's part
+    :func:`ampkit.fileio.checkpoint_files.save_checkpoint` and read back by :func:`ampkit.fileio.checkpoint_files.load_checkpoint`. NumPy's part
     covers the legacy global ``np.random`` functions, not ``np.random.Generator`` objects, which the caller owns.
 
     >>> import torch

@@ -1,5 +1,5 @@
 """The state a sharded checkpoint writes and reads with torch.distributed.checkpoint (DCP), shared by the
-writer (:mod:`ampkit.distributed.checkpoint`) and the reader (:mod:`ampkit.distributed.sharded_load`)."""
+writer (:mod:`ampkit.checkpoint.sharded`) and the reader (:mod:`ampkit.checkpoint.sharded_load`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import torch.distributed as dist
 from ..errors import CheckpointError
 
 if TYPE_CHECKING:
-    from ..engine import Engine
+    from ..training.engine import Engine
 
 __all__ = ["grouped", "single_process_intended", "sharded_state", "optimizer_owner"]
 

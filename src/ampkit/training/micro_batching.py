@@ -51,7 +51,7 @@ from ..distributed.ddp import no_sync
 from .oom import OutOfMemoryError, is_out_of_memory, release_memory
 
 if TYPE_CHECKING:
-    from ..engine import Engine
+    from .engine import Engine
 
 __all__ = ["batch_rows", "split_batch", "train_step"]
 

@@ -27,12 +27,12 @@ from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata
 from torch.utils._pytree import tree_map_only
 
 from ..errors import CheckpointError, one_line
-from ..kernel_guards import guard_optimizer
+from ..training.kernel_guards import guard_optimizer
 from .dcp_state import grouped, optimizer_owner, sharded_state, single_process_intended
 from .safe_dcp import SafeFileSystemReader, SafeLoadPlanner, storage_files
 
 if TYPE_CHECKING:
-    from ..engine import Engine
+    from ..training.engine import Engine
 
 __all__ = ["read_metadata", "load_shards"]
 

@@ -1,18 +1,18 @@
 """Checkpoints of a run spread over ranks: one file written by rank 0 (DDP), a sharded directory (FSDP).
 
 * **DDP** (and any replicated run): every rank holds the same model and optimizer, so rank 0 writes the usual
-  single file (atomically, as :func:`ampkit.state.save_checkpoint` does). What differs per rank travels with
+  single file (atomically, as :func:`ampkit.fileio.checkpoint_files.save_checkpoint` does). What differs per rank travels with
   it: each rank's RNG state (dropout masks differ per rank) and, inside an accumulation window, each rank's
   local gradients. The file loads on any number of ranks, or in a single process.
 * **FSDP**: each rank writes its shards with ``torch.distributed.checkpoint`` (DCP) into a temporary directory,
   rank 0 adds ``ampkit.pt`` (engine state, schedulers, every rank's RNG, ``extra``) and swaps the directory into
-  place (:mod:`ampkit.distributed.checkpoint_dir`): ``path`` is the previous checkpoint or the new one, and a
+  place (:mod:`ampkit.checkpoint.sharded_dir`): ``path`` is the previous checkpoint or the new one, and a
   save killed between the swap's two renames is found again by the next load. DCP reshards on load: a
   directory written by 8 ranks resumes on 4, on DDP, or in a single process.
 
 Loading validates on every rank first and agrees: if the file is bad on any rank, every rank raises and no
 rank changes anything. A sharded directory is checked before anything is read: its metadata (unpickled through
-an exact allow-list, :mod:`ampkit.distributed.safe_dcp`) must list this model's and optimizer's entries with
+an exact allow-list, :mod:`ampkit.checkpoint.safe_dcp`) must list this model's and optimizer's entries with
 their shapes, and every shard file must be there and long enough. The shards are then read into fresh tensors
 and copied into the model only once all of them loaded. A run resumed on the same number of ranks is
 bitwise equal to an uninterrupted one; on another number the random streams cannot be mapped and start from
@@ -30,16 +30,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
-from ..checkpoint_checks import check_training_payload
-from ..checkpoint_payload import Undo, apply_payload, pending_grads, training_payload
+from .checks import check_training_payload
+from .payload import Undo, apply_payload, pending_grads, training_payload
 from ..errors import CheckpointError, one_line
-from ..state import capture_rng_state, load_checkpoint, save_checkpoint
-from .checkpoint_dir import ENGINE_FILE, find_checkpoint, is_complete, remove_leftovers, swap_into_place
+from ..fileio.checkpoint_files import capture_rng_state, load_checkpoint, save_checkpoint
+from .sharded_dir import ENGINE_FILE, find_checkpoint, is_complete, remove_leftovers, swap_into_place
 from .dcp_state import grouped, sharded_state, single_process_intended
-from .strategy import FSDP
+from ..distributed.strategy import FSDP
 
 if TYPE_CHECKING:
-    from ..engine import Engine
+    from ..training.engine import Engine
 
 __all__ = ["save_distributed", "load_distributed", "ENGINE_FILE"]
 

@@ -22,7 +22,7 @@ import os
 import pathlib
 import shutil
 
-from ..state import _fsync_directory
+from ..fileio.checkpoint_files import _fsync_directory
 
 __all__ = ["ENGINE_FILE", "swap_into_place", "find_checkpoint", "remove_leftovers", "is_complete"]
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from ampkit.masters import MasterWeights
+from ampkit.training.masters import MasterWeights
 
 
 def setup(dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cpu") -> tuple[nn.Module, torch.optim.Optimizer, MasterWeights, list[torch.Tensor]]:

@@ -7,10 +7,10 @@ checkpoint downloaded from somewhere else must not be able to run code when load
   the bytes are on disk, so the file at ``path`` is always either the old checkpoint or the new one.
 * :func:`load_checkpoint` always loads with ``torch.load(weights_only=True)`` and turns every way a file can be
   wrong into one :class:`~ampkit.errors.CheckpointError` that names the file and says what to do.
-* :func:`capture_rng_state` / :func:`restore_rng_state` (defined in :mod:`ampkit.rng`, exported here too)
+* :func:`capture_rng_state` / :func:`restore_rng_state` (defined in :mod:`ampkit.fileio.rng`, exported here too)
   snapshot every global random generator a training loop draws from, so a resumed run continues the same
   random stream.
-* :func:`write_text_atomic` / :func:`remove_stale_temporaries` (defined in :mod:`ampkit._util.atomic_files`,
+* :func:`write_text_atomic` / :func:`remove_stale_temporaries` (defined in :mod:`ampkit.fileio.atomic`,
   exported here too) write any file the same atomic way and clean up after writers that were killed.
 """
 
@@ -24,14 +24,14 @@ import zipfile
 
 import torch
 
-from ._util.atomic_files import (
+from .atomic import (
     _as_path,
     _fsync_directory,
     _open_temp_file,
     remove_stale_temporaries,
     write_text_atomic,
 )
-from .errors import CheckpointError
+from ..errors import CheckpointError
 from .rng import capture_rng_state, check_rng_state, restore_rng_state
 
 __all__ = [
@@ -215,7 +215,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device | 
     if not isinstance(loaded, dict) or loaded.get("format") != _FORMAT:
         raise CheckpointError(
             f"{source} is a PyTorch file but not an ampkit checkpoint (it has no 'format': {_FORMAT!r} marker); "
-            f"load it with torch.load directly, or write it with ampkit.state.save_checkpoint."
+            f"load it with torch.load directly, or write it with ampkit.fileio.checkpoint_files.save_checkpoint."
         )
     version = loaded.get("format_version")
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:

@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .errors import CheckpointError
-from .rng import check_rng_state
+from ..errors import CheckpointError
+from ..fileio.rng import check_rng_state
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from ..training.engine import Engine
 
 __all__ = ["conforms", "check_model", "check_optimizer", "check_engine_state", "check_training_payload"]
 
@@ -210,7 +210,7 @@ def check_training_payload(engine: "Engine", payload: Any, path: Any) -> None:
     """Validate a checkpoint's payload against the running setup; raise CheckpointError naming the fix.
 
     A payload without models and optimizers (a sharded checkpoint's ``ampkit.pt``) is checked for the rest;
-    the shards are checked against the model by :mod:`ampkit.distributed.checkpoint`.
+    the shards are checked against the model by :mod:`ampkit.checkpoint.sharded`.
     """
     if not isinstance(payload, dict) or any(k not in payload for k in _PAYLOAD_KEYS):
         raise CheckpointError(f"{path} is an ampkit file but not a training checkpoint written by Engine.save().")

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import nn
 
-from .scaling.kernels import unscale_grads_
+from ..scaling.kernels import unscale_grads_
 
 __all__ = ["MasterWeights"]
 

@@ -1,7 +1,7 @@
-"""Where an :class:`~ampkit.engine.Engine` run stands: the counters a checkpoint keeps, and the last step's outcome.
+"""Where an :class:`~ampkit.training.engine.Engine` run stands: the counters a checkpoint keeps, and the last step's outcome.
 
 The counters (micro-batches into the epoch, the declared epoch length, optimizer steps) are saved and put back
-by :mod:`ampkit.checkpoint_payload` through :meth:`StepState.to_dict` / :meth:`StepState.from_dict`, under the
+by :mod:`ampkit.checkpoint.payload` through :meth:`StepState.to_dict` / :meth:`StepState.from_dict`, under the
 checkpoint's own keys. The outcome fields describe the last optimizer step only; they are never saved, and a
 load clears them, since they answer for a step the loaded run did not take here.
 """

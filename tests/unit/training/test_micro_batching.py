@@ -11,7 +11,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from ampkit import Engine
-from ampkit.memory.micro_batching import batch_rows, split_batch
+from ampkit.training.micro_batching import batch_rows, split_batch
 from ampkit.memory.oom import MemoryBudget
 
 N, D = 256, 128
@@ -242,7 +242,7 @@ def test_ranks_split_alike_and_match_the_single_process_step(tmp_path):
 
 def test_an_oom_inside_a_distributed_step_is_raised_with_the_fix(monkeypatch):
     """The other ranks already wait in DDP's all-reduce; one rank cannot retry alone (world size faked to 2)."""
-    from ampkit.memory import micro_batching
+    from ampkit.training import micro_batching
 
     monkeypatch.setattr(micro_batching, "world_size", lambda: 2)
     monkeypatch.setattr(micro_batching, "agree_min", lambda v: v)

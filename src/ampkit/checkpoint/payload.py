@@ -1,6 +1,6 @@
-"""What a checkpoint of an :class:`~ampkit.engine.Engine` run holds, and how it is taken and put back.
+"""What a checkpoint of an :class:`~ampkit.training.engine.Engine` run holds, and how it is taken and put back.
 
-One payload for every writer: :mod:`ampkit.checkpoint` writes it to a single file, :mod:`ampkit.distributed.checkpoint`
+One payload for every writer: :mod:`ampkit.checkpoint` writes it to a single file, :mod:`ampkit.checkpoint.sharded`
 beside the shards of a sharded directory. The payload holds the engine's counters, the loss scaler, the fp32 master
 weights, gradients pending in an unfinished accumulation window, schedulers, every RNG and (unless a sharded
 writer saves them itself) the models and optimizers.
@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .checkpoint_checks import check_engine_state
-from .errors import CheckpointError, one_line
-from .kernel_guards import guard_optimizer
-from .state import capture_rng_state, restore_rng_state
-from .step_state import StepState
+from .checks import check_engine_state
+from ..errors import CheckpointError, one_line
+from ..training.kernel_guards import guard_optimizer
+from ..fileio.checkpoint_files import capture_rng_state, restore_rng_state
+from ..training.step_state import StepState
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from ..training.engine import Engine
 
 __all__ = [
     "pending_grads",

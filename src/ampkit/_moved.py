@@ -1,0 +1,61 @@
+"""Old import paths of modules that moved into the layered layout, kept importable.
+
+``import ampkit.engine`` gives the very module object ``ampkit.training.engine``, not a copy, so attributes set
+on one (a test's monkeypatch, a user's logging tweak) are seen through the other, and pickles that name an old
+path still load. A finder at the end of ``sys.meta_path`` answers only for the names below, which no longer
+exist as files.
+
+    >>> import importlib
+    >>> importlib.import_module("ampkit.engine") is importlib.import_module("ampkit.training.engine")
+    True
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import sys
+from types import ModuleType
+
+__all__ = ["MOVED", "install"]
+
+MOVED: dict[str, str] = {
+    "ampkit.engine": "ampkit.training.engine",
+    "ampkit.step_state": "ampkit.training.step_state",
+    "ampkit.masters": "ampkit.training.masters",
+    "ampkit.clipping": "ampkit.training.clipping",
+    "ampkit.kernel_guards": "ampkit.training.kernel_guards",
+    "ampkit.memory.micro_batching": "ampkit.training.micro_batching",
+    "ampkit.checkpoint_payload": "ampkit.checkpoint.payload",
+    "ampkit.checkpoint_checks": "ampkit.checkpoint.checks",
+    "ampkit.distributed.checkpoint": "ampkit.checkpoint.sharded",
+    "ampkit.distributed.checkpoint_dir": "ampkit.checkpoint.sharded_dir",
+    "ampkit.distributed.dcp_state": "ampkit.checkpoint.dcp_state",
+    "ampkit.distributed.safe_dcp": "ampkit.checkpoint.safe_dcp",
+    "ampkit.distributed.sharded_load": "ampkit.checkpoint.sharded_load",
+    "ampkit.rng": "ampkit.fileio.rng",
+    "ampkit.state": "ampkit.fileio.checkpoint_files",
+    "ampkit._util.atomic_files": "ampkit.fileio.atomic",
+    "ampkit.blocks": "ampkit._util.blocks",
+}
+"""Old dotted name -> the module's name now."""
+
+
+class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, fullname: str, path: object = None, target: object = None) -> importlib.machinery.ModuleSpec | None:
+        return importlib.machinery.ModuleSpec(fullname, self) if fullname in MOVED else None
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> None:
+        return None  # a placeholder; exec_module swaps in the real module
+
+    def exec_module(self, module: ModuleType) -> None:
+        # The import system reads sys.modules back after exec_module, so the real module is what the importer
+        # gets and what becomes the parent package's attribute; its own __spec__ is left untouched.
+        sys.modules[module.__name__] = importlib.import_module(MOVED[module.__name__])
+
+
+def install() -> None:
+    """Answer the old names (idempotent). Last on the meta path: a real module of the same name would win."""
+    if not any(isinstance(f, _Alias) for f in sys.meta_path):
+        sys.meta_path.append(_Alias())
