@@ -179,7 +179,7 @@ def check_engine_state(engine: "Engine", state: Any) -> None:
             raise CheckpointError("The checkpoint's master weights name other parameters than this model has; is it the same model?")
         conforms(state["masters"], dict(zip(engine.masters.names, engine.masters.masters)), "the checkpoint's master weights")
     if state["pending_grads"] is not None:
-        params = {name: p for m in engine.models for p in m.parameters() if (name := engine._param_names.get(id(p))) is not None}
+        params = dict(engine.named_parameters())
         saved = state["pending_grads"]
         if not isinstance(saved, dict) or not set(saved) <= set(params):
             unknown = sorted(set(saved) - set(params))[:3] if isinstance(saved, dict) else saved

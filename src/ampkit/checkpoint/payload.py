@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .checks import check_engine_state
 from ..errors import CheckpointError, one_line
-from ..training.kernel_guards import guard_optimizer
 from ..fileio.checkpoint_files import capture_rng_state, restore_rng_state
-from ..training.step_state import StepState
+from ..training.engine_state import apply_engine_state, engine_state, pending_grads
+from ..training.kernel_guards import guard_optimizer
+from .checks import check_engine_state
 
 if TYPE_CHECKING:
     from ..training.engine import Engine
@@ -39,66 +39,11 @@ __all__ = [
 _SAFE_LEAVES = (torch.Tensor, str, int, float, bool, type(None))
 
 
-def pending_grads(engine: "Engine") -> dict[str, torch.Tensor] | None:
-    """The gradients of an unfinished accumulation window by parameter name; None at a window boundary.
-
-    >>> from torch import nn
-    >>> from ampkit import Engine
-    >>> engine = Engine(accumulate=2)
-    >>> model = nn.Linear(2, 1); model, opt = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
-    >>> engine.backward(model(torch.ones(1, 2)).sum()); engine.step()
-    False
-    >>> sorted(pending_grads(engine))
-    ['bias', 'weight']
-    >>> engine.backward(model(torch.ones(1, 2)).sum()); engine.step(); pending_grads(engine) is None
-    True
-    True
-    """
-    if not engine.micro_batches_pending:
-        return None
-    return {
-        engine._param_names[id(p)]: p.grad.detach().clone()
-        for m in engine.models
-        for p in m.parameters()
-        if p.grad is not None and id(p) in engine._param_names
-    }
-
-
-def engine_state(engine: "Engine") -> dict[str, Any]:
-    """The engine's own state (no model or optimizer tensors besides masters and pending gradients)."""
-    return {
-        "policy": engine.policy.name,
-        "accumulate": engine.accumulate,
-        **engine._state.to_dict(),  # micro, epoch_len, steps
-        "micro_batch_rows": engine.micro_batch_rows,
-        "skipped_steps": engine.skipped_steps,
-        "scaler": engine.scaler.state_dict() if engine.scaler is not None else None,
-        "masters": engine.masters.state_dict() if engine.masters is not None else None,
-        "pending_grads": pending_grads(engine),
-    }
-
-
 def load_engine_state(engine: "Engine", state: dict[str, Any]) -> None:
     """Restore :func:`engine_state` after validating it against ``engine``; on any error nothing changes."""
     check_engine_state(engine, state)
     with Undo(engine, models=False):
-        _apply_engine_state(engine, state)
-
-
-def _apply_engine_state(engine: "Engine", state: dict[str, Any]) -> None:
-    engine._state = StepState.from_dict(state)  # with no step outcome: that was another process's last step
-    if state.get("micro_batch_rows") is not None:  # learnt after an OOM; absent from older checkpoints
-        engine.micro_batch_rows = state["micro_batch_rows"]
-    engine._skipped_total.fill_(int(state["skipped_steps"]))  # type: ignore[union-attr]
-    if engine.scaler is not None:
-        engine.scaler.load_state_dict(state["scaler"])
-    if engine.masters is not None:
-        engine.masters.load_state_dict(state["masters"])
-    if state["pending_grads"] is not None:
-        by_name = {engine._param_names[id(p)]: p for m in engine.models for p in m.parameters() if id(p) in engine._param_names}
-        for name, grad in state["pending_grads"].items():
-            p = by_name[name]
-            p.grad = grad.to(device=p.device, dtype=p.dtype)
+        apply_engine_state(engine, state)
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -120,7 +65,7 @@ class Undo:
         self.optimizers = [(o, o.state, list(o.param_groups), dict(o.state)) for o in engine.optimizers]
         self.schedulers = [copy.deepcopy(s.state_dict()) for s in engine.schedulers]
         self.counters = engine_state(engine)
-        self.micro_batch_rows, self.step_state = engine.micro_batch_rows, copy.copy(engine._state)
+        self.micro_batch_rows, self.step_state = engine.micro_batch_rows, copy.copy(engine.step_state)
         self.rng = capture_rng_state()
 
     def __enter__(self) -> "Undo":
@@ -143,10 +88,10 @@ class Undo:
             opt.__dict__.update(state=state, param_groups=groups)
         for sched, saved in zip(engine.schedulers, self.schedulers):
             sched.load_state_dict(saved)
-        _apply_engine_state(engine, self.counters)
+        apply_engine_state(engine, self.counters)
         for p, grad in self.grads:
             p.grad = grad
-        engine.micro_batch_rows, engine._state = self.micro_batch_rows, self.step_state
+        engine.micro_batch_rows, engine.step_state = self.micro_batch_rows, self.step_state
         with torch.no_grad():  # last: restoring master weights above wrote their 16-bit copies into the model
             for t, saved in self.tensors:
                 _local(t).copy_(saved)
@@ -210,6 +155,6 @@ def apply_payload(engine: "Engine", payload: dict[str, Any]) -> None:
             model.load_state_dict(saved)
     for sched, saved in zip(engine.schedulers, payload["schedulers"]):
         sched.load_state_dict(saved)
-    _apply_engine_state(engine, payload["engine"])
+    apply_engine_state(engine, payload["engine"])
     if payload["rng"] is not None:
         restore_rng_state(payload["rng"])

@@ -17,7 +17,18 @@ What changes under each, inside the engine:
   one reduction per window).
 
 A model the user wrapped already (``DistributedDataParallel(model)``, ``fully_shard(model)``) is recognised
-and not wrapped again. Without a process group (``python train.py``), a strategy runs as a single process.
+and not wrapped again. Without a process group (``python train.py``), a strategy runs as a single process:
+:class:`SingleProcess`, which does nothing.
+
+Each strategy owns what differs across ranks, so the engine never asks which one it holds:
+
+* ``setup(given, models, policy, device, optimizers, cast, named)``: broadcast, then wrap or shard the models;
+  ``cast`` is the engine's own preparation (master weights, casting the model), which a strategy that carries
+  the precision itself (FSDP's mixed precision) does not call. Returns what the training loop calls.
+* ``forward_context(wrappers, boundary)``: the context a micro-batch's forward runs in (DDP's ``no_sync`` off
+  the window boundary), or None.
+* ``before_backward(models, boundary)``: FSDP's choice of reducing gradients at this micro-batch.
+* ``grads_reduced``: whether every rank holds the same gradients after backward (so no flag needs combining).
 
     >>> resolve_strategy("ddp"), resolve_strategy(None)
     (DDP(), None)
@@ -33,11 +44,51 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ..policy import Policy
-from .ddp import wrap_ddp
-from .fsdp import FSDPModule, shard_model
+import logging
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 
-__all__ = ["Strategy", "DDP", "FSDP", "resolve_strategy", "detect_strategy", "unwrap"]
+from ..policy import Policy
+from .ddp import broadcast_from_rank0, no_sync, wrap_ddp
+from .environment import launched_by_torchrun
+from .fsdp import FSDPModule, adopt_sharded_params, set_gradient_sync, shard_model
+
+__all__ = ["Strategy", "SingleProcess", "DDP", "FSDP", "resolve_strategy", "detect_strategy", "choose_strategy", "unwrap"]
+
+log = logging.getLogger("ampkit")
+
+Cast = Callable[[list[nn.Module]], None]
+"""The engine's own preparation of the models (master weights, casting), called by a strategy that wants it."""
+Named = Callable[[], list[tuple[str, nn.Parameter]]]
+"""The models' named parameters as they are now (a shard replaces them)."""
+
+
+@dataclass(eq=False, repr=False)
+class SingleProcess:
+    """One process, nothing to spread: the models train as they are (the engine's default).
+
+    >>> SingleProcess().setup([], [], None, torch.device("cpu"), [], lambda models: None, list)
+    []
+    """
+
+    name: ClassVar[str] = "single"
+    grads_reduced: ClassVar[bool] = False
+    """Without a strategy the engine cannot know that other ranks (if any) hold the same gradients."""
+    applied_by_user: ClassVar[bool] = False
+
+    def setup(self, given: list[nn.Module], models: list[nn.Module], policy: Policy, device: torch.device,
+              optimizers: Sequence[torch.optim.Optimizer], cast: Cast, named: Named) -> list[nn.Module]:
+        cast(models)
+        return models
+
+    def forward_context(self, wrappers: Sequence[nn.Module], boundary: bool) -> AbstractContextManager[Any] | None:
+        return None
+
+    def before_backward(self, models: Sequence[nn.Module], boundary: bool) -> None:
+        return None
+
+    def __repr__(self) -> str:
+        return "SingleProcess()"
 
 
 @dataclass(eq=False, repr=False)
@@ -62,6 +113,22 @@ class DDP:
 
     def wrap(self, model: nn.Module, device: torch.device) -> nn.Module:
         return wrap_ddp(model, device, **self.options)
+
+    def setup(self, given: list[nn.Module], models: list[nn.Module], policy: Policy, device: torch.device,
+              optimizers: Sequence[torch.optim.Optimizer], cast: Cast, named: Named) -> list[nn.Module]:
+        if self.wrapped_by_user:
+            cast(models)
+            return list(given)
+        broadcast_from_rank0(models)  # before masters are cloned or the model cast: every rank starts alike
+        cast(models)
+        return [self.wrap(m, device) for m in models]
+
+    def forward_context(self, wrappers: Sequence[nn.Module], boundary: bool) -> AbstractContextManager[Any] | None:
+        # DDP decides during the forward whether the coming backward all-reduces: off the boundary, it must not.
+        return None if boundary else no_sync(wrappers)
+
+    def before_backward(self, models: Sequence[nn.Module], boundary: bool) -> None:
+        return None
 
     def __repr__(self) -> str:
         return f"DDP({', '.join(f'{k}={v!r}' for k, v in self.options.items())})"
@@ -97,8 +164,56 @@ class FSDP:
             return []
         return shard_model(model, policy, device, blocks=self.blocks, reshard_after_forward=self.reshard_after_forward)
 
+    def setup(self, given: list[nn.Module], models: list[nn.Module], policy: Policy, device: torch.device,
+              optimizers: Sequence[torch.optim.Optimizer], cast: Cast, named: Named) -> list[nn.Module]:
+        # FSDP's mixed precision carries the policy (its fp32 shards are the masters): ``cast`` is not called.
+        # Sharding replaces every parameter by its shard; the optimizers are pointed at the shards.
+        if not self.sharded_by_user:
+            broadcast_from_rank0(models)
+        before = {id(p): n for n, p in named()}
+        for m in models:
+            self.shard(m, policy, device)
+        adopt_sharded_params(optimizers, before, dict(named()))
+        return models
+
+    def forward_context(self, wrappers: Sequence[nn.Module], boundary: bool) -> AbstractContextManager[Any] | None:
+        return None
+
+    def before_backward(self, models: Sequence[nn.Module], boundary: bool) -> None:
+        if not self.reduce_every_micro_batch:
+            set_gradient_sync(models, boundary)
+
 
 Strategy = DDP | FSDP
+
+
+def choose_strategy(models: Sequence[nn.Module], requested: Strategy | None, policy: Policy) -> Strategy | None:
+    """The strategy setup() applies: ``requested``, or what pre-wrapped models imply; None without a process group.
+
+    >>> from ampkit.policy import get_policy
+    >>> choose_strategy([nn.Linear(2, 2)], None, get_policy("bf16-mixed")) is None  # no DDP/FSDP asked for or found
+    True
+    """
+    import torch.distributed as dist
+
+    strategy = detect_strategy(models, requested)
+    if strategy is None:
+        return None
+    if not (dist.is_available() and dist.is_initialized()):
+        if launched_by_torchrun():
+            raise RuntimeError(
+                f"Engine(strategy={strategy.name!r}) under torchrun needs the process group first: call "
+                "ampkit.distributed.init_distributed() before engine.setup()."
+            )
+        log.info("no process group (not launched by torchrun): strategy %r runs as a single process", strategy.name)
+        return None
+    if strategy.applied_by_user and (policy.master_weights or policy.param_dtype != torch.float32):
+        raise ValueError(
+            f"the model was wrapped for {strategy.name.upper()} before setup(), but policy {policy.name!r} casts "
+            f"its parameters, which the wrapper has already registered: pass the plain model and "
+            f"Engine(precision={policy.name!r}, strategy={strategy.name!r})."
+        )
+    return strategy
 
 
 def resolve_strategy(spec: Any) -> Strategy | None:

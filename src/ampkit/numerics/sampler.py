@@ -107,7 +107,18 @@ class NumericsSampler:
         """Whether optimizer step ``step`` (counted from 1) is sampled."""
         return step % self.every == 0
 
-    # -- engine hooks -----------------------------------------------------------------------------
+    # -- step hooks (see ampkit.training.hooks) ---------------------------------------------------
+    def wrap_forward(self, engine: "Engine", forward: ContextManager[Any]) -> ContextManager[Any]:
+        """The last micro-batch of a sampled step records its activations (and, in its backward, their gradients)."""
+        if self.activations and self.due(engine.steps + 1) and engine.is_boundary:
+            return self.recording(engine, forward)
+        return forward
+
+    def before_optimizer_step(self, engine: "Engine") -> None:
+        """Sample a due step: its 16-bit gradients as the backward left them (scaled, not yet copied to masters)."""
+        if self.due(engine.steps):
+            self.sample(engine)
+
     def recording(self, engine: "Engine", forward: ContextManager[Any]) -> ContextManager[Any]:
         """``forward`` plus recorders on every model of ``engine``: the engine wraps the forward of the last
         micro-batch of a sampled step in it. The forward hooks go when the context exits; the hooks placed on

@@ -8,9 +8,10 @@
         engine.backward(loss)
         engine.step()            # updates the weights only at the accumulation boundary
 
-Per optimizer step the engine adds no host-device sync beyond the one that decides whether to skip (none at
-all with a fused optimizer and no engine-managed scheduler), and no per-tensor kernel loop: unscaling,
-master-gradient copies and clipping are single foreach launches.
+What differs across ranks belongs to the strategy (:mod:`ampkit.distributed.strategy`), the optimizer step to
+:mod:`~ampkit.training.optimizer_step` (no host-device sync beyond the one that decides whether to skip), where
+the run stands to a :class:`~ampkit.training.step_state.StepState`, and tools join through step hooks
+(:mod:`~ampkit.training.hooks`).
 """
 
 from __future__ import annotations
@@ -22,20 +23,17 @@ from typing import TYPE_CHECKING, Any, ContextManager
 import torch
 from torch import nn
 
-from .clipping import clip_grad_norm, clip_grad_value
-from ..distributed.agreement import any_rank, world_size
-from ..distributed.ddp import broadcast_from_rank0, no_sync
-from ..distributed.environment import launched_by_torchrun
-from ..distributed.fsdp import adopt_sharded_params, set_gradient_sync
-from ..distributed.strategy import DDP, FSDP, Strategy, detect_strategy, resolve_strategy, unwrap
-from ..errors import LossScaleCollapseError
-from .kernel_guards import first_step_pending, guard_optimizer
-from .masters import MasterWeights
+from ..distributed.agreement import world_size
+from ..distributed.strategy import SingleProcess, Strategy, choose_strategy, resolve_strategy, unwrap
 from ..policy import Policy, get_policy
 from ..scaling import DynamicLossScaler, LossScaler, ScalerConfig, StaticLossScaler
-from ..scaling.diagnosis import collapse_message, nonfinite_parameters
-from ..scaling.kernels import grads_of, unscale_grads_
-from .step_state import StepState, delegate
+from .collapse import CollapseWatch
+from .engine_state import engine_state
+from .hooks import Hooks
+from .kernel_guards import guard_optimizer
+from .masters import MasterWeights
+from .optimizer_step import optimizer_step
+from .step_state import StepState
 
 if TYPE_CHECKING:  # at run time only when asked for: importing ampkit.numerics loads the whole doctor
     from ..numerics.sampler import NumericsSampler
@@ -97,7 +95,10 @@ class Engine:
             by the user implies.
         numerics: sample how gradients and activations fit fp16 every N optimizer steps (an int N, or a
             :class:`ampkit.numerics.sampler.NumericsSampler`): logged, kept as ``engine.numerics.last``; one
-            host-device sync per sample and nothing on the other steps. Default: off.
+            host-device sync per sample and nothing on the other steps. Default: off. (A step hook: the same
+            as passing the sampler in ``hooks``.)
+        hooks: step hooks (see :mod:`ampkit.training.hooks`): tools called around backward and the optimizer
+            step, such as a :class:`~ampkit.memory.tracker.MemoryTracker`. More with :meth:`add_hook`.
 
     >>> model = nn.Linear(4, 1); opt = torch.optim.SGD(model.parameters(), lr=0.1)
     >>> engine = Engine(precision="bf16-mixed", accumulate=2)
@@ -110,12 +111,6 @@ class Engine:
     >>> stepped, engine.steps
     (True, 1)
     """
-
-    # Names the engine has always used for its StepState fields.
-    steps = delegate("steps")
-    _micro, _epoch_len = delegate("micro"), delegate("epoch_len")
-    _last_found_host, _last_norm = delegate("found_host"), delegate("norm")
-    _deferred, _diagnose_late = delegate("deferred"), delegate("diagnose_late")
 
     def __init__(
         self,
@@ -131,6 +126,7 @@ class Engine:
         on_oom: str = "split",
         strategy: str | Strategy | None = None,
         numerics: NumericsSampler | int | None = None,
+        hooks: Sequence[Any] = (),
     ) -> None:
         self.policy = get_policy(precision, keep_fp32=keep_fp32)
         self.strategy: Strategy | None = resolve_strategy(strategy)
@@ -155,20 +151,21 @@ class Engine:
             raise ValueError("A scaled loss must skip steps whose gradients overflowed; drop skip_nonfinite=False or pass scaler='none'.")
         self.skip_nonfinite = self.scaler is not None or bool(skip_nonfinite)
         self.numerics = _build_sampler(numerics)
+        self.hooks = Hooks(([self.numerics] if self.numerics is not None else []) + list(hooks))
 
         self.device = torch.device("cpu")
         self.models: list[nn.Module] = []  # the modules themselves (inside any DDP wrapper): names, state, params
         self.wrappers: list[nn.Module] = []  # what setup() returned and the loop calls: DDP wrappers or the models
-        self._reduce_found = False
+        self.reduce_found_flags = False  # combine the ranks' overflow flags before deciding to skip (set by setup)
         self.optimizers: list[torch.optim.Optimizer] = []
         self.schedulers: list[Any] = []
         self.masters: MasterWeights | None = None
+        self.collapse = CollapseWatch()
+        self._parallel: Strategy | SingleProcess = SingleProcess()  # what runs: the strategy, or the do-nothing one
         self._param_names: dict[int, str] = {}
-        # Accumulation position, step count and the last step's outcome (see StepState; a checkpoint saves the
-        # counters through it). Device tensors where the answer lives on the device; host mirrors once synced.
+        self._named: list[tuple[str, nn.Parameter]] = []
+        # Accumulation position, step count and the last step's outcome; a checkpoint saves the counters through it.
         self._state = StepState()
-        self._skipped_total: torch.Tensor | None = None
-        self._collapse_warned = False
 
     # ------------------------------------------------------------------------------------------ setup
     def setup(self, models: nn.Module | Sequence[nn.Module], *optimizers: torch.optim.Optimizer, schedulers: Any = None) -> Any:
@@ -185,9 +182,9 @@ class Engine:
         for opt in optimizers:
             if not isinstance(opt, torch.optim.Optimizer):
                 raise TypeError(f"setup() takes torch.optim.Optimizer instances after the model, got {type(opt).__name__}.")
-        strategy = self._distribution(model_list)
-        wrapped = model_list
-        model_list = [unwrap(m) for m in model_list]
+        strategy = choose_strategy(model_list, self.strategy, self.policy)
+        self._parallel = strategy if strategy is not None else SingleProcess()
+        given, model_list = model_list, [unwrap(m) for m in model_list]
         first = next((p for m in model_list for p in m.parameters()), None)
         self.device = first.device if first is not None else torch.device("cpu")
         self.policy.check_device(self.device)
@@ -199,32 +196,22 @@ class Engine:
                 for n, p in m.named_parameters(remove_duplicate=True)
             ]
 
-        named = names()
-        _check_optimizer_params(optimizers, {id(p) for _, p in named})
-        if strategy is not None and not strategy.applied_by_user:
-            broadcast_from_rank0(model_list)  # before masters are cloned or the model cast: every rank starts alike
-        if isinstance(strategy, FSDP):
-            # FSDP's mixed precision carries the policy (its fp32 shards are the masters) and replaces every
-            # parameter by its shard; the optimizers are pointed at the shards.
-            before = {id(p): n for n, p in named}
-            for m in model_list:
-                strategy.shard(m, self.policy, self.device)
-            named = names()
-            adopt_sharded_params(optimizers, before, dict(named))
-        else:
+        _check_optimizer_params(optimizers, {id(p) for _, p in names()})
+
+        def cast(models: list[nn.Module]) -> None:  # the policy, applied by the strategy at the right moment
             if self.policy.master_weights:
-                converted = {id(p) for m in model_list for c in self.policy.converted_modules(m) for p in c.parameters(recurse=False)}
-                self.masters = MasterWeights.clone([(n, p) for n, p in named if id(p) in converted], optimizers)
-            for m in model_list:
+                converted = {id(p) for m in models for c in self.policy.converted_modules(m) for p in c.parameters(recurse=False)}
+                self.masters = MasterWeights.clone([(n, p) for n, p in names() if id(p) in converted], optimizers)
+            for m in models:
                 self.policy.convert_module(m, self.device.type)
-            if isinstance(strategy, DDP) and not strategy.wrapped_by_user:
-                wrapped = [strategy.wrap(m, self.device) for m in model_list]
+
+        self.wrappers = self._parallel.setup(given, model_list, self.policy, self.device, optimizers, cast, names)
         self.strategy = strategy
-        self.wrappers = list(wrapped) if isinstance(strategy, DDP) else model_list
         # Each rank checks its own gradients for inf/NaN; the flags must be combined unless the gradients were
         # all-reduced already (DDP), or ranks would disagree on skipping and their weights drift apart.
-        self._reduce_found = world_size() > 1 and not (strategy is not None and strategy.grads_reduced)
-        self._param_names = {id(p): n for n, p in named}
+        self.reduce_found_flags = world_size() > 1 and not self._parallel.grads_reduced
+        self._param_names = {id(p): n for n, p in names()}
+        self._named = names()
         if self.masters is not None:
             self._param_names.update({id(m): n for n, m in zip(self.masters.names, self.masters.masters)})
 
@@ -233,33 +220,10 @@ class Engine:
         self.schedulers = self._adopt_schedulers(schedulers, optimizers)
         if self.scaler is not None:
             self.scaler.to(self.device)
-        self._skipped_total = torch.zeros((), dtype=torch.int64, device=self.device)
+        self._state.skipped = torch.zeros((), dtype=torch.int64, device=self.device)
         self.models, self.optimizers = model_list, list(optimizers)
         out_model = self.wrappers[0] if isinstance(models, nn.Module) else list(self.wrappers)
         return (out_model, *optimizers) if optimizers else out_model
-
-    def _distribution(self, models: list[nn.Module]) -> Strategy | None:
-        """The strategy setup() applies: the requested one, or what pre-wrapped models imply; None off torchrun."""
-        import torch.distributed as dist
-
-        strategy = detect_strategy(models, self.strategy)
-        if strategy is None:
-            return None
-        if not (dist.is_available() and dist.is_initialized()):
-            if launched_by_torchrun():
-                raise RuntimeError(
-                    f"Engine(strategy={strategy.name!r}) under torchrun needs the process group first: call "
-                    "ampkit.distributed.init_distributed() before engine.setup()."
-                )
-            log.info("no process group (not launched by torchrun): strategy %r runs as a single process", strategy.name)
-            return None
-        if strategy.applied_by_user and (self.policy.master_weights or self.policy.param_dtype != torch.float32):
-            raise ValueError(
-                f"the model was wrapped for {strategy.name.upper()} before setup(), but policy {self.policy.name!r} casts "
-                f"its parameters, which the wrapper has already registered: pass the plain model and "
-                f"Engine(precision={self.policy.name!r}, strategy={strategy.name!r})."
-            )
-        return strategy
 
     @staticmethod
     def _adopt_schedulers(schedulers: Any, optimizers: Sequence[torch.optim.Optimizer]) -> list[Any]:
@@ -280,37 +244,33 @@ class Engine:
         Under DDP it also runs the forward of a micro-batch that does not end its accumulation window under
         ``no_sync``, since DDP decides during the forward whether the coming backward all-reduces.
         """
-        forward = self.policy.forward_context(self.device.type)
-        sampler = self.numerics
-        if sampler is not None and sampler.activations and sampler.due(self.steps + 1) and self.is_boundary:
-            # The last micro-batch of a sampled step: record its activations (and, in its backward, their gradients).
-            forward = sampler.recording(self, forward)
-        if not isinstance(self.strategy, DDP) or self.is_boundary:
-            return forward
-        stack = no_sync(self.wrappers)
-        stack.enter_context(forward)
-        return stack
+        forward: ContextManager[Any] = self.policy.forward_context(self.device.type)
+        spread = self._parallel.forward_context(self.wrappers, self.is_boundary)
+        if spread is not None:
+            spread.enter_context(forward)  # type: ignore[attr-defined]
+            forward = spread
+        return self.hooks.wrap_forward(self, forward)
 
     def start_epoch(self, num_micro_batches: int | None = None) -> None:
         """Declare the micro-batches of the coming epoch, so its last window may be short (``len(loader)``).
 
         Without it, windows of exactly ``accumulate`` micro-batches run across epochs.
         """
-        if self.micro_batches_pending and self._epoch_len is None:
+        if self.micro_batches_pending and self._state.epoch_len is None:
             raise RuntimeError(
                 f"start_epoch() called with {self.micro_batches_pending} micro-batch(es) of gradients pending; "
                 "call it at an accumulation boundary, or pass num_micro_batches to the previous start_epoch()."
             )
         if num_micro_batches is not None and (isinstance(num_micro_batches, bool) or not isinstance(num_micro_batches, int) or num_micro_batches < 1):
             raise ValueError(f"num_micro_batches must be a positive int (e.g. len(loader)), got {num_micro_batches!r}.")
-        self._micro = 0
-        self._epoch_len = num_micro_batches
+        self._state.micro = 0
+        self._state.epoch_len = num_micro_batches
 
     def _window(self) -> tuple[int, bool]:
         """(size of the current window, whether the current micro-batch ends it)."""
-        start = self._micro - self.micro_batches_pending
-        size = self.accumulate if self._epoch_len is None else min(self.accumulate, self._epoch_len - start)
-        return size, self._micro + 1 - start >= size
+        start = self._state.micro - self.micro_batches_pending
+        size = self.accumulate if self._state.epoch_len is None else min(self.accumulate, self._state.epoch_len - start)
+        return size, self._state.micro + 1 - start >= size
 
     @property
     def micro_batches_pending(self) -> int:
@@ -324,7 +284,7 @@ class Engine:
         >>> pending
         [1, 2, 0, 1]
         """
-        return self._micro % self.accumulate
+        return self._state.micro % self.accumulate
 
     @property
     def is_boundary(self) -> bool:
@@ -340,13 +300,14 @@ class Engine:
         if not isinstance(loss, torch.Tensor):
             raise TypeError(f"backward() takes the loss tensor, got {type(loss).__name__}.")
         size, boundary = self._window()
-        if isinstance(self.strategy, FSDP) and not self.strategy.reduce_every_micro_batch:
-            set_gradient_sync(self.models, boundary)
+        self.hooks.run("before_backward", self, loss)
+        self._parallel.before_backward(self.models, boundary)
         if size > 1:
             loss = loss / size
         if self.scaler is not None:
             loss = self.scaler.scale(loss)
         loss.backward(**kwargs)
+        self.hooks.run("after_backward", self)
 
     def train_step(self, loss_fn: Callable[[Any], torch.Tensor], batch: Any, *optimizers: torch.optim.Optimizer, reduction: str = "mean") -> torch.Tensor:
         """Forward (under :meth:`autocast`), backward and :meth:`step` of ``batch``; split into smaller passes on OOM.
@@ -401,162 +362,14 @@ class Engine:
         if unknown:
             raise ValueError(f"Optimizer(s) {unknown} were not passed to engine.setup(); pass them there first.")
         _, boundary = self._window()
-        self._micro += 1
+        self._state.micro += 1
         if not boundary:
             return False
-        if self._epoch_len is not None and self._micro >= self._epoch_len:
-            self._micro, self._epoch_len = 0, None  # the declared epoch is over
+        if self._state.epoch_len is not None and self._state.micro >= self._state.epoch_len:
+            self._state.micro, self._state.epoch_len = 0, None  # the declared epoch is over
         self.steps += 1
-        self._optimizer_step(opts)
+        optimizer_step(self, opts)
         return True
-
-    def _optimizer_step(self, opts: list[torch.optim.Optimizer]) -> None:
-        self._resolve_deferred_outcome()
-        # A collapse learnt late (see _resolve_deferred_outcome) is diagnosed on the gradients at hand, before
-        # they are unscaled or zeroed, and reported once this step is complete.
-        late_collapse = self._collapse_message() if self._diagnose_late else None
-        self._diagnose_late = False
-        if self.numerics is not None and self.numerics.due(self.steps):
-            self.numerics.sample(self)  # the 16-bit gradients as the backward left them: scaled, not yet copied
-        if self.masters is not None:
-            self.masters.copy_grads_to_masters()
-        scaler, dev = self.scaler, self.device
-        params = [[p for g in o.param_groups for p in g["params"]] for o in opts]
-        found = [torch.zeros((), dtype=torch.float32, device=dev) for _ in opts] if self.skip_nonfinite else []
-        # A fused SGD with momentum must not see found_inf before its first real step (see kernel_guards).
-        fused = [scaler is not None and bool(getattr(o, "_step_supports_amp_scaling", False)) and not first_step_pending(o) for o in opts]
-        clipping = self.clip_grad_norm is not None or self.clip_grad_value is not None
-        unscaled = scaler is not None and (clipping or not all(fused))
-        if self.skip_nonfinite:
-            for i, ps in enumerate(params):
-                grads = grads_of(ps)
-                if unscaled:
-                    scaler.unscale_(grads, found[i])  # type: ignore[union-attr]
-                elif scaler is not None:
-                    scaler.check_(grads, found[i])  # fused optimizer unscales inside its own kernel
-                else:
-                    unscale_grads_(grads, torch.ones((), device=dev), found[i])  # check only
-            if self._reduce_found:
-                found = any_rank(found)  # one all-reduce for all optimizers; no host sync
-        self._last_norm = None
-        if self.clip_grad_norm is not None:
-            # One total norm over everything stepped together, as clip_grad_norm_(model.parameters()) would.
-            self._last_norm = clip_grad_norm([p for ps in params for p in ps], self.clip_grad_norm)
-            if len(found) > 1:
-                # That norm is inf if any gradient is, and it has just scaled every gradient: one overflow
-                # poisons the whole update, so every optimizer of the call skips.
-                found = [torch.stack(found).amax()] * len(found)
-        elif self.clip_grad_value is not None:
-            clip_grad_value([p for ps in params for p in ps], self.clip_grad_value)
-
-        # The one sync: a non-fused optimizer (or a scheduler) has to know on the host whether to step. A CPU
-        # "device" is the host, so reading there costs nothing; only fused optimizers on an accelerator
-        # defer the read to the next step (see _defer_outcome), keeping the step free of syncs.
-        sync_now = bool(found) and (not all(fused) or bool(self.schedulers) or self._reads_are_free())
-        any_found = None if not found else found[0] if len(found) == 1 else torch.stack(found).amax()
-        host_found = None
-        if sync_now:
-            host_found = [bool(any_found.item())] if len(found) == 1 else [bool(v) for v in torch.stack(found).tolist()]  # type: ignore[union-attr]
-        for i, opt in enumerate(opts):
-            if fused[i]:
-                opt.grad_scale = None if unscaled else scaler.scale_tensor  # type: ignore[attr-defined,union-attr]
-                opt.found_inf = found[i]  # type: ignore[attr-defined]
-                try:
-                    opt.step()
-                finally:
-                    del opt.grad_scale, opt.found_inf  # type: ignore[attr-defined]
-            elif host_found is None or not host_found[i]:
-                opt.step()
-        if scaler is not None:
-            scaler.update(any_found)  # type: ignore[arg-type]
-        self._record_outcome(any_found, host_found)
-        # Diagnose while the offending gradients still exist, but finish the step before raising, so a
-        # caller that catches the error holds a consistent model, optimizer and gradient state.
-        collapse = self._collapse_message() if self._last_found_host else None
-        if self.masters is not None:
-            self.masters.copy_masters_to_model()
-        for s in self.schedulers:
-            if not self._last_found_host and any(s.optimizer is o for o in opts):
-                s.step()
-        self._zero_grad(opts)
-        self._report_collapse(collapse or late_collapse)
-
-    def _record_outcome(self, any_found: torch.Tensor | None, host_found: list[bool] | None) -> None:
-        self._deferred = None
-        if any_found is None:
-            self._last_found_host = False
-            return
-        self._skipped_total.add_((any_found > 0).to(torch.int64))  # type: ignore[union-attr]
-        if host_found is not None:
-            self._last_found_host = any(host_found)
-        else:
-            self._last_found_host = None
-            self._defer_outcome(any_found)
-        if self._last_found_host:
-            log.debug("step %d skipped: non-finite gradients", self.steps)
-
-    def _reads_are_free(self) -> bool:
-        # On CPU the "device" is the host: reading a flag costs no sync, so the outcome is known at once.
-        return self.device.type == "cpu"
-
-    def _defer_outcome(self, any_found: torch.Tensor) -> None:
-        # Copy the flag to pinned host memory behind an event: by the next optimizer step the copy has long
-        # landed, so reading it waits for nothing queued after this step (unlike .item(), which drains the stream).
-        # Only CUDA gets the pinned copy and the event: another device's non-blocking copy would leave nothing
-        # to wait on before reading, so there the copy is a plain (synchronous) one.
-        on_cuda = any_found.device.type == "cuda"
-        host = torch.empty((), dtype=any_found.dtype, pin_memory=on_cuda)
-        host.copy_(any_found, non_blocking=on_cuda)
-        event = None
-        if on_cuda:
-            # On the stream of the flag's own device, which ran the copy: the current device may be another
-            # GPU (a model on cuda:1 without torch.cuda.set_device), whose stream would not order after it.
-            event = torch.cuda.Event()
-            event.record(torch.cuda.current_stream(any_found.device))
-        self._deferred = (host, event)
-
-    def _resolve_deferred_outcome(self) -> None:
-        """Learn whether the previous (fused, unsynced) step was skipped.
-
-        A skipped one is diagnosed for collapse at the start of the next optimizer step: the scaler still holds
-        the state that step left, and the gradients at hand are the ones to name (a persistent overflow shows
-        in them too), whereas right after a step they have been zeroed.
-        """
-        if self._deferred is None:
-            return
-        host, event = self._deferred
-        if event is not None:
-            event.synchronize()
-        self._deferred = None
-        self._last_found_host = bool(host.item())
-        self._diagnose_late = self._last_found_host
-        if not self._last_found_host:
-            self._collapse_warned = False  # a clean step ends a collapse episode
-
-    def _report_collapse(self, message: str | None) -> None:
-        if message is None:
-            if self._last_found_host is False:
-                self._collapse_warned = False  # a clean step ends the episode; warn again on the next one
-            return
-        if getattr(getattr(self.scaler, "config", None), "on_collapse", "raise") == "raise":
-            raise LossScaleCollapseError(message)
-        if not self._collapse_warned:  # once per episode: a stuck scale must not flood the log
-            log.warning(message)
-            self._collapse_warned = True
-
-    def _collapse_message(self) -> str | None:
-        reason = self.scaler.collapse_reason() if self.scaler is not None else None
-        if reason is None:
-            return None
-        named = [(self._param_names.get(id(p), "?"), p) for o in self.optimizers for g in o.param_groups for p in g["params"]]
-        return collapse_message(reason, nonfinite_parameters(named), self.policy.name)
-
-    def _zero_grad(self, opts: list[torch.optim.Optimizer]) -> None:
-        for opt in opts:
-            opt.zero_grad(set_to_none=True)
-        if self.masters is not None:
-            # Only the 16-bit gradients of what was stepped: another optimizer's pending gradients must survive.
-            self.masters.zero_model_grads({id(p) for o in opts for g in o.param_groups for p in g["params"]})
 
     def _require_setup(self, what: str) -> None:
         if not self.models:
@@ -564,20 +377,53 @@ class Engine:
 
     # ------------------------------------------------------------------------------------------ outcome
     @property
+    def steps(self) -> int:
+        """Optimizer steps taken (skipped ones included). No sync."""
+        return self._state.steps
+
+    @steps.setter
+    def steps(self, value: int) -> None:
+        self._state.steps = value
+
+    @property
+    def step_state(self) -> StepState:
+        """Where the run stands: the counters a checkpoint keeps (``to_dict``) and the last step's outcome."""
+        return self._state
+
+    @step_state.setter
+    def step_state(self, state: StepState) -> None:
+        self._state = state
+
+    def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        """The models' parameters by the names checkpoints use (``"0.weight"`` with several models); after setup."""
+        return list(self._named)
+
+    def add_hook(self, hook: Any) -> None:
+        """Join a step hook (see :mod:`ampkit.training.hooks`) to this engine's steps from now on."""
+        self.hooks.add(hook)
+
+    def diagnose_collapse(self) -> str | None:
+        """The message for a collapsed loss scale, naming the parameters whose gradients are not finite; else None."""
+        named = [(self._param_names.get(id(p), "?"), p) for o in self.optimizers for g in o.param_groups for p in g["params"]]
+        return self.collapse.diagnose(self.scaler, named, self.policy.name)
+
+    @property
     def step_was_skipped(self) -> bool:
         """Whether the last optimizer step was skipped for non-finite gradients. May sync once."""
-        self._resolve_deferred_outcome()
-        return bool(self._last_found_host)  # None only before the first step, or right after a load
+        state = self._state
+        if state.deferred is not None and not state.resolve_deferred():
+            self.collapse.clean_step()
+        return bool(state.found_host)  # None only before the first step, or right after a load
 
     @property
     def skipped_steps(self) -> int:
         """Optimizer steps skipped so far. Syncs."""
-        return int(self._skipped_total.item()) if self._skipped_total is not None else 0
+        return int(self._state.skipped.item()) if self._state.skipped is not None else 0
 
     @property
     def grad_norm(self) -> float | None:
         """Total norm of the unscaled gradients before clipping, at the last step (with clip_grad_norm). Syncs."""
-        return float(self._last_norm.item()) if self._last_norm is not None else None
+        return float(self._state.norm.item()) if self._state.norm is not None else None
 
     @property
     def scale(self) -> float | None:
@@ -587,8 +433,6 @@ class Engine:
     # ------------------------------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
         """Engine state for exact resume: policy, counters, scaler, masters, pending gradients."""
-        from ..checkpoint import engine_state
-
         return engine_state(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

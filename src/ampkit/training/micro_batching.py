@@ -169,7 +169,7 @@ def _drop_partial_gradients(engine: "Engine", window_start: bool, done: int, in_
         m.zero_grad(set_to_none=True)
     if window_start:
         return " The gradients are as they were before this step."
-    engine._micro -= pending
+    engine.step_state.micro -= pending
     return (f" The gradients of this accumulation window ({pending} earlier micro-batch(es)) held part of this batch and were "
             "discarded; the next micro-batch starts a new window.")
 

@@ -24,7 +24,7 @@ class StepState:
     >>> state.to_dict()
     {'micro': 5, 'epoch_len': 8, 'steps': 2}
     >>> StepState.from_dict(state.to_dict())  # the outcome is not part of a checkpoint
-    StepState(micro=5, epoch_len=8, steps=2, found_host=None, norm=None, deferred=None, diagnose_late=False)
+    StepState(micro=5, epoch_len=8, steps=2, found_host=None, norm=None, deferred=None, diagnose_late=False, skipped=None)
     """
 
     micro: int = 0
@@ -41,6 +41,8 @@ class StepState:
     """The last step's overflow flag still on its way to the host: (host tensor, event)."""
     diagnose_late: bool = False
     """An overflow learnt after its step: the next step diagnoses a scale collapse on its gradients."""
+    skipped: torch.Tensor | None = None
+    """Optimizer steps skipped so far, counted on the device (no sync); set by the engine's setup."""
 
     def to_dict(self) -> dict[str, Any]:
         """The counters under the keys a checkpoint stores them by."""
@@ -51,14 +53,63 @@ class StepState:
         """A state holding ``counters`` (as :meth:`to_dict` wrote them) and no step outcome, as a load leaves it."""
         return cls(micro=counters["micro"], epoch_len=counters["epoch_len"], steps=counters["steps"])
 
+    def load_counters(self, counters: dict[str, Any], skipped_steps: int) -> None:
+        """Take ``counters`` (as :meth:`to_dict` wrote them) and the skipped count; forget the last step's outcome."""
+        fresh = StepState.from_dict(counters)
+        fresh.skipped = self.skipped
+        for field in dataclasses.fields(self):
+            setattr(self, field.name, getattr(fresh, field.name))
+        if self.skipped is not None:
+            self.skipped.fill_(int(skipped_steps))
 
-def delegate(field: str) -> property:
-    """An attribute of the engine that reads and writes ``engine._state.<field>`` (names kept for its callers)."""
+    # ------------------------------------------------------------------------------------------ outcome
+    def record_outcome(self, any_found: torch.Tensor | None, host_found: list[bool] | None) -> None:
+        """Note a step's overflow flag: read already (``host_found``), or to be read later without a sync.
 
-    def get(engine: Any) -> Any:
-        return getattr(engine._state, field)
+        >>> state = StepState(skipped=torch.zeros((), dtype=torch.int64))
+        >>> state.record_outcome(torch.ones(()), [True]); state.found_host, int(state.skipped)
+        (True, 1)
+        """
+        self.deferred = None
+        if any_found is None:
+            self.found_host = False
+            return
+        self.skipped.add_((any_found > 0).to(torch.int64))  # type: ignore[union-attr]
+        if host_found is not None:
+            self.found_host = any(host_found)
+        else:
+            self.found_host = None
+            self._defer(any_found)
 
-    def set_(engine: Any, value: Any) -> None:
-        setattr(engine._state, field, value)
+    def _defer(self, any_found: torch.Tensor) -> None:
+        # Copy the flag to pinned host memory behind an event: by the next optimizer step the copy has long
+        # landed, so reading it waits for nothing queued after this step (unlike .item(), which drains the stream).
+        # Only CUDA gets the pinned copy and the event: another device's non-blocking copy would leave nothing
+        # to wait on before reading, so there the copy is a plain (synchronous) one.
+        on_cuda = any_found.device.type == "cuda"
+        host = torch.empty((), dtype=any_found.dtype, pin_memory=on_cuda)
+        host.copy_(any_found, non_blocking=on_cuda)
+        event = None
+        if on_cuda:
+            # On the stream of the flag's own device, which ran the copy: the current device may be another
+            # GPU (a model on cuda:1 without torch.cuda.set_device), whose stream would not order after it.
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(any_found.device))
+        self.deferred = (host, event)
 
-    return property(get, set_, doc=f"``StepState.{field}`` of this engine.")
+    def resolve_deferred(self) -> bool:
+        """Read a deferred flag (waiting only for its own copy); True when this found the step skipped.
+
+        A skipped step learnt this way is diagnosed for collapse at the start of the next optimizer step
+        (``diagnose_late``): the scaler still holds the state that step left, and the gradients at hand are the
+        ones to name (a persistent overflow shows in them too), whereas right after a step they were zeroed.
+        """
+        if self.deferred is None:
+            return False
+        host, event = self.deferred
+        if event is not None:
+            event.synchronize()
+        self.deferred = None
+        self.found_host = bool(host.item())
+        self.diagnose_late = self.found_host
+        return self.found_host

@@ -117,7 +117,7 @@ def test_a_checkpoint_saved_on_the_device_resumes_bitwise_there_after_a_trip_thr
         assert a.device.type == "cpu" and torch.equal(a, b.cpu())
     for a, b in zip(optimizer_tensors(cpu_engine), optimizer_tensors(engine)):
         assert torch.equal(a, b)
-    assert (cpu_engine.steps, cpu_engine._micro, cpu_engine.scale) == (engine.steps, engine._micro, engine.scale)
+    assert (cpu_engine.steps, cpu_engine.step_state.micro, cpu_engine.scale) == (engine.steps, engine.step_state.micro, engine.scale)
     cpu_engine.save(tmp_path / "cpu.pt")
     move_generators_on(device)
 
@@ -148,7 +148,7 @@ def test_a_run_saved_on_a_gpu_resumes_on_a_machine_without_cuda(tmp_path: Path, 
     resumed.load(tmp_path / "gpu.pt")
     for a, b in zip(snapshot(resumed, resumed_model), snapshot(engine, model)):
         assert torch.equal(a, b)
-    assert (resumed.steps, resumed._micro, resumed.scale) == (engine.steps, engine._micro, engine.scale)
+    assert (resumed.steps, resumed.step_state.micro, resumed.scale) == (engine.steps, engine.step_state.micro, engine.scale)
 
 
 def test_checkpoint_stores_fp32_masters_not_just_the_16_bit_model(tmp_path: Path) -> None:

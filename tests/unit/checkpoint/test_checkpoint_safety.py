@@ -48,7 +48,7 @@ def _everything(engine: Engine) -> dict[str, Any]:
         "opt_state": {i: {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in s.items()} for i, s in enumerate(opt.state.values())},
         "opt_groups": [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups],
         "sched": dict(engine.schedulers[0].state_dict()),
-        "counters": (engine.steps, engine._micro, engine.skipped_steps, engine.scale),
+        "counters": (engine.steps, engine.step_state.micro, engine.skipped_steps, engine.scale),
         "rng": (torch.get_rng_state().clone(), random.getstate()),
     }
 
@@ -189,7 +189,7 @@ def test_a_failure_part_way_through_applying_puts_everything_back(tmp_path):
     _assert_same(before, _everything(reader))
     model.fail = False
     reader.load(tmp_path / "c.pt")  # and the same file loads once the module accepts it
-    assert (reader.steps, reader._micro) == (writer.steps, writer._micro)
+    assert (reader.steps, reader.step_state.micro) == (writer.steps, writer.step_state.micro)
 
 
 def test_engine_load_state_dict_validates_too():

@@ -19,6 +19,7 @@ from torch import nn
 
 import ampkit
 from ampkit import Engine, LossScaleCollapseError, ScalerConfig
+from ampkit.training import optimizer_step
 
 INF = float("inf")
 
@@ -595,7 +596,7 @@ def test_collapse_is_diagnosed_with_a_fused_optimizer_too(device: torch.device) 
 
 def test_deferred_outcome_of_fused_steps_is_counted_and_diagnosed_one_step_late(monkeypatch: pytest.MonkeyPatch) -> None:
     """On an accelerator a fused step is not synced: the engine learns its outcome at the next step."""
-    monkeypatch.setattr(Engine, "_reads_are_free", lambda self: False)  # behave as on CUDA
+    monkeypatch.setattr(optimizer_step, "reads_are_free", lambda device: False)  # behave as on CUDA
     model = ExplodingGrad()
     engine = Engine("16-mixed", scaler=ScalerConfig(init_scale=2.0**4, min_scale=1.0))
     model, _ = engine.setup(model, torch.optim.AdamW(model.parameters(), lr=0.1, fused=True))
@@ -608,8 +609,8 @@ def test_deferred_outcome_of_fused_steps_is_counted_and_diagnosed_one_step_late(
         engine.step()
 
     one_step()
-    assert engine._deferred is not None  # nothing read yet
-    assert engine.step_was_skipped and engine._deferred is None
+    assert engine.step_state.deferred is not None  # nothing read yet
+    assert engine.step_was_skipped and engine.step_state.deferred is None
     with pytest.raises(LossScaleCollapseError, match=r"floor.*body\.3\.weight"):
         for _ in range(10):
             one_step()
@@ -634,14 +635,14 @@ def test_the_deferred_outcome_is_right_and_read_without_draining_the_stream(devi
             poison_grad(model)
         engine.step()
         if device.type == "cuda":
-            assert engine._deferred is not None  # the step itself read nothing
+            assert engine.step_state.deferred is not None  # the step itself read nothing
             with torch.cuda.device(device):
                 torch.cuda._sleep(500_000_000)  # a quarter second or so of device work queued after the step
             skipped = engine.step_was_skipped
             assert not torch.cuda.current_stream(device).query(), "reading the outcome waited for later work"
             torch.cuda.synchronize(device)
         else:
-            assert engine._deferred is None  # the host reads a CPU flag for free
+            assert engine.step_state.deferred is None  # the host reads a CPU flag for free
             skipped = engine.step_was_skipped
         assert skipped is (step in poisoned), f"step {step}"
     assert engine.skipped_steps == len(poisoned)
@@ -688,7 +689,7 @@ def no_host_device_sync(device: torch.device, monkeypatch: pytest.MonkeyPatch) -
         return read
 
     with monkeypatch.context() as patch:
-        patch.setattr(Engine, "_reads_are_free", lambda self: False)
+        patch.setattr(optimizer_step, "reads_are_free", lambda device: False)
         for name in ("item", "tolist", "__bool__", "__float__", "__int__"):
             patch.setattr(torch.Tensor, name, counting(name, getattr(torch.Tensor, name)))
         yield

@@ -311,7 +311,7 @@ def test_an_oom_at_one_row_inside_a_window_discards_the_window_and_says_so():
     x, y = _batch(2)
     with pytest.raises(torch.OutOfMemoryError, match=r"\(1 earlier micro-batch\(es\)\).*discarded.*starts a new window"):
         engine.train_step(_poisoned(model, poison=100), (x, y, torch.arange(N)))
-    assert all(p.grad is None for p in model.parameters()) and engine._micro == 0
+    assert all(p.grad is None for p in model.parameters()) and engine.step_state.micro == 0
     engine.micro_batch_rows = 64
     for seed in (3, 4):
         engine.train_step(loss_fn, _batch(seed))
@@ -326,4 +326,4 @@ def test_a_batch_of_zero_rows_is_refused_before_it_counts_a_step():
     model, _ = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
     with pytest.raises(ValueError, match="0 rows.*drop_last=True"):
         engine.train_step(lambda b: model(b).sum(), torch.zeros(0, D))
-    assert engine.steps == 0 and engine._micro == 0
+    assert engine.steps == 0 and engine.step_state.micro == 0

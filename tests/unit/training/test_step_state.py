@@ -38,7 +38,7 @@ def test_the_engine_state_keeps_the_checkpoint_keys_and_the_engine_attributes_re
     state = engine.state_dict()
     # The file format: these keys, in this order, as every earlier version wrote them.
     assert list(state) == ["policy", "accumulate", "micro", "epoch_len", "steps", "micro_batch_rows", "skipped_steps", "scaler", "masters", "pending_grads"]
-    assert (state["micro"], state["epoch_len"], state["steps"]) == (engine._micro, engine._epoch_len, engine.steps) == (5, None, 2)
+    assert (state["micro"], state["epoch_len"], state["steps"]) == (engine.step_state.micro, engine.step_state.epoch_len, engine.steps) == (5, None, 2)
     assert engine.micro_batches_pending == 1 and state["pending_grads"] is not None
 
 
@@ -47,16 +47,16 @@ def test_a_load_restores_the_counters_and_clears_the_last_steps_outcome() -> Non
     reader = _run(4, poison_last=True)
     assert reader.step_was_skipped
     reader.load_state_dict(writer.state_dict())
-    assert reader._state.to_dict() == writer._state.to_dict()
+    assert reader.step_state.to_dict() == writer.step_state.to_dict()
     assert reader.micro_batches_pending == writer.micro_batches_pending == 1
-    assert not reader.step_was_skipped and reader._last_found_host is None
+    assert not reader.step_was_skipped and reader.step_state.found_host is None
 
 
 def test_a_load_that_fails_part_way_puts_the_step_state_and_its_outcome_back() -> None:
     writer, reader = _run(5), _run(4, poison_last=True)
-    before = copy.copy(reader._state)
+    before = copy.copy(reader.step_state)
     payload = training_payload(writer, None)
     payload["engine"]["pending_grads"] = {"no.such.parameter": torch.zeros(2, 4)}  # fails after the counters are set
     with pytest.raises(CheckpointError, match="restored"):
         apply_training_payload(reader, payload)
-    assert reader._state == before and reader._last_found_host is True
+    assert reader.step_state == before and reader.step_state.found_host is True

@@ -1,0 +1,69 @@
+"""The engine's own state as a plain dict: counters, the loss scaler, master weights, pending gradients.
+
+:meth:`Engine.state_dict <ampkit.training.engine.Engine.state_dict>` returns :func:`engine_state`; a checkpoint
+stores it beside the models and optimizers (:mod:`ampkit.checkpoint.payload`) and, once it has validated it,
+puts it back with :func:`apply_engine_state`. It goes through the engine's public surface only:
+``step_state`` (a :class:`~ampkit.training.step_state.StepState`), ``named_parameters()``, the scaler's and
+the masters' own ``state_dict``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+__all__ = ["pending_grads", "engine_state", "apply_engine_state"]
+
+
+def pending_grads(engine: "Engine") -> dict[str, torch.Tensor] | None:
+    """The gradients of an unfinished accumulation window by parameter name; None at a window boundary.
+
+    >>> from torch import nn
+    >>> from ampkit import Engine
+    >>> engine = Engine(accumulate=2)
+    >>> model = nn.Linear(2, 1); model, opt = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    >>> engine.backward(model(torch.ones(1, 2)).sum()); engine.step()
+    False
+    >>> sorted(pending_grads(engine))
+    ['bias', 'weight']
+    >>> engine.backward(model(torch.ones(1, 2)).sum()); engine.step(); pending_grads(engine) is None
+    True
+    True
+    """
+    if not engine.micro_batches_pending:
+        return None
+    return {name: p.grad.detach().clone() for name, p in engine.named_parameters() if p.grad is not None}
+
+
+def engine_state(engine: "Engine") -> dict[str, Any]:
+    """The engine's own state (no model or optimizer tensors besides masters and pending gradients)."""
+    return {
+        "policy": engine.policy.name,
+        "accumulate": engine.accumulate,
+        **engine.step_state.to_dict(),  # micro, epoch_len, steps
+        "micro_batch_rows": engine.micro_batch_rows,
+        "skipped_steps": engine.skipped_steps,
+        "scaler": engine.scaler.state_dict() if engine.scaler is not None else None,
+        "masters": engine.masters.state_dict() if engine.masters is not None else None,
+        "pending_grads": pending_grads(engine),
+    }
+
+
+def apply_engine_state(engine: "Engine", state: dict[str, Any]) -> None:
+    """Put back :func:`engine_state` as it is (validated by the caller); forgets the last step's outcome."""
+    engine.step_state.load_counters(state, state["skipped_steps"])  # that outcome was another process's last step
+    if state.get("micro_batch_rows") is not None:  # learnt after an OOM; absent from older checkpoints
+        engine.micro_batch_rows = state["micro_batch_rows"]
+    if engine.scaler is not None:
+        engine.scaler.load_state_dict(state["scaler"])
+    if engine.masters is not None:
+        engine.masters.load_state_dict(state["masters"])
+    if state["pending_grads"] is not None:
+        by_name = dict(engine.named_parameters())
+        for name, grad in state["pending_grads"].items():
+            p = by_name[name]
+            p.grad = grad.to(device=p.device, dtype=p.dtype)

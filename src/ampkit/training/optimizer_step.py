@@ -1,0 +1,118 @@
+"""One optimizer step at an accumulation window's end: unscale, check, clip, step or skip, update the scale.
+
+Per step this adds no host-device sync beyond the one that decides whether to skip (none at all with a fused
+optimizer and no engine-managed scheduler), and no per-tensor kernel loop: unscaling, master-gradient copies and
+clipping are single foreach launches. :meth:`ampkit.training.engine.Engine.step` calls :func:`optimizer_step`
+at each window's end; the engine's doctests show it at work.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..distributed.agreement import any_rank
+from ..scaling.kernels import grads_of, unscale_grads_
+from .clipping import clip_grad_norm, clip_grad_value
+from .kernel_guards import first_step_pending
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+__all__ = ["optimizer_step"]
+
+log = logging.getLogger("ampkit")
+
+
+def optimizer_step(engine: Engine, opts: list[torch.optim.Optimizer]) -> None:
+    """Step (or skip) ``opts`` with the gradients of the window that has just ended, and zero those gradients."""
+    state, scaler, dev = engine.step_state, engine.scaler, engine.device
+    if state.deferred is not None and not state.resolve_deferred():
+        engine.collapse.clean_step()  # the previous (unsynced) step was clean: a collapse episode is over
+    # A collapse learnt late is diagnosed on the gradients at hand, before they are unscaled or zeroed, and
+    # reported once this step is complete.
+    late_collapse = engine.diagnose_collapse() if state.diagnose_late else None
+    state.diagnose_late = False
+    engine.hooks.run("before_optimizer_step", engine)  # the 16-bit gradients as the backward left them
+    if engine.masters is not None:
+        engine.masters.copy_grads_to_masters()
+    params = [[p for g in o.param_groups for p in g["params"]] for o in opts]
+    found = [torch.zeros((), dtype=torch.float32, device=dev) for _ in opts] if engine.skip_nonfinite else []
+    # A fused SGD with momentum must not see found_inf before its first real step (see kernel_guards).
+    fused = [scaler is not None and bool(getattr(o, "_step_supports_amp_scaling", False)) and not first_step_pending(o) for o in opts]
+    clipping = engine.clip_grad_norm is not None or engine.clip_grad_value is not None
+    unscaled = scaler is not None and (clipping or not all(fused))
+    if engine.skip_nonfinite:
+        for i, ps in enumerate(params):
+            grads = grads_of(ps)
+            if unscaled:
+                scaler.unscale_(grads, found[i])  # type: ignore[union-attr]
+            elif scaler is not None:
+                scaler.check_(grads, found[i])  # a fused optimizer unscales inside its own kernel
+            else:
+                unscale_grads_(grads, torch.ones((), device=dev), found[i])  # check only
+        if engine.reduce_found_flags:
+            found = any_rank(found)  # one all-reduce for all optimizers; no host sync
+    state.norm = None
+    if engine.clip_grad_norm is not None:
+        # One total norm over everything stepped together, as clip_grad_norm_(model.parameters()) would.
+        state.norm = clip_grad_norm([p for ps in params for p in ps], engine.clip_grad_norm)
+        if len(found) > 1:
+            # That norm is inf if any gradient is, and it has just scaled every gradient: one overflow poisons
+            # the whole update, so every optimizer of the call skips.
+            found = [torch.stack(found).amax()] * len(found)
+    elif engine.clip_grad_value is not None:
+        clip_grad_value([p for ps in params for p in ps], engine.clip_grad_value)
+
+    # The one sync: a non-fused optimizer (or a scheduler) has to know on the host whether to step. A CPU
+    # "device" is the host, so reading there costs nothing; only fused optimizers on an accelerator defer the
+    # read to the next step (see StepState.record_outcome), keeping the step free of syncs.
+    sync_now = bool(found) and (not all(fused) or bool(engine.schedulers) or reads_are_free(dev))
+    any_found = None if not found else found[0] if len(found) == 1 else torch.stack(found).amax()
+    host_found = None
+    if sync_now:
+        host_found = [bool(any_found.item())] if len(found) == 1 else [bool(v) for v in torch.stack(found).tolist()]  # type: ignore[union-attr]
+    for i, opt in enumerate(opts):
+        if fused[i]:
+            opt.grad_scale = None if unscaled else scaler.scale_tensor  # type: ignore[attr-defined,union-attr]
+            opt.found_inf = found[i]  # type: ignore[attr-defined]
+            try:
+                opt.step()
+            finally:
+                del opt.grad_scale, opt.found_inf  # type: ignore[attr-defined]
+        elif host_found is None or not host_found[i]:
+            opt.step()
+    if scaler is not None:
+        scaler.update(any_found)  # type: ignore[arg-type]
+    state.record_outcome(any_found, host_found)
+    if state.found_host:
+        log.debug("step %d skipped: non-finite gradients", state.steps)
+    # Diagnose while the offending gradients still exist, but finish the step before raising, so a caller that
+    # catches the error holds a consistent model, optimizer and gradient state.
+    collapse = engine.diagnose_collapse() if state.found_host else None
+    if engine.masters is not None:
+        engine.masters.copy_masters_to_model()
+    for s in engine.schedulers:
+        if not state.found_host and any(s.optimizer is o for o in opts):
+            s.step()
+    _zero_grad(engine, opts)
+    message = collapse or late_collapse
+    if message is None and state.found_host is False:
+        engine.collapse.clean_step()  # a clean step ends the episode; warn again on the next one
+    engine.hooks.run("after_optimizer_step", engine)
+    engine.collapse.report(message, raise_error=getattr(getattr(scaler, "config", None), "on_collapse", "raise") == "raise")
+
+
+def reads_are_free(device: torch.device) -> bool:
+    """On the CPU the "device" is the host: reading a flag costs no sync, so a step's outcome is known at once."""
+    return device.type == "cpu"
+
+
+def _zero_grad(engine: Engine, opts: list[torch.optim.Optimizer]) -> None:
+    for opt in opts:
+        opt.zero_grad(set_to_none=True)
+    if engine.masters is not None:
+        # Only the 16-bit gradients of what was stepped: another optimizer's pending gradients must survive.
+        engine.masters.zero_model_grads({id(p) for o in opts for g in o.param_groups for p in g["params"]})
