@@ -29,37 +29,25 @@ from __future__ import annotations
 
 import logging
 import sys
-import weakref
 from collections import deque
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from itertools import pairwise
 from types import FrameType
 from typing import Any
 
 import torch
-from torch import nn
 
-from .._util.units import fmt_bytes
 from ..policy.device import as_device
 from .accounting import LiveBytes
 from .leak_holders import Growth, HolderSearch, Snapshot, StepBoundaries
 from .process import peak_rss_bytes, rss_bytes
+from .tracker_growth import _BLOCKS, _GrowthDetector
+from .tracker_results import MemorySample, MemorySummary
+from .tracker_watch import _device_of, _tensors_of
 
 __all__ = ["MemorySample", "MemorySummary", "MemoryTracker"]
 
 log = logging.getLogger("ampkit")
 
 MiB = 2**20
-
-_BLOCKS = 4
-"""Growth must show in each quarter of the window: its floor (lowest value) rises from quarter to quarter."""
-
-_RSS_NOISE = 4096
-"""Heap growth below a page a step is not judged: the creep of Python objects (this tracker's samples among them)."""
-
-_MARK = "ampkit.memory.tracker"
-"""Key of the marker this tracker puts in the metadata of a loss's autograd node."""
 
 
 # The CUDA reads, one function each so that tests can stand in for the allocator on a machine without CUDA.
@@ -80,170 +68,7 @@ def _cuda_sync(device: torch.device) -> None:
     torch.cuda.synchronize(device)
 
 
-@dataclass(frozen=True, slots=True)
-class MemorySample:
-    """Memory after one training step, in bytes; None where the device or mode has no such figure."""
-
-    step: int
-    """1 for the first call of :meth:`MemoryTracker.step`, and so on."""
-    allocated: int | None
-    """Bytes of live tensors. CUDA: ``torch.cuda.memory_allocated``. CPU: the live storages counted by
-    :class:`~ampkit.memory.accounting.LiveBytes` (None with ``accounted=False``)."""
-    reserved: int | None
-    """CUDA: the bytes the caching allocator holds (allocated plus its cache). None on the CPU, where no cache
-    sits between tensors and the process (RSS is reported as ``rss``, not folded in here)."""
-    peak: int | None
-    """The most bytes of live tensors at any moment since the previous sample: the step's own peak."""
-    rss: int | None
-    """The process's resident set size (host memory, on CUDA runs too); None where /proc is missing."""
-
-
-@dataclass(frozen=True, slots=True)
-class MemorySummary:
-    """What a :class:`MemoryTracker` saw over a run. Growth rates are least-squares slopes, in bytes per step,
-    over the steps after the warmup."""
-
-    device: str
-    steps: int
-    start: int | None
-    """Bytes of live tensors when tracking began (``allocated`` before the first step)."""
-    end: int | None
-    """Bytes of live tensors after the last step."""
-    peak: int | None
-    """The most bytes of live tensors at any moment of the run."""
-    growth_per_step: float | None
-    """Slope of the live tensor bytes after each step; None before two samples past the warmup."""
-    rss_start: int | None
-    rss_end: int | None
-    rss_growth_per_step: float | None
-    peak_rss: int | None
-    """The process's peak RSS (Linux ``VmHWM``): since it started, or since the last reset of that peak."""
-    reserved: int | None
-    """CUDA: bytes the caching allocator held after the last step."""
-    warning: str | None
-    """The steady-growth warning, when one was given."""
-    note: str | None = None
-    """CUDA: the note given when reserved memory grew while allocated memory did not (not a leak)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-ready dict."""
-        return asdict(self)
-
-    def __str__(self) -> str:
-        def rate(r: float | None) -> str:
-            return "" if r is None else f", {'+' if r >= 0 else '-'}{fmt_bytes(abs(r))}/step"
-
-        lines = [f"memory over {self.steps} step(s) on {self.device}:"]
-        if self.end is not None:
-            lines.append(
-                f"  tensors {fmt_bytes(self.start)} -> {fmt_bytes(self.end)} (peak {fmt_bytes(self.peak)}{rate(self.growth_per_step)})"
-                + (f", reserved {fmt_bytes(self.reserved)}" if self.reserved is not None else "")
-            )
-        if self.rss_end is not None:
-            peak = f", process peak {fmt_bytes(self.peak_rss)}" if self.peak_rss is not None else ""
-            lines.append(f"  RSS {fmt_bytes(self.rss_start)} -> {fmt_bytes(self.rss_end)}{rate(self.rss_growth_per_step)}{peak}")
-        lines.append(f"  {self.warning}" if self.warning else "  no steady growth")
-        if self.note:
-            lines.append(f"  {self.note}")
-        return "\n".join(lines)
-
-
-class _Fit:
-    """Running least-squares slope of y over x: exact integer sums, O(1) per point, nothing kept per point."""
-
-    __slots__ = ("n", "sx", "sxx", "sxy", "sy")
-
-    def __init__(self) -> None:
-        self.n = self.sx = self.sy = self.sxy = self.sxx = 0
-
-    def add(self, x: int, y: int) -> None:
-        self.n += 1
-        self.sx += x
-        self.sy += y
-        self.sxy += x * y
-        self.sxx += x * x
-
-    @property
-    def slope(self) -> float | None:
-        den = self.n * self.sxx - self.sx * self.sx
-        return None if self.n < 2 or den == 0 else (self.n * self.sxy - self.sx * self.sy) / den
-
-
-def _slope(values: Sequence[int]) -> float:
-    fit = _Fit()
-    for i, v in enumerate(values):
-        fit.add(i, v)
-    return fit.slope or 0.0
-
-
-def _steady_rise(values: Sequence[int], min_growth: float) -> float | None:
-    """Bytes gained over ``values`` (slope times span) when they grew steadily by at least ``min_growth``.
-
-    Steady: the floor of each quarter is above the floor of the one before. Noise and the ups and downs of
-    batches of varying size do not lift every floor; a one-off allocation lifts one; a leak lifts them all.
-    """
-    size = len(values) // _BLOCKS
-    tail = list(values)[len(values) - size * _BLOCKS :]
-    floors = [min(tail[i * size : (i + 1) * size]) for i in range(_BLOCKS)]
-    if not all(a < b for a, b in pairwise(floors)):
-        return None
-    rise = _slope(values) * (len(values) - 1)
-    return rise if rise >= min_growth else None
-
-
-# ---------------------------------------------------------------------------------------------- what to watch
-def _tensors_of(obj: Any, out: list[torch.Tensor]) -> None:
-    """The tensors ``obj`` holds: a module's parameters, gradients and buffers, an optimizer's parameters and
-    state, an Engine's models, optimizers, master weights and scaler state, or tensors in containers."""
-    from ..training.engine import Engine  # here: the engine module imports much of ampkit
-
-    if obj is None:
-        return
-    if isinstance(obj, torch.Tensor):
-        out.append(obj)
-        if obj.grad is not None:
-            out.append(obj.grad)
-    elif isinstance(obj, nn.Module):
-        for t in [*obj.parameters(), *obj.buffers()]:
-            _tensors_of(t, out)
-    elif isinstance(obj, torch.optim.Optimizer):
-        for group in obj.param_groups:
-            _tensors_of(group["params"], out)
-        for state in obj.state.values():
-            _tensors_of(list(state.values()), out)
-    elif isinstance(obj, Engine):
-        _tensors_of([*obj.models, *obj.optimizers], out)
-        if obj.masters is not None:
-            _tensors_of(obj.masters.tensors(), out)
-        for holder in (obj, obj.scaler):
-            if holder is not None:
-                _tensors_of([v for v in vars(holder).values() if isinstance(v, torch.Tensor)], out)
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            _tensors_of(v, out)
-    elif isinstance(obj, (list, tuple, set, frozenset)):
-        for v in obj:
-            _tensors_of(v, out)
-    else:
-        raise TypeError(
-            f"watch= takes modules, optimizers, an ampkit Engine, tensors, or lists/dicts of them; got {type(obj).__name__}."
-        )
-
-
-def _device_of(objs: Sequence[Any]) -> torch.device | None:
-    tensors: list[torch.Tensor] = []
-    for obj in objs:
-        _tensors_of(obj, tensors)
-    return next((t.device for t in tensors if t.device.type != "meta"), None)
-
-
 # ---------------------------------------------------------------------------------------------- the tracker
-class _GraphMark:
-    """Put in the metadata of a loss's autograd node: it lives exactly as long as that graph does."""
-
-    __slots__ = ("__weakref__",)
-
-
 class MemoryTracker:
     """Per-step memory of a training loop, with a warning naming the likely cause when it grows steadily.
 
@@ -340,10 +165,8 @@ class MemoryTracker:
         self._steps = 0
         self._start: tuple[int | None, int | None] | None = None  # (tensor bytes, rss) when tracking began
         self._peak: int | None = None
-        self._series = {name: deque(maxlen=window) for name in ("tensors", "heap", "reserved")}
-        self._fits = {name: _Fit() for name in ("tensors", "rss")}
+        self._detector = _GrowthDetector(window, min_growth, self.device.type == "cuda")
         self._boundaries = StepBoundaries(keep)  # dates the autograd graphs found alive, if growth is seen
-        self._marks: deque[tuple[int, weakref.ref[_GraphMark]]] = deque(maxlen=window)
         self._pending: tuple[Growth, Snapshot] | None = None
         self._used = False
         self._summary: MemorySummary | None = None
@@ -440,14 +263,7 @@ class MemoryTracker:
             self._peak = peak if self._peak is None else max(self._peak, peak)
         self._boundaries.record(n)
         if n > self.warmup:
-            for name, value in (("tensors", allocated), ("heap", rss[1] if rss is not None else None), ("reserved", reserved)):
-                if value is not None:
-                    self._series[name].append(value)
-            for name, value in (("tensors", allocated), ("rss", sample.rss)):
-                if value is not None:
-                    self._fits[name].add(n, value)
-            if isinstance(loss, torch.Tensor) and loss.grad_fn is not None:
-                self._mark(n, loss)
+            self._detector.add(n, allocated, rss[1] if rss is not None else None, reserved, sample.rss, loss)
         frame = sys._getframe(1)
         try:
             self._watchdog(n, frame)
@@ -455,18 +271,10 @@ class MemoryTracker:
             del frame
         return sample
 
-    def _mark(self, n: int, loss: torch.Tensor) -> None:
-        mark = _GraphMark()
-        try:
-            loss.grad_fn.metadata[_MARK] = mark  # owned by the node: freed with the graph, not before
-        except (AttributeError, RuntimeError, TypeError):
-            return
-        self._marks.append((n, weakref.ref(mark)))
-
     def _watchdog(self, n: int, frame: FrameType) -> None:
         if self.warning is None:
             if self._pending is None:
-                growth = self._growth(n)
+                growth = self._detector.growth(n)
                 if growth is not None:
                     found = self._safely(None, HolderSearch(self._boundaries).first_look, frame, growth, n)
                     if isinstance(found, str):
@@ -475,12 +283,14 @@ class MemoryTracker:
                         self._pending = (growth, found if found is not None else Snapshot(n, {}, {}))
             else:
                 growth = self._pending[0]
-                series = self._series["tensors" if growth.kind == "graph" else growth.kind]
+                series = self._detector.series["tensors" if growth.kind == "graph" else growth.kind]
                 grew = growth.kind == "graph" or (len(series) >= 2 and series[-1] > series[-2])
                 if grew or n - growth.step >= self.window:
                     self._report(self._safely(growth, self._diagnose, frame))
         if self.note is None and self.device.type == "cuda":
-            self._check_reserved(n)
+            self.note = self._detector.reserved_note(n)
+            if self.note is not None:
+                log.warning("%s", self.note)
 
     def _safely(self, fallback: Any, search: Any, *args: Any) -> Any:
         # The search walks arbitrary objects of the user's process: a failure there must not stop training.
@@ -489,52 +299,6 @@ class MemoryTracker:
         except Exception:
             log.debug("MemoryTracker: the search for what holds memory failed", exc_info=True)
             return f"{fallback.detail}." if isinstance(fallback, Growth) else fallback
-
-    def _growth(self, n: int) -> Growth | None:
-        marks = self._marks
-        if len(marks) == marks.maxlen:
-            alive = sum(ref() is not None for _, ref in marks)
-            if marks[0][1]() is not None and 2 * alive >= len(marks):
-                first = marks[0][0]
-                return Growth(
-                    "graph", n,
-                    f"the autograd graph of step {first}'s loss is still alive {n - first} step(s) later, and so are those of "
-                    f"{alive} of the last {len(marks)} steps' losses",
-                )
-        for kind, least in (("tensors", self.min_growth), ("heap", max(self.min_growth, _RSS_NOISE * (self.window - 1)))):
-            values = self._series[kind]
-            if len(values) == self.window:
-                rise = _steady_rise(values, least)
-                if rise is not None:
-                    return Growth(kind, n, self._growth_text(kind, n))
-        return None
-
-    def _growth_text(self, kind: str, n: int) -> str:
-        values = self._series[kind]
-        what = "process heap (anonymous RSS)" if kind == "heap" else (
-            "allocated CUDA memory" if self.device.type == "cuda" else "live tensor memory"
-        )
-        text = f"{what} grows steadily: +{fmt_bytes(_slope(values))}/step over the last {len(values)} steps ({fmt_bytes(values[0])} -> {fmt_bytes(values[-1])} at step {n})"
-        other = self._series["tensors" if kind == "heap" else "heap"]
-        if len(other) == len(values):
-            rate = _slope(other)
-            label = "live tensor memory" if kind == "heap" else "process heap"
-            text += f"; {label} {'+' if rate >= 0 else '-'}{fmt_bytes(abs(rate))}/step"
-        return text
-
-    def _check_reserved(self, n: int) -> None:
-        reserved, allocated = self._series["reserved"], self._series["tensors"]
-        if len(reserved) < self.window or _steady_rise(reserved, self.min_growth) is None:
-            return
-        if _slope(allocated) * (len(allocated) - 1) >= self.min_growth:
-            return  # allocated grows too: that is the finding, and is reported as such
-        self.note = (
-            f"CUDA reserved memory grows (+{fmt_bytes(_slope(reserved))}/step over the last {len(reserved)} steps, {fmt_bytes(reserved[-1])} "
-            f"at step {n}) while allocated memory stays flat ({fmt_bytes(allocated[-1])}): the caching allocator keeps more "
-            "free blocks (fragmentation, or batches of changing shapes), which is not a leak; "
-            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True usually curbs it."
-        )
-        log.warning("%s", self.note)
 
     def _report(self, message: str) -> None:
         self._pending = None
@@ -546,7 +310,7 @@ class MemoryTracker:
         """The second look: what grew since the snapshot, or else the numbers alone."""
         assert self._pending is not None
         growth, before = self._pending
-        return HolderSearch(self._boundaries).diagnose(frame, growth, before, tensors_measured=bool(self._series["tensors"]))
+        return HolderSearch(self._boundaries).diagnose(frame, growth, before, tensors_measured=bool(self._detector.series["tensors"]))
 
     # ------------------------------------------------------------------------------------------ results
     def summary(self) -> MemorySummary:
@@ -561,10 +325,10 @@ class MemoryTracker:
             start=start[0],
             end=last.allocated if last is not None else start[0],
             peak=self._peak,
-            growth_per_step=self._fits["tensors"].slope,
+            growth_per_step=self._detector.fits["tensors"].slope,
             rss_start=start[1],
             rss_end=last.rss if last is not None else start[1],
-            rss_growth_per_step=self._fits["rss"].slope,
+            rss_growth_per_step=self._detector.fits["rss"].slope,
             peak_rss=peak_rss_bytes(),
             reserved=last.reserved if last is not None else None,
             warning=self.warning,
