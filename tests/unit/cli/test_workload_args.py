@@ -3,37 +3,10 @@
 from __future__ import annotations
 
 import sys
-import textwrap
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 import torch
-
-from ampkit.cli.main import main
-
-USER = """
-import torch
-from torch import nn
-
-def model():
-    torch.manual_seed(0)
-    return nn.Linear(8, 3)
-"""
-
-
-@pytest.fixture
-def user(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    (tmp_path / "workload_args_user.py").write_text(textwrap.dedent(USER))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, "workload_args_user", raising=False)
-    return "workload_args_user"
-
-
-def _error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("ampkit: error: ") and "\n" not in err and "Traceback" not in err
-    return err
 
 
 @pytest.mark.parametrize(
@@ -44,8 +17,8 @@ def _error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
         ("memory", "--device meta: ampkit memory predicts for cpu or cuda."),
     ],
 )
-def test_a_device_the_command_does_not_run_on_is_refused_by_that_command(command: str, message: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert message in _error(capsys, [command, "--device", "meta"])
+def test_a_device_the_command_does_not_run_on_is_refused_by_that_command(command: str, message: str, cli_error: Callable[[list[str]], str]) -> None:
+    assert message in cli_error([command, "--device", "meta"])
 
 
 @pytest.mark.parametrize(
@@ -56,21 +29,21 @@ def test_a_device_the_command_does_not_run_on_is_refused_by_that_command(command
         ("memory", "--device 'gpu' is not a device; use cpu or cuda."),
     ],
 )
-def test_a_device_torch_cannot_parse_is_refused_naming_the_choices(command: str, message: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert message in _error(capsys, [command, "--device", "gpu"])
+def test_a_device_torch_cannot_parse_is_refused_naming_the_choices(command: str, message: str, cli_error: Callable[[list[str]], str]) -> None:
+    assert message in cli_error([command, "--device", "gpu"])
 
 
 @pytest.mark.parametrize("command", ["bench", "doctor"])
-def test_commands_that_run_on_the_device_refuse_cuda_when_there_is_none(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_commands_that_run_on_the_device_refuse_cuda_when_there_is_none(command: str, cli_error: Callable[[list[str]], str]) -> None:
     if torch.cuda.is_available():
         pytest.skip("CUDA is available here, so --device cuda is valid")
-    assert "--device cuda: CUDA is not available here" in _error(capsys, [command, "--device", "cuda"])
+    assert "--device cuda: CUDA is not available here" in cli_error([command, "--device", "cuda"])
 
 
 @pytest.mark.parametrize(("command", "data_use"), [("bench", "train it on"), ("doctor", "run it on"), ("memory", "run it on")])
 def test_a_model_without_data_or_workload_is_refused_before_it_is_imported(
-    command: str, data_use: str, user: str, capsys: pytest.CaptureFixture[str]
+    command: str, data_use: str, user: str, cli_error: Callable[[list[str]], str]
 ) -> None:
-    err = _error(capsys, [command, "--model", f"{user}:model"])
+    err = cli_error([command, "--model", f"{user}:model"])
     assert f"--model without --data needs --workload NAME (the data to {data_use}), or --data pkg.module:factory." in err
     assert user not in sys.modules  # nothing of the user's ran for an input that cannot work
