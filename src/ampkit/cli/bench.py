@@ -36,7 +36,7 @@ from ..bench.results import BenchResult
 from ..bench.runner import check_shardable, run_bench
 from ..bench.verdict import check_tolerance
 from ..bench.workload import Workload
-from .checks import writable_dir as _check_out
+from .checks import writable_dir
 from .console import stdout_console
 from .output import write_out
 from .parsers import add_bench as register  # declared apart: `ampkit --help` imports none of this module
@@ -62,6 +62,17 @@ def _workload(args: argparse.Namespace, device: torch.device, size: str) -> Work
     return workload
 
 
+def _check_dirs(args: argparse.Namespace) -> None:
+    """Refuse an unwritable ``--out`` or ``--tensorboard`` before anything runs."""
+    writable_dir(args.out, "--out")
+    writable_dir(args.tensorboard, "--tensorboard")
+
+
+def _names_a_gpu(args: argparse.Namespace) -> bool:
+    """``--device cuda:N``: one GPU for every process, where each of several must take its own (cuda:LOCAL_RANK)."""
+    return args.device is not None and torch.device(args.device).index is not None
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the bench the arguments describe; print the table; write the files asked for.
 
@@ -77,11 +88,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _launch(args: argparse.Namespace, nproc: int) -> int:
     """Refuse what the workers would refuse (once, here, with exit code 2), then run the command under torchrun."""
-    _check_out(args.out, "--out")
-    _check_out(args.tensorboard, "--tensorboard")
+    _check_dirs(args)
     device = device_arg(args.device, command="bench")
     if device.type == "cuda":
-        if args.device is not None and torch.device(args.device).index is not None:
+        if _names_a_gpu(args):
             raise ValueError(f"--nproc {nproc} --device {args.device}: each process takes its own GPU (cuda:LOCAL_RANK); pass --device cuda.")
         gpus = torch.cuda.device_count()
         if nproc > gpus:
@@ -114,7 +124,7 @@ def _run_worker(args: argparse.Namespace) -> int:
         if args.nproc is not None and args.nproc != world:
             raise ValueError(f"--nproc {args.nproc}, but torchrun started {world} processes: drop --nproc when you launch with torchrun yourself.")
         device = device_arg(args.device, command="bench")
-        if device.type == "cuda" and world > 1 and args.device is not None and torch.device(args.device).index is not None:
+        if device.type == "cuda" and world > 1 and _names_a_gpu(args):
             raise ValueError(f"--device {args.device} under torchrun: each process takes its own GPU (cuda:LOCAL_RANK); pass --device cuda.")
         env = init_distributed(device=device.type)  # cuda -> cuda:LOCAL_RANK
     except (AmpkitError, ValueError) as exc:
@@ -140,8 +150,7 @@ def _worker_input_error(exc: BaseException, this_rank: int) -> int:
 def _bench(args: argparse.Namespace, device: torch.device, *, main: bool = True, world: int = 1) -> int:
     """The bench itself, in one process or on one rank (``main``: rank 0, the one that prints and writes)."""
     console = stdout_console(quiet=not main)
-    _check_out(args.out, "--out")
-    _check_out(args.tensorboard, "--tensorboard")
+    _check_dirs(args)
     size = workload_size(args, device)
     if args.precision is not None:
         precisions, left_out = resolve_precisions(args.precision, device), {}
