@@ -30,60 +30,28 @@ from ..distributed.environment import init_distributed, launched_by_torchrun, sh
 from ..distributed.launch import relaunch, report_exit_code, strip_option
 from ..distributed.rank_logging import rank
 from ..errors import AmpkitError, one_line
-from ..policy.device import as_device
-from ..bench.defaults import default_device, default_precisions, default_size, default_workload, resolve_precisions
+from ..bench.defaults import default_precisions, resolve_precisions
 from ..bench.progress import NullReporter, RichReporter
 from ..bench.results import BenchResult
 from ..bench.runner import check_shardable, run_bench
-from ..bench.user import user_workload
 from ..bench.verdict import check_tolerance
 from ..bench.workload import Workload
-from .checks import writable_dir as _check_out
+from .checks import writable_dir
 from .console import stdout_console
 from .output import write_out
 from .parsers import add_bench as register  # declared apart: `ampkit --help` imports none of this module
+from .workload_args import device_arg, recorded_command, typed_argv, workload_from_args, workload_size
 
 __all__ = ["register", "run"]
 
 log = logging.getLogger("ampkit")
 
 
-def _device(text: str | None) -> torch.device:
-    if text is None:
-        return default_device()
-    try:
-        device = as_device(text)
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"--device {text!r} is not a device; use cpu, cuda or cuda:N.") from exc
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {text}: CUDA is not available here (CPU-only torch or no GPU visible); use --device cpu.")
-    if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"--device {text}: ampkit bench runs on cpu or cuda.")
-    return device
-
-
 def _workload(args: argparse.Namespace, device: torch.device, size: str) -> Workload:
     """The workload the arguments describe, checked against ``--steps``/``--warmup`` and ``--tolerance``."""
-    from ..bench.workloads import get_workload  # imports scikit-learn and friends only when a bench runs
-
     if args.tolerance is not None:
         check_tolerance(args.tolerance, "--tolerance")  # before the workload is built: that may take a while
-    if args.data is not None or args.model is not None:
-        base = None
-        if args.data is None and args.workload is None:
-            raise ValueError("--model without --data needs --workload NAME (the data to train it on), or --data pkg.module:factory.")
-        if args.workload is not None:
-            base = get_workload(args.workload, size=size, seed=args.seed)
-        steps = args.steps or (base.steps if base else 100)
-        warmup = args.warmup if args.warmup is not None else (base.warmup if base else min(5, steps // 10))
-        workload = user_workload(args.model, args.data, steps=steps, warmup=warmup, base=base)
-        workload.steps, workload.warmup = steps, warmup  # --model on a built-in workload's data keeps its steps otherwise
-    else:
-        workload = get_workload(default_workload(device) if args.workload is None else args.workload, size=size, seed=args.seed)
-        if args.steps is not None:
-            workload.steps = args.steps
-        if args.warmup is not None:
-            workload.warmup = args.warmup
+    workload = workload_from_args(args, device, size, steps=args.steps, warmup=args.warmup, data_use="train it on")
     if workload.steps <= workload.warmup:
         raise ValueError(f"--steps {workload.steps} must exceed --warmup {workload.warmup} so some steps are timed.")
     if args.tolerance is not None and (workload.metric is None or not workload.eval_batches):
@@ -92,6 +60,17 @@ def _workload(args: argparse.Namespace, device: torch.device, size: str) -> Work
             "(or, for your own model, return a BenchData with eval batches from --data)."
         )
     return workload
+
+
+def _check_dirs(args: argparse.Namespace) -> None:
+    """Refuse an unwritable ``--out`` or ``--tensorboard`` before anything runs."""
+    writable_dir(args.out, "--out")
+    writable_dir(args.tensorboard, "--tensorboard")
+
+
+def _names_a_gpu(args: argparse.Namespace) -> bool:
+    """``--device cuda:N``: one GPU for every process, where each of several must take its own (cuda:LOCAL_RANK)."""
+    return args.device is not None and torch.device(args.device).index is not None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -104,16 +83,15 @@ def run(args: argparse.Namespace) -> int:
         return _run_worker(args)
     if (args.nproc or 1) > 1:
         return _launch(args, args.nproc)
-    return _bench(args, _device(args.device))
+    return _bench(args, device_arg(args.device, command="bench"))
 
 
 def _launch(args: argparse.Namespace, nproc: int) -> int:
     """Refuse what the workers would refuse (once, here, with exit code 2), then run the command under torchrun."""
-    _check_out(args.out, "--out")
-    _check_out(args.tensorboard, "--tensorboard")
-    device = _device(args.device)
+    _check_dirs(args)
+    device = device_arg(args.device, command="bench")
     if device.type == "cuda":
-        if args.device is not None and torch.device(args.device).index is not None:
+        if _names_a_gpu(args):
             raise ValueError(f"--nproc {nproc} --device {args.device}: each process takes its own GPU (cuda:LOCAL_RANK); pass --device cuda.")
         gpus = torch.cuda.device_count()
         if nproc > gpus:
@@ -121,7 +99,7 @@ def _launch(args: argparse.Namespace, nproc: int) -> int:
                 f"--nproc {nproc} on cuda needs {nproc} GPUs but {gpus} {'is' if gpus == 1 else 'are'} visible: "
                 f"use --nproc {gpus} or fewer, or --device cpu to run {nproc} processes on the CPU."
             )
-    size = default_size(device) if args.size == "auto" else args.size
+    size = workload_size(args, device)
     if args.precision is not None:
         resolve_precisions(args.precision, device)
     workload = _workload(args, device, size)
@@ -130,8 +108,7 @@ def _launch(args: argparse.Namespace, nproc: int) -> int:
     except ValueError as exc:
         raise ValueError(f"--nproc {nproc}: {exc}") from None
     del workload  # the workers build their own
-    argv = getattr(args, "argv", None)
-    module_args = strip_option(argv if argv is not None else sys.argv[1:], "--nproc")
+    module_args = strip_option(typed_argv(args), "--nproc")
     log.info("starting %d processes: torchrun --standalone --nproc-per-node %d -m ampkit %s", nproc, nproc, shlex.join(module_args))
     return relaunch(nproc, module_args)
 
@@ -146,8 +123,8 @@ def _run_worker(args: argparse.Namespace) -> int:
     try:
         if args.nproc is not None and args.nproc != world:
             raise ValueError(f"--nproc {args.nproc}, but torchrun started {world} processes: drop --nproc when you launch with torchrun yourself.")
-        device = _device(args.device)
-        if device.type == "cuda" and world > 1 and args.device is not None and torch.device(args.device).index is not None:
+        device = device_arg(args.device, command="bench")
+        if device.type == "cuda" and world > 1 and _names_a_gpu(args):
             raise ValueError(f"--device {args.device} under torchrun: each process takes its own GPU (cuda:LOCAL_RANK); pass --device cuda.")
         env = init_distributed(device=device.type)  # cuda -> cuda:LOCAL_RANK
     except (AmpkitError, ValueError) as exc:
@@ -173,9 +150,8 @@ def _worker_input_error(exc: BaseException, this_rank: int) -> int:
 def _bench(args: argparse.Namespace, device: torch.device, *, main: bool = True, world: int = 1) -> int:
     """The bench itself, in one process or on one rank (``main``: rank 0, the one that prints and writes)."""
     console = stdout_console(quiet=not main)
-    _check_out(args.out, "--out")
-    _check_out(args.tensorboard, "--tensorboard")
-    size = default_size(device) if args.size == "auto" else args.size
+    _check_dirs(args)
+    size = workload_size(args, device)
     if args.precision is not None:
         precisions, left_out = resolve_precisions(args.precision, device), {}
     else:
@@ -191,7 +167,7 @@ def _bench(args: argparse.Namespace, device: torch.device, *, main: bool = True,
     if left_out:
         console.print(f"[dim]not run by default here: {', '.join(left_out)} (slow or unsupported on {device.type}; name them in --precision to run them)[/dim]")
 
-    command = shlex.join(["ampkit", *_recorded_argv(args, world)])
+    command = recorded_command(args, world=world)
     reporter = NullReporter() if not main or args.no_progress or not sys.stderr.isatty() else RichReporter()
     result = run_bench(
         workload, precisions, device, seed=args.seed, rounds=args.rounds, reporter=reporter, command=command,
@@ -201,16 +177,6 @@ def _bench(args: argparse.Namespace, device: torch.device, *, main: bool = True,
     if main:
         _present(result, args, console)
     return 1 if any(r.status == "failed" for r in result.runs) else 0
-
-
-def _recorded_argv(args: argparse.Namespace, world: int) -> list[str]:
-    """The arguments results.json records: what was typed, with ``--nproc`` put back for a run of several ranks
-    (the workers' own arguments lack it), so the command reproduces the run."""
-    argv = list(getattr(args, "argv", None) or sys.argv[1:])
-    if world > 1 and args.nproc is None:
-        at = argv.index("bench") + 1 if "bench" in argv else 0
-        argv[at:at] = ["--nproc", str(world)]
-    return argv
 
 
 def _present(result: BenchResult, args: argparse.Namespace, console: Console) -> None:

@@ -14,16 +14,14 @@ from __future__ import annotations
 
 import argparse
 import logging
-import shlex
-import sys
 
 import torch
 
-from .bench import _device
 from .checks import writable_dir
 from .console import stdout_console
 from .output import write_out
 from .parsers import add_doctor as register  # declared apart: `ampkit --help` imports none of this module
+from .workload_args import device_arg, recorded_command, workload_from_args, workload_size
 
 __all__ = ["register", "run"]
 
@@ -32,33 +30,24 @@ log = logging.getLogger("ampkit")
 
 def run(args: argparse.Namespace) -> int:
     """Diagnose the model the arguments describe; print the table; write the files asked for."""
-    from ..bench.defaults import default_size, default_workload
     from .._util.model_io import to_device
-    from ..bench.user import user_workload
-    from ..bench.workloads import get_workload
     from ..numerics import diagnose
     from ..policy import get_policy
 
     writable_dir(args.out, "--out")
-    device = _device(args.device)
+    device = device_arg(args.device, command="doctor")
     if args.precision is not None:
         get_policy(args.precision).check_device(device)
-    size = default_size(device) if args.size == "auto" else args.size
+    size = workload_size(args, device)
     steps_needed = args.steps + 1  # the reference steps, then the batch the policy step is compared on
-    if args.model is not None or args.data is not None:
-        if args.data is None and args.workload is None:
-            raise ValueError("--model without --data needs --workload NAME (the data to run it on), or --data pkg.module:factory.")
-        base = get_workload(args.workload, size=size, seed=args.seed) if args.workload is not None else None
-        workload = user_workload(args.model, args.data, steps=max(steps_needed, 2), warmup=1, base=base)
-    else:
-        workload = get_workload(default_workload(device) if args.workload is None else args.workload, size=size, seed=args.seed)
+    workload = workload_from_args(args, device, size, steps=max(steps_needed, 2), warmup=1)
     console = stdout_console()
     console.print(f"[dim]ampkit doctor: {args.steps} fp32 reference steps of {workload.name}, then one step per policy tried...[/dim]")
     batches = [to_device(b, device, workload.channels_last) for b in workload.train_batches[:steps_needed]]
     model = workload.model.to(device)
     if workload.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    command = shlex.join(["ampkit", *(getattr(args, "argv", None) or sys.argv[1:])])
+    command = recorded_command(args)
     diagnosis = diagnose(
         model, batches, workload.loss_fn, steps=args.steps, target=args.precision, optimizer=workload.optimizer, seed=args.seed,
         context={"command": command, "workload": {"name": workload.name, "description": workload.description, "size": size if args.data is None else None}},

@@ -19,32 +19,19 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from ..bench.defaults import default_size, default_workload
 from ..bench.format import fmt_bytes
 from ..bench.workload import Workload
 from ..memory.estimate import BREAKDOWN, MemoryEstimate, estimate
 from ..memory.fit import Fit, largest_batch, resize_batch
 from ..policy import get_policy, policy_names
-from ..policy.device import as_device
 from .console import stdout_console
 from .parsers import add_memory as register  # declared apart: `ampkit --help` imports none of this module
+from .workload_args import device_arg, workload_from_args, workload_size
 
 __all__ = ["register", "run"]
 
 _HEADERS = {"parameters": "params", "gradients": "grads", "optimizer_state": "optim", "master_weights": "masters",
             "activations": "activ."}
-
-
-def _target(text: str | None) -> torch.device:
-    if text is None:
-        return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-    try:
-        device = as_device(text)
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"--device {text!r} is not a device; use cpu or cuda.") from exc
-    if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"--device {text}: ampkit memory predicts for cpu or cuda.")
-    return device
 
 
 def _policies(text: str | None, device: torch.device) -> list[str]:
@@ -65,17 +52,6 @@ def _policies(text: str | None, device: torch.device) -> list[str]:
     return names
 
 
-def _workload(args: argparse.Namespace, device: torch.device) -> Workload:
-    from ..bench.user import user_workload
-    from ..bench.workloads import get_workload
-
-    size = default_size(device) if args.size == "auto" else args.size
-    if args.model is not None or args.data is not None:
-        base = get_workload(args.workload, size=size, seed=args.seed) if args.workload is not None else None
-        return user_workload(args.model, args.data, steps=2, warmup=1, base=base)
-    return get_workload(default_workload(device) if args.workload is None else args.workload, size=size, seed=args.seed)
-
-
 def _example(workload: Workload, batch_size: int | None) -> Any:
     batch = workload.batch(0)
     if workload.channels_last:
@@ -85,10 +61,10 @@ def _example(workload: Workload, batch_size: int | None) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     """Predict and print the memory of one training step per policy."""
-    device = _target(args.device)
+    device = device_arg(args.device, command="memory", predicts=True)
     policies = _policies(args.precision, device)
     budget = args.device_memory
-    workload = _workload(args, device)
+    workload = workload_from_args(args, device, workload_size(args, device), steps=2, warmup=1)
     model = workload.model.to(memory_format=torch.channels_last) if workload.channels_last else workload.model
     batch = _example(workload, args.batch_size)
     options = {"loss_fn": workload.loss_fn, "clip_grad_norm": workload.clip_grad_norm}

@@ -4,63 +4,12 @@ traceback, a silent default, or exit 0 with no result."""
 from __future__ import annotations
 
 import sys
-import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from ampkit.cli.main import main
-
-USER = """
-import sys
-import torch
-from torch import nn
-from ampkit.bench import BenchData
-
-def model():
-    torch.manual_seed(0)
-    return nn.Linear(8, 3)
-
-def exiting_model():
-    sys.exit(0)
-
-def _batches(n):
-    g = torch.Generator().manual_seed(0)
-    return [(torch.randn(16, 8, generator=g), torch.randint(0, 3, (16,), generator=g)) for _ in range(n)]
-
-def data():
-    return _batches(4)
-
-def failing_generator():
-    for i, batch in enumerate(_batches(4)):
-        if i == 2:
-            raise OSError("shard 2 is unreadable")
-        yield batch
-
-def exiting_generator():
-    yield from _batches(1)
-    raise SystemExit(0)
-
-def eval_five():
-    return BenchData(train=_batches(4), eval=5)
-"""
-
-
-@pytest.fixture
-def user(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    (tmp_path / "bad_input_user.py").write_text(textwrap.dedent(USER))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, "bad_input_user", raising=False)
-    return "bad_input_user"
-
-
-def _error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
-    assert main(argv) == 2
-    captured = capsys.readouterr()
-    err = captured.err.strip()
-    assert err.startswith("ampkit: error: ") and "\n" not in err and "Traceback" not in err
-    assert "Status" not in captured.out  # refused before any run
-    return err
 
 
 def _usage_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
@@ -75,31 +24,31 @@ def _bench(user: str, data: str, *more: str) -> list[str]:
             "--precision", "32-true", "--no-progress", *more]
 
 
-def test_a_data_generator_raising_midway_names_the_data_and_the_error(user: str, capsys: pytest.CaptureFixture[str]) -> None:
-    err = _error(capsys, _bench(user, "failing_generator", "--steps", "4"))
+def test_a_data_generator_raising_midway_names_the_data_and_the_error(user: str, cli_error: Callable[[list[str]], str]) -> None:
+    err = cli_error(_bench(user, "failing_generator", "--steps", "4"))
     assert f"--data {user}:failing_generator: reading training batch 2 failed (OSError: shard 2 is unreadable)" in err
 
 
-def test_bench_data_with_a_bad_eval_says_what_eval_must_be(user: str, capsys: pytest.CaptureFixture[str]) -> None:
-    err = _error(capsys, _bench(user, "eval_five"))
+def test_bench_data_with_a_bad_eval_says_what_eval_must_be(user: str, cli_error: Callable[[list[str]], str]) -> None:
+    err = cli_error(_bench(user, "eval_five"))
     assert "BenchData(eval=...) got int; eval must be a list (or any iterable" in err
 
 
 @pytest.mark.parametrize("command", ["bench", "memory", "doctor"])
-def test_a_factory_that_exits_is_an_error_not_success(command: str, user: str, capsys: pytest.CaptureFixture[str]) -> None:
-    err = _error(capsys, [command, "--model", f"{user}:exiting_model", "--data", f"{user}:data"])
+def test_a_factory_that_exits_is_an_error_not_success(command: str, user: str, cli_error: Callable[[list[str]], str]) -> None:
+    err = cli_error([command, "--model", f"{user}:exiting_model", "--data", f"{user}:data"])
     assert "exiting_model() exited (sys.exit(0)) instead of returning" in err
 
 
-def test_a_data_iterable_that_exits_is_an_error(user: str, capsys: pytest.CaptureFixture[str]) -> None:
-    err = _error(capsys, _bench(user, "exiting_generator"))
+def test_a_data_iterable_that_exits_is_an_error(user: str, cli_error: Callable[[list[str]], str]) -> None:
+    err = cli_error(_bench(user, "exiting_generator"))
     assert "reading training batch 1 exited (sys.exit(0))" in err
 
 
-def test_a_module_that_exits_on_import_is_an_error(tmp_path: Path, user: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_module_that_exits_on_import_is_an_error(tmp_path: Path, user: str, cli_error: Callable[[list[str]], str]) -> None:
     script = tmp_path / "script_like.py"
     script.write_text("import sys\nsys.exit(0)\ndef model(): pass\n")
-    err = _error(capsys, ["memory", "--model", f"{script}:model", "--data", f"{user}:data"])
+    err = cli_error(["memory", "--model", f"{script}:model", "--data", f"{user}:data"])
     assert "exited (sys.exit(0))" in err and 'if __name__ == "__main__":' in err
 
 
@@ -115,17 +64,17 @@ def test_memory_device_memory_must_be_a_positive_size(size: str, capsys: pytest.
 
 
 @pytest.mark.parametrize("command", ["bench", "memory", "doctor"])
-def test_an_empty_workload_name_is_refused_listing_the_valid_ones(command: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert "unknown workload ''; choose one of digits, gpt, resnet, segment" in _error(capsys, [command, "-w", ""])
+def test_an_empty_workload_name_is_refused_listing_the_valid_ones(command: str, cli_error: Callable[[list[str]], str]) -> None:
+    assert "unknown workload ''; choose one of digits, gpt, resnet, segment" in cli_error([command, "-w", ""])
 
 
 @pytest.mark.parametrize("command", ["bench", "doctor"])
-def test_an_unwritable_out_is_refused_before_the_run(command: str, user: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_unwritable_out_is_refused_before_the_run(command: str, user: str, tmp_path: Path, cli_error: Callable[[list[str]], str]) -> None:
     blocker = tmp_path / "a_file"
     blocker.write_text("")
     out = blocker / "results"  # a directory cannot be made under a file, even by root
     argv = [command, "--model", f"{user}:model", "--data", f"{user}:data", "--out", str(out)]
-    err = _error(capsys, argv)
+    err = cli_error(argv)
     assert f"--out {out} cannot be written" in err and "give a directory you can write to" in err
     assert user not in sys.modules  # refused before the model or data were even imported
 
@@ -138,11 +87,11 @@ def test_out_probe_leaves_the_new_directory_empty(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("command", ["memory", "doctor", "bench"])
-def test_missing_bench_extra_names_the_install_command(command: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_missing_bench_extra_names_the_install_command(command: str, monkeypatch: pytest.MonkeyPatch, cli_error: Callable[[list[str]], str]) -> None:
     from ampkit.bench.workloads import digits
 
     digits._digits.cache_clear()  # a cached load would not import scikit-learn again
     monkeypatch.setitem(sys.modules, "sklearn", None)
     monkeypatch.setitem(sys.modules, "sklearn.datasets", None)
-    err = _error(capsys, [command, "--device", "cpu"])  # digits: the default workload on a CPU
+    err = cli_error([command, "--device", "cpu"])  # digits: the default workload on a CPU
     assert 'needs the bench extra: pip install "ampkit[bench]"' in err

@@ -58,13 +58,6 @@ def toy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     return "bench_cli_toy"
 
 
-def _error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("ampkit: error: ") and "\n" not in err and "Traceback" not in err
-    return err
-
-
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -85,16 +78,16 @@ def _error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
         (["bench", "--model", "{toy}:model", "--data", "{toy}:data", "--tolerance", "0.1"], "has no eval metric to hold to it; drop --tolerance"),
     ],
 )
-def test_bad_input_is_one_line_that_says_what_to_do(capsys: pytest.CaptureFixture[str], toy: str, argv: list[str], message: str) -> None:
+def test_bad_input_is_one_line_that_says_what_to_do(cli_error: Callable[[list[str]], str], toy: str, argv: list[str], message: str) -> None:
     if "cuda" in " ".join(argv) and torch.cuda.is_available():
         pytest.skip("CUDA is available here, so --device cuda is valid")
-    assert message in _error(capsys, [a.format(toy=toy) for a in argv])
+    assert message in cli_error([a.format(toy=toy) for a in argv])
 
 
-def test_out_must_be_a_directory(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+def test_out_must_be_a_directory(cli_error: Callable[[list[str]], str], tmp_path: Path) -> None:
     f = tmp_path / "file"
     f.write_text("")
-    assert "is a file; give a directory" in _error(capsys, ["bench", "--out", str(f)])
+    assert "is a file; give a directory" in cli_error(["bench", "--out", str(f)])
 
 
 def test_numbers_are_checked_by_the_parser(capsys: pytest.CaptureFixture[str]) -> None:

@@ -13,12 +13,12 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
-from ampkit.cli.main import main
 
 MODEL = """
 import torch
@@ -76,26 +76,19 @@ def test_two_processes_train_under_ddp_and_match_one_process(model_module: Path,
     assert single.flops_per_step is None and runs["32-true"]["flops_per_step"] > 0
 
 
-def _error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("ampkit: error: ") and "\n" not in err and "Traceback" not in err
-    return err
-
-
-def test_a_batch_that_does_not_split_is_refused_before_anything_starts(capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_batch_that_does_not_split_is_refused_before_anything_starts(cli_error: Callable[[list[str]], str]) -> None:
     pytest.importorskip("sklearn", reason="Requires: scikit-learn (pip install -e '.[bench]')")
-    err = _error(capsys, ["bench", "--nproc", "3", "-w", "digits", "--size", "tiny"])  # batch 32
+    err = cli_error(["bench", "--nproc", "3", "-w", "digits", "--size", "tiny"])  # batch 32
     assert "--nproc 3" in err and "32 rows" in err and "--nproc 2, 4, 8, 16" in err
 
 
-def test_more_processes_than_gpus_is_refused(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_more_processes_than_gpus_is_refused(cli_error: Callable[[list[str]], str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    err = _error(capsys, ["bench", "--nproc", "4", "--device", "cuda"])
+    err = cli_error(["bench", "--nproc", "4", "--device", "cuda"])
     assert "needs 4 GPUs but 1 is visible" in err and "--nproc 1" in err and "--device cpu" in err
-    assert "cuda:LOCAL_RANK" in _error(capsys, ["bench", "--nproc", "2", "--device", "cuda:1"])
+    assert "cuda:LOCAL_RANK" in cli_error(["bench", "--nproc", "2", "--device", "cuda:1"])
 
 
 FAILING = """

@@ -1,0 +1,110 @@
+"""What bench, doctor and memory read alike from their arguments: the device, the workload, the command line.
+
+The flags themselves are declared once in :mod:`ampkit.cli.parsers` (which imports no torch, for ``--help``);
+this module turns their values into a ``torch.device``, a :class:`~ampkit.bench.workload.Workload` and the
+command line a result file records, so every subcommand accepts, defaults and refuses them the same way.
+
+    >>> import argparse
+    >>> args = argparse.Namespace(device="cpu", size="auto", argv=["doctor", "-w", "gpt"])
+    >>> device = device_arg(args.device, command="doctor")
+    >>> device, workload_size(args, device), recorded_command(args)
+    (device(type='cpu'), 'small', 'ampkit doctor -w gpt')
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+
+import torch
+
+from ..bench.defaults import default_device, default_size, default_workload
+from ..bench.workload import Workload
+from ..policy.device import as_device
+
+__all__ = ["device_arg", "workload_size", "workload_from_args", "typed_argv", "recorded_command"]
+
+
+def device_arg(text: str | None, *, command: str, predicts: bool = False) -> torch.device:
+    """``--device`` of ``ampkit command`` as a device: cpu or cuda; None picks the GPU when there is one.
+
+    ``predicts``: the command only predicts for the device (memory), so CUDA need not be here and the default
+    carries no index; otherwise the command runs there and CUDA must be visible. Raises ValueError naming the fix.
+
+    >>> device_arg("meta", command="memory", predicts=True)
+    Traceback (most recent call last):
+    ...
+    ValueError: --device meta: ampkit memory predicts for cpu or cuda.
+    """
+    if text is None:
+        if predicts:
+            return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+        return default_device()
+    try:
+        device = as_device(text)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"--device {text!r} is not a device; use {'cpu or cuda' if predicts else 'cpu, cuda or cuda:N'}.") from exc
+    if not predicts and device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {text}: CUDA is not available here (CPU-only torch or no GPU visible); use --device cpu.")
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device {text}: ampkit {command} {'predicts for' if predicts else 'runs on'} cpu or cuda.")
+    return device
+
+
+def workload_size(args: argparse.Namespace, device: torch.device) -> str:
+    """``--size``, with ``auto`` resolved for ``device`` (small on a CPU, large on a GPU)."""
+    return default_size(device) if args.size == "auto" else args.size
+
+
+def workload_from_args(
+    args: argparse.Namespace, device: torch.device, size: str, *, steps: int | None = None, warmup: int | None = None,
+    data_use: str = "run it on",
+) -> Workload:
+    """The workload ``-w``/``--model``/``--data``/``--seed`` describe, at ``size``, with ``steps``/``warmup`` set.
+
+    A built-in workload keeps its own steps and warm-up where ``steps``/``warmup`` are None; the user's data has
+    none of its own, so there they default to ``-w``'s (when ``--model`` trains on a built-in's data) or to 100
+    steps and a tenth of them (at most 5) as warm-up. ``--model`` alone is refused before anything of the user's
+    is imported; ``data_use`` says what the command does with the data, for that message.
+    """
+    from ..bench.user import user_workload
+    from ..bench.workloads import get_workload  # imports scikit-learn and friends only when a command runs
+
+    if args.model is None and args.data is None:
+        workload = get_workload(default_workload(device) if args.workload is None else args.workload, size=size, seed=args.seed)
+    else:
+        if args.data is None and args.workload is None:
+            raise ValueError(f"--model without --data needs --workload NAME (the data to {data_use}), or --data pkg.module:factory.")
+        base = get_workload(args.workload, size=size, seed=args.seed) if args.workload is not None else None
+        steps = steps or (base.steps if base else 100)
+        warmup = warmup if warmup is not None else (base.warmup if base else min(5, steps // 10))
+        workload = user_workload(args.model, args.data, steps=steps, warmup=warmup, base=base)
+    # --model on a built-in workload's data copies that workload, its steps included: the run's settings win.
+    if steps is not None:
+        workload.steps = steps
+    if warmup is not None:
+        workload.warmup = warmup
+    return workload
+
+
+def typed_argv(args: argparse.Namespace) -> list[str]:
+    """The arguments as typed: those :func:`ampkit.cli.main.main` recorded, else this process's own."""
+    argv = getattr(args, "argv", None)
+    return list(argv if argv is not None else sys.argv[1:])
+
+
+def recorded_command(args: argparse.Namespace, *, world: int = 1) -> str:
+    """The command line a result file records, so that it reproduces the run.
+
+    A run of ``world`` > 1 ranks gets ``--nproc`` put back after the subcommand when it was not typed: a torchrun
+    worker's own arguments lack it (:func:`ampkit.distributed.launch.strip_option` took it out).
+
+    >>> recorded_command(argparse.Namespace(argv=["bench", "-w", "gpt"], nproc=None), world=2)
+    'ampkit bench --nproc 2 -w gpt'
+    """
+    argv = typed_argv(args)
+    if world > 1 and args.nproc is None:
+        at = argv.index("bench") + 1 if "bench" in argv else 0
+        argv[at:at] = ["--nproc", str(world)]
+    return shlex.join(["ampkit", *argv])
