@@ -1,7 +1,6 @@
 """The bench's two pictures: the loss curve of every policy, and its step time and memory beside the others.
 
-Drawn with matplotlib's object API (a :class:`~matplotlib.figure.Figure` on an Agg canvas), never pyplot: no
-global figure registry, no GUI backend, nothing left open for the caller's own plots to trip over. A run that
+Drawn on the shared figures of :mod:`ampkit.report.figures` (matplotlib's object API, never pyplot). A run that
 produced no figures (failed, unsupported) is left out of a picture rather than breaking it; a diverged run
 is drawn up to the step its loss stopped being finite, and marked there.
 
@@ -15,14 +14,13 @@ is drawn up to the step its loss stopped being finite, and marked there.
 
 from __future__ import annotations
 
-import logging
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..errors import AmpkitError
+from ..report.figures import DPI, INSTALL_HINT, new_figure, no_data, save_png  # noqa: F401 (DPI, INSTALL_HINT: still importable here)
 from .format import fmt_bytes, fmt_percent, fmt_ratio, is_missing
 from .results import BenchResult, RunResult
 
@@ -41,16 +39,14 @@ __all__ = [
     "MEMORY_PARTS",
 ]
 
-log = logging.getLogger("ampkit")
-
 LOSS_PLOT = "loss_curves.png"
 TIME_MEMORY_PLOT = "time_memory.png"
 MEMORY_PARTS = ("parameters", "gradients", "optimizer_state", "master_weights", "activations")
 """The ``memory_breakdown`` keys, stacked bottom to top in this order."""
-INSTALL_HINT = 'pip install "ampkit[bench]"'
-DPI = 120
 LOG_Y_RATIO = 30.0
 """A loss range wider than this factor is drawn on a log axis, or the interesting late steps are a flat line."""
+_WHAT = "the bench plots"
+"""What the error names when matplotlib is missing."""
 
 # tab10: distinct and colour-blind tolerant; a policy keeps its colour in both pictures.
 _COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22")
@@ -65,41 +61,9 @@ _PART_COLORS = {
 }
 
 
-def _figure(width: float, height: float) -> Figure:
-    """A figure on its own Agg canvas; the one place matplotlib is imported, so the error is said once."""
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError as exc:
-        raise AmpkitError(f"the bench plots need matplotlib, which is not installed: {INSTALL_HINT}") from exc
-    fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
-    FigureCanvasAgg(fig)
-    return fig
-
-
-def _save(fig: Figure, path: str | os.PathLike[str]) -> Path:
-    """Write ``fig`` as PNG atomically: a crash mid-write leaves any previous picture whole."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        fig.savefig(tmp, format="png")
-        tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    log.debug("wrote %s", path)
-    return path
-
-
 def _colors(result: BenchResult) -> dict[str, str]:
     # Indexed over every run, failed ones included, so a policy's colour does not depend on who else failed.
     return {r.precision: _COLORS[i % len(_COLORS)] for i, r in enumerate(result.runs)}
-
-
-def _no_data(ax: Axes, message: str) -> None:
-    ax.text(0.5, 0.5, message, ha="center", va="center", transform=ax.transAxes, color="#666666")
-    ax.set_xticks([])
-    ax.set_yticks([])
 
 
 def _loss_array(run: RunResult) -> np.ndarray:
@@ -131,7 +95,7 @@ def loss_figure(result: BenchResult) -> Figure:
     Each policy gets a faint line of every step and a solid moving average (about 1/20 of the run). Non-finite
     losses are left out; a diverged run is marked with a dotted line at the step its loss broke.
     """
-    fig = _figure(8, 4.8)
+    fig = new_figure(8, 4.8, what=_WHAT)
     ax = fig.add_subplot()
     colors = _colors(result)
     finite_values: list[np.ndarray] = []
@@ -161,7 +125,7 @@ def loss_figure(result: BenchResult) -> Figure:
 
     values = np.concatenate(finite_values) if finite_values else np.array([])
     if values.size == 0:
-        _no_data(ax, "no finite training losses to plot")
+        no_data(ax, "no finite training losses to plot")
     else:
         low, high = float(values.min()), float(values.max())
         if low > 0 and high / low > LOG_Y_RATIO:
@@ -179,7 +143,7 @@ def loss_figure(result: BenchResult) -> Figure:
 
 def plot_losses(result: BenchResult, path: str | os.PathLike[str]) -> Path:
     """Save :func:`loss_figure` as a PNG at ``path`` (parent directories are created)."""
-    return _save(loss_figure(result), path)
+    return save_png(loss_figure(result), path)
 
 
 def _memory_unit(largest: float) -> tuple[str, float]:
@@ -213,7 +177,7 @@ def _ms(seconds: list[float | None], fallback: np.ndarray | list[float]) -> np.n
 def _time_panel(ax: Axes, result: BenchResult, colors: dict[str, str]) -> None:
     runs = [r for r in result.runs if r.ok and not is_missing(r.step_time_median_s)]
     if not runs:
-        _no_data(ax, "no step times")
+        no_data(ax, "no step times")
         return
     x = np.arange(len(runs))
     median = _ms([r.step_time_median_s for r in runs], [0.0] * len(runs))
@@ -235,7 +199,7 @@ def _time_panel(ax: Axes, result: BenchResult, colors: dict[str, str]) -> None:
 def _memory_panel(ax: Axes, result: BenchResult) -> None:
     runs = [r for r in result.runs if r.ok and _memory_parts(r)]
     if not runs:
-        _no_data(ax, "no memory figures")
+        no_data(ax, "no memory figures")
         return
     parts = [_memory_parts(r) for r in runs]
     extra = sorted({k for p in parts for k in p} - set(MEMORY_PARTS) - {"other", "peak memory"})
@@ -264,7 +228,7 @@ def _memory_panel(ax: Axes, result: BenchResult) -> None:
 def time_memory_figure(result: BenchResult) -> Figure:
     """Two panels: median step time with its p10–p90 spread, and peak memory stacked by part."""
     runs = sum(r.ok for r in result.runs)
-    fig = _figure(max(10.0, 2.2 * runs + 2), 4.8)
+    fig = new_figure(max(10.0, 2.2 * runs + 2), 4.8, what=_WHAT)
     time_ax, memory_ax = fig.subplots(1, 2)
     _time_panel(time_ax, result, _colors(result))
     _memory_panel(memory_ax, result)
@@ -274,7 +238,7 @@ def time_memory_figure(result: BenchResult) -> Figure:
 
 def plot_time_memory(result: BenchResult, path: str | os.PathLike[str]) -> Path:
     """Save :func:`time_memory_figure` as a PNG at ``path`` (parent directories are created)."""
-    return _save(time_memory_figure(result), path)
+    return save_png(time_memory_figure(result), path)
 
 
 def write_plots(result: BenchResult, out_dir: str | os.PathLike[str]) -> list[Path]:

@@ -16,22 +16,17 @@ by part, the plots, and a short account of the measurement method.
 
 from __future__ import annotations
 
-import logging
 import os
-import re
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from ..report.markdown import code_block, markdown_table, plot_links, plot_section, table_cell, write_markdown
 from .format import MISSING, fmt_bytes
 from .plots import MEMORY_PARTS
 from .results import BenchResult, RunResult
 from .table import table_rows, tolerance_line, verdict_lines
-from ..fileio.checkpoint_files import write_text_atomic
 
 __all__ = ["write_report", "render_report", "plot_links", "REPORT_NAME"]
-
-log = logging.getLogger("ampkit")
 
 REPORT_NAME = "report.md"
 
@@ -50,26 +45,6 @@ METHOD = """\
 - FLOPs are counted by torch's `FlopCounterMode` on one training step (matmuls and convolutions); FLOP/s is
   that count over the median step time.
 """
-
-
-def _escape(text: str) -> str:
-    """Make ``text`` safe inside a Markdown table cell (a pipe would start a new column, a newline a new row)."""
-    return " ".join(text.replace("\\", "\\\\").replace("|", "\\|").split())
-
-
-def _markdown_table(headers: list[str], rows: Iterable[list[str]], justify: list[str] | None = None) -> list[str]:
-    justify = justify or ["left"] + ["right"] * (len(headers) - 1)
-    lines = ["| " + " | ".join(_escape(h) for h in headers) + " |"]
-    lines.append("| " + " | ".join("---:" if j == "right" else "---" for j in justify) + " |")
-    lines += ["| " + " | ".join(_escape(c) for c in row) + " |" for row in rows]
-    return lines
-
-
-def _code_block(text: str, language: str = "") -> list[str]:
-    # The fence must be longer than any run of backticks inside, or a quoted command would end the block early.
-    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
-    fence = "`" * max(3, longest + 1)
-    return [f"{fence}{language}", text, fence]
 
 
 def _value(key: str, value: Any) -> str:
@@ -118,39 +93,15 @@ def _memory_section(runs: list[RunResult]) -> list[str]:
         counted = [fmt_bytes(sum(parts.values())) if parts else MISSING] if keys else []
         figures = [fmt_bytes(parts.get(k)) for k in keys]
         rows.append([run.precision, *figures, *counted, fmt_bytes(run.peak_memory_bytes)])
-    return _markdown_table(headers, rows) + [""]
+    return markdown_table(headers, rows) + [""]
 
 
 def _failures(runs: list[RunResult]) -> list[str]:
     lines: list[str] = []
     for run in runs:
         if run.error and len(run.error.strip().splitlines()) > 1:  # one-line errors are already whole in the table
-            lines += [f"**{run.precision}** ({run.status}):", "", *_code_block(run.error.strip(), "text"), ""]
+            lines += [f"**{run.precision}** ({run.status}):", "", *code_block(run.error.strip(), "text"), ""]
     return ["## Errors in full", "", *lines] if lines else []
-
-
-def plot_links(out_dir: str | os.PathLike[str], plots: Iterable[str | os.PathLike[str]] | None) -> list[tuple[str, str]]:
-    """(title, link) of every plot that exists, the link relative to ``out_dir`` where report.md lives.
-
-    A plot path is an ordinary path, absolute or relative to the current directory, as
-    :func:`ampkit.bench.plots.write_plots` returns it: ``runs/toy/loss_curves.png`` with ``out_dir``
-    ``runs/toy`` links ``loss_curves.png``. A plot that does not exist is skipped with a warning rather than
-    left as a broken link. Spaces in the link are escaped, or Markdown would end it there.
-
-    >>> import tempfile
-    >>> with tempfile.TemporaryDirectory() as tmp:
-    ...     _ = (Path(tmp) / "loss_curves.png").write_bytes(b"")
-    ...     plot_links(tmp, [Path(tmp) / "loss_curves.png"])
-    [('loss curves', 'loss_curves.png')]
-    """
-    links = []
-    for path in (Path(p) for p in plots or []):
-        if not path.exists():
-            log.warning("report.md: plot %s does not exist; not linking it", path)
-            continue
-        link = Path(os.path.relpath(path, out_dir)).as_posix().replace(" ", "%20")
-        links.append((path.stem.replace("_", " "), link))
-    return links
 
 
 def render_report(result: BenchResult, out_dir: str | os.PathLike[str] = ".", plots: list[Path] | None = None) -> str:
@@ -167,22 +118,18 @@ def render_report(result: BenchResult, out_dir: str | os.PathLike[str] = ".", pl
     facts += [f"date {result.date}"] if result.date else []
     lines += [" · ".join(facts), ""]
     if result.command:
-        lines += ["Command:", "", *_code_block(result.command, "sh"), ""]
+        lines += ["Command:", "", *code_block(result.command, "sh"), ""]
     lines += _settings("Settings", result.settings) + _settings("Workload", result.workload_info)
 
     rows = table_rows(result)
-    lines += ["## Results", "", *_markdown_table(rows.headers, rows.rows, rows.justify), ""]
+    lines += ["## Results", "", *markdown_table(rows.headers, rows.rows, rows.justify), ""]
     lines += [f"Speed-up and memory saved are against `{result.reference}`; {MISSING} marks a figure not measured.", ""]
-    lines += ["## Verdicts", "", *(f"- {_escape(v)}" for v in verdict_lines(result))]
+    lines += ["## Verdicts", "", *(f"- {table_cell(v)}" for v in verdict_lines(result))]
     tolerance = tolerance_line(result)
     lines += ["", tolerance, ""] if tolerance else [""]
 
     lines += ["## Memory by part", "", *_memory_section(result.runs)]
-    links = plot_links(out, plots)
-    if links:
-        lines += ["## Plots", ""]
-        for title, link in links:
-            lines += [f"![{title}]({link})", ""]
+    lines += plot_section(out, plots)
     lines += _failures(result.runs)
     lines += ["## How this was measured", "", METHOD]
     return "\n".join(lines)
@@ -195,9 +142,4 @@ def write_report(result: BenchResult, out_dir: str | os.PathLike[str], plots: li
     are skipped with a warning rather than left as broken links.
     """
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    text = render_report(result, out, plots)
-    path = out / REPORT_NAME
-    write_text_atomic(path, text)
-    log.info("wrote %s", path)
-    return path
+    return write_markdown(out / REPORT_NAME, render_report(result, out, plots))

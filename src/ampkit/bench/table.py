@@ -23,9 +23,10 @@ from dataclasses import dataclass
 
 from rich.console import Console, Group
 from rich.padding import Padding
-from rich.cells import cell_len
 from rich.table import Table
 from rich.text import Text
+
+from ..report.tables import TableRows, column_widths, table_width
 
 from .format import (
     MISSING,
@@ -61,16 +62,6 @@ class _Column:
     """A measured figure: shown as a dash for runs that produced none (failed or unsupported)."""
     justify: str = "right"
     style: Callable[[RunResult], str | None] | None = None
-
-
-@dataclass(frozen=True)
-class TableRows:
-    """The table as plain strings: what report.md turns into Markdown and :func:`build_table` into rich."""
-
-    headers: list[str]
-    rows: list[list[str]]
-    justify: list[str]
-    """``left`` or ``right`` per column (figures are right-aligned so digits line up)."""
 
 
 def first_non_finite_step(run: RunResult) -> int | None:
@@ -226,11 +217,9 @@ def build_table(result: BenchResult, *, transpose: bool = False) -> Table:
 
 def _wide_width(result: BenchResult) -> int:
     """Columns the one-row-per-run table needs with every figure on one line (the notes may wrap)."""
-    total = 1  # the left border
-    for col in _columns(result):
-        width = max(cell_len(t) for t in [*col.header.split("\n"), *(_cell(col, r) for r in result.runs)])
-        total += (min(width, NOTES_MIN_WIDTH) if col.header == "Notes" else width) + 3  # padding and a border
-    return total
+    cols = _columns(result)
+    widths = column_widths([c.header for c in cols], [[_cell(c, r) for c in cols] for r in result.runs])
+    return table_width([min(w, NOTES_MIN_WIDTH) if c.header == "Notes" else w for c, w in zip(cols, widths)])
 
 
 def verdict_lines(result: BenchResult) -> list[str]:

@@ -6,7 +6,7 @@ values below 2^-24 flush to zero, 2^-24..2^-14 are subnormal (fewer significant 
 which moves every bar exactly k binades right. bf16 shares fp32's exponent range; its limits (2^-133, 2^127) are
 drawn where the axis reaches them, else named at the axis edge rather than stretching the axis over 260 binades.
 
-Drawn with matplotlib's object API on an Agg canvas, like :mod:`ampkit.bench.plots`. Without matplotlib,
+Drawn on the shared figures of :mod:`ampkit.report.figures`, like the bench's. Without matplotlib,
 :func:`write_plots` warns and writes nothing: the doctor's findings stand on their own.
 
     >>> import tempfile
@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..bench.plots import _no_data, _save
 from ..errors import AmpkitError
+from ..report.figures import DPI, INSTALL_HINT, new_figure, no_data, save_png  # noqa: F401 (DPI, INSTALL_HINT: still importable here)
 from .formats import BF16, FP16
 from .table import module_label, ranked_modules
 
@@ -45,9 +45,9 @@ GRADIENT_PLOT = "gradient_exponents.png"
 MODULE_PLOT = "module_gradients.png"
 MAX_MODULES = 12
 """Small multiples drawn: the worst modules by severity; more would be too small to read."""
-INSTALL_HINT = 'pip install "ampkit[bench]"'
-DPI = 120
 _COLS = 4
+_WHAT = "the doctor's plots"
+"""What the error names when matplotlib is missing."""
 
 _FLUSH, _NORMAL = FP16.exponent_range[0], FP16.normal_exponent  # -24, -14
 _OVERFLOW = FP16.exponent_range[1] + 1  # 16: every value of exponent 16 or more is above 65504
@@ -58,18 +58,6 @@ _REGIONS = (  # (from, to, colour, legend): None is the axis edge
     (_OVERFLOW, None, "#b2182b", f"fp16 overflows ($2^{{{_OVERFLOW}}}$ and up: above {FP16.max:g})"),
 )
 _UNSCALED, _SCALED = "#1f77b4", "#2ca02c"
-
-
-def _figure(width: float, height: float) -> Figure:
-    """A figure on its own Agg canvas; the one place matplotlib is imported."""
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError as exc:
-        raise AmpkitError(f"the doctor's plots need matplotlib, which is not installed: {INSTALL_HINT}") from exc
-    fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
-    FigureCanvasAgg(fig)
-    return fig
 
 
 def _histogram(hist: dict[str, Any] | None) -> tuple[np.ndarray, np.ndarray] | None:
@@ -137,12 +125,12 @@ def gradient_figure(data: dict[str, Any]) -> Figure | None:
     first = next(i for i, h in enumerate(kinds.values()) if h is not None)  # its bars label the legend
     k = data.get("loss_scale_log2")
     xlim = _x_range(drawn, k or 0)
-    fig = _figure(10, 6.5)
+    fig = new_figure(10, 6.5, what=_WHAT)
     axes = fig.subplots(2, 1, sharex=True)
     for i, (ax, (kind, hist)) in enumerate(zip(axes, kinds.items())):
         _shade_fp16(ax, xlim, labels=i == 0)
         if hist is None:
-            _no_data(ax, f"no {kind.removesuffix('s')} gradients recorded")
+            no_data(ax, f"no {kind.removesuffix('s')} gradients recorded")
             ax.set_xlim(*xlim)
         else:
             _draw(ax, hist, k, labels=i == first)
@@ -166,7 +154,7 @@ def module_figure(data: dict[str, Any], limit: int = MAX_MODULES) -> Figure | No
     xlim = _x_range([h for _, h in chosen], k or 0)
     cols = min(_COLS, len(chosen))
     rows = math.ceil(len(chosen) / cols)
-    fig = _figure(3.2 * cols + 0.5, 2.4 * rows + 1.0)
+    fig = new_figure(3.2 * cols + 0.5, 2.4 * rows + 1.0, what=_WHAT)
     axes = fig.subplots(rows, cols, sharex=True, squeeze=False).ravel()
     for i, (module, hist) in enumerate(chosen):
         ax = axes[i]
@@ -194,7 +182,7 @@ def write_plots(data: dict[str, Any], out_dir: str | os.PathLike[str]) -> list[P
         for name, build in ((GRADIENT_PLOT, gradient_figure), (MODULE_PLOT, module_figure)):
             fig = build(data)
             if fig is not None:
-                written.append(_save(fig, out / name))
+                written.append(save_png(fig, out / name))
     except AmpkitError as exc:
         log.warning("doctor: %s; writing no plots", exc)
     return written

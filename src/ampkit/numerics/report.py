@@ -16,15 +16,12 @@ terminal (:mod:`ampkit.numerics.table`), so the two never disagree.
 
 from __future__ import annotations
 
-import logging
 import os
-import re
 from pathlib import Path
 from typing import Any
 
 from .._util.units import MISSING, fmt_float
-from ..bench.report import _code_block, plot_links
-from ..fileio.checkpoint_files import write_text_atomic
+from ..report.markdown import code_block, markdown_table, md_escape, plot_section, write_markdown
 from .formats import FP16
 from .table import (
     comparison_summary,
@@ -38,8 +35,6 @@ from .table import (
 )
 
 __all__ = ["write_report", "render_report", "md_escape", "REPORT_NAME", "REPORT_TOP", "LOWEST_COSINES"]
-
-log = logging.getLogger("ampkit")
 
 REPORT_NAME = "report.md"
 REPORT_TOP = 30
@@ -70,25 +65,8 @@ HOW_TO_READ = f"""\
   of the batch differ).
 """
 
-# Only what changes meaning mid-line: emphasis, code, links, table cells, strike-through, and '<' opening a tag.
-_SPECIAL = re.compile(r"([\\`*_\[\]|~]|<(?=[A-Za-z/!?]))")
-
-
-def md_escape(text: object) -> str:
-    r"""``text`` with Markdown's special characters escaped and on one line: safe in prose and table cells.
-
-    A ``|`` would start a new table column, ``_`` or ``*`` in a module name could start emphasis.
-
-    >>> md_escape("head|out_proj"), md_escape("a\nb")
-    ('head\\|out\\_proj', 'a b')
-    """
-    return " ".join(_SPECIAL.sub(r"\\\1", str(text)).split())
-
-
 def _table(headers: list[str], rows: list[list[str]], justify: list[str]) -> list[str]:
-    lines = ["| " + " | ".join(md_escape(h) for h in headers) + " |"]
-    lines.append("| " + " | ".join("---:" if j == "right" else "---" for j in justify) + " |")
-    return lines + ["| " + " | ".join(md_escape(c) for c in row) + " |" for row in rows]
+    return markdown_table(headers, rows, justify, escape=md_escape)  # module names hold '_' and '*': escape them
 
 
 def _what_ran(data: dict[str, Any]) -> list[str]:
@@ -100,7 +78,7 @@ def _what_ran(data: dict[str, Any]) -> list[str]:
     description = [md_escape(line) for line in rest[:-1]]  # header_lines ends with the facts line, redone here
     lines = [f"# {md_escape(title)}", "", *description, *([""] if description else []), " · ".join(facts), ""]
     if data.get("command"):
-        lines += ["Command:", "", *_code_block(str(data["command"]), "sh"), ""]
+        lines += ["Command:", "", *code_block(str(data["command"]), "sh"), ""]
     return lines
 
 
@@ -133,7 +111,7 @@ def _recommendation(data: dict[str, Any]) -> list[str]:
     notes = data.get("tailoring_notes") or []  # written by the doctor when it had to bend the advice to the target
     lines += [f"> {md_escape(n)}" for n in notes] + ([""] if notes else [])
     if data.get("engine_code"):
-        lines += ["Paste into your training script:", "", *_code_block(str(data["engine_code"]), "python"), ""]
+        lines += ["Paste into your training script:", "", *code_block(str(data["engine_code"]), "python"), ""]
     scale = loss_scale_line(data)
     if scale:
         needed = str(precision).startswith("16")
@@ -184,21 +162,14 @@ def _modules(data: dict[str, Any]) -> list[str]:
     return lines + ([f"... {total - len(rows.rows)} more in doctor.json", ""] if total > len(rows.rows) else [])
 
 
-def _plots(out: Path, plots: list[Path] | None) -> list[str]:
-    lines = []
-    for title, link in plot_links(out, plots):
-        lines += [f"![{md_escape(title)}]({link})", ""]
-    return ["## Plots", "", *lines] if lines else []
-
-
 def render_report(data: dict[str, Any], out_dir: str | os.PathLike[str] = ".", plots: list[Path] | None = None) -> str:
     """The text of report.md for the doctor result ``data``; plot links are relative to ``out_dir``.
 
     ``plots`` are paths as :func:`ampkit.numerics.plots.write_plots` returns them, absolute or relative to the
-    current directory (see :func:`ampkit.bench.report.plot_links`).
+    current directory (see :func:`ampkit.report.markdown.plot_links`).
     """
     out = Path(out_dir)
-    lines = _what_ran(data) + _recommendation(data) + _comparisons(data) + _modules(data) + _plots(out, plots)
+    lines = _what_ran(data) + _recommendation(data) + _comparisons(data) + _modules(data) + plot_section(out, plots, escape=md_escape)
     return "\n".join(lines + ["## How to read this", "", HOW_TO_READ])
 
 
@@ -209,9 +180,4 @@ def write_report(data: dict[str, Any], out_dir: str | os.PathLike[str], plots: l
     with a warning rather than left as broken links.
     """
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    text = render_report(data, out, plots)
-    path = out / REPORT_NAME
-    write_text_atomic(path, text)
-    log.info("wrote %s", path)
-    return path
+    return write_markdown(out / REPORT_NAME, render_report(data, out, plots))

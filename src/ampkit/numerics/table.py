@@ -20,14 +20,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from rich.cells import cell_len
 from rich.console import Console
 from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
 from .._util.units import MISSING, fmt_float, fmt_share, is_missing
-from ..bench.table import TableRows
+from ..report.tables import TableRows, column_widths, table_width
 from .formats import FP16
 
 __all__ = [
@@ -275,11 +274,11 @@ _PROBLEMS_MIN = 24
 
 def _fitting_columns(headers: list[str], rows: list[list[str]], width: int | None) -> list[int]:
     """Indices of the columns to show: all of them if they fit ``width``, else without the least needed."""
-    needed = [max(cell_len(t) for t in [*h.split("\n"), *(r[i] for r in rows)]) for i, h in enumerate(headers)]
+    needed = column_widths(headers, rows)
     needed[-2:] = [min(n, _PROBLEMS_MIN) for n in needed[-2:]]  # problems and watch: prose wraps
     kept = list(range(len(headers)))
     for drop in _DROP_ORDER:
-        if width is None or 1 + sum(needed[i] + 3 for i in kept) <= width:  # 3: padding and a border per column
+        if width is None or table_width([needed[i] for i in kept]) <= width:
             break
         kept = [i for i in kept if not headers[i].startswith(drop)]
     return kept
