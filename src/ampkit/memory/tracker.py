@@ -82,6 +82,10 @@ class MemoryTracker:
                 tracker.step(loss)
         print(tracker.summary())
 
+    With an :class:`~ampkit.Engine`, add it as a step hook instead (``Engine(..., hooks=[tracker])`` or
+    ``engine.add_hook(tracker)``): the engine calls :meth:`step` after every optimizer step, with that window's
+    last loss, and the search for a holder still names the loop's variables.
+
     Args:
         device: ``"cuda"``, ``"cuda:1"``, ``"cpu"`` or a torch.device; default: the device of the watched
             tensors, else the current CUDA device if there is one, else the CPU.
@@ -170,6 +174,7 @@ class MemoryTracker:
         self._pending: tuple[Growth, Snapshot] | None = None
         self._used = False
         self._summary: MemorySummary | None = None
+        self._loss: Any = None  # as a step hook: the last micro-batch's loss, until the optimizer step
 
     # ------------------------------------------------------------------------------------------ context
     def __enter__(self) -> MemoryTracker:
@@ -235,6 +240,27 @@ class MemoryTracker:
         of past steps stay alive (``total += loss``), says so after ``window`` steps, whether or not memory grows
         enough to show. Anything else passed (a float) is ignored. No host-device sync unless ``sync=True``.
         """
+        frame = sys._getframe(1)  # the training loop: where the search for a holder starts naming
+        try:
+            return self._record(loss, frame)
+        finally:
+            del frame
+
+    # -- step hook: Engine(hooks=[tracker]) calls step() after each optimizer step, with the window's last loss --
+    def before_backward(self, engine: Any, loss: Any) -> None:
+        """Keep the micro-batch's loss (the window's last one is marked at the step), as ``step(loss)`` would get it."""
+        self._loss = loss
+
+    def after_optimizer_step(self, engine: Any) -> None:
+        """Record the step, as a call of :meth:`step` in the loop after ``engine.step()`` would."""
+        loss, self._loss = self._loss, None
+        frame = _caller_outside_ampkit(sys._getframe(1))
+        try:
+            self._record(loss, frame)
+        finally:
+            del frame
+
+    def _record(self, loss: Any, frame: FrameType) -> MemorySample:
         if self.accounted and not self._active:
             raise RuntimeError(
                 "MemoryTracker.step() was called outside its `with` block: on the CPU, live tensor bytes are counted "
@@ -264,11 +290,7 @@ class MemoryTracker:
         self._boundaries.record(n)
         if n > self.warmup:
             self._detector.add(n, allocated, rss[1] if rss is not None else None, reserved, sample.rss, loss)
-        frame = sys._getframe(1)
-        try:
-            self._watchdog(n, frame)
-        finally:
-            del frame
+        self._watchdog(n, frame)
         return sample
 
     def _watchdog(self, n: int, frame: FrameType) -> None:
@@ -334,3 +356,11 @@ class MemoryTracker:
             warning=self.warning,
             note=self.note,
         )
+
+
+def _caller_outside_ampkit(frame: FrameType | None) -> FrameType:
+    """The first frame up the stack that is not ampkit's own: the user's loop, when the engine calls a hook."""
+    start = frame
+    while frame is not None and str(frame.f_globals.get("__name__", "")).startswith("ampkit."):
+        frame = frame.f_back
+    return frame if frame is not None else start  # type: ignore[return-value]
