@@ -24,55 +24,24 @@ import torch
 from torch import nn
 
 from ..distributed.agreement import world_size
-from ..distributed.strategy import SingleProcess, Strategy, choose_strategy, resolve_strategy, unwrap
+from ..distributed.strategy import SingleProcess, Strategy, resolve_strategy
 from ..policy import Policy, get_policy
-from ..scaling import DynamicLossScaler, LossScaler, ScalerConfig, StaticLossScaler
 from .collapse import CollapseWatch
+from .engine_args import adopt_schedulers, build_sampler, build_scaler, check_engine_args, check_setup_args
 from .engine_state import engine_state
 from .hooks import Hooks
 from .kernel_guards import guard_optimizer
 from .masters import MasterWeights
+from .model_setup import prepare_models
 from .optimizer_step import optimizer_step
 from .step_state import StepState
 
-if TYPE_CHECKING:  # at run time only when asked for: importing ampkit.numerics loads the whole doctor
+if TYPE_CHECKING:
     from ..numerics.sampler import NumericsSampler
 
 __all__ = ["Engine"]
 
 log = logging.getLogger("ampkit")
-
-ScalerSpec = "LossScaler | ScalerConfig | str | float | None"
-
-
-def _build_scaler(spec: Any, policy: Policy) -> LossScaler | None:
-    if spec is None:
-        spec = policy.loss_scaling
-    if isinstance(spec, LossScaler):
-        return spec
-    if isinstance(spec, ScalerConfig):
-        return DynamicLossScaler(spec)
-    if isinstance(spec, bool) or not isinstance(spec, (str, int, float)):
-        raise ValueError(f"scaler={spec!r} is not understood; pass 'dynamic', 'none', a float (static scale), a ScalerConfig or a LossScaler.")
-    if isinstance(spec, (int, float)):
-        return StaticLossScaler(float(spec))
-    if spec == "dynamic":
-        return DynamicLossScaler()
-    if spec == "none":
-        return None
-    raise ValueError(f"scaler={spec!r} is not understood; pass 'dynamic', 'none', a float (static scale), a ScalerConfig or a LossScaler.")
-
-
-def _build_sampler(spec: Any) -> NumericsSampler | None:
-    if spec is None:
-        return None
-    from ..numerics.sampler import NumericsSampler
-
-    if isinstance(spec, NumericsSampler):
-        return spec
-    if isinstance(spec, int) and not isinstance(spec, bool):
-        return NumericsSampler(every=spec)
-    raise TypeError(f"numerics={spec!r} is not understood; pass an int N (sample every N optimizer steps), a NumericsSampler or None.")
 
 
 class Engine:
@@ -130,27 +99,17 @@ class Engine:
     ) -> None:
         self.policy = get_policy(precision, keep_fp32=keep_fp32)
         self.strategy: Strategy | None = resolve_strategy(strategy)
-        if isinstance(accumulate, bool) or not isinstance(accumulate, int) or accumulate < 1:
-            raise ValueError(f"accumulate must be an int >= 1 (micro-batches per optimizer step), got {accumulate!r}.")
-        for arg, value in (("clip_grad_norm", clip_grad_norm), ("clip_grad_value", clip_grad_value)):
-            if value is not None and not (isinstance(value, (int, float)) and value > 0):
-                raise ValueError(f"{arg} must be a positive number or None, got {value!r}.")
-        if clip_grad_norm is not None and clip_grad_value is not None:
-            raise ValueError("Pass clip_grad_norm or clip_grad_value, not both.")
-        if micro_batch_rows is not None and (isinstance(micro_batch_rows, bool) or not isinstance(micro_batch_rows, int) or micro_batch_rows < 1):
-            raise ValueError(f"micro_batch_rows must be an int >= 1 or None (the whole batch), got {micro_batch_rows!r}.")
-        if on_oom not in ("split", "raise"):
-            raise ValueError(f"on_oom={on_oom!r}: pass 'split' (retry in smaller passes) or 'raise'.")
+        check_engine_args(accumulate, clip_grad_norm, clip_grad_value, micro_batch_rows, on_oom)
         self.micro_batch_rows = micro_batch_rows
         self.on_oom = on_oom
         self.accumulate = accumulate
         self.clip_grad_norm = clip_grad_norm
         self.clip_grad_value = clip_grad_value
-        self.scaler = _build_scaler(scaler, self.policy)
+        self.scaler = build_scaler(scaler, self.policy)
         if self.scaler is not None and skip_nonfinite is False:
             raise ValueError("A scaled loss must skip steps whose gradients overflowed; drop skip_nonfinite=False or pass scaler='none'.")
         self.skip_nonfinite = self.scaler is not None or bool(skip_nonfinite)
-        self.numerics = _build_sampler(numerics)
+        self.numerics = build_sampler(numerics)
         self.hooks = Hooks(([self.numerics] if self.numerics is not None else []) + list(hooks))
 
         self.device = torch.device("cpu")
@@ -176,66 +135,26 @@ class Engine:
         """
         if self.models:
             raise RuntimeError("Engine.setup() was already called; create one Engine per training run.")
-        model_list = [models] if isinstance(models, nn.Module) else list(models) if isinstance(models, (list, tuple)) else []
-        if not model_list or not all(isinstance(m, nn.Module) for m in model_list):
-            raise TypeError(f"setup() takes an nn.Module (or a list of them) first, got {type(models).__name__}.")
-        for opt in optimizers:
-            if not isinstance(opt, torch.optim.Optimizer):
-                raise TypeError(f"setup() takes torch.optim.Optimizer instances after the model, got {type(opt).__name__}.")
-        strategy = choose_strategy(model_list, self.strategy, self.policy)
-        self._parallel = strategy if strategy is not None else SingleProcess()
-        given, model_list = model_list, [unwrap(m) for m in model_list]
-        first = next((p for m in model_list for p in m.parameters()), None)
-        self.device = first.device if first is not None else torch.device("cpu")
-        self.policy.check_device(self.device)
-
-        def names() -> list[tuple[str, nn.Parameter]]:
-            return [
-                (f"{i}.{n}" if len(model_list) > 1 else n, p)
-                for i, m in enumerate(model_list)
-                for n, p in m.named_parameters(remove_duplicate=True)
-            ]
-
-        _check_optimizer_params(optimizers, {id(p) for _, p in names()})
-
-        def cast(models: list[nn.Module]) -> None:  # the policy, applied by the strategy at the right moment
-            if self.policy.master_weights:
-                converted = {id(p) for m in models for c in self.policy.converted_modules(m) for p in c.parameters(recurse=False)}
-                self.masters = MasterWeights.clone([(n, p) for n, p in names() if id(p) in converted], optimizers)
-            for m in models:
-                self.policy.convert_module(m, self.device.type)
-
-        self.wrappers = self._parallel.setup(given, model_list, self.policy, self.device, optimizers, cast, names)
-        self.strategy = strategy
+        prepared = prepare_models(check_setup_args(models, optimizers), optimizers, self.policy, self.strategy)
+        self.strategy, self._parallel, self.device = prepared.strategy, prepared.parallel, prepared.device
+        self.masters, self.wrappers, self._named = prepared.masters, prepared.wrappers, prepared.named
+        model_list = prepared.models
         # Each rank checks its own gradients for inf/NaN; the flags must be combined unless the gradients were
         # all-reduced already (DDP), or ranks would disagree on skipping and their weights drift apart.
         self.reduce_found_flags = world_size() > 1 and not self._parallel.grads_reduced
-        self._param_names = {id(p): n for n, p in names()}
-        self._named = names()
+        self._param_names = {id(p): n for n, p in self._named}
         if self.masters is not None:
             self._param_names.update({id(m): n for n, m in zip(self.masters.names, self.masters.masters)})
 
         for opt in optimizers:
             guard_optimizer(opt)  # known torch kernel defects, once the parameters' dtypes and devices are final
-        self.schedulers = self._adopt_schedulers(schedulers, optimizers)
+        self.schedulers = adopt_schedulers(schedulers, optimizers)
         if self.scaler is not None:
             self.scaler.to(self.device)
         self._state.skipped = torch.zeros((), dtype=torch.int64, device=self.device)
         self.models, self.optimizers = model_list, list(optimizers)
         out_model = self.wrappers[0] if isinstance(models, nn.Module) else list(self.wrappers)
         return (out_model, *optimizers) if optimizers else out_model
-
-    @staticmethod
-    def _adopt_schedulers(schedulers: Any, optimizers: Sequence[torch.optim.Optimizer]) -> list[Any]:
-        if schedulers is None:
-            return []
-        scheds = list(schedulers) if isinstance(schedulers, (list, tuple)) else [schedulers]
-        for s in scheds:
-            if isinstance(s, torch.optim.lr_scheduler.ReduceLROnPlateau):
-                raise TypeError("ReduceLROnPlateau needs a metric: step it yourself, guarded by `not engine.step_was_skipped`.")
-            if not hasattr(s, "step") or getattr(s, "optimizer", None) not in optimizers:
-                raise ValueError("Each scheduler must be an LR scheduler built on one of the optimizers passed to setup().")
-        return scheds
 
     # ------------------------------------------------------------------------------------------ loop
     def autocast(self) -> ContextManager[Any]:
@@ -266,12 +185,6 @@ class Engine:
         self._state.micro = 0
         self._state.epoch_len = num_micro_batches
 
-    def _window(self) -> tuple[int, bool]:
-        """(size of the current window, whether the current micro-batch ends it)."""
-        start = self._state.micro - self.micro_batches_pending
-        size = self.accumulate if self._state.epoch_len is None else min(self.accumulate, self._state.epoch_len - start)
-        return size, self._state.micro + 1 - start >= size
-
     @property
     def micro_batches_pending(self) -> int:
         """Micro-batches accumulated since the last optimizer step; 0 at a window boundary. No sync.
@@ -284,12 +197,12 @@ class Engine:
         >>> pending
         [1, 2, 0, 1]
         """
-        return self._state.micro % self.accumulate
+        return self._state.pending(self.accumulate)
 
     @property
     def is_boundary(self) -> bool:
         """True when the next ``step()`` ends an accumulation window and updates the weights."""
-        return self._window()[1]
+        return self._state.window(self.accumulate)[1]
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """Backward of ``loss`` divided by the window size and multiplied by the loss scale.
@@ -299,7 +212,7 @@ class Engine:
         self._require_setup("backward")
         if not isinstance(loss, torch.Tensor):
             raise TypeError(f"backward() takes the loss tensor, got {type(loss).__name__}.")
-        size, boundary = self._window()
+        size, boundary = self._state.window(self.accumulate)
         self.hooks.run("before_backward", self, loss)
         self._parallel.before_backward(self.models, boundary)
         if size > 1:
@@ -361,7 +274,7 @@ class Engine:
         unknown = [type(o).__name__ for o in opts if not any(o is s for s in self.optimizers)]
         if unknown:
             raise ValueError(f"Optimizer(s) {unknown} were not passed to engine.setup(); pass them there first.")
-        _, boundary = self._window()
+        _, boundary = self._state.window(self.accumulate)
         self._state.micro += 1
         if not boundary:
             return False
@@ -452,28 +365,3 @@ class Engine:
         from ..checkpoint import load_training_state
 
         return load_training_state(self, path)
-
-
-def _check_optimizer_params(optimizers: Sequence[torch.optim.Optimizer], ours: set[int]) -> None:
-    """Refuse an optimizer holding a parameter that is not the models': setup() would prepare (cast, unscale,
-    check) the models' parameters while that optimizer steps another one, so the model would not train as asked,
-    and engine.save() would not hold that parameter's value (the optimizer saves only its state), so a resumed
-    run would silently lose it. A model parameter in no optimizer is fine: a frozen layer."""
-    for i, opt in enumerate(optimizers):
-        where = [(g, j, p) for g, group in enumerate(opt.param_groups) for j, p in enumerate(group["params"]) if id(p) not in ours]
-        if not where:
-            continue
-        name = f"optimizer {i} ({type(opt).__name__})"
-        total = sum(len(group["params"]) for group in opt.param_groups)
-        if len(where) == total:
-            raise ValueError(
-                f"setup(): {name} holds none of the model's parameters, so it would train nothing here; build it on "
-                f"this model's parameters, e.g. {type(opt).__name__}(model.parameters(), ...)."
-            )
-        g, j, p = where[0]
-        raise ValueError(
-            f"setup(): {name} holds {len(where)} parameter(s) that are not in the model(s) given to setup(), the first "
-            f"param_groups[{g}]['params'][{j}] ({p.dtype} tensor of shape {tuple(p.shape)}), which neither the precision policy "
-            "nor engine.save() would cover; pass every module it trains "
-            "to setup(), e.g. setup([model, other], optimizer), or build it on the model's parameters only."
-        )

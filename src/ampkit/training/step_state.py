@@ -53,6 +53,25 @@ class StepState:
         """A state holding ``counters`` (as :meth:`to_dict` wrote them) and no step outcome, as a load leaves it."""
         return cls(micro=counters["micro"], epoch_len=counters["epoch_len"], steps=counters["steps"])
 
+    # ------------------------------------------------------------------------------------------ the window
+    def pending(self, accumulate: int) -> int:
+        """Micro-batches accumulated since the last optimizer step; 0 at a window boundary.
+
+        >>> StepState(micro=5).pending(accumulate=4)
+        1
+        """
+        return self.micro % accumulate
+
+    def window(self, accumulate: int) -> tuple[int, bool]:
+        """(size of the current window, whether the current micro-batch ends it); an epoch's last may be short.
+
+        >>> StepState(micro=8, epoch_len=10).window(accumulate=4)  # micro-batches 8 and 9 make the last window
+        (2, False)
+        """
+        start = self.micro - self.pending(accumulate)
+        size = accumulate if self.epoch_len is None else min(accumulate, self.epoch_len - start)
+        return size, self.micro + 1 - start >= size
+
     def load_counters(self, counters: dict[str, Any], skipped_steps: int) -> None:
         """Take ``counters`` (as :meth:`to_dict` wrote them) and the skipped count; forget the last step's outcome."""
         fresh = StepState.from_dict(counters)

@@ -135,5 +135,5 @@ def test_the_memory_tracker_as_a_hook_finds_a_kept_graph_like_the_manual_calls()
 
     manual, hooked = loop(False), loop(True)
     assert manual.warning is not None and hooked.warning is not None
-    assert "`kept`" in manual.warning and "`kept`" in hooked.warning  # named from the user's frame, not the engine's
+    assert "`kept`" in manual.warning and "`kept`" in hooked.warning  # named from the loop's variables
     assert len(hooked.samples) == len(manual.samples) == 12
