@@ -21,7 +21,7 @@ from torch import nn
 
 from ..training.masters import MasterWeights
 from ..scaling import DynamicLossScaler, LossScaler, ScalerConfig, StaticLossScaler
-from ..scaling.diagnosis import collapse_message, nonfinite_parameters
+from ..training.collapse import CollapseWatch
 from ..scaling.kernels import grads_of
 from ._properties import Properties
 
@@ -106,7 +106,7 @@ class OptimizerStash:
     views: list[LossScalerView] = field(default_factory=list)
     skip_run: int = 0
     skip_loss_id: int = 0
-    collapse_reported: bool = False
+    collapse: CollapseWatch = field(default_factory=CollapseWatch)
 
 
 def _params(optimizer: Any) -> list[torch.Tensor]:
@@ -285,17 +285,17 @@ class AmpSession:
         st.skip_loss_id = loss_id
         if st.skip_run == 1:
             self.say(f"Gradient overflow.  Skipping step, loss scaler {loss_id} reducing loss scale to {scaler.get_scale()}")
-        reason = scaler.collapse_reason()
-        if reason is not None and not st.collapse_reported:
+        if not st.collapse.reported:  # the engine's watch: once per run of skipped steps, reported not raised
             named = [(self.param_names.get(id(p), "?"), p) for p in _params(optimizer)]
-            self.say("amp: " + collapse_message(reason, nonfinite_parameters(named), f"apex {self.properties.opt_level}"))
-            st.collapse_reported = True
+            message = st.collapse.diagnose(scaler, named, f"apex {self.properties.opt_level}")
+            st.collapse.report(None if message is None else "amp: " + message, raise_error=False, say=self.say)
 
     def _report_clean(self, st: OptimizerStash) -> None:
         if st.skip_run > 1:
             scale = st.views[st.skip_loss_id].scaler.get_scale()
             self.say(f"Gradient overflow: {st.skip_run} steps skipped in a row; loss scaler {st.skip_loss_id} is now at {scale}")
-        st.skip_run, st.collapse_reported = 0, False
+        st.skip_run = 0
+        st.collapse.clean_step()
 
     # ------------------------------------------------------------------------------------------ state
     def masters_state(self) -> dict[str, torch.Tensor]:
