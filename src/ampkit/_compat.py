@@ -21,6 +21,7 @@ import importlib
 import inspect
 import logging
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -39,6 +40,9 @@ __all__ = [
     "FSDP2_PUBLIC",
     "DTENSOR_PUBLIC",
     "ADAM_DECOUPLED_WEIGHT_DECAY",
+    "MODULE_STATE_DICT_HOOKS_PUBLIC",
+    "register_state_dict_post_hook",
+    "register_load_state_dict_pre_hook",
     "FakeTensor",
     "FakeTensorMode",
     "TorchDispatchMode",
@@ -79,6 +83,8 @@ DTENSOR_PUBLIC = TORCH_VERSION >= "2.5"
 # torch 2.6 exports FSDP2 (fully_shard, FSDPModule, MixedPrecisionPolicy) from torch.distributed.fsdp; 2.4 and
 # 2.5 have it only under torch.distributed._composable.fsdp.
 FSDP2_PUBLIC = TORCH_VERSION >= "2.6"
+# torch 2.5 made nn.Module's state-dict post-hook and load pre-hook public; 2.4 has them only under private names.
+MODULE_STATE_DICT_HOOKS_PUBLIC = TORCH_VERSION >= "2.5"
 # torch 2.7 gave Adam a decoupled_weight_decay argument (AdamW's update); earlier, only AdamW computes it.
 ADAM_DECOUPLED_WEIGHT_DECAY = "decoupled_weight_decay" in inspect.signature(torch.optim.Adam.__init__).parameters
 
@@ -89,6 +95,26 @@ amp_non_finite_check_and_unscale_ = torch._amp_foreach_non_finite_check_and_unsc
 
 # A global that torch.save's pickles of sparse and quantized tensors name; safe loaders must allow it by this name.
 serialization_get_layout = torch.serialization._get_layout
+
+
+def register_state_dict_post_hook(module: torch.nn.Module, hook: Callable[..., Any]) -> Any:
+    """``module.register_state_dict_post_hook(hook)``: ``hook(module, state_dict, prefix, local_metadata)``.
+
+    >>> handle = register_state_dict_post_hook(torch.nn.Linear(1, 1), lambda *args: None); handle.remove()
+    """
+    if MODULE_STATE_DICT_HOOKS_PUBLIC:
+        return module.register_state_dict_post_hook(hook)
+    return module._register_state_dict_hook(hook)  # same call, same arguments
+
+
+def register_load_state_dict_pre_hook(module: torch.nn.Module, hook: Callable[..., Any]) -> Any:
+    """``module.register_load_state_dict_pre_hook(hook)``: ``hook(module, state_dict, prefix, ...)``.
+
+    >>> handle = register_load_state_dict_pre_hook(torch.nn.Linear(1, 1), lambda *args: None); handle.remove()
+    """
+    if MODULE_STATE_DICT_HOOKS_PUBLIC:
+        return module.register_load_state_dict_pre_hook(hook)
+    return module._register_load_state_dict_pre_hook(hook, with_module=True)  # the module first, as the public one
 
 
 def capturable_supported_devices() -> list[str]:

@@ -113,3 +113,23 @@ def test_clear_mesh_process_groups() -> None:
     mesh = Mesh()
     assert _compat.clear_mesh_process_groups(mesh) is True and mesh._pg_registry == {}
     assert _compat.clear_mesh_process_groups(mesh) is False
+
+
+@pytest.mark.parametrize("public", [True, False], ids=["public", "torch<2.5"])
+def test_state_dict_hooks_on_either_api(monkeypatch: pytest.MonkeyPatch, public: bool) -> None:
+    if public and not _compat.MODULE_STATE_DICT_HOOKS_PUBLIC:
+        pytest.skip("Requires: torch>=2.5 (the public state-dict hooks)")
+    monkeypatch.setattr(_compat, "MODULE_STATE_DICT_HOOKS_PUBLIC", public)
+    model, seen = torch.nn.Linear(2, 2), []
+
+    def double(module: torch.nn.Module, state_dict: dict[str, torch.Tensor], prefix: str, *rest: object) -> None:
+        state_dict[prefix + "bias"] = state_dict[prefix + "bias"] * 2
+
+    def record(module: torch.nn.Module, state_dict: dict[str, torch.Tensor], prefix: str, *rest: object) -> None:
+        seen.append((module, sorted(state_dict)))
+
+    _compat.register_state_dict_post_hook(model, double)
+    _compat.register_load_state_dict_pre_hook(model, record)
+    assert torch.equal(model.state_dict()["bias"], model.bias.detach() * 2)
+    model.load_state_dict(model.state_dict())
+    assert seen == [(model, ["bias", "weight"])]
