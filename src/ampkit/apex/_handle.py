@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.overrides import _get_current_function_mode_stack
 
+from .._compat import current_function_modes
 from ..scaling import DynamicLossScaler, LossScaler, ScalerConfig, StaticLossScaler
 from ..scaling.kernels import grads_of
 from ._casts import disable_casts
@@ -121,7 +121,7 @@ class AmpHandle(NoOpHandle):
     def _deactivate(self) -> None:
         """Undo :meth:`_activate` (if it ran) and stop the casts of models initialized with this handle."""
         if self._mode is not None:
-            stack = _get_current_function_mode_stack()
+            stack = current_function_modes()
             if not stack or stack[-1] is not self._mode:
                 raise RuntimeError(
                     "amp handle._deactivate(): a TorchFunctionMode entered after amp.init() is still active. "

@@ -10,7 +10,6 @@ math is worse than failing at construction. Apex's LAMB and NovoGrad have no tor
 
 from __future__ import annotations
 
-import inspect
 import logging
 import warnings
 from collections.abc import Iterable, Mapping
@@ -19,6 +18,7 @@ from typing import Any, ClassVar
 import torch
 from torch.optim.optimizer import required
 
+from .._compat import ADAM_DECOUPLED_WEIGHT_DECAY, capturable_supported_devices
 from ..training.kernel_guards import guard_optimizer
 
 __all__ = ["FusedAdam", "FusedSGD", "FusedAdagrad", "FusedLAMB", "FusedNovoGrad", "FusedMixedPrecisionLamb"]
@@ -26,7 +26,7 @@ __all__ = ["FusedAdam", "FusedSGD", "FusedAdagrad", "FusedLAMB", "FusedNovoGrad"
 log = logging.getLogger("ampkit")
 
 # torch's Adam learned decoupled (AdamW) weight decay as a keyword late; before that only AdamW had it.
-_ADAM_DECOUPLED = "decoupled_weight_decay" in inspect.signature(torch.optim.Adam.__init__).parameters
+_ADAM_DECOUPLED = ADAM_DECOUPLED_WEIGHT_DECAY  # a module attribute, so tests can pretend to run an older torch
 
 _REAL_APEX = "or keep a real NVIDIA Apex install for it (ampkit.apex.install() leaves a real apex's modules in place)"
 
@@ -165,9 +165,7 @@ class FusedAdam(_SetGradNone, torch.optim.Adam):
             )
         if capturable:
             # Only CUDA-graph capture needs it, and torch refuses it on devices without graph support (the CPU).
-            from torch.optim.optimizer import _get_capturable_supported_devices
-
-            if tensors and all(t.device.type in _get_capturable_supported_devices() for t in tensors):
+            if tensors and all(t.device.type in capturable_supported_devices() for t in tensors):
                 kwargs["capturable"] = True
             else:
                 log.debug("ampkit.apex FusedAdam: capturable=True only matters for CUDA graphs; ignored on %s.", sorted({t.device.type for t in tensors}))

@@ -33,10 +33,10 @@ import torch
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint import filesystem as _dcp_filesystem
 from torch.distributed.checkpoint import metadata as _dcp_metadata
-from torch.distributed.checkpoint._traverse import set_element  # what DefaultLoadPlanner itself uses
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
+from .._compat import serialization_get_layout, set_element
 from ..errors import CheckpointError
 
 __all__ = ["SafeFileSystemReader", "SafeLoadPlanner", "storage_files"]
@@ -59,7 +59,7 @@ def _allowed_globals() -> dict[tuple[str, str], Any]:
     allowed[("torch", "Size")] = torch.Size
     allowed.update({("torch", name): value for name, value in vars(torch).items() if isinstance(value, torch.dtype)})
     # torch pickles a layout (torch.strided) as a call of this lookup by name; it only reads a table.
-    allowed[("torch.serialization", "_get_layout")] = torch.serialization._get_layout
+    allowed[("torch.serialization", "_get_layout")] = serialization_get_layout
     allowed[("collections", "OrderedDict")] = collections.OrderedDict
     # StorageMeta.checkpoint_id may be a path. Python 3.13 moved the classes to pathlib._local; a path of the
     # other operating system cannot be instantiated here, so it becomes its pure (inert) twin.

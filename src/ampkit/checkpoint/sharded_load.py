@@ -21,11 +21,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, TensorStorageMetadata
-from torch.utils._pytree import tree_map_only
 
+from .._compat import flatten_state_dict, tree_map_only
 from ..errors import CheckpointError, one_line
 from ..training.kernel_guards import guard_optimizer
 from .dcp_state import grouped, optimizer_owner, sharded_state, single_process_intended

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from .._compat import clear_dtensor_caches, clear_mesh_process_groups
 from .rank_logging import log_on_rank_zero
 
 __all__ = ["DistributedEnv", "init_distributed", "current_env", "launched_by_torchrun", "shutdown", "TORCHRUN_VARIABLES"]
@@ -194,32 +195,6 @@ def shutdown() -> None:
     _release_destroyed_groups()
 
 
-# DTensor's caches whose keys or values hold a DeviceMesh (and through it the process group), as
-# (module, attribute path, clearing method); torch >= 2.13 names. Ones a torch version lacks are skipped.
-_DTENSOR_CACHES = (
-    ("torch.distributed.tensor.debug", "_clear_sharding_prop_cache", None),
-    ("torch.distributed.tensor._redistribute", "clear_redistribute_planner_cache", None),
-    ("torch.distributed.tensor._redistribute", "_gen_transform_infos", "cache_clear"),
-    ("torch.distributed.tensor._collective_utils", "MeshTopoInfo.build_from_mesh", "cache_clear"),
-    ("torch.distributed.tensor", "DTensor._op_dispatcher.sharding_propagator._propagate_tensor_meta_cached", "cache_clear"),
-)
-
-
-def _clear_dtensor_caches() -> None:
-    if "torch.distributed.tensor" not in sys.modules:
-        return  # DTensor never ran (DDP): nothing cached, and no import cost
-    import importlib
-
-    for module, path, method in _DTENSOR_CACHES:
-        try:
-            target: object = importlib.import_module(module)
-            for name in path.split("."):
-                target = getattr(target, name)
-            (getattr(target, method) if method else target)()  # type: ignore[operator]
-        except (ImportError, AttributeError):
-            log.debug("no DTensor cache %s.%s in this torch", module, path)
-
-
 def _unlink_surviving_meshes() -> None:
     # torch 2.11's C++ DTensor fast path keeps references to the specs it cached that clearing its cache does not
     # drop, so there a DeviceMesh outlives the caches, holding its (destroyed) groups in _pg_registry. The registry
@@ -229,16 +204,14 @@ def _unlink_surviving_meshes() -> None:
     from torch.distributed.device_mesh import DeviceMesh
 
     # type(), not isinstance(): an isinstance check on every live object reaches objects whose __class__ warns.
-    meshes = [o for o in gc.get_objects() if issubclass(type(o), DeviceMesh) and getattr(o, "_pg_registry", None)]
-    for mesh in meshes:
-        mesh._pg_registry.clear()
+    meshes = [o for o in gc.get_objects() if issubclass(type(o), DeviceMesh) and clear_mesh_process_groups(o)]
     if meshes:
         log.debug("dropped the process groups of %d DeviceMesh(es) that outlived shutdown", len(meshes))
         gc.collect()
 
 
 def _release_destroyed_groups() -> None:
-    _clear_dtensor_caches()
+    clear_dtensor_caches()
     gc.collect()  # FSDP modules are reference cycles: a group they hold goes only when a collection runs
     _unlink_surviving_meshes()
 

@@ -34,14 +34,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._compat import FSDPModule, MixedPrecisionPolicy, fully_shard
 from .._util.blocks import repeated_blocks
 from ..policy import Policy
 from ..policy.islands import make_fp32_island, match_modules
-
-try:  # torch >= 2.6 exports FSDP2 publicly; 2.4 and 2.5 have it under _composable
-    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
-except ImportError:  # pragma: no cover - older torch
-    from torch.distributed._composable.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard  # type: ignore[no-redef]
 
 __all__ = ["mixed_precision_policy", "shard_model", "fsdp_models", "set_gradient_sync", "FSDPModule"]
 

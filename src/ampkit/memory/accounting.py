@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
+
+from .._compat import TorchDispatchMode, tree_leaves
 
 __all__ = ["storage_key", "tensor_bytes", "SavedActivations", "training_state_bytes", "LiveBytes"]
 

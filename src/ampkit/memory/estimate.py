@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_leaves, tree_map
 
+from .._compat import tree_leaves, tree_map
 from .._util.model_io import batch_loss, batch_parts, default_loss
 from ..training.engine import Engine
 from ..policy import get_policy

@@ -21,9 +21,8 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
-from torch.utils._pytree import tree_leaves, tree_map
+
+from .._compat import FakeTensor, FakeTensorMode, TorchDispatchMode, disable_current_modes, tree_leaves, tree_map
 
 from .accounting import storage_key
 
@@ -95,7 +94,7 @@ class RealOutputDtypes(TorchDispatchMode):
             return torch.zeros(shape, dtype=x.dtype, device="cpu")
 
         try:
-            with _disable_current_modes():
+            with disable_current_modes():
                 out = func(*tree_map(real, args), **tree_map(real, kwargs))
         except (RuntimeError, NotImplementedError):  # no CPU kernel for this dtype: trust the meta kernel
             return None
@@ -139,7 +138,7 @@ class FakeCopies:
 
     def tensor(self, t: torch.Tensor, device: torch.device) -> torch.Tensor:
         """A fake tensor with ``t``'s shape, dtype and strides on ``device`` (``t`` may be real, meta or fake)."""
-        fake = t if isinstance(t, torch._subclasses.FakeTensor) else self.mode.from_tensor(t)
+        fake = t if isinstance(t, FakeTensor) else self.mode.from_tensor(t)
         with self.mode:  # detach() and to() of a fake tensor are fake ops, whether or not the caller entered
             fake = fake.detach()
             return fake.to(device) if fake.device != device else fake

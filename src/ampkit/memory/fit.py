@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_map
 
+from .._compat import tree_map
 from .._util.units import parse_bytes  # re-exported: its home was here
 from .estimate import MemoryEstimate, estimate
 

@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from .._compat import autograd_sequence_nr, node_sequence_nr
+
 __all__ = ["StepBoundaries"]
 
 _GRAPH_NODES_CAP = 20_000
@@ -25,14 +27,10 @@ _NO_SEQUENCE = 2**63
 """Sequence numbers at or above this mean none (AccumulateGrad nodes carry UINT64_MAX)."""
 
 
-_get_sequence_nr = getattr(torch.autograd, "_get_sequence_nr", None)
-
-
-def _sequence_nr() -> int | None:
-    # Autograd numbers the nodes it creates, per thread, in creation order. The number at each step boundary
-    # dates any node found alive later: a graph reaching back past the previous step was kept across steps,
-    # whereas the current loss's graph (still referenced by the loop's `loss` variable) is this step's own.
-    return int(_get_sequence_nr()) if _get_sequence_nr is not None else None
+# Autograd numbers the nodes it creates, per thread, in creation order. The number at each step boundary
+# dates any node found alive later: a graph reaching back past the previous step was kept across steps,
+# whereas the current loss's graph (still referenced by the loop's `loss` variable) is this step's own.
+_sequence_nr = autograd_sequence_nr
 
 
 class StepBoundaries:
@@ -83,10 +81,7 @@ def _walk(fn: Any, cap: int) -> _Graph:
     stack, oldest, newest = [fn], None, None
     while stack and len(seen) < cap:
         node = stack.pop()
-        try:
-            seq = node._sequence_nr()
-        except (AttributeError, RuntimeError):
-            seq = None
+        seq = node_sequence_nr(node)
         if seq is not None and seq < _NO_SEQUENCE:
             oldest = seq if oldest is None else min(oldest, seq)
             newest = seq if newest is None else max(newest, seq)
@@ -104,7 +99,5 @@ def _describe(t: torch.Tensor) -> str:
 
 
 def _top_sequence(t: torch.Tensor) -> int:
-    try:
-        return int(t.grad_fn._sequence_nr())
-    except (AttributeError, RuntimeError):
-        return _NO_SEQUENCE
+    seq = node_sequence_nr(t.grad_fn)
+    return _NO_SEQUENCE if seq is None else seq

@@ -14,9 +14,8 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves, tree_map
 
+from .._compat import TorchDispatchMode, tree_leaves, tree_map
 from .._util.model_io import batch_loss
 from ..training.engine import Engine
 from ..policy import Policy

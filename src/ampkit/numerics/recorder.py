@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_leaves
 from torch.utils.hooks import RemovableHandle
 
+from .._compat import tree_leaves
 from .stats import StatsAccumulator, TensorStats, read_summaries
 
 __all__ = ["ModuleRecorder", "floating_tensors"]

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .._compat import cpu_isa_probe
+
 __all__ = [
     "Support",
     "as_device",
@@ -64,13 +66,7 @@ def _cpu_flags() -> frozenset[str]:
                     return frozenset(line.split(":", 1)[1].split())
     except OSError:
         pass
-    flags = set()
-    probes = {"amx_bf16": "_is_amx_tile_supported", "avx512_bf16": "_is_avx512_bf16_supported"}
-    for flag, probe in probes.items():
-        fn = getattr(torch.cpu, probe, None)
-        if fn is not None and fn():
-            flags.add(flag)
-    return frozenset(flags)
+    return frozenset(flag for flag in ("amx_bf16", "avx512_bf16") if cpu_isa_probe(flag))
 
 
 def cpu_name() -> str:

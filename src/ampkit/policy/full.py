@@ -9,6 +9,7 @@ from typing import ClassVar, ContextManager
 
 import torch
 
+from .._compat import per_backend_fp32_precision
 from .base import Policy
 from .device import Support, cuda_tf32_supported
 
@@ -23,9 +24,7 @@ class FullPrecision(Policy):
     description: ClassVar[str] = "fp32 weights and compute (the reference)"
 
 
-def _per_backend_api() -> bool:
-    # torch >= 2.9 keeps one fp32 precision per backend (torch.backends.cuda.matmul.fp32_precision, ...).
-    return hasattr(torch.backends.cuda.matmul, "fp32_precision") and hasattr(getattr(torch.backends.cudnn, "conv", None), "fp32_precision")
+_per_backend_api = per_backend_fp32_precision  # a module attribute, so tests can pretend to run an older torch
 
 
 @contextlib.contextmanager

@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from .._compat import amp_update_scale_
 from .base import LossScaler
 from .config import ScalerConfig
 
@@ -46,7 +47,7 @@ class DynamicLossScaler(LossScaler):
             # Without hysteresis the rules are GradScaler's plus a clamp, so torch's own fused update kernel
             # does the work: 5 small ops instead of 20, which shows on steps of a millisecond or two.
             self._blocked_at_floor.copy_(found & (self._scale <= c.min_scale))
-            torch._amp_update_scale_(self._scale, self._growth_tracker, found_f, c.growth_factor, c.backoff_factor, c.growth_interval)
+            amp_update_scale_(self._scale, self._growth_tracker, found_f, c.growth_factor, c.backoff_factor, c.growth_interval)
             self._scale.clamp_(c.min_scale, c.max_scale)
             return
         budget = torch.where(found, self._hysteresis_left - 1, self._hysteresis_left)

@@ -17,10 +17,7 @@ from collections.abc import Iterable
 
 import torch
 
-try:
-    from torch.distributed.tensor import DTensor
-except ImportError:  # pragma: no cover - torch < 2.5, or a build without distributed
-    from torch.distributed._tensor import DTensor  # type: ignore[no-redef]
+from .._compat import DTensor, amp_non_finite_check_and_unscale_
 
 __all__ = ["unscale_grads_", "grads_of"]
 
@@ -65,7 +62,7 @@ def unscale_grads_(grads: list[torch.Tensor], inv_scale: torch.Tensor, found_inf
             _check_and_unscale_foreach_(group, local_found, local_inv)
         else:
             try:
-                torch._amp_foreach_non_finite_check_and_unscale_(group, local_found, local_inv)
+                amp_non_finite_check_and_unscale_(group, local_found, local_inv)
             except NotImplementedError:
                 # Raised by the dtype dispatch before any tensor is touched; remembered, so it is paid once.
                 _KERNEL_LACKS.add((device.type, dtype))

@@ -28,6 +28,8 @@ from typing import Any, Literal
 import torch
 from torch.torch_version import TorchVersion
 
+from .._compat import set_step_supports_amp_scaling
+
 __all__ = ["KernelDefect", "KNOWN_DEFECTS", "torch_affected", "defects_for", "guard_optimizer", "first_step_pending"]
 
 log = logging.getLogger("ampkit")
@@ -212,7 +214,7 @@ def guard_optimizer(optimizer: torch.optim.Optimizer) -> list[KernelDefect]:
             if switched and optimizer.defaults.get("fused"):
                 optimizer.defaults["fused"], optimizer.defaults["foreach"] = False, True
             # Callers that unscale inside the optimizer (the engine, GradScaler) may do so only if every group is fused.
-            optimizer._step_supports_amp_scaling = all(g.get("fused") for g in optimizer.param_groups)  # type: ignore[attr-defined]
+            set_step_supports_amp_scaling(optimizer, all(g.get("fused") for g in optimizer.param_groups))
         if d.name not in _logged:
             _logged.add(d.name)
             level, what = _REMEDIES[d.remedy]

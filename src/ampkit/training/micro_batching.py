@@ -44,8 +44,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from .._compat import tree_flatten, tree_unflatten
 from ..distributed.agreement import agree_min, world_size
 from ..distributed.ddp import no_sync
 from .oom import OutOfMemoryError, is_out_of_memory, release_memory

@@ -15,8 +15,8 @@ import torch
 
 __all__ = ["OutOfMemoryError", "is_out_of_memory", "release_memory"]
 
-# torch.OutOfMemoryError appeared in torch 2.5; torch.cuda.OutOfMemoryError is the same class there.
-OutOfMemoryError: type[RuntimeError] = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
+# torch.OutOfMemoryError (torch 2.4+, the oldest torch ampkit supports) is torch.cuda.OutOfMemoryError.
+OutOfMemoryError: type[RuntimeError] = torch.OutOfMemoryError
 
 # Allocators that do not raise OutOfMemoryError still say so in the message (CPU, MPS, XPU, older CUDA paths).
 # cuBLAS and cuDNN report a failed allocation of their own (a handle, a workspace taken from a full device) as

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .._compat import step_supports_amp_scaling
+
 from ..distributed.agreement import any_rank
 from ..scaling.kernels import grads_of, unscale_grads_
 from .clipping import clip_grad_norm, clip_grad_value
@@ -41,7 +43,7 @@ def optimizer_step(engine: Engine, opts: list[torch.optim.Optimizer]) -> None:
     params = [[p for g in o.param_groups for p in g["params"]] for o in opts]
     found = [torch.zeros((), dtype=torch.float32, device=dev) for _ in opts] if engine.skip_nonfinite else []
     # A fused SGD with momentum must not see found_inf before its first real step (see kernel_guards).
-    fused = [scaler is not None and bool(getattr(o, "_step_supports_amp_scaling", False)) and not first_step_pending(o) for o in opts]
+    fused = [scaler is not None and step_supports_amp_scaling(o) and not first_step_pending(o) for o in opts]
     clipping = engine.clip_grad_norm is not None or engine.clip_grad_value is not None
     unscaled = scaler is not None and (clipping or not all(fused))
     if engine.skip_nonfinite:

@@ -129,7 +129,7 @@ def test_the_kernel_is_handed_one_dtype_at_a_time(device, half_dtype, monkeypatc
         calls.append({g.dtype for g in group})
         return real(group, found, inv)
 
-    monkeypatch.setattr(torch, "_amp_foreach_non_finite_check_and_unscale_", spy)
+    monkeypatch.setattr(kernels, "amp_non_finite_check_and_unscale_", spy)
     monkeypatch.setattr(kernels, "_KERNEL_LACKS", set())
     grads = [_randn(4, device=device), _randn(3, dtype=half_dtype, device=device), _randn(5, seed=2, device=device)]
     unscale_grads_(grads, _t(0.5, device), _zero(device))
@@ -168,7 +168,7 @@ def test_a_dtype_the_kernel_refuses_falls_back_once(device, monkeypatch):
             raise NotImplementedError('"_amp_foreach_non_finite_check_and_unscale_cuda" not implemented for \'Half\'')
         return real(group, found, inv)
 
-    monkeypatch.setattr(torch, "_amp_foreach_non_finite_check_and_unscale_", no_fp16)
+    monkeypatch.setattr(kernels, "amp_non_finite_check_and_unscale_", no_fp16)
     monkeypatch.setattr(kernels, "_KERNEL_LACKS", set())
     for step in range(2):
         g16 = _t([2.0, 6.0, INF if step else 4.0], device, torch.float16)

@@ -1,0 +1,135 @@
+"""ampkit._compat: each shim on the running torch, and each fallback branch taken by pretending to be an older one."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import pytest
+import torch
+
+from ampkit import _compat
+
+
+def test_version_flags_follow_the_running_torch() -> None:
+    assert _compat.TORCH_VERSION == torch.__version__
+    assert _compat.DTENSOR_PUBLIC is (_compat.TORCH_VERSION >= (2, 5))
+    assert _compat.FSDP2_PUBLIC is (_compat.TORCH_VERSION >= (2, 6))
+
+
+@pytest.mark.parametrize(
+    "name, public, private",
+    [
+        ("DTensor", "torch.distributed.tensor", "torch.distributed._tensor"),
+        ("fully_shard", "torch.distributed.fsdp", "torch.distributed._composable.fsdp"),
+        ("FSDPModule", "torch.distributed.fsdp", "torch.distributed._composable.fsdp"),
+        ("MixedPrecisionPolicy", "torch.distributed.fsdp", "torch.distributed._composable.fsdp"),
+    ],
+)
+def test_lazy_distributed_names_come_from_the_module_this_torch_has(name: str, public: str, private: str) -> None:
+    flag = _compat.DTENSOR_PUBLIC if name == "DTensor" else _compat.FSDP2_PUBLIC
+    expected = public if flag else private
+    assert _compat._LAZY[name] == expected
+    assert getattr(_compat, name) is getattr(importlib.import_module(expected), name)
+
+
+def test_lazy_names_fail_like_attributes() -> None:
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
+        _compat.no_such_name  # noqa: B018
+
+
+def test_dcp_helpers_rebuild_a_nested_state_dict() -> None:
+    flat, mapping = _compat.flatten_state_dict({"a": {"b": torch.ones(1)}})
+    rebuilt: dict[str, object] = {}
+    for key, value in flat.items():
+        _compat.set_element(rebuilt, mapping[key], value)
+    assert torch.equal(rebuilt["a"]["b"], torch.ones(1))  # type: ignore[index]
+
+
+def test_pytree_and_dispatch_are_torch_own() -> None:
+    from torch.utils import _pytree
+
+    assert _compat.tree_map is _pytree.tree_map and _compat.tree_flatten is _pytree.tree_flatten
+    with _compat.FakeTensorMode() as mode:
+        fake = torch.empty(3)
+    assert isinstance(fake, _compat.FakeTensor) and fake.fake_mode is mode
+    assert issubclass(type(mode), _compat.TorchDispatchMode)
+    assert _compat.current_function_modes() == []
+
+
+def test_amp_kernels_match_torch_gradscaler_ops() -> None:
+    grads, found, inv = [torch.tensor([2.0, float("inf")])], torch.zeros(1), torch.full((1,), 0.5)
+    _compat.amp_non_finite_check_and_unscale_(grads, found, inv)
+    assert found.item() == 1.0 and grads[0][0].item() == 1.0
+    scale, tracker = torch.full((1,), 8.0), torch.zeros(1, dtype=torch.int32)
+    _compat.amp_update_scale_(scale, tracker, found, 2.0, 0.5, 100)
+    assert scale.item() == 4.0
+
+
+def test_autograd_sequence_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
+    x = torch.ones(1, requires_grad=True)
+    before = _compat.autograd_sequence_nr()
+    y = x * 2
+    assert before is not None and _compat.node_sequence_nr(y.grad_fn) is not None
+    assert _compat.node_sequence_nr(y.grad_fn) >= before  # type: ignore[operator]
+    assert _compat.node_sequence_nr(x.grad_fn) is None  # a leaf has no node
+    monkeypatch.delattr(torch.autograd, "_get_sequence_nr")
+    assert _compat.autograd_sequence_nr() is None
+
+
+def test_cpu_isa_probe_says_none_where_torch_cannot_tell(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True, raising=False)
+    assert _compat.cpu_isa_probe("amx_bf16") is True
+    monkeypatch.delattr(torch.cpu, "_is_amx_tile_supported")
+    assert _compat.cpu_isa_probe("amx_bf16") is None  # torch 2.4 has no such probe
+
+
+def test_per_backend_fp32_precision_needs_both_backends(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.backends.cudnn, "conv", None, raising=False)
+    assert _compat.per_backend_fp32_precision() is False  # torch < 2.9
+
+
+def test_step_supports_amp_scaling_round_trip() -> None:
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1, fused=True)
+    assert _compat.step_supports_amp_scaling(opt) is True
+    _compat.set_step_supports_amp_scaling(opt, False)
+    assert _compat.step_supports_amp_scaling(opt) is False
+    assert "cuda" in _compat.capturable_supported_devices()
+
+
+def test_dtensor_caches_clear_without_dtensor_and_skip_missing_ones(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    _compat.DTensor  # noqa: B018  # load DTensor, as a sharded run does
+    assert "torch.distributed.tensor" in sys.modules
+    monkeypatch.setattr(_compat, "_DTENSOR_CACHES", (*_compat._DTENSOR_CACHES, ("torch.distributed.tensor", "no_such_cache", None)))
+    with caplog.at_level("DEBUG", logger="ampkit"):
+        _compat.clear_dtensor_caches()
+    assert "no DTensor cache torch.distributed.tensor.no_such_cache" in caplog.text
+
+
+def test_clear_mesh_process_groups() -> None:
+    class Mesh:
+        _pg_registry = {"g": object()}
+
+    mesh = Mesh()
+    assert _compat.clear_mesh_process_groups(mesh) is True and mesh._pg_registry == {}
+    assert _compat.clear_mesh_process_groups(mesh) is False
+
+
+@pytest.mark.parametrize("public", [True, False], ids=["public", "torch<2.5"])
+def test_state_dict_hooks_on_either_api(monkeypatch: pytest.MonkeyPatch, public: bool) -> None:
+    if public and not _compat.MODULE_STATE_DICT_HOOKS_PUBLIC:
+        pytest.skip("Requires: torch>=2.5 (the public state-dict hooks)")
+    monkeypatch.setattr(_compat, "MODULE_STATE_DICT_HOOKS_PUBLIC", public)
+    model, seen = torch.nn.Linear(2, 2), []
+
+    def double(module: torch.nn.Module, state_dict: dict[str, torch.Tensor], prefix: str, *rest: object) -> None:
+        state_dict[prefix + "bias"] = state_dict[prefix + "bias"] * 2
+
+    def record(module: torch.nn.Module, state_dict: dict[str, torch.Tensor], prefix: str, *rest: object) -> None:
+        seen.append((module, sorted(state_dict)))
+
+    _compat.register_state_dict_post_hook(model, double)
+    _compat.register_load_state_dict_pre_hook(model, record)
+    assert torch.equal(model.state_dict()["bias"], model.bias.detach() * 2)
+    model.load_state_dict(model.state_dict())
+    assert seen == [(model, ["bias", "weight"])]
