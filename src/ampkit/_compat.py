@@ -65,12 +65,12 @@ __all__ = [
     "set_step_supports_amp_scaling",
     "clear_dtensor_caches",
     "clear_mesh_process_groups",
-    "DTensor",
-    "FSDPModule",
-    "MixedPrecisionPolicy",
-    "fully_shard",
-    "set_element",
-    "flatten_state_dict",
+    "DTensor",  # noqa: F822 - resolved by __getattr__ on first use
+    "FSDPModule",  # noqa: F822 - resolved by __getattr__ on first use
+    "MixedPrecisionPolicy",  # noqa: F822 - resolved by __getattr__ on first use
+    "fully_shard",  # noqa: F822 - resolved by __getattr__ on first use
+    "set_element",  # noqa: F822 - resolved by __getattr__ on first use
+    "flatten_state_dict",  # noqa: F822 - resolved by __getattr__ on first use
 ]
 
 log = logging.getLogger("ampkit")

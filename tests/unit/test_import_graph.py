@@ -41,8 +41,8 @@ ALLOWED_WRONG_WAY: set[tuple[str, str]] = set()
 # needs the higher one only when called. The list may only shrink.
 ALLOWED_DEFERRED_UPWARD: dict[tuple[str, str], str] = {
     ("ampkit.training.engine", "ampkit.checkpoint"): "Engine.save/load/load_state_dict: the public shortcut to the checkpoint layer",
-    ("ampkit.training.engine", "ampkit.numerics"): "Engine(numerics=N) builds the sampler, a step hook: the shortcut the API keeps",
-    ("ampkit.training.engine", "ampkit.numerics.sampler"): "the same",
+    ("ampkit.training.engine_args", "ampkit.numerics"): "Engine(numerics=N) builds the sampler, a step hook: the shortcut the API keeps",
+    ("ampkit.training.engine_args", "ampkit.numerics.sampler"): "the same",
 }
 
 
