@@ -33,7 +33,7 @@ from .hooks import Hooks
 from .kernel_guards import guard_optimizer
 from .masters import MasterWeights
 from .model_setup import prepare_models
-from .optimizer_step import optimizer_step
+from .optimizer_step import optimizer_step, resolve_outcome
 from .step_state import StepState
 
 if TYPE_CHECKING:
@@ -323,10 +323,8 @@ class Engine:
     @property
     def step_was_skipped(self) -> bool:
         """Whether the last optimizer step was skipped for non-finite gradients. May sync once."""
-        state = self._state
-        if state.deferred is not None and not state.resolve_deferred():
-            self.collapse.clean_step()
-        return bool(state.found_host)  # None only before the first step, or right after a load
+        resolve_outcome(self)
+        return bool(self._state.found_host)  # None only before the first step, or right after a load
 
     @property
     def skipped_steps(self) -> int:

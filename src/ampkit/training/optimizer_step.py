@@ -23,7 +23,7 @@ from .kernel_guards import first_step_pending
 if TYPE_CHECKING:
     from .engine import Engine
 
-__all__ = ["optimizer_step"]
+__all__ = ["optimizer_step", "resolve_outcome"]
 
 log = logging.getLogger("ampkit")
 
@@ -31,8 +31,7 @@ log = logging.getLogger("ampkit")
 def optimizer_step(engine: Engine, opts: list[torch.optim.Optimizer]) -> None:
     """Step (or skip) ``opts`` with the gradients of the window that has just ended, and zero those gradients."""
     state, scaler, dev = engine.step_state, engine.scaler, engine.device
-    if state.deferred is not None and not state.resolve_deferred():
-        engine.collapse.clean_step()  # the previous (unsynced) step was clean: a collapse episode is over
+    resolve_outcome(engine)
     # A collapse learnt late is diagnosed on the gradients at hand, before they are unscaled or zeroed, and
     # reported once this step is complete.
     late_collapse = engine.diagnose_collapse() if state.diagnose_late else None
@@ -105,6 +104,13 @@ def optimizer_step(engine: Engine, opts: list[torch.optim.Optimizer]) -> None:
         engine.collapse.clean_step()  # a clean step ends the episode; warn again on the next one
     engine.hooks.run("after_optimizer_step", engine)
     engine.collapse.report(message, raise_error=getattr(getattr(scaler, "config", None), "on_collapse", "raise") == "raise")
+
+
+def resolve_outcome(engine: Engine) -> None:
+    """Learn the previous (fused, unsynced) step's outcome if it is still on its way; a clean one ends a collapse episode."""
+    state = engine.step_state
+    if state.deferred is not None and not state.resolve_deferred():
+        engine.collapse.clean_step()
 
 
 def reads_are_free(device: torch.device) -> bool:
