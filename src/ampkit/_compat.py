@@ -9,7 +9,7 @@ The distributed names (DTensor, FSDP2, DCP helpers) load on first access, as the
 single-process run never needs.
 
     >>> from ampkit._compat import TORCH_VERSION, tree_leaves
-    >>> TORCH_VERSION >= "2.4"
+    >>> TORCH_VERSION >= "2.7"
     True
     >>> tree_leaves({"a": 1, "b": (2, 3)})
     [1, 2, 3]
@@ -18,10 +18,8 @@ single-process run never needs.
 from __future__ import annotations
 
 import importlib
-import inspect
 import logging
 import sys
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -37,12 +35,7 @@ from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_map_on
 
 __all__ = [
     "TORCH_VERSION",
-    "FSDP2_PUBLIC",
-    "DTENSOR_PUBLIC",
-    "ADAM_DECOUPLED_WEIGHT_DECAY",
-    "MODULE_STATE_DICT_HOOKS_PUBLIC",
-    "register_state_dict_post_hook",
-    "register_load_state_dict_pre_hook",
+    "OLDEST_TORCH",
     "FakeTensor",
     "FakeTensorMode",
     "TorchDispatchMode",
@@ -57,6 +50,9 @@ __all__ = [
     "amp_non_finite_check_and_unscale_",
     "serialization_get_layout",
     "capturable_supported_devices",
+    "dcp_metadata_path",
+    "GLOO_REDUCE_SCATTER_AVERAGES",
+    "fsdp_problem",
     "autograd_sequence_nr",
     "node_sequence_nr",
     "cpu_isa_probe",
@@ -76,17 +72,19 @@ __all__ = [
 log = logging.getLogger("ampkit")
 
 TORCH_VERSION = TorchVersion(torch.__version__)
-"""The running torch's version; compares with strings and tuples (``TORCH_VERSION >= "2.6"``)."""
+"""The running torch's version; compares with strings and tuples (``TORCH_VERSION >= "2.8"``)."""
 
-# torch 2.5 made DTensor public as torch.distributed.tensor; 2.4 has it only as torch.distributed._tensor.
-DTENSOR_PUBLIC = TORCH_VERSION >= "2.5"
-# torch 2.6 exports FSDP2 (fully_shard, FSDPModule, MixedPrecisionPolicy) from torch.distributed.fsdp; 2.4 and
-# 2.5 have it only under torch.distributed._composable.fsdp.
-FSDP2_PUBLIC = TORCH_VERSION >= "2.6"
-# torch 2.5 made nn.Module's state-dict post-hook and load pre-hook public; 2.4 has them only under private names.
-MODULE_STATE_DICT_HOOKS_PUBLIC = TORCH_VERSION >= "2.5"
-# torch 2.7 gave Adam a decoupled_weight_decay argument (AdamW's update); earlier, only AdamW computes it.
-ADAM_DECOUPLED_WEIGHT_DECAY = "decoupled_weight_decay" in inspect.signature(torch.optim.Adam.__init__).parameters
+OLDEST_TORCH = "2.7"
+"""The oldest torch ampkit supports (pyproject.toml's floor; CI runs the library's unit tests on it).
+
+What 2.7 gives that older releases lack, each found by running the unit tests on them:
+- FSDP2 (``fully_shard``), DTensor and nn.Module's state-dict hooks under public names (2.4 and 2.5 have them
+  only under private ones);
+- FSDP2 on the CPU at all: torch 2.6's ``fully_shard`` calls ``Stream.record_event``, which CPU streams lack;
+- ``Adam(decoupled_weight_decay=True)``, the AdamW update that ``ampkit.apex.FusedAdam`` runs by default;
+- ``torch.load(weights_only=True, map_location="cpu")`` of a checkpoint saved on a GPU (2.4 refuses CUDA
+  storages before applying ``map_location``).
+"""
 
 # The fused AMP kernels torch.amp.GradScaler itself launches (private ops, present since torch 1.x): aliases, not
 # wrappers, so the per-step path pays no extra call.
@@ -95,26 +93,6 @@ amp_non_finite_check_and_unscale_ = torch._amp_foreach_non_finite_check_and_unsc
 
 # A global that torch.save's pickles of sparse and quantized tensors name; safe loaders must allow it by this name.
 serialization_get_layout = torch.serialization._get_layout
-
-
-def register_state_dict_post_hook(module: torch.nn.Module, hook: Callable[..., Any]) -> Any:
-    """``module.register_state_dict_post_hook(hook)``: ``hook(module, state_dict, prefix, local_metadata)``.
-
-    >>> handle = register_state_dict_post_hook(torch.nn.Linear(1, 1), lambda *args: None); handle.remove()
-    """
-    if MODULE_STATE_DICT_HOOKS_PUBLIC:
-        return module.register_state_dict_post_hook(hook)
-    return module._register_state_dict_hook(hook)  # same call, same arguments
-
-
-def register_load_state_dict_pre_hook(module: torch.nn.Module, hook: Callable[..., Any]) -> Any:
-    """``module.register_load_state_dict_pre_hook(hook)``: ``hook(module, state_dict, prefix, ...)``.
-
-    >>> handle = register_load_state_dict_pre_hook(torch.nn.Linear(1, 1), lambda *args: None); handle.remove()
-    """
-    if MODULE_STATE_DICT_HOOKS_PUBLIC:
-        return module.register_load_state_dict_pre_hook(hook)
-    return module._register_load_state_dict_pre_hook(hook, with_module=True)  # the module first, as the public one
 
 
 def capturable_supported_devices() -> list[str]:
@@ -126,6 +104,42 @@ def capturable_supported_devices() -> list[str]:
     from torch.optim.optimizer import _get_capturable_supported_devices  # private, torch >= 2.3
 
     return list(_get_capturable_supported_devices())
+
+
+# gloo's reduce_scatter_tensor accepted ReduceOp.AVG and returned the sum before torch 2.9 (2.7.1 and 2.8.0
+# measured; 2.9.1 averages). FSDP2 reduce-scatters fp32 and bf16 gradients with AVG, so on the CPU its gradients
+# came out world-size times too large.
+GLOO_REDUCE_SCATTER_AVERAGES = TORCH_VERSION >= "2.9"
+
+
+def fsdp_problem(device_type: str, world_size: int) -> str | None:
+    """Why FSDP2 would train wrongly on ``device_type`` with ``world_size`` ranks under this torch; None where it is fine.
+
+    >>> fsdp_problem("cuda", 8) is None
+    True
+    """
+    if device_type == "cpu" and world_size > 1 and not GLOO_REDUCE_SCATTER_AVERAGES:
+        return (
+            f"FSDP on the CPU needs torch>=2.9: torch {torch.__version__}'s gloo reduce-scatter returns the sum where "
+            f"FSDP asks for the average, so every gradient would come out {world_size} times too large. Upgrade torch, "
+            "or use strategy='ddp' on the CPU (FSDP on CUDA is unaffected)."
+        )
+    return None
+
+
+def dcp_metadata_path(reader: Any, rank: int | None = None) -> Any:
+    """The metadata file a ``torch.distributed.checkpoint.FileSystemReader`` reads (``<dir>/.metadata``).
+
+    >>> from torch.distributed.checkpoint import FileSystemReader
+    >>> str(dcp_metadata_path(FileSystemReader("/ckpt")))
+    '/ckpt/.metadata'
+    """
+    # torch 2.8 added the private FileSystemReader._get_metadata_path, and per-rank metadata files with it;
+    # torch 2.7 reads only <dir>/.metadata.
+    method = getattr(reader, "_get_metadata_path", None)
+    if method is not None:
+        return method(rank)
+    return reader.fs.concat_path(reader.path, ".metadata")
 
 
 def autograd_sequence_nr() -> int | None:
@@ -158,7 +172,7 @@ def cpu_isa_probe(flag: str) -> bool | None:
     >>> cpu_isa_probe("amx_bf16") in (True, False, None)
     True
     """
-    # torch.cpu._is_avx512_bf16_supported and _is_amx_tile_supported are private; torch 2.4 has neither of them.
+    # torch.cpu._is_avx512_bf16_supported and _is_amx_tile_supported are private; a torch without them is a None.
     probe = {"amx_bf16": "_is_amx_tile_supported", "avx512_bf16": "_is_avx512_bf16_supported"}[flag]
     fn = getattr(torch.cpu, probe, None)
     return bool(fn()) if fn is not None else None
@@ -241,11 +255,8 @@ def clear_mesh_process_groups(mesh: object) -> bool:
 
 # Names whose modules load on first access: attribute -> module, chosen by the running torch's version.
 _LAZY: dict[str, str] = {
-    "DTensor": "torch.distributed.tensor" if DTENSOR_PUBLIC else "torch.distributed._tensor",
-    **dict.fromkeys(
-        ("FSDPModule", "MixedPrecisionPolicy", "fully_shard"),
-        "torch.distributed.fsdp" if FSDP2_PUBLIC else "torch.distributed._composable.fsdp",
-    ),
+    "DTensor": "torch.distributed.tensor",
+    **dict.fromkeys(("FSDPModule", "MixedPrecisionPolicy", "fully_shard"), "torch.distributed.fsdp"),
     # What torch's own DefaultLoadPlanner uses to rebuild a nested state dict (private since torch 2.0).
     "set_element": "torch.distributed.checkpoint._traverse",
     "flatten_state_dict": "torch.distributed.checkpoint._nested_dict",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,26 +12,24 @@ import torch
 from ampkit import _compat
 
 
-def test_version_flags_follow_the_running_torch() -> None:
+def test_the_running_torch_is_supported_and_the_floor_matches_pyproject() -> None:
     assert _compat.TORCH_VERSION == torch.__version__
-    assert _compat.DTENSOR_PUBLIC is (_compat.TORCH_VERSION >= (2, 5))
-    assert _compat.FSDP2_PUBLIC is (_compat.TORCH_VERSION >= (2, 6))
+    assert _compat.TORCH_VERSION >= _compat.OLDEST_TORCH
+    pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text(encoding="utf-8")
+    assert f'"torch>={_compat.OLDEST_TORCH}"' in pyproject, "OLDEST_TORCH and pyproject.toml's torch floor must agree"
 
 
 @pytest.mark.parametrize(
-    "name, public, private",
+    "name, module",
     [
-        ("DTensor", "torch.distributed.tensor", "torch.distributed._tensor"),
-        ("fully_shard", "torch.distributed.fsdp", "torch.distributed._composable.fsdp"),
-        ("FSDPModule", "torch.distributed.fsdp", "torch.distributed._composable.fsdp"),
-        ("MixedPrecisionPolicy", "torch.distributed.fsdp", "torch.distributed._composable.fsdp"),
+        ("DTensor", "torch.distributed.tensor"),
+        ("fully_shard", "torch.distributed.fsdp"),
+        ("FSDPModule", "torch.distributed.fsdp"),
+        ("MixedPrecisionPolicy", "torch.distributed.fsdp"),
     ],
 )
-def test_lazy_distributed_names_come_from_the_module_this_torch_has(name: str, public: str, private: str) -> None:
-    flag = _compat.DTENSOR_PUBLIC if name == "DTensor" else _compat.FSDP2_PUBLIC
-    expected = public if flag else private
-    assert _compat._LAZY[name] == expected
-    assert getattr(_compat, name) is getattr(importlib.import_module(expected), name)
+def test_lazy_distributed_names_come_from_their_public_modules(name: str, module: str) -> None:
+    assert getattr(_compat, name) is getattr(importlib.import_module(module), name)
 
 
 def test_lazy_names_fail_like_attributes() -> None:
@@ -115,21 +114,25 @@ def test_clear_mesh_process_groups() -> None:
     assert _compat.clear_mesh_process_groups(mesh) is False
 
 
-@pytest.mark.parametrize("public", [True, False], ids=["public", "torch<2.5"])
-def test_state_dict_hooks_on_either_api(monkeypatch: pytest.MonkeyPatch, public: bool) -> None:
-    if public and not _compat.MODULE_STATE_DICT_HOOKS_PUBLIC:
-        pytest.skip("Requires: torch>=2.5 (the public state-dict hooks)")
-    monkeypatch.setattr(_compat, "MODULE_STATE_DICT_HOOKS_PUBLIC", public)
-    model, seen = torch.nn.Linear(2, 2), []
+@pytest.mark.parametrize("private_method", [True, False], ids=["torch>=2.8", "torch 2.7"])
+def test_dcp_metadata_path_is_the_directorys_metadata_file(tmp_path: Path, private_method: bool) -> None:
+    from torch.distributed.checkpoint import FileSystemReader
 
-    def double(module: torch.nn.Module, state_dict: dict[str, torch.Tensor], prefix: str, *rest: object) -> None:
-        state_dict[prefix + "bias"] = state_dict[prefix + "bias"] * 2
+    class Reader(FileSystemReader):
+        pass
 
-    def record(module: torch.nn.Module, state_dict: dict[str, torch.Tensor], prefix: str, *rest: object) -> None:
-        seen.append((module, sorted(state_dict)))
+    if not private_method:
+        Reader._get_metadata_path = None  # type: ignore[assignment,method-assign]  # what a torch without it looks like
+    elif not hasattr(FileSystemReader, "_get_metadata_path"):
+        pytest.skip(f"torch {torch.__version__} has no FileSystemReader._get_metadata_path")
+    assert Path(_compat.dcp_metadata_path(Reader(tmp_path))) == tmp_path / ".metadata"
 
-    _compat.register_state_dict_post_hook(model, double)
-    _compat.register_load_state_dict_pre_hook(model, record)
-    assert torch.equal(model.state_dict()["bias"], model.bias.detach() * 2)
-    model.load_state_dict(model.state_dict())
-    assert seen == [(model, ["bias", "weight"])]
+
+def test_fsdp_is_refused_on_the_cpu_only_where_gloo_cannot_average(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_compat, "GLOO_REDUCE_SCATTER_AVERAGES", False)
+    problem = _compat.fsdp_problem("cpu", 2)
+    assert problem is not None and "2 times too large" in problem and "strategy='ddp'" in problem
+    assert _compat.fsdp_problem("cpu", 1) is None  # one rank: the average is the sum
+    assert _compat.fsdp_problem("cuda", 2) is None  # NCCL averages
+    monkeypatch.setattr(_compat, "GLOO_REDUCE_SCATTER_AVERAGES", True)
+    assert _compat.fsdp_problem("cpu", 2) is None

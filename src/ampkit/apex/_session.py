@@ -19,7 +19,6 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from .._compat import register_load_state_dict_pre_hook, register_state_dict_post_hook
 from ..training.masters import MasterWeights
 from ..scaling import DynamicLossScaler, LossScaler, ScalerConfig, StaticLossScaler
 from ..training.collapse import CollapseWatch
@@ -181,8 +180,8 @@ class AmpSession:
     def attach_model_hooks(self, model: nn.Module) -> None:
         """``model.state_dict()`` returns fp32 (the masters' exact values under O2); loading restores the masters."""
         masters = self.model_masters.setdefault(id(model), {})
-        register_state_dict_post_hook(model, functools.partial(_fp32_state_dict, masters))
-        register_load_state_dict_pre_hook(model, functools.partial(_load_masters, masters))
+        model.register_state_dict_post_hook(functools.partial(_fp32_state_dict, masters))
+        model.register_load_state_dict_pre_hook(functools.partial(_load_masters, masters))
 
     def master_ids(self, stash: OptimizerStash) -> set[int]:
         return {id(m) for m in stash.masters.masters} if stash.masters is not None else set()

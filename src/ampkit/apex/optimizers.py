@@ -18,15 +18,12 @@ from typing import Any, ClassVar
 import torch
 from torch.optim.optimizer import required
 
-from .._compat import ADAM_DECOUPLED_WEIGHT_DECAY, capturable_supported_devices
+from .._compat import capturable_supported_devices
 from ..training.kernel_guards import guard_optimizer
 
 __all__ = ["FusedAdam", "FusedSGD", "FusedAdagrad", "FusedLAMB", "FusedNovoGrad", "FusedMixedPrecisionLamb"]
 
 log = logging.getLogger("ampkit")
-
-# torch's Adam learned decoupled (AdamW) weight decay as a keyword late; before that only AdamW had it.
-_ADAM_DECOUPLED = ADAM_DECOUPLED_WEIGHT_DECAY  # a module attribute, so tests can pretend to run an older torch
 
 _REAL_APEX = "or keep a real NVIDIA Apex install for it (ampkit.apex.install() leaves a real apex's modules in place)"
 
@@ -155,14 +152,10 @@ class FusedAdam(_SetGradNone, torch.optim.Adam):
                 "(amp.initialize(model, optimizer, opt_level='O1')) or let amp.initialize(model, optimizer, "
                 "opt_level='O2') keep the fp32 master weights."
             )
-        kwargs: dict[str, Any] = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, **_kernel(torch.optim.Adam, tensors))
-        if _ADAM_DECOUPLED:
-            kwargs["decoupled_weight_decay"] = adam_w_mode
-        elif adam_w_mode and any(wd != 0 for wd in _group_values(items, "weight_decay", weight_decay)):
-            raise NotImplementedError(
-                f"FusedAdam(adam_w_mode=True) with weight decay needs torch's Adam(decoupled_weight_decay=...), which "
-                f"torch {torch.__version__} lacks. Upgrade torch, or use torch.optim.AdamW directly (same update)."
-            )
+        # Adam(decoupled_weight_decay=True) is AdamW's update (torch 2.7+, ampkit's floor), so one class serves both modes.
+        kwargs: dict[str, Any] = dict(
+            lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, decoupled_weight_decay=adam_w_mode, **_kernel(torch.optim.Adam, tensors)
+        )
         if capturable:
             # Only CUDA-graph capture needs it, and torch refuses it on devices without graph support (the CPU).
             if tensors and all(t.device.type in capturable_supported_devices() for t in tensors):

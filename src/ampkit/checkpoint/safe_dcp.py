@@ -36,7 +36,7 @@ from torch.distributed.checkpoint import metadata as _dcp_metadata
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
-from .._compat import serialization_get_layout, set_element
+from .._compat import dcp_metadata_path, serialization_get_layout, set_element
 from ..errors import CheckpointError
 
 __all__ = ["SafeFileSystemReader", "SafeLoadPlanner", "storage_files"]
@@ -115,7 +115,7 @@ class SafeFileSystemReader(FileSystemReader):
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         rank = kwargs.get("rank")
-        path = self._get_metadata_path(rank)
+        path = dcp_metadata_path(self, rank)
         with self.fs.create_stream(path, "rb") as stream:
             try:
                 metadata = _RestrictedUnpickler(stream).load()

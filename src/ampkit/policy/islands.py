@@ -25,16 +25,12 @@ KeepFp32 = Sequence["str | type[nn.Module]"]
 
 # Normalisation layers: their statistics (mean, variance) lose too much in 16 bits, which is why Apex O2 keeps
 # BatchNorm in fp32. The master-weight policies generalise that to every normalisation type.
-NORM_TYPES: tuple[type[nn.Module], ...] = tuple(
-    t
-    for t in (
-        nn.modules.batchnorm._NormBase,  # BatchNorm*, SyncBatchNorm, InstanceNorm*
-        nn.LayerNorm,
-        nn.GroupNorm,
-        nn.LocalResponseNorm,
-        getattr(nn, "RMSNorm", None),  # torch >= 2.4
-    )
-    if t is not None
+NORM_TYPES: tuple[type[nn.Module], ...] = (
+    nn.modules.batchnorm._NormBase,  # BatchNorm*, SyncBatchNorm, InstanceNorm*
+    nn.LayerNorm,
+    nn.GroupNorm,
+    nn.LocalResponseNorm,
+    nn.RMSNorm,
 )
 
 

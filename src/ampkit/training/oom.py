@@ -15,7 +15,7 @@ import torch
 
 __all__ = ["OutOfMemoryError", "is_out_of_memory", "release_memory"]
 
-# torch.OutOfMemoryError (torch 2.4+, the oldest torch ampkit supports) is torch.cuda.OutOfMemoryError.
+# torch.OutOfMemoryError (torch 2.4+; ampkit needs 2.7) is torch.cuda.OutOfMemoryError.
 OutOfMemoryError: type[RuntimeError] = torch.OutOfMemoryError
 
 # Allocators that do not raise OutOfMemoryError still say so in the message (CPU, MPS, XPU, older CUDA paths).

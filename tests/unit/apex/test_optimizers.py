@@ -95,15 +95,6 @@ def test_fused_adam_refuses_master_weights():
         FusedAdam(_params(), master_weights=True)
 
 
-def test_fused_adam_without_decoupled_keyword(monkeypatch: pytest.MonkeyPatch):
-    # An older torch whose Adam has no decoupled_weight_decay: AdamW mode with decay cannot be honoured.
-    monkeypatch.setattr(apex_optim, "_ADAM_DECOUPLED", False)
-    with pytest.raises(NotImplementedError, match=r"Upgrade torch, or use torch.optim.AdamW"):
-        FusedAdam(_params(), weight_decay=0.1)
-    FusedAdam(_params(), weight_decay=0.1, adam_w_mode=False)  # L2 needs nothing new
-    FusedAdam(_params())  # no decay: both modes agree
-
-
 def test_set_grad_none_decides_bare_zero_grad():
     params = _params()
     adam, sgd = FusedAdam(params), FusedSGD(params, lr=0.1)
