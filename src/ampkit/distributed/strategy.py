@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -48,6 +49,7 @@ import logging
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 
+from .._compat import fsdp_problem
 from ..policy import Policy
 from .ddp import broadcast_from_rank0, no_sync, wrap_ddp
 from .environment import launched_by_torchrun
@@ -168,6 +170,9 @@ class FSDP:
               optimizers: Sequence[torch.optim.Optimizer], cast: Cast, named: Named) -> list[nn.Module]:
         # FSDP's mixed precision carries the policy (its fp32 shards are the masters): ``cast`` is not called.
         # Sharding replaces every parameter by its shard; the optimizers are pointed at the shards.
+        problem = fsdp_problem(device.type, dist.get_world_size())
+        if problem is not None:
+            raise RuntimeError(problem)
         if not self.sharded_by_user:
             broadcast_from_rank0(models)
         before = {id(p): n for n, p in named()}

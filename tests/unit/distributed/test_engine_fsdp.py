@@ -12,6 +12,9 @@ from ampkit import Engine
 
 ROWS = 8
 
+# Every test here compares FSDP's gradients or updates with DDP's or with the single-process ones.
+pytestmark = pytest.mark.usefixtures("fsdp_trains_correctly")
+
 
 class Block(nn.Module):
     def __init__(self, width: int) -> None:

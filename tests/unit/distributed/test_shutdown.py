@@ -17,7 +17,11 @@ import torch
 import torch.multiprocessing as mp
 from torch import nn
 
+from ampkit._compat import fsdp_problem
+
 GLOO_THREADS = ("pt_gloo_runloop", "gloo_tcp_loop")
+# FSDP on two gloo ranks: where this torch's FSDP trains wrongly on the CPU, ampkit refuses it.
+pytestmark = pytest.mark.skipif(fsdp_problem("cpu", 2) is not None, reason=str(fsdp_problem("cpu", 2)))
 
 
 def _gloo_threads() -> list[str]:
