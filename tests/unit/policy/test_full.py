@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     FakeGpu = Callable[[tuple[int, int], str], None]
 from torch import nn
 
+from ampkit._compat import per_backend_fp32_precision
 from ampkit.errors import PolicyError, UnsupportedPolicyError
 from ampkit.policy import FullPrecision, Support, TF32Precision, get_policy
 from ampkit.policy import full as full_mod
@@ -29,12 +30,39 @@ def mlp(seed: int = 0) -> nn.Sequential:
 
 
 
+# torch < 2.9 has one global fp32 precision rather than one per backend; the policy's legacy path is tested there
+# by test_tf32_context_falls_back_to_the_legacy_api_on_older_torch (for real on the oldest-torch CI leg).
+per_backend_api = pytest.mark.skipif(
+    not per_backend_fp32_precision(), reason=f"torch {torch.__version__} has no per-backend fp32_precision (2.9+)"
+)
+
+
 @pytest.fixture
 def matmul_precision() -> Iterator[None]:
     """Let a test change the CUDA backends' fp32 precision; put it back afterwards."""
+    if not per_backend_fp32_precision():
+        saved_legacy = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+        yield
+        torch.set_float32_matmul_precision(saved_legacy[0])
+        torch.backends.cudnn.allow_tf32 = saved_legacy[1]
+        return
     saved = (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision)
     yield
     torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision = saved
+
+
+def cuda_matmuls_are_ieee() -> bool:
+    if per_backend_fp32_precision():
+        return torch.backends.cuda.matmul.fp32_precision == "ieee"
+    return torch.get_float32_matmul_precision() == "highest"
+
+
+def set_ieee_matmuls() -> None:
+    """Plain fp32 matmuls on CUDA, through whichever API this torch has."""
+    if per_backend_fp32_precision():
+        torch.backends.cuda.matmul.fp32_precision = "ieee"
+    else:
+        torch.set_float32_matmul_precision("highest")
 
 
 def cuda_precisions() -> tuple[str, str]:
@@ -111,6 +139,7 @@ def test_tf32_on_ampere_is_supported_and_fast(fake_gpu: FakeGpu) -> None:
 
 
 # ------------------------------------------------------------------------------------- tf32 forward context
+@per_backend_api
 @pytest.mark.parametrize("previous", ["ieee", "none"])
 def test_tf32_context_sets_the_cuda_backends_to_tf32_and_restores_them(matmul_precision: None, previous: str) -> None:
     torch.backends.cuda.matmul.fp32_precision = previous
@@ -120,6 +149,7 @@ def test_tf32_context_sets_the_cuda_backends_to_tf32_and_restores_them(matmul_pr
     assert cuda_precisions() == (previous, previous)
 
 
+@per_backend_api
 def test_tf32_context_leaves_the_cpu_backend_alone(matmul_precision: None) -> None:
     before = torch.backends.mkldnn.matmul.fp32_precision
     with TF32Precision().forward_context("cuda"):
@@ -127,6 +157,7 @@ def test_tf32_context_leaves_the_cpu_backend_alone(matmul_precision: None) -> No
     assert torch.get_float32_matmul_precision() == "highest"  # the legacy getter still works afterwards
 
 
+@per_backend_api
 def test_tf32_context_restores_after_an_exception(matmul_precision: None) -> None:
     torch.backends.cuda.matmul.fp32_precision = "ieee"
     with pytest.raises(KeyError, match="boom"):
@@ -136,6 +167,7 @@ def test_tf32_context_restores_after_an_exception(matmul_precision: None) -> Non
     assert cuda_precisions()[0] == "ieee"
 
 
+@per_backend_api
 def test_tf32_contexts_nest(matmul_precision: None) -> None:
     torch.backends.cuda.matmul.fp32_precision = "ieee"
     policy = TF32Precision()
@@ -159,6 +191,7 @@ def test_tf32_context_falls_back_to_the_legacy_api_on_older_torch(monkeypatch: p
         torch.backends.cudnn.allow_tf32 = previous[1]
 
 
+@per_backend_api
 def test_tf32_forward_context_is_fresh_each_call(matmul_precision: None) -> None:
     # A generator-based context manager can be entered once; the policy must hand out a new one per call, and each
     # must switch TF32 on and put the caller's setting back (a reusable do-nothing context would pass the first part).
@@ -194,15 +227,16 @@ def test_tf32_forward_is_fp32_within_tf32_rounding(device: torch.device, matmul_
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 64)).to(device)
     x = torch.randn(32, 256, generator=torch.Generator().manual_seed(1)).to(device)
-    torch.backends.cuda.matmul.fp32_precision = "ieee"
+    set_ieee_matmuls()
     reference = model(x)
     with policy.forward_context(device.type):
         out = model(x)
-    assert out.dtype == torch.float32 and cuda_precisions()[0] == "ieee"
+    assert out.dtype == torch.float32 and cuda_matmuls_are_ieee()
     assert not torch.equal(out, reference), "TF32 rounds the matmul inputs; an equal result means it was not used"
     assert ((out - reference).norm() / reference.norm()).item() < 1e-2
 
 
+@per_backend_api
 def test_tf32_context_works_alongside_torch_per_backend_precision_api() -> None:
     saved = (torch.backends.cuda.matmul.fp32_precision, torch.backends.mkldnn.matmul.fp32_precision)
     try:
