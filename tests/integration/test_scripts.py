@@ -26,6 +26,17 @@ def test_ci_runs_the_readme_test_command_verbatim() -> None:
     assert "set -euo pipefail" in ci  # a failing command fails CI
 
 
+def test_ci_runs_the_unit_tests_again_on_the_oldest_declared_torch() -> None:
+    from ampkit._compat import OLDEST_TORCH
+
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    assert "bash .ci/oldest-torch" in ci, ".ci/run must run the oldest-torch leg"
+    floor = subprocess.run([sys.executable, ".ci/torch_floor.py"], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True)
+    assert floor.stdout.strip() == OLDEST_TORCH  # the leg installs the floor pyproject.toml declares
+    leg = (ROOT / ".ci" / "oldest-torch").read_text(encoding="utf-8")
+    assert "set -euo pipefail" in leg and 'torch==${floor}.*' in leg
+
+
 def test_readme_main_job_is_ampkit_bench_on_its_default() -> None:
     (main,) = [c for c in readme_commands() if "pytest" not in c and c.startswith("python3 -m venv")]
     assert main.endswith("&& ampkit bench")
