@@ -74,6 +74,9 @@ class SingleProcess:
     """
 
     name: ClassVar[str] = "single"
+    has_forward_context: ClassVar[bool] = False
+    """Whether :meth:`forward_context` can return a context; the engine skips the call (and working out the
+    window boundary it takes) where it cannot, keeping the forward's overhead at one attribute read."""
     grads_reduced: ClassVar[bool] = False
     """Without a strategy the engine cannot know that other ranks (if any) hold the same gradients."""
     applied_by_user: ClassVar[bool] = False
@@ -105,6 +108,7 @@ class DDP:
     wrapped_by_user: bool = False
 
     name: ClassVar[str] = "ddp"
+    has_forward_context: ClassVar[bool] = True  # no_sync off the boundary
     grads_reduced: ClassVar[bool] = True
     """After backward every rank holds the same, all-reduced gradients."""
 
@@ -153,6 +157,7 @@ class FSDP:
     sharded_by_user: bool = False
 
     name: ClassVar[str] = "fsdp"
+    has_forward_context: ClassVar[bool] = False
     grads_reduced: ClassVar[bool] = False
     """Each rank holds its shard of the gradients: a non-finite value shows on one rank only."""
 

@@ -27,7 +27,10 @@ def clip_grad_norm(params: Sequence[torch.Tensor], max_norm: float) -> torch.Ten
     with_grad = [p for p in params if p.grad is not None]
     sparse = [p for p in with_grad if p.grad.is_sparse]
     # Sharded (DTensor) fp16 gradients stay on torch's path, the one that reduces their norm across the mesh.
-    fp16 = any(p.grad.dtype == torch.float16 and not hasattr(p.grad, "full_tensor") for p in with_grad)
+    # The set comprehension first: the common case (no fp16 gradient) pays one cheap pass and no generator.
+    fp16 = torch.float16 in {p.grad.dtype for p in with_grad} and any(
+        p.grad.dtype == torch.float16 and not hasattr(p.grad, "full_tensor") for p in with_grad
+    )
     if not sparse and not fp16:
         total = torch.nn.utils.clip_grad_norm_(with_grad, max_norm)
         # Sharded (FSDP) gradients give the global norm over every shard as a replicated DTensor.

@@ -164,11 +164,12 @@ class Engine:
         ``no_sync``, since DDP decides during the forward whether the coming backward all-reduces.
         """
         forward: ContextManager[Any] = self.policy.forward_context(self.device.type)
-        spread = self._parallel.forward_context(self.wrappers, self.is_boundary)
-        if spread is not None:
-            spread.enter_context(forward)  # type: ignore[attr-defined]
-            forward = spread
-        return self.hooks.wrap_forward(self, forward)
+        if self._parallel.has_forward_context:
+            spread = self._parallel.forward_context(self.wrappers, self.is_boundary)
+            if spread is not None:
+                spread.enter_context(forward)  # type: ignore[attr-defined]
+                forward = spread
+        return self.hooks.wrap_forward(self, forward) if self.hooks.active else forward
 
     def start_epoch(self, num_micro_batches: int | None = None) -> None:
         """Declare the micro-batches of the coming epoch, so its last window may be short (``len(loader)``).
@@ -213,14 +214,16 @@ class Engine:
         if not isinstance(loss, torch.Tensor):
             raise TypeError(f"backward() takes the loss tensor, got {type(loss).__name__}.")
         size, boundary = self._state.window(self.accumulate)
-        self.hooks.run("before_backward", self, loss)
+        if self.hooks.active:
+            self.hooks.run("before_backward", self, loss)
         self._parallel.before_backward(self.models, boundary)
         if size > 1:
             loss = loss / size
         if self.scaler is not None:
             loss = self.scaler.scale(loss)
         loss.backward(**kwargs)
-        self.hooks.run("after_backward", self)
+        if self.hooks.active:
+            self.hooks.run("after_backward", self)
 
     def train_step(self, loss_fn: Callable[[Any], torch.Tensor], batch: Any, *optimizers: torch.optim.Optimizer, reduction: str = "mean") -> torch.Tensor:
         """Forward (under :meth:`autocast`), backward and :meth:`step` of ``batch``; split into smaller passes on OOM.
@@ -280,7 +283,7 @@ class Engine:
             return False
         if self._state.epoch_len is not None and self._state.micro >= self._state.epoch_len:
             self._state.micro, self._state.epoch_len = 0, None  # the declared epoch is over
-        self.steps += 1
+        self._state.steps += 1
         optimizer_step(self, opts)
         return True
 

@@ -31,12 +31,14 @@ log = logging.getLogger("ampkit")
 def optimizer_step(engine: Engine, opts: list[torch.optim.Optimizer]) -> None:
     """Step (or skip) ``opts`` with the gradients of the window that has just ended, and zero those gradients."""
     state, scaler, dev = engine.step_state, engine.scaler, engine.device
-    resolve_outcome(engine)
+    if state.deferred is not None:
+        resolve_outcome(engine)
     # A collapse learnt late is diagnosed on the gradients at hand, before they are unscaled or zeroed, and
     # reported once this step is complete.
     late_collapse = engine.diagnose_collapse() if state.diagnose_late else None
     state.diagnose_late = False
-    engine.hooks.run("before_optimizer_step", engine)  # the 16-bit gradients as the backward left them
+    if engine.hooks.active:
+        engine.hooks.run("before_optimizer_step", engine)  # the 16-bit gradients as the backward left them
     if engine.masters is not None:
         engine.masters.copy_grads_to_masters()
     params = [[p for g in o.param_groups for p in g["params"]] for o in opts]
@@ -102,8 +104,10 @@ def optimizer_step(engine: Engine, opts: list[torch.optim.Optimizer]) -> None:
     message = collapse or late_collapse
     if message is None and state.found_host is False:
         engine.collapse.clean_step()  # a clean step ends the episode; warn again on the next one
-    engine.hooks.run("after_optimizer_step", engine)
-    engine.collapse.report(message, raise_error=getattr(getattr(scaler, "config", None), "on_collapse", "raise") == "raise")
+    if engine.hooks.active:
+        engine.hooks.run("after_optimizer_step", engine)
+    if message is not None:
+        engine.collapse.report(message, raise_error=getattr(getattr(scaler, "config", None), "on_collapse", "raise") == "raise")
 
 
 def resolve_outcome(engine: Engine) -> None:
