@@ -51,6 +51,8 @@ __all__ = [
     "serialization_get_layout",
     "capturable_supported_devices",
     "dcp_metadata_path",
+    "compile_in_place",
+    "compiled_original",
     "GLOO_REDUCE_SCATTER_AVERAGES",
     "fsdp_problem",
     "autograd_sequence_nr",
@@ -124,6 +126,38 @@ def fsdp_problem(device_type: str, world_size: int) -> str | None:
             f"FSDP asks for the average, so every gradient would come out {world_size} times too large. Upgrade torch, "
             "or use strategy='ddp' on the CPU (FSDP on CUDA is unaffected)."
         )
+    return None
+
+
+def compile_in_place(module: torch.nn.Module, options: dict[str, Any]) -> None:
+    """``torch.compile`` ``module``'s whole call (its hooks and forward) in place: same object, same state-dict keys.
+
+    >>> m = torch.nn.Linear(2, 2); compile_in_place(m, {"backend": "eager"}); m(torch.ones(1, 2)).shape
+    torch.Size([1, 2])
+    """
+    # nn.Module.compile() stores torch.compile(self._call_impl) in the private _compiled_call_impl, which
+    # __call__ runs. Handing torch.compile _call_impl itself starts tracing in a torch.nn frame, which dynamo skips:
+    # for a module whose forward is torch's own (nn.Sequential, nn.TransformerEncoderLayer) nothing is captured and
+    # the model silently runs eagerly (torch 2.13). A function of ours in between makes dynamo trace from here and
+    # inline the call, hooks included.
+    call = module._call_impl
+
+    def compiled_call(*args: Any, **kwargs: Any) -> Any:
+        return call(*args, **kwargs)
+
+    module._compiled_call_impl = torch.compile(compiled_call, **options)  # type: ignore[assignment]
+
+
+def compiled_original(model: object) -> torch.nn.Module | None:
+    """The module inside a ``torch.compile(module)`` wrapper; None for anything else.
+
+    >>> m = torch.nn.Linear(2, 2); compiled_original(torch.compile(m)) is m, compiled_original(m)
+    (True, None)
+    """
+    # torch.compile(module) returns torch._dynamo.eval_frame.OptimizedModule (private), holding it as _orig_mod;
+    # recognised by name so that a run which never compiles never imports dynamo.
+    if type(model).__name__ == "OptimizedModule" and isinstance(getattr(model, "_orig_mod", None), torch.nn.Module):
+        return model._orig_mod  # type: ignore[no-any-return,attr-defined]
     return None
 
 

@@ -46,6 +46,10 @@ def cast_floating(value: Any, dtype: torch.dtype) -> Any:
         return type(value)(*(cast_floating(v, dtype) for v in value))
     if isinstance(value, (list, tuple)):
         return type(value)(cast_floating(v, dtype) for v in value)
+    if type(value) is dict:
+        # A comprehension, not dict.copy(): torch.compile traces it, so the *-true policies' input-cast hook
+        # (which always gets a plain dict of keyword arguments) compiles without a graph break.
+        return {k: cast_floating(v, dtype) for k, v in value.items()}
     if isinstance(value, dict):
         # A shallow copy keeps the mapping's type and extras (a defaultdict's factory, an OrderedDict's order).
         out = copy.copy(value)

@@ -34,6 +34,7 @@ from .kernel_guards import guard_optimizer
 from .masters import MasterWeights
 from .model_setup import prepare_models
 from .optimizer_step import optimizer_step, resolve_outcome
+from .compile import apply_compile, compile_plan, unwrap_user_compiled
 from .step_state import StepState
 
 if TYPE_CHECKING:
@@ -68,6 +69,11 @@ class Engine:
             as passing the sampler in ``hooks``.)
         hooks: step hooks (see :mod:`ampkit.training.hooks`): tools called around backward and the optimizer
             step, such as a :class:`~ampkit.memory.tracker.MemoryTracker`. More with :meth:`add_hook`.
+        compile: ``True`` compiles the model with torch.compile at setup (after the policy and the strategy are
+            applied), ``"regional"`` each repeated block, a dict passes options to torch.compile (see
+            :mod:`ampkit.training.compile`). In place: checkpoint keys stay plain. A model the user compiled
+            before setup is recognised: the engine trains the module inside it and compiles that in place.
+            Default: off.
 
     >>> model = nn.Linear(4, 1); opt = torch.optim.SGD(model.parameters(), lr=0.1)
     >>> engine = Engine(precision="bf16-mixed", accumulate=2)
@@ -96,6 +102,7 @@ class Engine:
         strategy: str | Strategy | None = None,
         numerics: NumericsSampler | int | None = None,
         hooks: Sequence[Any] = (),
+        compile: bool | str | dict[str, Any] | None = None,
     ) -> None:
         self.policy = get_policy(precision, keep_fp32=keep_fp32)
         self.strategy: Strategy | None = resolve_strategy(strategy)
@@ -111,6 +118,8 @@ class Engine:
         self.skip_nonfinite = self.scaler is not None or bool(skip_nonfinite)
         self.numerics = build_sampler(numerics)
         self.hooks = Hooks(([self.numerics] if self.numerics is not None else []) + list(hooks))
+        self.compile_plan = compile_plan(compile)
+        self.compiled: list[str] = []  # the compiled regions after setup ('' for a whole model)
 
         self.device = torch.device("cpu")
         self.models: list[nn.Module] = []  # the modules themselves (inside any DDP wrapper): names, state, params
@@ -135,7 +144,8 @@ class Engine:
         """
         if self.models:
             raise RuntimeError("Engine.setup() was already called; create one Engine per training run.")
-        prepared = prepare_models(check_setup_args(models, optimizers), optimizers, self.policy, self.strategy)
+        given, plan = unwrap_user_compiled(check_setup_args(models, optimizers), self.compile_plan)
+        prepared = prepare_models(given, optimizers, self.policy, self.strategy)
         self.strategy, self._parallel, self.device = prepared.strategy, prepared.parallel, prepared.device
         self.masters, self.wrappers, self._named = prepared.masters, prepared.wrappers, prepared.named
         model_list = prepared.models
@@ -153,6 +163,7 @@ class Engine:
             self.scaler.to(self.device)
         self._state.skipped = torch.zeros((), dtype=torch.int64, device=self.device)
         self.models, self.optimizers = model_list, list(optimizers)
+        self.compiled = apply_compile(model_list, plan) if plan is not None else []
         out_model = self.wrappers[0] if isinstance(models, nn.Module) else list(self.wrappers)
         return (out_model, *optimizers) if optimizers else out_model
 

@@ -1,0 +1,106 @@
+"""``Engine(compile=...)``: torch.compile applied to the engine's models, in place.
+
+In place means the module object the engine trains stays the same: its ``state_dict`` keys never gain
+``_orig_mod.``, so a checkpoint from a compiled run loads into an uncompiled one and back. The policy's casts and
+hooks are inside the compiled call (autocast wraps it from outside, as torch documents).
+
+- ``compile=True``: the whole model, one call.
+- ``compile="regional"``: each repeated block (a transformer's layers; the blocks recompute and FSDP find),
+  compiled once and reused for every block of the same code, so compile time stays that of one block.
+- ``compile={...}``: options for ``torch.compile`` (``mode``, ``fullgraph``, ``dynamic``, ``backend``...), for the
+  whole model; add ``"regional": True`` to apply them per block.
+
+    >>> plan = compile_plan({"backend": "eager", "regional": True})
+    >>> plan.regional, plan.options
+    (True, {'backend': 'eager'})
+    >>> compile_plan(False) is None
+    True
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+from .._compat import compile_in_place, compiled_original
+from .._util.blocks import repeated_blocks
+
+__all__ = ["CompilePlan", "compile_plan", "apply_compile", "unwrap_user_compiled"]
+
+log = logging.getLogger("ampkit")
+
+_FORMS = "compile=True (the whole model), compile='regional' (each repeated block) or compile={torch.compile options}"
+
+
+@dataclass(frozen=True)
+class CompilePlan:
+    """What to compile (the whole model, or each repeated block) and the options torch.compile gets."""
+
+    regional: bool = False
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+def compile_plan(spec: Any) -> CompilePlan | None:
+    """The plan ``Engine(compile=spec)`` asks for; None for no compilation. Bad input names the accepted forms."""
+    if spec is None or spec is False:
+        return None
+    if spec is True:
+        return CompilePlan()
+    if spec == "regional":
+        return CompilePlan(regional=True)
+    if isinstance(spec, dict):
+        options = dict(spec)
+        regional = options.pop("regional", False)
+        if not isinstance(regional, bool):
+            raise ValueError(f"compile={spec!r}: 'regional' must be True or False.")
+        if not all(isinstance(k, str) for k in options):
+            raise ValueError(f"compile={spec!r}: the options are torch.compile's keyword arguments, named by strings.")
+        return CompilePlan(regional=regional, options=options)
+    raise ValueError(f"compile={spec!r} is not understood; pass {_FORMS}, or leave it off.")
+
+
+def unwrap_user_compiled(models: list[nn.Module], plan: CompilePlan | None) -> tuple[list[nn.Module], CompilePlan | None]:
+    """The models to train, with any ``torch.compile(module)`` wrapper replaced by the module inside it; the plan.
+
+    The engine then trains that module, so names and checkpoint keys carry no ``_orig_mod.``, and compiles it in
+    place after the policy and the strategy are applied. The wrapper's own options are private to torch: without
+    an ``Engine(compile=...)`` the defaults apply.
+
+    >>> import torch
+    >>> inner = nn.Linear(2, 2); models, plan = unwrap_user_compiled([torch.compile(inner)], None)
+    >>> models[0] is inner, plan
+    (True, CompilePlan(regional=False, options={}))
+    """
+    inner = [compiled_original(m) for m in models]
+    if all(m is None for m in inner):
+        return models, plan
+    if plan is None:
+        plan = CompilePlan()
+        log.info("setup() got a torch.compile'd model: training the module inside it, compiled in place "
+                 "(pass Engine(compile={...}) to choose torch.compile's options)")
+    return [m if i is None else i for m, i in zip(models, inner)], plan
+
+
+def apply_compile(models: list[nn.Module], plan: CompilePlan) -> list[str]:
+    """Compile ``models`` in place as ``plan`` says; return the compiled regions' names ('' for a whole model)."""
+    regions: list[str] = []
+    for i, model in enumerate(models):
+        prefix = f"model {i}: " if len(models) > 1 else ""
+        if not plan.regional:
+            compile_in_place(model, plan.options)
+            regions.append(prefix)
+            continue
+        blocks = repeated_blocks(model)
+        if not blocks:
+            raise ValueError(
+                f"compile='regional' found no repeated blocks in {type(model).__name__} (children of an nn.ModuleList or "
+                "nn.Sequential whose type occurs twice or more); use compile=True to compile the whole model."
+            )
+        for name in blocks:
+            compile_in_place(model.get_submodule(name), plan.options)
+        regions += [prefix + name for name in blocks]
+    log.info("compiled %s", ", ".join(r or "the model" for r in regions))
+    return regions
