@@ -82,7 +82,8 @@ OLDEST_TORCH = "2.7"
 What 2.7 gives that older releases lack, each found by running the unit tests on them:
 - FSDP2 (``fully_shard``), DTensor and nn.Module's state-dict hooks under public names (2.4 and 2.5 have them
   only under private ones);
-- FSDP2 on the CPU at all: torch 2.6's ``fully_shard`` calls ``Stream.record_event``, which CPU streams lack;
+- FSDP2 on the CPU at all (torch 2.6's ``fully_shard`` calls ``Stream.record_event``, which CPU streams lack),
+  so the leg can test sharded checkpoints; training with it on the CPU still needs 2.9 (:func:`fsdp_problem`);
 - ``Adam(decoupled_weight_decay=True)``, the AdamW update that ``ampkit.apex.FusedAdam`` runs by default;
 - ``torch.load(weights_only=True, map_location="cpu")`` of a checkpoint saved on a GPU (2.4 refuses CUDA
   storages before applying ``map_location``).
@@ -168,8 +169,8 @@ def dcp_metadata_path(reader: Any, rank: int | None = None) -> Any:
     >>> str(dcp_metadata_path(FileSystemReader("/ckpt")))
     '/ckpt/.metadata'
     """
-    # torch 2.8 added the private FileSystemReader._get_metadata_path, and per-rank metadata files with it;
-    # torch 2.7 reads only <dir>/.metadata.
+    # Newer torch has the private FileSystemReader._get_metadata_path (2.13 reads per-rank metadata files through
+    # it); torch 2.7 lacks it and reads only <dir>/.metadata.
     method = getattr(reader, "_get_metadata_path", None)
     if method is not None:
         return method(rank)

@@ -28,7 +28,7 @@ from torch import nn
 from .._compat import compile_in_place, compiled_original
 from .._util.blocks import repeated_blocks
 
-__all__ = ["CompilePlan", "compile_plan", "apply_compile", "unwrap_user_compiled"]
+__all__ = ["CompilePlan", "compile_plan", "check_compile_plan", "apply_compile", "unwrap_user_compiled"]
 
 log = logging.getLogger("ampkit")
 
@@ -84,6 +84,23 @@ def unwrap_user_compiled(models: list[nn.Module], plan: CompilePlan | None) -> t
     return [m if i is None else i for m, i in zip(models, inner)], plan
 
 
+def _blocks(model: nn.Module) -> list[str]:
+    blocks = repeated_blocks(model)
+    if not blocks:
+        raise ValueError(
+            f"compile='regional' found no repeated blocks in {type(model).__name__} (children of an nn.ModuleList or "
+            "nn.Sequential whose type occurs twice or more); use compile=True to compile the whole model."
+        )
+    return blocks
+
+
+def check_compile_plan(models: list[nn.Module], plan: CompilePlan | None) -> None:
+    """Refuse a plan that cannot apply to ``models`` before setup changes them (casts, wrapping, sharding)."""
+    if plan is not None and plan.regional:
+        for model in models:
+            _blocks(model)
+
+
 def apply_compile(models: list[nn.Module], plan: CompilePlan) -> list[str]:
     """Compile ``models`` in place as ``plan`` says; return the compiled regions' names ('' for a whole model)."""
     regions: list[str] = []
@@ -93,12 +110,7 @@ def apply_compile(models: list[nn.Module], plan: CompilePlan) -> list[str]:
             compile_in_place(model, plan.options)
             regions.append(prefix)
             continue
-        blocks = repeated_blocks(model)
-        if not blocks:
-            raise ValueError(
-                f"compile='regional' found no repeated blocks in {type(model).__name__} (children of an nn.ModuleList or "
-                "nn.Sequential whose type occurs twice or more); use compile=True to compile the whole model."
-            )
+        blocks = _blocks(model)
         for name in blocks:
             compile_in_place(model.get_submodule(name), plan.options)
         regions += [prefix + name for name in blocks]

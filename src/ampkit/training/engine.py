@@ -34,7 +34,7 @@ from .kernel_guards import guard_optimizer
 from .masters import MasterWeights
 from .model_setup import prepare_models
 from .optimizer_step import optimizer_step, resolve_outcome
-from .compile import apply_compile, compile_plan, unwrap_user_compiled
+from .compile import apply_compile, check_compile_plan, compile_plan, unwrap_user_compiled
 from .step_state import StepState
 
 if TYPE_CHECKING:
@@ -145,6 +145,7 @@ class Engine:
         if self.models:
             raise RuntimeError("Engine.setup() was already called; create one Engine per training run.")
         given, plan = unwrap_user_compiled(check_setup_args(models, optimizers), self.compile_plan)
+        check_compile_plan(given, plan)  # before the policy and the strategy change the models
         prepared = prepare_models(given, optimizers, self.policy, self.strategy)
         self.strategy, self._parallel, self.device = prepared.strategy, prepared.parallel, prepared.device
         self.masters, self.wrappers, self._named = prepared.masters, prepared.wrappers, prepared.named

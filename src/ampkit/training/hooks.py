@@ -68,9 +68,6 @@ class Hooks:
 
     def __init__(self, hooks: Sequence[Any] = ()) -> None:
         self.hooks: list[Any] = []
-        # Whether any hook is attached: the engine tests it before dispatching, so a run without tools pays an
-        # attribute read per hook point rather than a call.
-        self.active = False
         self.calls: dict[str, list[Callable[..., Any]]] = {name: [] for name in HOOK_METHODS}
         for hook in hooks:
             self.add(hook)
@@ -86,10 +83,15 @@ class Hooks:
         if any(h is hook for h in self.hooks):
             raise ValueError(f"{type(hook).__name__} was added to this engine already; add a hook once.")
         self.hooks.append(hook)
-        self.active = True
         for name in methods:
             if not (isinstance(hook, StepHook) and getattr(type(hook), name) is getattr(StepHook, name)):
                 self.calls[name].append(getattr(hook, name))  # StepHook's own do-nothing methods are not called
+
+    @property
+    def active(self) -> bool:
+        """Whether any hook is attached: the engine tests it before dispatching, so a run without tools makes no
+        dispatch call per hook point."""
+        return bool(self.hooks)
 
     def run(self, name: str, *args: Any) -> None:
         for call in self.calls[name]:

@@ -129,8 +129,10 @@ def test_regional_compiles_each_repeated_block_and_refuses_a_model_without_any()
     train(engine, model(), steps=2)
     assert engine.compiled == ["1", "2"]
     assert 1 <= counter.graphs <= 2  # the second block reuses the first one's code (at most one recompile)
+    plain = nn.Linear(2, 2)
     with pytest.raises(ValueError, match=r"no repeated blocks in Linear.*compile=True"):
-        Engine(compile="regional").setup(nn.Linear(2, 2))
+        Engine("bf16-true", compile="regional").setup(plain)
+    assert plain.weight.dtype == torch.float32 and not plain._forward_pre_hooks  # refused before the policy touched it
 
 
 # ------------------------------------------------------------------------------------------ checkpoints
