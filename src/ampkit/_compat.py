@@ -61,6 +61,7 @@ __all__ = [
     "per_backend_fp32_precision",
     "step_supports_amp_scaling",
     "set_step_supports_amp_scaling",
+    "optimizer_has_step_hooks",
     "clear_dtensor_caches",
     "clear_mesh_process_groups",
     "DTensor",  # noqa: F822 - resolved by __getattr__ on first use
@@ -242,6 +243,24 @@ def set_step_supports_amp_scaling(optimizer: torch.optim.Optimizer, value: bool)
     False
     """
     optimizer._step_supports_amp_scaling = value  # type: ignore[attr-defined]
+
+
+def optimizer_has_step_hooks(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether a step pre- or post-hook applies to ``optimizer`` (its own or a global one; private dicts since 2.0).
+
+    A step that calls the optimizer's undecorated update (the fused master step) would bypass them.
+
+    >>> opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
+    >>> before = optimizer_has_step_hooks(opt)
+    >>> handle = opt.register_step_post_hook(lambda *args: None)
+    >>> before, optimizer_has_step_hooks(opt)
+    (False, True)
+    """
+    from torch.optim import optimizer as optim_module
+
+    own = [getattr(optimizer, "_optimizer_step_pre_hooks", None), getattr(optimizer, "_optimizer_step_post_hooks", None)]
+    shared = [getattr(optim_module, "_global_optimizer_pre_hooks", None), getattr(optim_module, "_global_optimizer_post_hooks", None)]
+    return any(bool(h) for h in (*own, *shared))
 
 
 # DTensor's caches whose keys or values hold a DeviceMesh (and through it the process group), as

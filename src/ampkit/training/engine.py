@@ -35,6 +35,7 @@ from .masters import MasterWeights
 from .model_setup import prepare_models
 from .optimizer_step import optimizer_step, resolve_outcome
 from .compile import apply_compile, check_compile_plan, compile_plan, unwrap_user_compiled
+from .fused_master_step import FusedMasterStep, build_fused_step, check_fused_step_spec
 from .step_state import StepState
 
 if TYPE_CHECKING:
@@ -74,6 +75,10 @@ class Engine:
             :mod:`ampkit.training.compile`). In place: checkpoint keys stay plain. A model the user compiled
             before setup is recognised: the engine trains the module inside it and compiles that in place.
             Default: off.
+        fused_step: master-weight policies only: the unscale, inf check, clipping, fp32 update and 16-bit
+            copy-back as one compiled region (see :mod:`ampkit.training.fused_master_step`). Default: on when
+            ``compile`` is, where the optimizer allows; ``True`` (or a dict of torch.compile options) insists,
+            ``False`` keeps the unfused step.
 
     >>> model = nn.Linear(4, 1); opt = torch.optim.SGD(model.parameters(), lr=0.1)
     >>> engine = Engine(precision="bf16-mixed", accumulate=2)
@@ -103,6 +108,7 @@ class Engine:
         numerics: NumericsSampler | int | None = None,
         hooks: Sequence[Any] = (),
         compile: bool | str | dict[str, Any] | None = None,
+        fused_step: bool | dict[str, Any] | None = None,
     ) -> None:
         self.policy = get_policy(precision, keep_fp32=keep_fp32)
         self.strategy: Strategy | None = resolve_strategy(strategy)
@@ -120,6 +126,9 @@ class Engine:
         self.hooks = Hooks(([self.numerics] if self.numerics is not None else []) + list(hooks))
         self.compile_plan = compile_plan(compile)
         self.compiled: list[str] = []  # the compiled regions after setup ('' for a whole model)
+        check_fused_step_spec(fused_step)
+        self._fused_step_spec = fused_step
+        self.fused_step: FusedMasterStep | None = None  # built at setup, where the policy keeps masters
 
         self.device = torch.device("cpu")
         self.models: list[nn.Module] = []  # the modules themselves (inside any DDP wrapper): names, state, params
@@ -160,6 +169,9 @@ class Engine:
         for opt in optimizers:
             guard_optimizer(opt)  # known torch kernel defects, once the parameters' dtypes and devices are final
         self.schedulers = adopt_schedulers(schedulers, optimizers)
+        # FSDP's ranks each check their own shards; the fused step does not combine their flags.
+        sharded = "each rank's overflow flag must be combined with the others' (FSDP)" if self.reduce_found_flags else None
+        self.fused_step = build_fused_step(self._fused_step_spec, plan.options if plan is not None else None, optimizers, self.masters, sharded)
         if self.scaler is not None:
             self.scaler.to(self.device)
         self._state.skipped = torch.zeros((), dtype=torch.int64, device=self.device)

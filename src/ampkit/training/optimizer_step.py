@@ -39,6 +39,13 @@ def optimizer_step(engine: Engine, opts: list[torch.optim.Optimizer]) -> None:
     state.diagnose_late = False
     if engine.hooks.active:
         engine.hooks.run("before_optimizer_step", engine)  # the 16-bit gradients as the backward left them
+    fused_step = engine.fused_step
+    if fused_step is not None and fused_step.ready(opts):
+        inv_scale = scaler.inv_scale() if scaler is not None else None
+        found, state.norm = fused_step.step(opts, inv_scale, engine.clip_grad_norm, engine.clip_grad_value, engine.skip_nonfinite)
+        # The region skipped what overflowed without asking the host; only schedulers need the answer now.
+        _finish(engine, opts, found, not found or bool(engine.schedulers) or reads_are_free(dev), late_collapse, copied_back=True)
+        return
     if engine.masters is not None:
         engine.masters.copy_grads_to_masters()
     params = [[p for g in o.param_groups for p in g["params"]] for o in opts]
@@ -72,11 +79,8 @@ def optimizer_step(engine: Engine, opts: list[torch.optim.Optimizer]) -> None:
     # The one sync: a non-fused optimizer (or a scheduler) has to know on the host whether to step. A CPU
     # "device" is the host, so reading there costs nothing; only fused optimizers on an accelerator defer the
     # read to the next step (see StepState.record_outcome), keeping the step free of syncs.
-    sync_now = bool(found) and (not all(fused) or bool(engine.schedulers) or reads_are_free(dev))
-    any_found = None if not found else found[0] if len(found) == 1 else torch.stack(found).amax()
-    host_found = None
-    if sync_now:
-        host_found = [bool(any_found.item())] if len(found) == 1 else [bool(v) for v in torch.stack(found).tolist()]  # type: ignore[union-attr]
+    sync_now = not all(fused) or bool(engine.schedulers) or reads_are_free(dev)
+    host_found = _read_flags(found) if sync_now else None
     for i, opt in enumerate(opts):
         if fused[i]:
             opt.grad_scale = None if unscaled else scaler.scale_tensor  # type: ignore[attr-defined,union-attr]
@@ -87,6 +91,21 @@ def optimizer_step(engine: Engine, opts: list[torch.optim.Optimizer]) -> None:
                 del opt.grad_scale, opt.found_inf  # type: ignore[attr-defined]
         elif host_found is None or not host_found[i]:
             opt.step()
+    _finish(engine, opts, found, sync_now, late_collapse, copied_back=False)
+
+
+def _read_flags(found: list[torch.Tensor]) -> list[bool] | None:
+    """Each optimizer's overflow flag on the host (the one sync); None without flags."""
+    if not found:
+        return None
+    return [bool(found[0].item())] if len(found) == 1 else [bool(v) for v in torch.stack(found).tolist()]
+
+
+def _finish(engine: Engine, opts: list[torch.optim.Optimizer], found: list[torch.Tensor], read: bool, late_collapse: str | None, *, copied_back: bool) -> None:
+    """After the update: the loss scale, the outcome, the 16-bit copy-back, schedulers, zeroed gradients, hooks."""
+    state, scaler = engine.step_state, engine.scaler
+    any_found = None if not found else found[0] if len(found) == 1 else torch.stack(found).amax()
+    host_found = _read_flags(found) if read else None
     if scaler is not None:
         scaler.update(any_found)  # type: ignore[arg-type]
     state.record_outcome(any_found, host_found)
@@ -95,7 +114,7 @@ def optimizer_step(engine: Engine, opts: list[torch.optim.Optimizer]) -> None:
     # Diagnose while the offending gradients still exist, but finish the step before raising, so a caller that
     # catches the error holds a consistent model, optimizer and gradient state.
     collapse = engine.diagnose_collapse() if state.found_host else None
-    if engine.masters is not None:
+    if engine.masters is not None and not copied_back:
         engine.masters.copy_masters_to_model()
     for s in engine.schedulers:
         if not state.found_host and any(s.optimizer is o for o in opts):

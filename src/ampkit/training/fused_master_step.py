@@ -1,0 +1,283 @@
+"""The master-weight step as one compiled region: unscale, inf check, clip, fp32 update and 16-bit copy-back.
+
+Unfused, a ``*-true-masters`` step walks the gradients and weights many times: the 16-bit gradients are copied
+to fp32, unscaled and checked (a pass each), their norm is taken and they are scaled (two more), the optimizer
+reads them with the fp32 weights and its state, and the weights are copied back to 16 bits. Each pass is a
+foreach launch over every tensor, and on an accelerator each is bound by memory traffic. Here torch.compile
+traces the whole step - ampkit's part and the optimizer's own ``step`` (torch's code, not a re-implementation)
+- and inductor fuses it: C++ loops on the CPU, Triton kernels on a GPU.
+
+Three things make the traced step correct and stable:
+
+- **Skipping without a branch.** An overflowed step must leave weights and optimizer state untouched, and
+  asking the host would cost a sync. The region keeps the values from before the update and selects them
+  back where ``found_inf`` is set (``torch.where``); inductor fuses that select into the update kernel, so it
+  costs no extra pass. The first step of an optimizer (no state yet) runs unfused: a state that does not exist
+  yet cannot be put back.
+- **No recompilation when the learning rate changes.** A float ``lr`` is a constant to the compiler, so a
+  scheduler would recompile every step. During the call each group's ``lr`` is a 0-d tensor (filled from the
+  float) with ``capturable=True``, torch's documented form for a compiled optimizer; the float comes back after,
+  so schedulers, checkpoints and the user see what they always see.
+- **The optimizer's own code.** Supported: :data:`SUPPORTED` (the optimizers torch compiles with tensor
+  learning rates). Step hooks registered on an optimizer would be bypassed, so such an optimizer is refused.
+
+    >>> from torch import nn
+    >>> from ampkit import Engine
+    >>> model = nn.Linear(8, 8); opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    >>> engine = Engine("bf16-true-masters", fused_step={"backend": "aot_eager"})  # inductor by default
+    >>> model, opt = engine.setup(model, opt)
+    >>> for _ in range(3):
+    ...     engine.backward(model(torch.randn(4, 8, dtype=torch.bfloat16)).float().square().mean()); _ = engine.step()
+    >>> engine.fused_step.calls  # the first step builds the optimizer's state unfused
+    2
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+import types
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+from .._compat import optimizer_has_step_hooks
+from .masters import MasterWeights
+
+__all__ = ["SUPPORTED", "FusedMasterStep", "fused_step_problem", "check_fused_step_spec", "build_fused_step"]
+
+log = logging.getLogger("ampkit")
+
+SUPPORTED: tuple[type[torch.optim.Optimizer], ...] = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW)
+"""Optimizers whose step the fused region traces (subclasses included); others step unfused."""
+
+
+def fused_step_problem(optimizers: Sequence[torch.optim.Optimizer], masters: MasterWeights | None, distributed: str | None) -> str | None:
+    """Why the fused master step cannot run here, in words that name the fix; None when it can.
+
+    >>> from torch import nn
+    >>> print(fused_step_problem([torch.optim.Adagrad(nn.Linear(1, 1).parameters())], MasterWeights([]), None))
+    it traces SGD, Adam and AdamW, not Adagrad; use one of those or fused_step=False
+    """
+    if masters is None:
+        return "only the master-weight policies ('bf16-true-masters', '16-true-masters') have a master step to fuse"
+    if distributed is not None:
+        return f"{distributed}; use fused_step=False"
+    names = ", ".join(c.__name__ for c in SUPPORTED[:-1]) + f" and {SUPPORTED[-1].__name__}"
+    for opt in optimizers:
+        if not isinstance(opt, SUPPORTED):
+            return f"it traces {names}, not {type(opt).__name__}; use one of those or fused_step=False"
+        if optimizer_has_step_hooks(opt):
+            return f"{type(opt).__name__} has step hooks, which the traced step would bypass; remove them or use fused_step=False"
+        if any(g.get("differentiable") for g in opt.param_groups):
+            return "a differentiable optimizer cannot be traced under no_grad; use fused_step=False"
+    return None
+
+
+def check_fused_step_spec(spec: Any) -> None:
+    """Refuse a ``fused_step=`` that is not None, a bool or a dict of torch.compile options.
+
+    >>> check_fused_step_spec("yes")
+    Traceback (most recent call last):
+    ...
+    ValueError: fused_step='yes' is not understood; pass True, False, a dict of torch.compile options, or leave it off (on with compile=).
+    """
+    if not (spec is None or isinstance(spec, bool) or (isinstance(spec, dict) and all(isinstance(k, str) for k in spec))):
+        raise ValueError(f"fused_step={spec!r} is not understood; pass True, False, a dict of torch.compile options, or leave it off (on with compile=).")
+
+
+def build_fused_step(
+    spec: bool | dict[str, Any] | None,
+    compile_options: dict[str, Any] | None,
+    optimizers: Sequence[torch.optim.Optimizer],
+    masters: MasterWeights | None,
+    distributed: str | None,
+) -> FusedMasterStep | None:
+    """The fused step ``Engine(fused_step=spec)`` asks for, at setup; None for the unfused one.
+
+    ``spec=None`` follows ``compile=`` (``compile_options`` is its torch.compile options, None when off): on where
+    it can run, else logged and unfused. ``True`` or a dict insists, and a reason it cannot run is an error.
+    """
+    if spec is False or (spec is None and compile_options is None):
+        return None
+    problem = fused_step_problem(optimizers, masters, distributed)
+    if problem is not None:
+        if spec is None:
+            if masters is not None:
+                log.info("compile: the master-weight step stays unfused: %s", problem)
+            return None
+        raise ValueError(f"fused_step: {problem}.")
+    assert masters is not None  # fused_step_problem refuses the rest
+    options = spec if isinstance(spec, dict) else compile_options or {}
+    return FusedMasterStep(masters, options)
+
+
+class FusedMasterStep:
+    """Steps master-weight optimizers through one compiled region (see the module docstring).
+
+    ``options`` go to ``torch.compile`` (default: inductor). :attr:`calls` counts the fused steps taken.
+    """
+
+    def __init__(self, masters: MasterWeights, options: dict[str, Any] | None = None) -> None:
+        self.masters = masters
+        self.options = dict(options or {})
+        self.calls = 0
+        self._index = {id(m): i for i, m in enumerate(masters.masters)}
+        self._lr: dict[int, torch.Tensor] = {}  # one persistent 0-d tensor per param group: same object, new value
+        self._compiled: Callable[..., tuple[list[torch.Tensor], torch.Tensor | None]] = torch.compile(_own_region(), **self.options)
+
+    def ready(self, opts: Sequence[torch.optim.Optimizer]) -> bool:
+        """Whether every parameter about to step has optimizer state and a dense gradient (else: the unfused step)."""
+        if len(self._index) != len(self.masters.masters):  # masters added after setup (add_param_group)
+            self._index = {id(m): i for i, m in enumerate(self.masters.masters)}
+        for opt in opts:
+            for g in opt.param_groups:
+                for p in g["params"]:
+                    i = self._index.get(id(p))
+                    grad = self.masters.model_params[i].grad if i is not None else p.grad
+                    if grad is not None and (grad.is_sparse or not opt.state.get(p)):
+                        return False
+        return True
+
+    def step(
+        self,
+        opts: Sequence[torch.optim.Optimizer],
+        inv_scale: torch.Tensor | None,
+        clip_grad_norm: float | None,
+        clip_grad_value: float | None,
+        skip_nonfinite: bool,
+    ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        """One fused step of ``opts``; returns each optimizer's found-inf flag as a float32 0-d tensor (none
+        without ``skip_nonfinite``) and the total norm before clipping (None without ``clip_grad_norm``)."""
+        # Per optimizer: where each gradient comes from (the 16-bit model parameter, or an fp32 parameter kept
+        # out of the cast, which is its own source) and the parameter the optimizer steps.
+        sources: list[list[torch.Tensor]] = []
+        stepped: list[list[torch.Tensor]] = []
+        for opt in opts:
+            src, dst = [], []
+            for g in opt.param_groups:
+                for p in g["params"]:
+                    i = self._index.get(id(p))
+                    source = self.masters.model_params[i] if i is not None else p
+                    if source.grad is None:
+                        p.grad = None  # torch's step skips a parameter without a gradient
+                        continue
+                    if i is not None:
+                        p.grad = self.masters._grad_buffers[i]
+                    src.append(source)
+                    dst.append(p)
+            sources.append(src)
+            stepped.append(dst)
+        pairs = [(p, m) for p, m in zip(self.masters.model_params, self.masters.masters) if p.grad is not None]
+        stepping = [i for i, ms in enumerate(stepped) if ms]  # an optimizer without gradients has nothing to do
+        if not stepping:
+            device = self.masters.masters[0].device if self.masters.masters else torch.device("cpu")
+            return [torch.zeros((), device=device) for _ in opts] if skip_nonfinite else [], None
+        with self._tensor_hyperparameters(opts):
+            found, norm = self._compiled(
+                [sources[i] for i in stepping], [stepped[i] for i in stepping], [opts[i] for i in stepping],
+                [p for p, _ in pairs], [m for _, m in pairs], inv_scale, clip_grad_norm, clip_grad_value, skip_nonfinite,
+            )
+        self.calls += 1
+        if found and len(stepping) < len(opts):
+            flags = dict(zip(stepping, found))
+            found = [flags.get(i, torch.zeros_like(found[0])) for i in range(len(opts))]
+        return found, norm
+
+    @contextlib.contextmanager
+    def _tensor_hyperparameters(self, opts: Sequence[torch.optim.Optimizer]) -> Iterator[None]:
+        saved = []
+        for opt in opts:
+            for g in opt.param_groups:
+                lr = self._lr.get(id(g))
+                if lr is None:
+                    lr = self._lr[id(g)] = torch.tensor(float(g["lr"]), dtype=torch.float32, device=g["params"][0].device)
+                else:
+                    lr.fill_(float(g["lr"]))  # a launch, not a sync
+                saved.append((g, g["lr"], g.get("capturable"), g.get("fused"), g.get("foreach")))
+                g["lr"], g["fused"], g["foreach"] = lr, False, True
+                if "capturable" in g:
+                    g["capturable"] = True
+        try:
+            yield
+        finally:
+            for g, lr, capturable, fused, foreach in saved:
+                g["lr"], g["fused"], g["foreach"] = lr, fused, foreach
+                if capturable is not None:
+                    g["capturable"] = capturable
+
+
+def _step_region(
+    sources: list[list[torch.Tensor]],
+    stepped: list[list[torch.Tensor]],
+    opts: list[torch.optim.Optimizer],
+    model_params: list[torch.Tensor],
+    masters: list[torch.Tensor],
+    inv_scale: torch.Tensor | None,
+    clip_grad_norm: float | None,
+    clip_grad_value: float | None,
+    skip_nonfinite: bool,
+) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+    """The traced step. Per optimizer: fp32 gradients, unscaled; a found-inf flag; one norm over all of them; the
+    update, undone where the flag is set; then the 16-bit copy of every master."""
+    with torch.no_grad():  # inside, not a decorator: the compiled frame must be this function's own code
+        return _traced_step(sources, stepped, opts, model_params, masters, inv_scale, clip_grad_norm, clip_grad_value, skip_nonfinite)
+
+
+def _traced_step(
+    sources: list[list[torch.Tensor]],
+    stepped: list[list[torch.Tensor]],
+    opts: list[torch.optim.Optimizer],
+    model_params: list[torch.Tensor],
+    masters: list[torch.Tensor],
+    inv_scale: torch.Tensor | None,
+    clip_grad_norm: float | None,
+    clip_grad_value: float | None,
+    skip_nonfinite: bool,
+) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+    # Unscaled after the cast to fp32, so gradients that fp16 held only while scaled are not flushed to zero.
+    grads = [[p.grad.to(torch.float32) for p in ps] for ps in sources]
+    if inv_scale is not None:
+        grads = [[g * inv_scale for g in gs] for gs in grads]
+    found = [_any_nonfinite(gs) for gs in grads] if skip_nonfinite else []
+    norm = None
+    flat = [g for gs in grads for g in gs]
+    if clip_grad_norm is not None and flat:
+        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in flat]))
+        coef = (clip_grad_norm / (norm + 1e-6)).clamp(max=1.0)
+        if found:
+            # An overflow anywhere poisons the norm, so every optimizer skips (as the unfused step does); the
+            # gradients are then left as they are, for the diagnosis of which parameters overflowed.
+            found = [torch.stack(found).any()] * len(found)
+            coef = torch.where(found[0], 1.0, coef)
+        grads = [[g * coef for g in gs] for gs in grads]
+    elif clip_grad_value is not None:
+        grads = [[g.clamp(-clip_grad_value, clip_grad_value) for g in gs] for gs in grads]
+    for i, (ps, gs, opt) in enumerate(zip(stepped, grads, opts)):
+        torch._foreach_copy_([p.grad for p in ps], gs)
+        # What the update writes: the parameters and every tensor of their state (moments, step counts, buffers).
+        written = [*ps, *(t for p in ps for t in opt.state[p].values() if isinstance(t, torch.Tensor))]
+        before = [t.clone() for t in written] if found else []
+        inspect.unwrap(type(opt).step)(opt)  # torch's update, traced; the wrapper only graph-breaks and runs hooks
+        for t, old in zip(written, before):
+            t.copy_(torch.where(found[i], old, t))
+    torch._foreach_copy_(model_params, masters)
+    return [f.to(torch.float32) for f in found], norm
+
+
+def _own_region() -> Callable[..., tuple[list[torch.Tensor], torch.Tensor | None]]:
+    """``_step_region`` with a code object of its own.
+
+    Dynamo keeps compiled graphs and their guards per code object, and it guards on the optimizer itself: with one
+    shared code object, every engine of a process (bench builds one per policy, a sweep one per trial) would add
+    entries until the recompile limit sends them all back to eager. Its own copy gives each engine its own cache,
+    freed with it.
+    """
+    raw = _step_region
+    return types.FunctionType(raw.__code__.replace(), raw.__globals__, raw.__name__, raw.__defaults__, raw.__closure__)
+
+
+def _any_nonfinite(grads: list[torch.Tensor]) -> torch.Tensor:
+    return torch.stack([~torch.isfinite(g).all() for g in grads]).any()
