@@ -3,17 +3,21 @@ gradient, the output dtype or the loss are caught and named."""
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from torch import nn
-from torch._dynamo.backends.common import aot_autograd  # how torch's custom-backend guide builds an AOT backend
 
 from ampkit.numerics.compare import reference_step
 from ampkit.numerics.compiled import FLOOR, check_compiled
 
+_spec = importlib.util.spec_from_file_location("ampkit_test_fragile_cc", Path(__file__).with_name("fragile.py"))
+fragile = importlib.util.module_from_spec(_spec)  # type: ignore[arg-type]
+_spec.loader.exec_module(fragile)  # type: ignore[union-attr]
 CE = nn.functional.cross_entropy
 HEAD_WEIGHT = (4, 32)
 """The shape of the last Linear's weight, module "4": no other parameter has it."""
@@ -42,28 +46,6 @@ def _check(precision: str, compile: Any) -> Any:
     return check_compiled(model, batch, CE, precision, reference=reference_step(model, batch, CE), compile=compile)
 
 
-def _nop(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Callable[..., Any]:
-    return gm.forward
-
-
-def _boxed(fn: Callable[..., Any]) -> Callable[..., Any]:
-    fn._boxed_call = True  # type: ignore[attr-defined]  # AOTAutograd calls a boxed function with one list
-    return fn
-
-
-def _nop_boxed(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Callable[..., Any]:
-    return _boxed(lambda args: gm(*args))
-
-
-def _scales_head_grad(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Callable[..., Any]:
-    """A backward compiler that returns the head weight's gradient 1% too large: a compiler bug in one module."""
-
-    def run(args: list[torch.Tensor]) -> list[Any]:
-        return [g * 1.01 if isinstance(g, torch.Tensor) and tuple(g.shape) == HEAD_WEIGHT else g for g in gm(*args)]
-
-    return _boxed(run)
-
-
 def _casts_output(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Callable[..., Any]:
     """A compiler whose graph hands its output back in fp32 where eager's is bf16."""
     return lambda *args: [t.float() for t in gm(*args)]
@@ -85,7 +67,7 @@ def test_a_compiled_step_through_aot_autograd_agrees_with_eager() -> None:
 
 
 def test_a_compiler_that_changes_one_gradient_by_one_percent_is_caught_and_the_module_named() -> None:
-    check = _check("bf16-mixed", {"backend": aot_autograd(fw_compiler=_nop_boxed, bw_compiler=_scales_head_grad)})
+    check = _check("bf16-mixed", {"backend": fragile.grad_scaling_backend(HEAD_WEIGHT)})
     assert not check.agrees and check.diverging == ["4"]
     head = check.modules["4"]
     assert head.rel_error == pytest.approx(0.01, rel=0.05) and head.rel_error > max(head.noise or 0.0, FLOOR)  # type: ignore[operator]
