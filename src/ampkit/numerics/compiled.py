@@ -110,7 +110,7 @@ class CompileCheck:
         head = f"compiled step {'agrees with' if self.agrees else 'diverges from'} eager under {self.policy}"
         facts = []
         if not self.loss_agrees:
-            facts.append(f"loss {self.loss} vs eager {self.eager_loss:.6g} (fp32 {self.reference_loss:.6g})")
+            facts.append(f"loss {self.loss!s:.8} vs eager {self.eager_loss!s:.8} (fp32 {self.reference_loss!s:.8})")
         if not self.dtypes_agree:
             facts.append(f"output {', '.join(self.output_dtypes)} where eager gives {', '.join(self.eager_output_dtypes)}")
         for name in self.diverging[:5]:
@@ -121,7 +121,7 @@ class CompileCheck:
             facts.append(f"{len(self.diverging) - 5} more modules")
         if self.agrees:
             worst = max((m.rel_error / max(m.noise or 0.0, FLOOR) for m in self.modules.values() if m.rel_error is not None), default=0.0)
-            facts.append(f"loss {self.loss:.6g} vs {self.eager_loss:.6g}, output {', '.join(self.output_dtypes) or 'not floating'}, "
+            facts.append(f"loss {self.loss!s:.8} vs {self.eager_loss!s:.8}, output {', '.join(self.output_dtypes) or 'not floating'}, "
                          f"largest module gradient difference {worst:.2f} of its limit")  # fmt: skip
         return f"{head}: {'; '.join(facts)}"
 
