@@ -129,6 +129,8 @@ def load_factory(spec: str, option: str) -> Callable[[], Any]:
             loader_spec = importlib.util.spec_from_file_location(f"_ampkit_user_{path.stem}", path)
             assert loader_spec is not None and loader_spec.loader is not None
             module = importlib.util.module_from_spec(loader_spec)
+            # Registered by name, as importlib's recipe does: torch.compile looks up the module of the code it traces.
+            sys.modules[loader_spec.name] = module
             loader_spec.loader.exec_module(module)
         else:
             if "" not in sys.path and str(Path.cwd()) not in sys.path:

@@ -3,6 +3,7 @@
     ampkit doctor                                        # the default built-in workload on this device
     ampkit doctor -w gpt --precision 16-mixed --out doctor/gpt
     ampkit doctor --model mypkg.nets:build --data mypkg.data:batches --out doctor/
+    ampkit doctor -w gpt --compile regional              # also: the compiled step against the eager one
 
 Trains a few fp32 steps with every module recorded, then tries the policy one step at a time (see
 :mod:`ampkit.numerics`). Prints the worst modules and the recommendation (stdout); ``--out DIR`` writes
@@ -28,6 +29,20 @@ __all__ = ["register", "run"]
 log = logging.getLogger("ampkit")
 
 
+def _compile_spec(args: argparse.Namespace) -> bool | str | dict[str, object] | None:
+    """``Engine(compile=...)``'s argument from ``--compile`` and ``--compile-backend``; None without ``--compile``."""
+    if args.compile is None:
+        if args.compile_backend is not None:
+            raise ValueError(f"--compile-backend {args.compile_backend} without --compile: add --compile (or --compile regional).")
+        return None
+    if args.compile_backend is None:
+        return True if args.compile == "model" else "regional"
+    known = torch.compiler.list_backends(exclude_tags=())  # aot_eager and eager are tagged debug: listed too
+    if args.compile_backend not in known:
+        raise ValueError(f"--compile-backend {args.compile_backend} is not a torch.compile backend; pick one of {', '.join(known)}.")
+    return {"backend": args.compile_backend, "regional": args.compile == "regional"}
+
+
 def run(args: argparse.Namespace) -> int:
     """Diagnose the model the arguments describe; print the table; write the files asked for."""
     from .._util.model_io import to_device
@@ -35,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
     from ..policy import get_policy
 
     writable_dir(args.out, "--out")
+    compile = _compile_spec(args)  # bad flags are refused before the workload is built
     device = device_arg(args.device, command="doctor")
     if args.precision is not None:
         get_policy(args.precision).check_device(device)
@@ -50,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
     command = recorded_command(args)
     diagnosis = diagnose(
         model, batches, workload.loss_fn, steps=args.steps, target=args.precision, optimizer=workload.optimizer, seed=args.seed,
+        compile=compile,
         context={"command": command, "workload": {"name": workload.name, "description": workload.description, "size": size if args.data is None else None}},
     )
     data = diagnosis.to_dict()

@@ -114,6 +114,12 @@ def add_doctor(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--steps", type=positive, default=3, help="fp32 reference steps to collect statistics over (default: 3)")
     _add_device(p)
     p.add_argument("--top", type=non_negative, default=15, help="modules shown in the table, worst first (default: 15)")
+    p.add_argument(
+        "--compile", nargs="?", const="model", choices=("model", "regional"), metavar="{model,regional}",
+        help="also run the recommended policy's step compiled (Engine(compile=...): the whole model, or each repeated "
+        "block with 'regional') and compare it with the eager step, module by module (default: model)",
+    )
+    p.add_argument("--compile-backend", metavar="NAME", help="torch.compile backend for --compile, e.g. aot_eager to tell the compiler's differences from tracing's (default: inductor)")
     _add_out(p, writes="doctor.json, report.md and PNG histograms")
     p.set_defaults(func=_runs("doctor"))
 

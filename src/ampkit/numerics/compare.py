@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,10 +38,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._util.model_io import batch_loss
-from .recorder import ModuleRecorder
+from .._util.model_io import batch_loss, batch_parts, call_model, output_as_float
+from .recorder import ModuleRecorder, floating_tensors
 
-__all__ = ["ModuleAgreement", "ReferenceStep", "StepComparison", "reference_step", "compare_step", "COSINE_MIN", "REL_ERROR_MAX"]
+__all__ = ["ModuleAgreement", "ReferenceStep", "StepComparison", "PolicyStep", "reference_step", "compare_step", "policy_step", "COSINE_MIN", "REL_ERROR_MAX"]
 
 COSINE_MIN = 0.99
 """Without a noise estimate, a module whose gradient's cosine similarity to fp32 falls below this diverges..."""
@@ -180,7 +181,9 @@ class StepComparison:
         }
 
 
-def _agreement(got: torch.Tensor, ref: torch.Tensor, noise: float | None) -> ModuleAgreement:
+def _agreement(got: torch.Tensor, ref: torch.Tensor, noise: float | None, floor: float = NOISE_FLOOR) -> ModuleAgreement:
+    """How ``got`` compares with ``ref``: it diverges when non-finite, lost, or off by more than ``max(noise, floor)``
+    (without a ``noise``, by the fixed limits :data:`COSINE_MIN` and :data:`REL_ERROR_MAX`)."""
     nonfinite = not bool(torch.isfinite(got).all())
     if nonfinite:
         return ModuleAgreement(cosine=None, rel_error=None, nonfinite=True, diverges=True)
@@ -192,7 +195,7 @@ def _agreement(got: torch.Tensor, ref: torch.Tensor, noise: float | None) -> Mod
         cos = 0.0  # the whole gradient was lost (flushed to zero): as far from the reference as it gets
     lost = ref_norm > 0 and got_norm == 0
     if noise is not None:
-        diverges = lost or (rel is not None and rel > max(noise, NOISE_FLOOR))
+        diverges = lost or (rel is not None and rel > max(noise, floor))
     else:
         diverges = lost or (cos is not None and cos < COSINE_MIN) or (rel is not None and rel > REL_ERROR_MAX)
     return ModuleAgreement(cosine=cos, rel_error=rel, nonfinite=False, diverges=diverges, noise=noise)
@@ -212,6 +215,65 @@ def _origins(rec: ModuleRecorder) -> tuple[str | None, str | None]:
     return forward, backward
 
 
+@dataclass
+class PolicyStep:
+    """One forward and backward of a copy of the model through :class:`~ampkit.Engine`: what the doctor compares."""
+
+    loss: float
+    grads: dict[str, torch.Tensor]
+    """Each module's own-parameter gradients (fp32, the loss scale divided out), as :func:`_module_grads`."""
+    output_dtypes: list[torch.dtype]
+    """The dtypes of the model output's floating tensors, before the loss casts them to fp32."""
+    policy: str
+    forward_origin: str | None = None
+    backward_origin: str | None = None
+    compiled: list[str] = field(default_factory=list)
+    """The regions the engine compiled ('' for the whole model); empty for an eager step."""
+
+
+def policy_step(
+    model: nn.Module,
+    batch: Any,
+    loss_fn: LossFn,
+    precision: str,
+    *,
+    seed: int,
+    keep_fp32: Sequence[str] = (),
+    loss_scale: float | None = None,
+    compile: Any = None,
+) -> PolicyStep:
+    """One step of a copy of ``model`` under ``precision`` (``keep_fp32``, the loss scaled by ``loss_scale``; None:
+    not scaled), dropout seeded by ``seed``, compiled as ``Engine(compile=compile)`` says.
+
+    An eager step runs under a :class:`~ampkit.numerics.recorder.ModuleRecorder`, which names where inf/NaN began.
+    A compiled one runs without it: its hooks would be traced into the graph (or break it), and the graph checked
+    must be the one a training run compiles.
+    """
+    from ..training.engine import Engine  # the engine imports the policies; imported here to keep this module light
+    from ..scaling import StaticLossScaler
+
+    treated = copy.deepcopy(model).float()
+    device = next((p.device for p in treated.parameters()), torch.device("cpu"))
+    scaler = StaticLossScaler(loss_scale) if loss_scale is not None else "none"
+    engine = Engine(precision, keep_fp32=list(keep_fp32), scaler=scaler, compile=compile)
+    treated = engine.setup(treated)
+    recorder = ModuleRecorder(treated, rounding=False) if compile is None else contextlib.nullcontext()
+    with recorder as rec:
+        inputs, target = batch_parts(batch)
+        with seeded(seed, device), engine.autocast():
+            output = call_model(treated, inputs)
+            loss = loss_fn(output_as_float(output), target)
+        engine.backward(loss)
+        if rec is not None:
+            rec.record_parameters(weights=False)
+    forward, backward = _origins(rec) if rec is not None else (None, None)
+    return PolicyStep(
+        loss=float(loss.detach()), grads=_module_grads(treated, divide_by=loss_scale or 1.0),
+        output_dtypes=[t.dtype for t in floating_tensors(output)], policy=engine.policy.name,
+        forward_origin=forward, backward_origin=backward, compiled=list(engine.compiled),
+    )
+
+
 def compare_step(
     model: nn.Module,
     batch: Any,
@@ -225,24 +287,10 @@ def compare_step(
 ) -> StepComparison:
     """One forward and backward of a copy of ``model`` under the policy ``precision`` with ``keep_fp32``, the loss
     scaled by ``loss_scale`` (None: no scaling), compared module by module with ``reference``."""
-    from ..training.engine import Engine  # the engine imports the policies; imported here to keep this module light
-    from ..scaling import StaticLossScaler
-
-    treated = copy.deepcopy(model).float()
-    device = next((p.device for p in treated.parameters()), torch.device("cpu"))
-    engine = Engine(precision, keep_fp32=list(keep_fp32), scaler=StaticLossScaler(loss_scale) if loss_scale is not None else "none")
-    treated = engine.setup(treated)
-    with ModuleRecorder(treated, rounding=False) as rec:
-        with seeded(reference.seed, device), engine.autocast():
-            loss = batch_loss(treated, batch, loss_fn)
-        engine.backward(loss)
-        rec.record_parameters(weights=False)
-    grads = _module_grads(treated, divide_by=loss_scale or 1.0)
-    loss_value = float(loss.detach())
-    forward, backward = _origins(rec)
-    modules = {name: _agreement(grads[name], ref, reference.noise.get(name)) for name, ref in reference.grads.items() if name in grads}
+    step = policy_step(model, batch, loss_fn, precision, seed=reference.seed, keep_fp32=keep_fp32, loss_scale=loss_scale)
+    modules = {name: _agreement(step.grads[name], ref, reference.noise.get(name)) for name, ref in reference.grads.items() if name in step.grads}
     return StepComparison(
-        label=label, policy=engine.policy.name, keep_fp32=list(keep_fp32), loss_scale=loss_scale,
-        loss=loss_value if torch.isfinite(torch.tensor(loss_value)) else None, reference_loss=reference.loss,
-        forward_origin=forward, backward_origin=backward, modules=modules,
+        label=label, policy=step.policy, keep_fp32=list(keep_fp32), loss_scale=loss_scale,
+        loss=step.loss if math.isfinite(step.loss) else None, reference_loss=reference.loss,
+        forward_origin=step.forward_origin, backward_origin=step.backward_origin, modules=modules,
     )

@@ -35,8 +35,10 @@ from torch import nn
 
 from .._util.units import fmt_share
 from ..policy import get_policy
+from ..training.compile import check_compile_plan, compile_plan
 from .._util.model_io import batch_loss, default_loss, to_device
 from .compare import LossFn, StepComparison, compare_step, reference_step, seeded
+from .compiled import CompileCheck, check_compiled
 from .formats import FP16
 from .recommend import Tailored, candidate_precisions, choose_precision, tailor
 from .recorder import ModuleRecorder
@@ -69,6 +71,8 @@ class Diagnosis:
     target: str | None = None
     context: dict[str, Any] = field(default_factory=dict)
     """Run facts for the report: device, workload, command."""
+    compile_check: CompileCheck | None = None
+    """The recommended policy's step compiled against eager (``diagnose(compile=...)``); None when not asked."""
 
     @property
     def recommended_loss_scale(self) -> float:
@@ -133,6 +137,7 @@ class Diagnosis:
             },
             "tailoring_notes": list(self.tailoring_notes),
             "comparisons": [c.to_dict() for c in self.comparisons],
+            "compile_check": self.compile_check.to_dict() if self.compile_check is not None else None,
             "modules": self.modules,
         }
 
@@ -185,6 +190,7 @@ def diagnose(
     device: torch.device | str | None = None,
     seed: int = 0,
     context: dict[str, Any] | None = None,
+    compile: bool | str | dict[str, Any] | None = None,
 ) -> Diagnosis:
     """Diagnose how ``model`` fits fp16/bf16 on ``batches`` and recommend a policy, fp32 modules and a loss scale.
 
@@ -197,6 +203,9 @@ def diagnose(
         steps: fp32 reference steps whose statistics are collected (the optimizer steps between them).
         target: tailor for this policy only (e.g. ``"16-mixed"`` for a GPU without bf16); default: choose among
             the mixed policies that run fast on ``device``.
+        compile: also run the recommended policy's step compiled as ``Engine(compile=compile)`` would (True,
+            ``"regional"`` or torch.compile options) and compare it with the eager step, module by module
+            (:mod:`~ampkit.numerics.compiled`); default: no compiled step.
         optimizer: ``optimizer(params)`` for the reference steps; default: none (statistics of the initial weights).
         device: where to run; default: where the model's parameters are. The batches are moved there too, so a
             CPU model and CPU batches can be diagnosed on a GPU as they are.
@@ -205,6 +214,8 @@ def diagnose(
         raise ValueError(f"steps must be >= 1 (fp32 reference steps to collect statistics from), got {steps}.")
     if not batches:
         raise ValueError("diagnose() needs at least one (inputs, targets) batch.")
+    plan = compile_plan(compile)  # a compile setting that cannot apply is refused before the reference run, not after
+    check_compile_plan([model], plan)
     work = copy.deepcopy(model).float()
     if device is not None:
         work = work.to(device)
@@ -234,6 +245,13 @@ def diagnose(
     reasons += _reasons(chosen, tailored, advice)
     comparisons = [c for pair in zip(defaults, [t.comparison for t in tailored]) for c in pair]
     shown = [c for c in comparisons if chosen is None or c.policy == chosen.precision] or comparisons
+    compiled = None
+    if plan is not None:
+        scale_log2 = chosen.loss_scale_log2 if chosen is not None else None
+        compiled = check_compiled(
+            work, batch, loss_fn, chosen.precision if chosen is not None else "32-true", reference=ref, compile=compile,
+            keep_fp32=chosen.keep_fp32 if chosen is not None else (), loss_scale=2.0**scale_log2 if scale_log2 is not None else None,
+        )
     return Diagnosis(
         recommended_precision=chosen.precision if chosen is not None else "32-true",
         precision_reasons=reasons,
@@ -248,6 +266,7 @@ def diagnose(
         tailoring_notes=[n for t in tailored for n in (f"{t.precision}: {x}" for x in t.notes)],
         target=get_policy(target).name if target is not None else None,
         context={"device": str(dev), "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), **(context or {})},
+        compile_check=compiled,
     )
 
 

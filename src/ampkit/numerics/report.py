@@ -25,6 +25,7 @@ from ..report.markdown import code_block, markdown_table, md_escape, plot_sectio
 from .formats import FP16
 from .table import (
     comparison_summary,
+    compile_lines,
     fmt_cosine,
     fmt_error,
     fmt_share,
@@ -151,6 +152,34 @@ def _comparisons(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _excess(item: tuple[str, dict[str, Any]]) -> float:
+    entry = item[1]
+    if entry.get("nonfinite") or entry.get("rel_error") is None:
+        return float("-inf") if entry.get("nonfinite") else 0.0
+    return -float(entry["rel_error"]) / float(entry.get("limit") or 1.0)
+
+
+def _compiled(data: dict[str, Any]) -> list[str]:
+    check = data.get("compile_check")
+    if not check:
+        return []
+    verdict, *advice = compile_lines(check)
+    regions = ", ".join(module_label(r) for r in check.get("compiled") or []) or "nothing"
+    lines = ["## Compiled against eager", "", f"`{check.get('policy') or MISSING}` ran one step eager and one with "
+             f"`{md_escape(check.get('compile') or MISSING)}` (compiled: {md_escape(regions)}), same weights, batch and dropout masks.", ""]
+    lines += [f"**{md_escape(verdict)}**", "", *(f"- {md_escape(a)}" for a in advice), *([""] if advice else [])]
+    lines += [f"- loss: compiled {fmt_float(check.get('loss'))}, eager {fmt_float(check.get('eager_loss'))}, fp32 {fmt_float(check.get('reference_loss'))}"]
+    lines += [f"- output dtypes: compiled {', '.join(check.get('output_dtypes') or []) or MISSING}, eager {', '.join(check.get('eager_output_dtypes') or []) or MISSING}", ""]
+    entries = sorted((check.get("modules") or {}).items(), key=_excess)[:LOWEST_COSINES]
+    if entries:
+        rows = [[module_label(name), "non-finite" if e.get("nonfinite") else fmt_error(e.get("rel_error")), fmt_error(e.get("limit")),
+                 "yes" if e.get("diverges") else "no"] for name, e in entries]  # fmt: skip
+        lines += [f"Gradient difference from eager, largest against its limit first ({len(entries)} of {len(check['modules'])} "
+                  "modules); the limit is the policy's own error against fp32:", ""]  # fmt: skip
+        lines += _table(["Module", "Rel. error vs eager", "Limit", "Diverges"], rows, ["left", "right", "right", "left"]) + [""]
+    return lines
+
+
 def _modules(data: dict[str, Any]) -> list[str]:
     total = len(data.get("modules") or [])
     if not total:
@@ -169,7 +198,7 @@ def render_report(data: dict[str, Any], out_dir: str | os.PathLike[str] = ".", p
     current directory (see :func:`ampkit.report.markdown.plot_links`).
     """
     out = Path(out_dir)
-    lines = _what_ran(data) + _recommendation(data) + _comparisons(data) + _modules(data) + plot_section(out, plots, escape=md_escape)
+    lines = _what_ran(data) + _recommendation(data) + _comparisons(data) + _compiled(data) + _modules(data) + plot_section(out, plots, escape=md_escape)
     return "\n".join(lines + ["## How to read this", "", HOW_TO_READ])
 
 

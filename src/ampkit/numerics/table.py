@@ -31,7 +31,7 @@ from .formats import FP16
 
 __all__ = [
     "render", "build_table", "module_rows", "ranked_modules", "header_lines", "recommendation_lines", "loss_scale_line",
-    "comparison_summary", "comparison_lines", "scaled_underflow_share", "fmt_share", "fmt_error", "fmt_cosine",
+    "comparison_summary", "comparison_lines", "compile_lines", "scaled_underflow_share", "fmt_share", "fmt_error", "fmt_cosine",
     "module_label", "split_problems", "TOP",
 ]  # fmt: skip
 
@@ -265,6 +265,15 @@ def comparison_lines(data: dict[str, Any]) -> list[str]:
     return [f"{c.get('label', '?')} ({c.get('policy') or MISSING}): {comparison_summary(c)}" for c in data.get("comparisons") or []]
 
 
+def compile_lines(check: dict[str, Any]) -> list[str]:
+    """The compiled-against-eager check (doctor.json's ``compile_check``): its verdict, then what to do.
+
+    >>> compile_lines({"verdict": "compiled step diverges from eager under bf16-mixed: fc off", "advice": ["keep fc eager"]})
+    ['compiled step diverges from eager under bf16-mixed: fc off', 'what to do: keep fc eager']
+    """
+    return [str(check.get("verdict") or MISSING)] + [f"what to do: {a}" for a in check.get("advice") or []]
+
+
 # Left out first when the terminal is too narrow for every column, so the cells left are whole, not "Grad r…".
 # Watch goes first: it asks nothing of the user, and report.md and doctor.json keep it.
 _DROP_ORDER = ("Watch", "Grad error", "Grad range", "Grad rel. error", "Type", "Act. overflow", "Grad cosine")
@@ -332,3 +341,9 @@ def render(data: dict[str, Any], console: Console, top: int = TOP) -> None:
         for comp, line in zip(comparisons, comparison_lines(data)):
             # Indented as a block, so a wrapped line still reads as part of its comparison.
             console.print(Padding(Text(line, style="" if comp.get("finite", True) else "red"), (0, 0, 0, 2), expand=False))
+    check = data.get("compile_check")
+    if check:
+        console.print()
+        console.print(Text(f"Compiled ({check.get('compile')}) against eager:", style="bold"))
+        for line in compile_lines(check):
+            console.print(Padding(Text(line, style="" if check.get("agrees") else "red"), (0, 0, 0, 2), expand=False))

@@ -79,3 +79,29 @@ def test_in_a_log_the_module_table_keeps_every_column_whole(tmp_path: Path, caps
     expected = module_rows(json.loads((tmp_path / "doctor.json").read_text()))
     assert headers == expected.headers and len(" ".join(headers)) > 80
     assert body == expected.rows
+
+
+@pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf:UserWarning")  # dynamo reads it
+def test_compile_flag_checks_the_compiled_step_and_reports_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import torch
+
+    torch._dynamo.reset()
+    argv = ["doctor", "--model", f"{FRAGILE}:overflow_net", "--data", f"{FRAGILE}:batches", "--steps", "1", "--precision", "bf16-mixed"]
+    assert main([*argv, "--out", str(tmp_path), "--compile", "--compile-backend", "aot_eager"]) == 0
+    check = json.loads((tmp_path / "doctor.json").read_text())["compile_check"]
+    assert check["agrees"] and check["compile"] == "compile={'backend': 'aot_eager', 'regional': False}"
+    assert check["compiled"] == [""] and check["policy"] == "bf16-mixed"
+    assert "compiled step agrees with eager under bf16-mixed" in capsys.readouterr().out
+    assert "## Compiled against eager" in (tmp_path / "report.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--compile-backend", "aot_eager"], "without --compile"),
+        (["--compile", "--compile-backend", "inductr"], "not a torch.compile backend"),
+    ],
+)
+def test_bad_compile_flags_are_one_line_and_exit_2(extra: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["doctor", "-w", "digits", "--size", "tiny", *extra]) == 2
+    assert message in capsys.readouterr().err

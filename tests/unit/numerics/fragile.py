@@ -8,9 +8,13 @@
   which fp16 flushes to zero even at GradScaler's 2^16, while the other layers' gradients allow a scale near
   2^29 that brings them into range. Adam with a tiny eps is invariant to the gradient's size, so in fp32 ``embed``
   learns as much as any layer.
+- :func:`grad_scaling_backend`: a torch.compile backend that breaks one module's gradient in the compiled step.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -85,3 +89,21 @@ def underflow_loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 def scale_free_adam(params) -> torch.optim.Optimizer:  # type: ignore[no-untyped-def]
     # eps far below any gradient here: the update depends on the gradient's sign pattern, not its size.
     return torch.optim.Adam(params, lr=1e-2, eps=1e-30)
+
+
+def grad_scaling_backend(shape: tuple[int, ...], factor: float = 1.01) -> Any:
+    """A torch.compile backend (built as torch's custom-backend guide shows) whose backward returns the gradient of
+    the parameter of this ``shape`` multiplied by ``factor``: a compiler bug confined to one module."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    def boxed(fn: Callable[[list[Any]], Any]) -> Callable[[list[Any]], Any]:
+        fn._boxed_call = True  # type: ignore[attr-defined]  # AOTAutograd calls a boxed function with one list
+        return fn
+
+    def forward(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Any:
+        return boxed(lambda args: gm(*args))
+
+    def backward(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> Any:
+        return boxed(lambda args: [g * factor if isinstance(g, torch.Tensor) and tuple(g.shape) == shape else g for g in gm(*args)])
+
+    return aot_autograd(fw_compiler=forward, bw_compiler=backward)

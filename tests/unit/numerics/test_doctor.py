@@ -7,6 +7,7 @@ import copy
 import importlib.util
 import json
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from ampkit.numerics import diagnose
 _spec = importlib.util.spec_from_file_location("ampkit_test_fragile", Path(__file__).with_name("fragile.py"))
 fragile = importlib.util.module_from_spec(_spec)  # type: ignore[arg-type]
 _spec.loader.exec_module(fragile)  # type: ignore[union-attr]
+sys.modules[_spec.name] = fragile  # torch.compile imports the module of the code it traces
 
 STEPS = 30
 
@@ -195,3 +197,31 @@ def test_on_a_cpu_without_a_target_the_doctor_picks_bf16_and_says_why_not_fp16()
     d = diagnose(fragile.underflow_net(), fragile.batches(), fragile.underflow_loss, steps=2, device="cpu")
     assert d.recommended_precision == "bf16-mixed"
     assert any("16-mixed is slow on cpu" in r for r in d.precision_reasons)
+
+
+# -- compiled against eager ----------------------------------------------------------------------------
+@pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf:UserWarning")  # dynamo reads it
+def test_compile_checks_the_prescription_and_names_the_module_a_broken_compiler_changes() -> None:
+    from ampkit.numerics.report import render_report
+
+    torch._dynamo.reset()
+    head = fragile.grad_scaling_backend((4, 32))  # the head's weight gradient, 1% off in the compiled step
+    d = diagnose(fragile.overflow_net(), fragile.batches(), steps=1, target="16-mixed", compile={"backend": head})
+    check = d.compile_check
+    assert check is not None and check.policy == "16-mixed"
+    # The step checked is the prescription's: its fp32 modules and its loss scale.
+    assert check.keep_fp32 == d.keep_fp32 == ["amplify"] and check.loss_scale == d.recommended_loss_scale
+    assert check.diverging == ["head"] and check.loss_agrees and check.dtypes_agree
+    data = d.to_dict()
+    assert data["compile_check"]["diverging"] == ["head"] and "head off by" in data["compile_check"]["verdict"]
+    section = render_report(data).split("## Compiled against eager")[1].split("\n## ")[0]
+    assert "diverges from eager under 16-mixed" in section and "| head " in section
+
+
+@pytest.mark.parametrize(("model", "compile", "message"), [
+    (fragile.overflow_net(), "fast", "compile='fast' is not understood"),
+    (fragile.overflow_net(), "regional", "found no repeated blocks"),
+])  # fmt: skip
+def test_a_compile_setting_that_cannot_apply_is_refused_before_any_step(model: nn.Module, compile: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        diagnose(model, fragile.batches(), compile=compile)
