@@ -33,6 +33,9 @@ def bench_model(
     seed: int = 0,
     rounds: int = 5,
     tolerance: float | None = None,
+    accumulate: int = 1,
+    clip_grad_norm: float | None = 1.0,
+    compile: Any = None,
 ) -> BenchResult:
     """Train ``model`` on ``data`` under each policy, from the same weights on the same batches, and compare.
 
@@ -43,7 +46,10 @@ def bench_model(
     comma-separated string; ``32-true``, the reference, always runs first. Default: every policy ``device``
     runs fast. ``steps`` counts optimizer steps per policy, ``warmup`` of them untimed (default: a tenth, at
     most 5). ``device``: default the GPU if there is one. ``tolerance``: as ``--tolerance``, how far a policy's
-    eval metric may land from 32-true's (default: the metric's own). For the files ``--out`` writes:
+    eval metric may land from 32-true's (default: the metric's own). ``accumulate``: batches per optimizer step
+    (a step then counts all of them); ``clip_grad_norm``: the total-norm clip, None for none. ``compile``: as
+    ``--compile``, what ``Engine(compile=...)`` takes (True, ``"regional"``, a dict of torch.compile options):
+    each policy also runs compiled, its compile time apart (:mod:`ampkit.bench.recipe`). For the files ``--out`` writes:
     ``result.write_json(out / "results.json")`` and ``write_report(result, out, plots=write_plots(result, out))``
     from :mod:`ampkit.bench.report` and :mod:`ampkit.bench.plots`.
 
@@ -63,7 +69,9 @@ def bench_model(
         names = default_precisions(dev)[0]
     else:
         names = resolve_precisions(precisions if isinstance(precisions, str) else ",".join(precisions), dev)
-    workload = workload_from(model, data, steps=steps, warmup=warmup)
+    workload = workload_from(model, data, steps=steps, warmup=warmup, accumulate=accumulate)
+    workload.clip_grad_norm = clip_grad_norm
     return run_bench(
-        workload, names, dev, seed=seed, rounds=rounds, settings={"batch_items": workload.items_per_batch, "unit": workload.unit}, tolerance=tolerance,
+        workload, names, dev, seed=seed, rounds=rounds, settings={"batch_items": workload.items_per_batch, "unit": workload.unit},
+        tolerance=tolerance, compile=compile,
     )
