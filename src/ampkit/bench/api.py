@@ -15,6 +15,7 @@ from torch import nn
 
 from ..policy.device import as_device
 from .defaults import default_device, default_precisions, resolve_precisions
+from .recipe import check_accumulate
 from .results import BenchResult
 from .runner import run_bench
 from .user import workload_from
@@ -69,6 +70,7 @@ def bench_model(
         names = default_precisions(dev)[0]
     else:
         names = resolve_precisions(precisions if isinstance(precisions, str) else ",".join(precisions), dev)
+    check_accumulate(accumulate, "bench_model(accumulate=...)")  # before the data is read: K batches a step
     workload = workload_from(model, data, steps=steps, warmup=warmup, accumulate=accumulate)
     workload.clip_grad_norm = clip_grad_norm
     return run_bench(

@@ -25,7 +25,7 @@ from typing import Any
 from ..training.compile import compile_plan
 from .workload import Workload
 
-__all__ = ["compile_mode", "runs_to_build", "check_recipe", "clip_from", "recipe_settings"]
+__all__ = ["compile_mode", "runs_to_build", "check_accumulate", "check_recipe", "clip_from", "recipe_settings"]
 
 
 def compile_mode(spec: Any) -> str | None:
@@ -45,14 +45,19 @@ def runs_to_build(precisions: Sequence[str], compile: Any = None) -> list[tuple[
     return [(p, m) for p in precisions for m in ((None,) if mode is None else (None, mode))]
 
 
+def check_accumulate(k: Any, option: str = "--accumulate") -> int:
+    """``k`` as micro-batches per optimizer step: an int >= 1, else a ValueError naming ``option``."""
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"{option} {k!r}: gradient accumulation takes an int >= 1 (micro-batches per optimizer step).")
+    return k
+
+
 def check_recipe(workload: Workload) -> None:
     """Refuse an accumulation or a clip the engine cannot run, naming the option that sets it."""
-    k = workload.accumulate
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"--accumulate {k!r}: gradient accumulation takes an int >= 1 (micro-batches per optimizer step).")
+    check_accumulate(workload.accumulate, "accumulate (--accumulate)")
     clip = workload.clip_grad_norm
     if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float)) or not math.isfinite(clip) or clip <= 0):
-        raise ValueError(f"--clip {clip!r}: the gradient-norm clip must be a positive finite number; 0 or none turns clipping off.")
+        raise ValueError(f"clip_grad_norm (--clip) {clip!r}: the gradient-norm clip must be a positive finite number, or None (--clip none) for no clipping.")
 
 
 def clip_from(text: str) -> float | None:
