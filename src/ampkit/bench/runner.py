@@ -11,6 +11,9 @@ Fairness, step by step:
    the order rotating each round, so a machine that speeds up or slows down (turbo, a neighbour's job,
    thermal throttling) spreads over every policy instead of biasing the one that ran at that moment.
 4. **Failures stay in their row.** An exception inside one policy's run marks that run failed; the rest go on.
+5. **Compiled twins** (``compile=``): each policy also trains under ``Engine(compile=...)``, a run of its own in
+   the same rounds. It compiles in step 2, alone; the time of those first steps less as many steady steps is its
+   compile time, reported apart (:mod:`ampkit.bench.recipe`). A compile that fails is that row's failure.
 
 **Under torchrun** (a process group is initialised when :func:`run_bench` is called, as ``ampkit bench --nproc N``
 does) every run trains under DDP (``Engine(strategy="ddp")``) with strong scaling: the global batch stays the

@@ -134,7 +134,8 @@ def _columns(result: BenchResult) -> list[_Column]:
     if any(r.compile is not None for r in runs):  # --compile: the twin's gain over eager, and what compiling cost
         cols += [
             _Column("Speed-up\nvs eager", lambda r: fmt_ratio(r.speedup_vs_eager)),
-            _Column("Compile\ntime", lambda r: fmt_seconds(r.compile_time_s)),
+            # Seconds, not the step column's milliseconds: compiling takes seconds to minutes.
+            _Column("Compile\ntime", lambda r: MISSING if r.compile_time_s is None else f"{r.compile_time_s:.1f} s"),
         ]
     cols += [
         _Column("Peak\nmemory", lambda r: fmt_bytes(r.peak_memory_bytes)),

@@ -135,6 +135,17 @@ def _memory_words(saved: float) -> str:
     return f"{saved:.0%} less memory" if saved > 0 else f"{-saved:.0%} more memory"
 
 
+def _than(speed: str, other: str) -> str:
+    """``speed`` words (from :func:`_speed_words`) against ``other``: "1.2x faster than X", "as fast as X (1.01x)".
+
+    >>> _than("as fast (1.01x)", "bf16-mixed eager"), _than("1.20x faster (1.1–1.3x)", "bf16-mixed eager")
+    ('as fast as bf16-mixed eager (1.01x)', '1.20x faster than bf16-mixed eager (1.1–1.3x)')
+    """
+    words, _, span = speed.partition(" (")
+    tail = f" ({span}" if span else ""
+    return f"as fast as {other}{tail}" if words == "as fast" else f"{words} than {other}{tail}"
+
+
 def _compiled_words(run: RunResult, twin: RunResult | None, ref_name: str) -> list[str]:
     """A compiled run against its eager twin: the speed-up (with its interval) and the compile time apart."""
     if twin is None or not twin.ok or not run.step_time_median_s or not twin.step_time_median_s:
@@ -142,7 +153,7 @@ def _compiled_words(run: RunResult, twin: RunResult | None, ref_name: str) -> li
     run.speedup_vs_eager = twin.step_time_median_s / run.step_time_median_s
     interval = speedup_interval(twin.step_times_s, run.step_times_s) or (None, None)
     # The reference's twin: the speed-up over 32-true already is the one over eager.
-    words = [] if twin.precision == ref_name else [f"{_speed_words(run.speedup_vs_eager, *interval)} than {twin.label} eager"]
+    words = [] if twin.precision == ref_name else [_than(_speed_words(run.speedup_vs_eager, *interval), f"{twin.label} eager")]
     if run.compile_time_s is not None:
         words.append(f"compiling took {run.compile_time_s:.1f} s (not in the step time)")
     return words
