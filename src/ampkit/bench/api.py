@@ -15,6 +15,7 @@ from torch import nn
 
 from ..policy.device import as_device
 from .defaults import default_device, default_precisions, resolve_precisions
+from .recipe import check_accumulate
 from .results import BenchResult
 from .runner import run_bench
 from .user import workload_from
@@ -33,6 +34,9 @@ def bench_model(
     seed: int = 0,
     rounds: int = 5,
     tolerance: float | None = None,
+    accumulate: int = 1,
+    clip_grad_norm: float | None = 1.0,
+    compile: Any = None,
 ) -> BenchResult:
     """Train ``model`` on ``data`` under each policy, from the same weights on the same batches, and compare.
 
@@ -43,7 +47,10 @@ def bench_model(
     comma-separated string; ``32-true``, the reference, always runs first. Default: every policy ``device``
     runs fast. ``steps`` counts optimizer steps per policy, ``warmup`` of them untimed (default: a tenth, at
     most 5). ``device``: default the GPU if there is one. ``tolerance``: as ``--tolerance``, how far a policy's
-    eval metric may land from 32-true's (default: the metric's own). For the files ``--out`` writes:
+    eval metric may land from 32-true's (default: the metric's own). ``accumulate``: batches per optimizer step
+    (a step then counts all of them); ``clip_grad_norm``: the total-norm clip, None for none. ``compile``: as
+    ``--compile``, what ``Engine(compile=...)`` takes (True, ``"regional"``, a dict of torch.compile options):
+    each policy also runs compiled, its compile time apart (:mod:`ampkit.bench.recipe`). For the files ``--out`` writes:
     ``result.write_json(out / "results.json")`` and ``write_report(result, out, plots=write_plots(result, out))``
     from :mod:`ampkit.bench.report` and :mod:`ampkit.bench.plots`.
 
@@ -63,7 +70,10 @@ def bench_model(
         names = default_precisions(dev)[0]
     else:
         names = resolve_precisions(precisions if isinstance(precisions, str) else ",".join(precisions), dev)
-    workload = workload_from(model, data, steps=steps, warmup=warmup)
+    check_accumulate(accumulate, "bench_model(accumulate=...)")  # before the data is read: K batches a step
+    workload = workload_from(model, data, steps=steps, warmup=warmup, accumulate=accumulate)
+    workload.clip_grad_norm = clip_grad_norm
     return run_bench(
-        workload, names, dev, seed=seed, rounds=rounds, settings={"batch_items": workload.items_per_batch, "unit": workload.unit}, tolerance=tolerance,
+        workload, names, dev, seed=seed, rounds=rounds, settings={"batch_items": workload.items_per_batch, "unit": workload.unit},
+        tolerance=tolerance, compile=compile,
     )

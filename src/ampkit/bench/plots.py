@@ -63,7 +63,7 @@ _PART_COLORS = {
 
 def _colors(result: BenchResult) -> dict[str, str]:
     # Indexed over every run, failed ones included, so a policy's colour does not depend on who else failed.
-    return {r.precision: _COLORS[i % len(_COLORS)] for i, r in enumerate(result.runs)}
+    return {r.label: _COLORS[i % len(_COLORS)] for i, r in enumerate(result.runs)}
 
 
 def _loss_array(run: RunResult) -> np.ndarray:
@@ -105,7 +105,7 @@ def loss_figure(result: BenchResult) -> Figure:
             continue
         y = _loss_array(run)
         steps = np.arange(1, len(y) + 1)
-        color, label = colors[run.precision], run.precision
+        color, label = colors[run.label], run.label
         broken = np.flatnonzero(np.isnan(y))
         if run.status == "diverged":
             label += f" (diverged at step {broken[0] + 1})" if broken.size else " (diverged)"
@@ -166,7 +166,7 @@ def _memory_parts(run: RunResult) -> dict[str, float]:
 
 
 def _tick_labels(runs: list[RunResult]) -> list[str]:
-    return [r.precision + ("\n(diverged)" if r.status == "diverged" else "") for r in runs]
+    return [r.label + ("\n(diverged)" if r.status == "diverged" else "") for r in runs]
 
 
 def _ms(seconds: list[float | None], fallback: np.ndarray | list[float]) -> np.ndarray:
@@ -184,7 +184,7 @@ def _time_panel(ax: Axes, result: BenchResult, colors: dict[str, str]) -> None:
     p10 = _ms([r.step_time_p10_s for r in runs], median)  # a missing percentile draws no whisker
     p90 = _ms([r.step_time_p90_s for r in runs], median)
     errors = np.clip(np.vstack([median - p10, p90 - median]), 0, None)
-    ax.bar(x, median, color=[colors[r.precision] for r in runs], yerr=errors, capsize=4, width=0.6)
+    ax.bar(x, median, color=[colors[r.label] for r in runs], yerr=errors, capsize=4, width=0.6)
     top = np.maximum(median, p90)
     for i, run in enumerate(runs):
         if not is_missing(run.speedup_vs_fp32):
@@ -213,7 +213,7 @@ def _memory_panel(ax: Axes, result: BenchResult) -> None:
         bottom += heights
     for i, run in enumerate(runs):
         label = fmt_bytes(sum(parts[i].values()))
-        if not is_missing(run.memory_saved_vs_fp32) and run.precision != result.reference:
+        if not is_missing(run.memory_saved_vs_fp32) and run.label != result.reference:
             label += "\n" + fmt_percent(-(run.memory_saved_vs_fp32 or 0.0), digits=0, signed=True)
         ax.text(x[i], bottom[i], label, ha="center", va="bottom", fontsize="small")
     ax.set_ylim(0, float(bottom.max()) * 1.25)

@@ -38,12 +38,14 @@ __all__ = ["PolicyRun"]
 log = logging.getLogger("ampkit")
 
 
-
-
-
-
 class PolicyRun:
-    """Trains ``workload`` under ``precision`` on ``device``; its figures accumulate in :attr:`result`."""
+    """Trains ``workload`` under ``precision`` on ``device``; its figures accumulate in :attr:`result`.
+
+    ``compile``: what ``Engine(compile=...)`` gets (None: eager); ``mode`` names it in the result (see
+    :func:`ampkit.bench.recipe.compile_mode`). A compiled run compiles in its first steps, which are the first
+    of :meth:`measure_alone`: their time, less as many steady steps, is its compile time, kept out of the timed
+    steps (later builds of the same model reuse torch's compiled code, so the warm-up is already steady).
+    """
 
     def __init__(
         self,
@@ -56,15 +58,19 @@ class PolicyRun:
         strategy: str | None = None,
         rank: int = 0,
         world: int = 1,
+        compile: Any = None,
+        mode: str | None = None,
     ) -> None:
         self.workload = workload
+        self.compile = compile
         self.strategy = strategy
         self.rank, self.world = rank, world
         self.precision = precision
         self.device = device
         self.batches = batches
         self.seed = seed
-        self.result = RunResult(precision=precision, throughput_unit=workload.unit)
+        self.result = RunResult(precision=precision, throughput_unit=workload.unit, compile=mode)
+        self.label = self.result.label
         self.model: nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.engine: Engine | None = None
@@ -72,6 +78,7 @@ class PolicyRun:
         self.losses: list[torch.Tensor] = []
         self.times: list[float] = []
         self.timer = StepTimer(device)
+        self.first_steps: list[float] = []  # a compiled run's first steps, where it compiles
         self._rng: tuple[torch.Tensor, torch.Tensor | None] | None = None
 
     @property
@@ -92,7 +99,10 @@ class PolicyRun:
         if self.workload.channels_last:
             model = model.to(memory_format=torch.channels_last)
         optimizer = self.workload.optimizer(model.parameters())
-        self.engine = Engine(self.precision, clip_grad_norm=self.workload.clip_grad_norm, strategy=self.strategy)
+        self.engine = Engine(
+            self.precision, clip_grad_norm=self.workload.clip_grad_norm, accumulate=self.workload.accumulate,
+            strategy=self.strategy, compile=self.compile,
+        )
         self.model, self.optimizer = self.engine.setup(model, optimizer)
         self.model.train()
         self.steps_done, self.losses, self.times = 0, [], []
@@ -106,7 +116,7 @@ class PolicyRun:
 
     def fail(self, exc: BaseException) -> None:
         """Record ``exc`` as this run's failure and free its memory; the other runs go on."""
-        log.debug("bench run %s failed", self.precision, exc_info=exc)
+        log.debug("bench run %s failed", self.label, exc_info=exc)
         self.result.status, self.result.error = "failed", one_line(exc, with_type=True)
         self.release()
 
@@ -124,13 +134,18 @@ class PolicyRun:
 
     # -- one step ----------------------------------------------------------------------------------
     def _step(self) -> None:
+        """One optimizer step: ``accumulate`` micro-batches, consecutive batches; its loss is their mean."""
         assert self.model is not None and self.engine is not None  # build() ran
-        batch = self.batches[self.steps_done % len(self.batches)]
-        with self.engine.autocast():
-            loss = batch_loss(self.model, batch, self.workload.loss_fn)
-        self.engine.backward(loss)
-        self.engine.step()
-        self.losses.append(loss.detach())
+        k = self.workload.accumulate
+        losses = []
+        for i in range(k):
+            batch = self.batches[(self.steps_done * k + i) % len(self.batches)]
+            with self.engine.autocast():
+                loss = batch_loss(self.model, batch, self.workload.loss_fn)
+            self.engine.backward(loss)
+            self.engine.step()  # updates the weights at the window's last micro-batch
+            losses.append(loss.detach())
+        self.losses.append(losses[0] if k == 1 else torch.stack(losses).mean())
         self.steps_done += 1
 
     def train(self, steps: int, timed: bool) -> None:
@@ -149,7 +164,8 @@ class PolicyRun:
     def measure_alone(self, warmup: int, flops: bool) -> None:
         """Memory, activations and FLOPs, taken on a throwaway copy while no other run holds memory.
 
-        The first step counts saved activations, the second (when ``flops``) counts FLOPs; the rest warm up.
+        The first step counts saved activations, the second (when ``flops``, eager) counts FLOPs; the rest warm up.
+        A compiled run times its first two steps instead: they hold the compilation (:attr:`first_steps`).
         Peaks cover building the run and ``warmup`` steps (at least two, so optimizer state exists).
         """
         cuda = self.device.type == "cuda"
@@ -163,10 +179,14 @@ class PolicyRun:
         reset_peak_rss()
         self.build()
         assert self.model is not None and self.optimizer is not None and self.engine is not None
+        compiled = self.compile is not None
         with self._own_rng():
-            with SavedActivations(self.model) as saved:
-                self._step()
-            if flops:
+            with self.timer.step(), SavedActivations(self.model) as saved:
+                self._step()  # a compiled run compiles here
+            if compiled:  # timed too: a second step may recompile (e.g. once the optimizer state exists)
+                with self.timer.step():
+                    self._step()
+            elif flops:  # eager only: a compiled step would trace again under FlopCounterMode (the runner copies the count)
                 try:
                     self.result.flops_per_step = float(count_flops(self._step))
                 except Exception as exc:  # counting is a nicety; a model it cannot trace still gets timed
@@ -174,6 +194,8 @@ class PolicyRun:
                     self._step()
             for _ in range(max(0, warmup - 2)):
                 self._step()
+        first = self.timer.flush()
+        self.first_steps = first if compiled else []
         breakdown = training_state_bytes(self.model, [self.optimizer], self.engine.masters)
         breakdown["activations"] = saved.bytes
         self.result.memory_breakdown = breakdown
@@ -232,9 +254,12 @@ class PolicyRun:
             stats = summarize(times)
             r.step_time_median_s, r.step_time_p10_s, r.step_time_p90_s = stats["median"], stats["p10"], stats["p90"]
             r.timed_steps, r.step_times_s = len(times), list(times)
-            r.throughput = self.workload.items_per_batch / stats["median"]  # the global batch: every rank's rows
+            # The global batch (every rank's rows) of every micro-batch of the step.
+            r.throughput = self.workload.items_per_batch * self.workload.accumulate / stats["median"]
             if r.flops_per_step is not None:
                 r.achieved_flops = r.flops_per_step / stats["median"]
+            if self.first_steps:
+                r.compile_time_s = max(0.0, sum(self.first_steps) - len(self.first_steps) * stats["median"])
         if self.engine is not None:
             r.skipped_steps = self.engine.skipped_steps
             r.final_loss_scale = self.engine.scale

@@ -42,6 +42,11 @@ METHOD = """\
 - Memory: on CPU, the exact bytes of parameters + gradients + optimizer state (+ fp32 master weights) + the
   activations autograd saves for backward; on CUDA, the caching allocator's peak during the policy's run.
   Each policy's memory is measured with that policy alone in the process.
+- With `--compile`, each policy also trains compiled (`Engine(compile=...)`), in the same rounds as the others. Its
+  first steps, where torch.compile traces and generates code, are taken while it is measured alone; their time
+  less as many steady steps is its compile time, shown apart: no timed step includes it. A compiled twin's
+  FLOPs are its eager twin's count (the same math).
+- With `--accumulate K`, a step is one optimizer update over K micro-batches: its time and throughput count all K.
 - FLOPs are counted by torch's `FlopCounterMode` on one training step (matmuls and convolutions); FLOP/s is
   that count over the median step time.
 """
@@ -92,7 +97,7 @@ def _memory_section(runs: list[RunResult]) -> list[str]:
         parts = run.memory_breakdown
         counted = [fmt_bytes(sum(parts.values())) if parts else MISSING] if keys else []
         figures = [fmt_bytes(parts.get(k)) for k in keys]
-        rows.append([run.precision, *figures, *counted, fmt_bytes(run.peak_memory_bytes)])
+        rows.append([run.label, *figures, *counted, fmt_bytes(run.peak_memory_bytes)])
     return markdown_table(headers, rows) + [""]
 
 
@@ -100,7 +105,7 @@ def _failures(runs: list[RunResult]) -> list[str]:
     lines: list[str] = []
     for run in runs:
         if run.error and len(run.error.strip().splitlines()) > 1:  # one-line errors are already whole in the table
-            lines += [f"**{run.precision}** ({run.status}):", "", *code_block(run.error.strip(), "text"), ""]
+            lines += [f"**{run.label}** ({run.status}):", "", *code_block(run.error.strip(), "text"), ""]
     return ["## Errors in full", "", *lines] if lines else []
 
 

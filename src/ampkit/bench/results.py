@@ -5,10 +5,13 @@ results.json (``BenchResult.to_dict()``) holds:
 - ``schema``: the format version (1); ``workload``, ``description``, ``command``, ``date`` (UTC, ISO 8601),
   ``torch``, ``ampkit``, ``device`` (``type``, ``name``, and for CPUs the bf16/fp16 instruction support),
   ``settings`` (steps, warm-up, seed, size, interleaving chunk, ``nproc``: the processes that trained each run,
-  1 without torchrun, and ``strategy``: ``"ddp"`` under torchrun, else None), ``workload_info`` (parameter
-  count, shapes).
+  1 without torchrun, and ``strategy``: ``"ddp"`` under torchrun, else None; the recipe: ``batch_size`` (rows
+  of a micro-batch), ``accumulate`` (micro-batches per optimizer step), ``step_items`` (samples or tokens of
+  one step), ``clip_grad_norm`` (None: off), ``tolerance`` (None: the metric's own), ``compile`` (None, or what
+  ``Engine(compile=...)`` was given)), ``workload_info`` (parameter count, shapes).
 - ``reference``: the policy speed-ups and memory savings are measured against (``32-true``).
-- ``runs``: one object per policy, the fields of :class:`RunResult`. Times are seconds, memory is bytes,
+- ``runs``: one object per policy (and with ``compile``, one more per policy: its compiled twin, ``compile`` set),
+  the fields of :class:`RunResult`. Times are seconds, memory is bytes,
   ``throughput`` counts ``throughput_unit`` per second. Figures a run could not produce are ``null``.
 - Under DDP (``nproc`` > 1) each rank trains a slice of every batch: ``losses`` are the mean over ranks, a
   step's time is the slowest rank's (throughput counts the whole global batch), memory figures are *per process*
@@ -45,6 +48,12 @@ class RunResult:
 
     precision: str
     """Canonical policy name, e.g. ``bf16-mixed``."""
+    compile: str | None = None
+    """None for the eager run; ``"model"`` when ``Engine(compile=...)`` compiled the whole model, ``"regional"``
+    each repeated block (``--compile``). Tables name the run by :attr:`label`."""
+    compile_time_s: float | None = None
+    """A compiled run's compilation: the time of its first steps (where torch.compile traces and generates code)
+    less as many steady steps at the median step time. Not part of ``step_time_median_s``. None when eager."""
     status: str = "ok"
     """One of :data:`STATUSES`."""
     error: str | None = None
@@ -60,11 +69,14 @@ class RunResult:
     step_times_s: list[float] = field(default_factory=list)
     """Every timed step's wall time, in order (warm-up excluded): the sample the median and its spread come from."""
     throughput: float | None = None
-    """``throughput_unit`` per second at the median step time."""
+    """``throughput_unit`` per second at the median step time; a step is one optimizer update, over
+    ``settings["accumulate"]`` micro-batches when gradients are accumulated, all of whose items count."""
     throughput_unit: str = "samples"
     """``samples`` or ``tokens``."""
     speedup_vs_fp32: float | None = None
     """Reference median step time / this median step time: above 1 means faster than 32-true."""
+    speedup_vs_eager: float | None = None
+    """A compiled run's speed-up over its eager twin (same policy): eager median step time / compiled median."""
     speedup_low: float | None = None
     """Lower end of the speed-up's 95% bootstrap interval (:mod:`ampkit.bench.speedup`); None with too few steps."""
     speedup_high: float | None = None
@@ -107,6 +119,17 @@ class RunResult:
     """One line: faster or slower, memory saved, eval metric within or outside tolerance."""
 
     @property
+    def label(self) -> str:
+        """The run's name in tables and verdicts: the policy, then ``compiled`` for a compiled twin.
+
+        >>> RunResult(precision="bf16-mixed").label, RunResult(precision="bf16-mixed", compile="regional").label
+        ('bf16-mixed', 'bf16-mixed compiled (regional)')
+        """
+        if self.compile is None:
+            return self.precision
+        return f"{self.precision} compiled" + (" (regional)" if self.compile == "regional" else "")
+
+    @property
     def ok(self) -> bool:
         """True when the run produced figures (``ok`` or ``diverged``)."""
         return self.status in ("ok", "diverged")
@@ -132,9 +155,9 @@ class BenchResult:
     """Samples (rows of the eval batches) the eval metric was computed on; None when not counted."""
     runs: list[RunResult] = field(default_factory=list)
 
-    def run(self, precision: str) -> RunResult | None:
-        """The run of ``precision``, or None."""
-        return next((r for r in self.runs if r.precision == precision), None)
+    def run(self, precision: str, compile: str | None = None) -> RunResult | None:
+        """The run of ``precision`` (eager, or compiled as ``compile`` says: ``"model"``, ``"regional"``), or None."""
+        return next((r for r in self.runs if r.precision == precision and r.compile == compile), None)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready data; non-finite floats become None (JSON has no NaN)."""

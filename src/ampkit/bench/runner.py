@@ -11,6 +11,9 @@ Fairness, step by step:
    the order rotating each round, so a machine that speeds up or slows down (turbo, a neighbour's job,
    thermal throttling) spreads over every policy instead of biasing the one that ran at that moment.
 4. **Failures stay in their row.** An exception inside one policy's run marks that run failed; the rest go on.
+5. **Compiled twins** (``compile=``): each policy also trains under ``Engine(compile=...)``, a run of its own in
+   the same rounds. It compiles in step 2, alone; the time of those first steps less as many steady steps is its
+   compile time, reported apart (:mod:`ampkit.bench.recipe`). A compile that fails is that row's failure.
 
 **Under torchrun** (a process group is initialised when :func:`run_bench` is called, as ``ampkit bench --nproc N``
 does) every run trains under DDP (``Engine(strategy="ddp")``) with strong scaling: the global batch stays the
@@ -59,6 +62,7 @@ from ..policy.device import as_device, cpu_bf16_native, cpu_fp16_native, cpu_nam
 from .flops import peak_flops
 from .policy_run import PolicyRun
 from .progress import NullReporter, Reporter
+from .recipe import check_recipe, recipe_settings, runs_to_build
 from .results import BenchResult
 from .verdict import Tolerance, apply_verdicts, check_tolerance
 from .workload import Batch, Workload
@@ -140,7 +144,7 @@ def _guard(run: PolicyRun, what: str, fn: Any, *args: Any, world: int = 1) -> No
     except (KeyboardInterrupt, SystemExit):
         raise
     except Exception as exc:  # one policy's failure is a finding for its row, not the end of the bench
-        log.warning("%s failed while %s: %s", run.precision, what, exc)
+        log.warning("%s failed while %s: %s", run.label, what, exc)
         run.fail(exc)
     if world > 1:
         _agree_on_failure(run, what, world)
@@ -159,7 +163,7 @@ def _agree_on_failure(run: PolicyRun, what: str, world: int) -> None:
     if failed_here:
         return
     where, error = next((i, e) for i, e in enumerate(errors) if e is not None)
-    log.warning("%s failed on rank %d while %s: %s", run.precision, where, what, error)
+    log.warning("%s failed on rank %d while %s: %s", run.label, where, what, error)
     run.result.status, run.result.error = "failed", f"on rank {where}: {error}"
     run.release()
 
@@ -193,6 +197,7 @@ def run_bench(
     command: str = "",
     settings: dict[str, Any] | None = None,
     tolerance: float | None = None,
+    compile: Any = None,
 ) -> BenchResult:
     """Train ``workload`` under each policy in ``precisions`` on ``device`` and return every figure.
 
@@ -206,7 +211,13 @@ def run_bench(
     ``tolerance`` replaces the eval metric's own tolerance, in the metric's terms (absolute for accuracy and
     mIoU, a fraction of the reference for perplexity and eval loss); a ValueError when it is not a non-negative
     finite number or the workload has no eval metric.
+
+    ``compile`` (what ``Engine(compile=...)`` takes: True, ``"regional"``, a dict of torch.compile options) adds
+    each policy's compiled twin, trained beside it in the same rounds (see :mod:`ampkit.bench.recipe`). The
+    workload's ``accumulate`` and ``clip_grad_norm`` apply to every run.
     """
+    check_recipe(workload)
+    runs_to_build([], compile)  # a compile spec torch.compile cannot take is refused before anything runs
     if tolerance is not None:
         check_tolerance(tolerance)
         if workload.metric is None or not workload.eval_batches:
@@ -214,7 +225,9 @@ def run_bench(
     device = as_device(device)
     # The runs reseed the global RNG; the caller's RNG state is theirs and comes back untouched.
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        result = _run(workload, precisions, device, seed, rounds, count_flops, reporter or NullReporter(), command, settings or {})
+        recipe = recipe_settings(workload, compile, tolerance, _rows(workload.train_batches[0]))
+        runs = runs_to_build(precisions, compile)
+        result = _run(workload, runs, compile, device, seed, rounds, count_flops, reporter or NullReporter(), command, {**recipe, **(settings or {})})
     _judge(result, workload, tolerance)
     return result
 
@@ -233,9 +246,17 @@ def _judge(result: BenchResult, workload: Workload, amount: float | None) -> Non
     apply_verdicts(result, tolerance)
 
 
+def _rows(batch: Batch) -> int | None:
+    try:
+        return batch_rows(batch)
+    except ValueError:
+        return None  # a batch without one sample dimension: the count is left unsaid
+
+
 def _run(
     workload: Workload,
-    precisions: Sequence[str],
+    to_build: Sequence[tuple[str, str | None]],
+    compile: Any,
     device: torch.device,
     seed: int,
     rounds: int,
@@ -248,10 +269,13 @@ def _run(
     distributed = dist.is_available() and dist.is_initialized()
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     strategy = "ddp" if distributed else None
-    batches = _batches_on(workload.train_batches, steps, device, workload.channels_last, rank, world)
+    batches = _batches_on(workload.train_batches, steps * workload.accumulate, device, workload.channels_last, rank, world)
     # Rank 0 alone evaluates (the whole eval set): the others need no copy of it.
     eval_batches = _batches_on(workload.eval_batches, len(workload.eval_batches), device, workload.channels_last) if rank == 0 else []
-    runs = [PolicyRun(workload, p, device, batches, seed, strategy=strategy, rank=rank, world=world) for p in precisions]
+    runs = [
+        PolicyRun(workload, p, device, batches, seed, strategy=strategy, rank=rank, world=world, compile=compile if mode else None, mode=mode)
+        for p, mode in to_build
+    ]
     for run in runs:  # the CLI refuses these up front; a library caller gets a row that says why
         support = get_policy(run.precision).support(device)
         if not support.supported:
@@ -260,30 +284,35 @@ def _run(
     reporter.start(len(runs) * (measure_steps + steps + 1))
 
     for run in runs:  # 2. memory and FLOPs, each policy alone
-        reporter.update(f"{run.precision}: measuring memory")
+        reporter.update(f"{run.label}: measuring memory")
         _guard(run, "measuring memory", run.measure_alone, measure_steps, count_flops, world=world)
-        reporter.update(f"{run.precision}: measuring memory", advance=measure_steps)
+        reporter.update(f"{run.label}: measuring memory", advance=measure_steps)
+
+    eager = {run.precision: run.result for run in runs if run.compile is None}
+    for run in runs:  # a compiled twin does the eager run's math: its FLOPs are counted once, eagerly
+        if run.compile is not None:
+            run.result.flops_per_step = eager[run.precision].flops_per_step
 
     for run in runs:  # 3. all runs alive, warmed up outside the timing
-        reporter.update(f"{run.precision}: warm-up")
+        reporter.update(f"{run.label}: warm-up")
         _guard(run, "building", run.build, world=world)
         _guard(run, "warming up", run.train, warmup, False, world=world)
-        reporter.update(f"{run.precision}: warm-up", advance=warmup)
+        reporter.update(f"{run.label}: warm-up", advance=warmup)
 
     chunks = _chunks(steps - warmup, rounds)
     for r, chunk in enumerate(chunks):
         order = runs[r % len(runs) :] + runs[: r % len(runs)]  # rotate who goes first each round
         for run in order:
-            reporter.update(f"{run.precision}: round {r + 1}/{len(chunks)}")
+            reporter.update(f"{run.label}: round {r + 1}/{len(chunks)}")
             _guard(run, "training", run.train, chunk, True, world=world)
-            reporter.update(f"{run.precision}: round {r + 1}/{len(chunks)}", advance=chunk)
+            reporter.update(f"{run.label}: round {r + 1}/{len(chunks)}", advance=chunk)
 
     for run in runs:
-        reporter.update(f"{run.precision}: evaluating")
+        reporter.update(f"{run.label}: evaluating")
         _guard(run, "summarising", run.summarize, world=world)  # first: a failing eval must not lose the training figures
         _guard(run, "evaluating", run.evaluate, eval_batches)  # rank 0 only, no collective: nothing to agree on
         run.release()
-        reporter.update(f"{run.precision}: done", advance=1)
+        reporter.update(f"{run.label}: done", advance=1)
     reporter.finish()
 
     result = BenchResult(

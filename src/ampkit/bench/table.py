@@ -125,11 +125,19 @@ def _columns(result: BenchResult) -> list[_Column]:
     names = {r.eval_metric_name for r in runs if r.eval_metric_name}
     metric = next(iter(names)) if len(names) == 1 else None
     cols = [
-        _Column("Precision", lambda r: r.precision, figure=False, justify="left"),
+        _Column("Precision", lambda r: r.label, figure=False, justify="left"),
         _Column("Status", lambda r: r.status, figure=False, justify="left", style=_status_style),
         _Column("Step time\n(p10–p90)", _step_time),
         _Column("Throughput", lambda r: fmt_number(r.throughput, f"{r.throughput_unit}/s")),
         _Column(f"Speed-up\nvs {result.reference}", lambda r: fmt_ratio(r.speedup_vs_fp32), style=_speedup_style),
+    ]
+    if any(r.compile is not None for r in runs):  # --compile: the twin's gain over eager, and what compiling cost
+        cols += [
+            _Column("Speed-up\nvs eager", lambda r: fmt_ratio(r.speedup_vs_eager)),
+            # Seconds, not the step column's milliseconds: compiling takes seconds to minutes.
+            _Column("Compile\ntime", lambda r: MISSING if r.compile_time_s is None else f"{r.compile_time_s:.1f} s"),
+        ]
+    cols += [
         _Column("Peak\nmemory", lambda r: fmt_bytes(r.peak_memory_bytes)),
         _Column("Activations", lambda r: fmt_bytes(r.activation_bytes)),
     ]
@@ -197,7 +205,7 @@ def build_table(result: BenchResult, *, transpose: bool = False) -> Table:
     if transpose:
         table.add_column("")
         for run in result.runs:
-            table.add_column(run.precision, justify="right", style=_ROW_STYLE.get(run.status))
+            table.add_column(run.label, justify="right", style=_ROW_STYLE.get(run.status))
         for col in cols[1:]:
             justify = "left" if col.header == "Notes" else None  # prose reads from the left, figures line up right
             cells = (Text(_cell(col, r), style=_cell_style(col, r), justify=justify) for r in result.runs)
@@ -235,11 +243,11 @@ def verdict_lines(result: BenchResult) -> list[str]:
     for run in result.runs:
         if run.verdict:
             # The runner's verdicts already start with the policy; a hand-written one may not.
-            text = run.verdict if run.verdict.startswith(run.precision) else f"{run.precision}: {run.verdict}"
+            text = run.verdict if run.verdict.startswith(run.label) else f"{run.label}: {run.verdict}"
         elif not run.ok:
-            text = f"{run.precision}: {run.status}" + (f": {run_notes(run)}" if run.error else "")
+            text = f"{run.label}: {run.status}" + (f": {run_notes(run)}" if run.error else "")
         else:
-            text = f"{run.precision}: {run.status}, no verdict"
+            text = f"{run.label}: {run.status}, no verdict"
         lines.append(text)
     return lines
 

@@ -110,12 +110,12 @@ def log_tensorboard(result: BenchResult, log_dir: str | os.PathLike[str]) -> Pat
     root = Path(log_dir)
     root.mkdir(parents=True, exist_ok=True)
     for run, verdict in zip(result.runs, verdict_lines(result)):
-        writer = writer_class(log_dir=str(root / run_dir_name(run.precision)))
+        writer = writer_class(log_dir=str(root / run_dir_name(run.label)))
         try:
             dropped = _log_run(writer, run, verdict)
         finally:
             writer.close()  # flushes; an unclosed writer loses its last events and leaks a thread
         if dropped:
-            log.debug("tensorboard: %s: %d non-finite values not logged", run.precision, dropped)
+            log.debug("tensorboard: %s: %d non-finite values not logged", run.label, dropped)
     log.info("wrote TensorBoard logs to %s", root)
     return root

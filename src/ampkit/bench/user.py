@@ -257,19 +257,21 @@ def model_name(model: nn.Module, spec: str | None = None) -> str:
 
 
 def workload_from(
-    model: nn.Module, data: Any, *, steps: int, warmup: int, model_spec: str | None = None, data_spec: str = "data", cli: bool = False
+    model: nn.Module, data: Any, *, steps: int, warmup: int, model_spec: str | None = None, data_spec: str = "data", cli: bool = False,
+    accumulate: int = 1,
 ) -> Workload:
     """The Workload of ``model`` trained on ``data`` (a :class:`BenchData`, or an iterable of batches).
 
     ``model_spec``/``data_spec`` name them in the description and results.json; errors name them as the options
-    ``--model``/``--data`` when ``cli``.
+    ``--model``/``--data`` when ``cli``. ``accumulate`` micro-batches make a step: up to ``steps * accumulate``
+    training batches are read.
     """
     if not isinstance(model, nn.Module):
         raise ValueError(f"{'--model ' + str(model_spec) if cli else 'model'} is {type(model).__name__}; it must be a torch.nn.Module.")
     name = model_name(model, model_spec)
     model_at, data_at = (f"--model {model_spec}", f"--data {data_spec}") if cli else (name, data_spec)
     data = _as_bench_data(data, data_at)
-    train = _check_batches(_read(data.train, steps, data_at, "training"), data_at, "training")
+    train = _check_batches(_read(data.train, steps * accumulate, data_at, "training"), data_at, "training")
     if not train:
         raise ValueError(f"{data_at} gave no training batches; give at least one batch.")
     eval_batches = _check_batches(_read(data.eval, None, data_at, "eval"), data_at, "eval")
@@ -289,12 +291,15 @@ def workload_from(
         unit=unit,
         steps=steps,
         warmup=warmup,
+        accumulate=accumulate,
         description=f"{model_spec or name} on {data_spec}",
         extra={"model": model_spec or name, "data": data_spec, "model_class": type(model).__name__, "parameters": n_params},
     )
 
 
-def user_workload(model_spec: str | None, data_spec: str | None, *, steps: int, warmup: int, base: Workload | None = None) -> Workload:
+def user_workload(
+    model_spec: str | None, data_spec: str | None, *, steps: int, warmup: int, base: Workload | None = None, accumulate: int = 1
+) -> Workload:
     """The Workload for ``--model``/``--data``; with only ``--model``, the model trains on ``base``'s data.
 
     ``steps`` and ``warmup`` are the bench's settings (user data carries no defaults of its own).
@@ -314,4 +319,4 @@ def user_workload(model_spec: str | None, data_spec: str | None, *, steps: int, 
     if model is None:
         raise ValueError(f"--data {data_spec} needs --model pkg.module:factory: the model to train on it.")
     data = _call_factory(load_factory(data_spec, "--data"), data_spec, "--data")
-    return workload_from(model, data, steps=steps, warmup=warmup, model_spec=model_spec or "", data_spec=data_spec, cli=True)
+    return workload_from(model, data, steps=steps, warmup=warmup, model_spec=model_spec or "", data_spec=data_spec, cli=True, accumulate=accumulate)

@@ -12,6 +12,9 @@ The rule, in the order it is applied:
    **inconclusive**.
 5. Otherwise: **does not pay** (no gain was measured).
 
+A compiled twin (``--compile``) is judged by the same rule against the reference; its verdict adds its speed-up
+over its eager twin (same policy) and its compile time, which no step time includes.
+
 An eval metric computed on fewer than :data:`FEW_EVAL_SAMPLES` samples says so in the verdict: a difference of
 a point or two between policies is then chance as much as precision.
 
@@ -113,9 +116,7 @@ class Tolerance:
         return f"{self.name} within {amount} of {reference}"
 
 
-def _speed_words(run: RunResult) -> str:
-    speedup, low, high = run.speedup_vs_fp32, run.speedup_low, run.speedup_high
-    assert speedup is not None
+def _speed_words(speedup: float, low: float | None, high: float | None) -> str:
     if low is None or high is None:
         span = ""  # the outcome says why there is no interval
     elif speedup < 1.0 - SAME_SPEED:  # a slower run's interval in "slower" factors, the way its median is stated
@@ -132,6 +133,30 @@ def _memory_words(saved: float) -> str:
     if abs(saved) < 0.005:
         return "same memory"
     return f"{saved:.0%} less memory" if saved > 0 else f"{-saved:.0%} more memory"
+
+
+def _than(speed: str, other: str) -> str:
+    """``speed`` words (from :func:`_speed_words`) against ``other``: "1.2x faster than X", "as fast as X (1.01x)".
+
+    >>> _than("as fast (1.01x)", "bf16-mixed eager"), _than("1.20x faster (1.1–1.3x)", "bf16-mixed eager")
+    ('as fast as bf16-mixed eager (1.01x)', '1.20x faster than bf16-mixed eager (1.1–1.3x)')
+    """
+    words, _, span = speed.partition(" (")
+    tail = f" ({span}" if span else ""
+    return f"as fast as {other}{tail}" if words == "as fast" else f"{words} than {other}{tail}"
+
+
+def _compiled_words(run: RunResult, twin: RunResult | None, ref_name: str) -> list[str]:
+    """A compiled run against its eager twin: the speed-up (with its interval) and the compile time apart."""
+    if twin is None or not twin.ok or not run.step_time_median_s or not twin.step_time_median_s:
+        return []
+    run.speedup_vs_eager = twin.step_time_median_s / run.step_time_median_s
+    interval = speedup_interval(twin.step_times_s, run.step_times_s) or (None, None)
+    # The reference's twin: the speed-up over 32-true already is the one over eager.
+    words = [] if twin.precision == ref_name else [_than(_speed_words(run.speedup_vs_eager, *interval), f"{twin.label} eager")]
+    if run.compile_time_s is not None:
+        words.append(f"compiling took {run.compile_time_s:.1f} s (not in the step time)")
+    return words
 
 
 def _compare(run: RunResult, ref: RunResult, tol: Tolerance | None) -> None:
@@ -167,12 +192,13 @@ def _noise(run: RunResult, what: str) -> str:
     return f"the {what} is within the step-time noise; rerun with more --steps"
 
 
-def _verdict(run: RunResult, ref: RunResult, tol: Tolerance | None, eval_samples: int | None) -> str:
+def _verdict(run: RunResult, ref: RunResult, tol: Tolerance | None, eval_samples: int | None, twin: RunResult | None = None) -> str:
     if not run.ok:
-        return f"{run.precision}: {run.status}: {run.error or 'no figures'}"
+        return f"{run.label}: {run.status}: {run.error or 'no figures'}"
     parts = []
     if run.speedup_vs_fp32 is not None:
-        parts.append(_speed_words(run))
+        parts.append(_speed_words(run.speedup_vs_fp32, run.speedup_low, run.speedup_high))
+    parts += _compiled_words(run, twin, ref.precision)
     if run.memory_saved_vs_fp32 is not None:
         parts.append(_memory_words(run.memory_saved_vs_fp32))
     if tol is not None and run.eval_metric is not None and ref.eval_metric is not None:
@@ -181,9 +207,9 @@ def _verdict(run: RunResult, ref: RunResult, tol: Tolerance | None, eval_samples
         few = f" on only {eval_samples} eval samples" if eval_samples is not None and eval_samples < FEW_EVAL_SAMPLES else ""
         parts.append(f"{tol.name} {run.eval_metric:.4g} {where} {amount} of {ref.precision} ({ref.eval_metric:.4g}){few}")
     if run.status == "diverged":
-        return f"{run.precision}: {', '.join(parts)}: the loss diverged: does not pay"
+        return f"{run.label}: {', '.join(parts)}: the loss diverged: does not pay"
     outcome, why = ("does not pay", "") if run.within_tolerance is False else _outcome(run)
-    return f"{run.precision}: {', '.join(parts)}: {outcome} on this model and device" + (f" ({why})" if why else "")
+    return f"{run.label}: {', '.join(parts)}: {outcome} on this model and device" + (f" ({why})" if why else "")
 
 
 def apply_verdicts(result: BenchResult, tolerance: Tolerance | None) -> None:
@@ -196,7 +222,8 @@ def apply_verdicts(result: BenchResult, tolerance: Tolerance | None) -> None:
             result.eval_tolerance += f" (on only {result.eval_samples} eval samples: differences this small may be chance)"
     for run in result.runs:
         if ref is None or not ref.ok:
-            run.verdict = f"{run.precision}: no {result.reference} reference to compare with" if run.ok else _verdict(run, run, None, None)
+            run.verdict = f"{run.label}: no {result.reference} reference to compare with" if run.ok else _verdict(run, run, None, None)
             continue
         _compare(run, ref, tolerance)
-        run.verdict = f"{run.precision}: the fp32 reference" if run is ref else _verdict(run, ref, tolerance, result.eval_samples)
+        twin = result.run(run.precision) if run.compile is not None else None
+        run.verdict = f"{run.label}: the fp32 reference" if run is ref else _verdict(run, ref, tolerance, result.eval_samples, twin)

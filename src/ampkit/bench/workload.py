@@ -115,7 +115,9 @@ class Workload:
     warmup: int = 3
     """Leading steps excluded from timing (kernel selection, allocator growth, optimizer state creation)."""
     clip_grad_norm: float | None = 1.0
-    """Gradient clipping applied identically under every policy."""
+    """Gradient clipping (max total norm) applied identically under every policy; None: off."""
+    accumulate: int = 1
+    """Micro-batches (consecutive ``train_batches``) per optimizer step; a bench step is one optimizer update."""
     channels_last: bool = False
     """Convert model and 4-D inputs to channels_last (what makes CPU bf16 convolutions fast)."""
     description: str = ""

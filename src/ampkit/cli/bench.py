@@ -32,6 +32,7 @@ from ..distributed.rank_logging import rank
 from ..errors import AmpkitError, one_line
 from ..bench.defaults import default_precisions, resolve_precisions
 from ..bench.progress import NullReporter, RichReporter
+from ..bench.recipe import check_recipe, clip_from
 from ..bench.results import BenchResult
 from ..bench.runner import check_shardable, run_bench
 from ..bench.verdict import check_tolerance
@@ -47,11 +48,22 @@ __all__ = ["register", "run"]
 log = logging.getLogger("ampkit")
 
 
+_COMPILE = {"model": True, "regional": "regional"}
+"""``--compile MODE`` -> what ``Engine(compile=...)`` gets."""
+
+
 def _workload(args: argparse.Namespace, device: torch.device, size: str) -> Workload:
-    """The workload the arguments describe, checked against ``--steps``/``--warmup`` and ``--tolerance``."""
+    """The workload the arguments describe, checked against ``--steps``/``--warmup``, ``--tolerance`` and the recipe
+    (``--batch-size``, ``--accumulate``, ``--clip``)."""
     if args.tolerance is not None:
         check_tolerance(args.tolerance, "--tolerance")  # before the workload is built: that may take a while
-    workload = workload_from_args(args, device, size, steps=args.steps, warmup=args.warmup, data_use="train it on")
+    clip = clip_from(args.clip) if args.clip is not None else None
+    workload = workload_from_args(
+        args, device, size, steps=args.steps, warmup=args.warmup, data_use="train it on", batch_size=args.batch_size, accumulate=args.accumulate,
+    )
+    if args.clip is not None:
+        workload.clip_grad_norm = clip
+    check_recipe(workload)
     if workload.steps <= workload.warmup:
         raise ValueError(f"--steps {workload.steps} must exceed --warmup {workload.warmup} so some steps are timed.")
     if args.tolerance is not None and (workload.metric is None or not workload.eval_batches):
@@ -161,7 +173,11 @@ def _bench(args: argparse.Namespace, device: torch.device, *, main: bool = True,
     sized = f" ({size})" if args.data is None else ""  # user data has no size; --size scales built-in workloads
     where = f"{device.type} x {world} processes (DDP)" if world > 1 else str(device)
     console.print(f"[bold]ampkit bench[/bold]: {workload.name}{sized} on {where}: {workload.description}")
-    console.print(f"policies: {', '.join(precisions)}; {workload.steps} steps each, {workload.warmup} of them warm-up")
+    compiled = f", each also compiled ({args.compile})" if args.compile else ""
+    console.print(f"policies: {', '.join(precisions)}{compiled}; {workload.steps} steps each, {workload.warmup} of them warm-up")
+    if workload.accumulate > 1:
+        items = f"{workload.items_per_batch * workload.accumulate:,} {workload.unit}"
+        console.print(f"a step: one optimizer update over {workload.accumulate} batches ({items}); step time and throughput count all of them")
     for name, why in left_out.items():
         log.info("not run by default: %s (%s)", name, why)
     if left_out:
@@ -172,7 +188,7 @@ def _bench(args: argparse.Namespace, device: torch.device, *, main: bool = True,
     result = run_bench(
         workload, precisions, device, seed=args.seed, rounds=args.rounds, reporter=reporter, command=command,
         settings={"size": size, "batch_items": workload.items_per_batch, "unit": workload.unit},
-        tolerance=None if args.tolerance is None else float(args.tolerance),
+        tolerance=None if args.tolerance is None else float(args.tolerance), compile=_COMPILE.get(args.compile),
     )
     if main:
         _present(result, args, console)

@@ -86,6 +86,21 @@ def add_bench(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "absolute for accuracy and mIoU (0.01: one point), a fraction of 32-true's figure for perplexity and eval loss "
         "(0.01: 1%%). Default: the metric's own (0.02)",
     )
+    p.add_argument(
+        "--batch-size", type=positive, metavar="N",
+        help="rows per training batch of a built-in workload (default: the size's); your own --data sets its own",
+    )
+    p.add_argument(
+        "--accumulate", type=positive, default=1, metavar="K",
+        help="accumulate gradients over K batches per optimizer step: a step is then K batches, and step time and "
+        "throughput count all of them (default: 1)",
+    )
+    p.add_argument("--clip", metavar="X", help="clip gradients to total norm X; 0 or none: no clipping (default: the workload's, 1.0)")
+    p.add_argument(
+        "--compile", nargs="?", const="model", choices=("model", "regional"),
+        help="also run each policy compiled with torch.compile, side by side with its eager run: the whole model, or "
+        "each repeated block with --compile regional; the compile time is reported apart from the step time",
+    )
     _add_out(p, writes="results.json, report.md and PNG plots")
     p.add_argument("--tensorboard", type=Path, metavar="DIR", help="log loss curves and summary figures for TensorBoard here")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (logs and CI)")

@@ -59,32 +59,41 @@ def workload_size(args: argparse.Namespace, device: torch.device) -> str:
 
 def workload_from_args(
     args: argparse.Namespace, device: torch.device, size: str, *, steps: int | None = None, warmup: int | None = None,
-    data_use: str = "run it on",
+    data_use: str = "run it on", batch_size: int | None = None, accumulate: int = 1,
 ) -> Workload:
     """The workload ``-w``/``--model``/``--data``/``--seed`` describe, at ``size``, with ``steps``/``warmup`` set.
 
     A built-in workload keeps its own steps and warm-up where ``steps``/``warmup`` are None; the user's data has
     none of its own, so there they default to ``-w``'s (when ``--model`` trains on a built-in's data) or to 100
     steps and a tenth of them (at most 5) as warm-up. ``--model`` alone is refused before anything of the user's
-    is imported; ``data_use`` says what the command does with the data, for that message.
+    is imported; ``data_use`` says what the command does with the data, for that message. ``batch_size``
+    rebuilds a built-in workload's batches (the user's ``--data`` makes its own: refused there); ``accumulate``
+    micro-batches make each step, so the user's data is read for ``steps * accumulate`` batches.
     """
     from ..bench.user import user_workload
     from ..bench.workloads import get_workload  # imports scikit-learn and friends only when a command runs
 
     if args.model is None and args.data is None:
-        workload = get_workload(default_workload(device) if args.workload is None else args.workload, size=size, seed=args.seed)
+        name = default_workload(device) if args.workload is None else args.workload
+        workload = get_workload(name, size=size, seed=args.seed, batch_size=batch_size)
     else:
         if args.data is None and args.workload is None:
             raise ValueError(f"--model without --data needs --workload NAME (the data to {data_use}), or --data pkg.module:factory.")
-        base = get_workload(args.workload, size=size, seed=args.seed) if args.workload is not None else None
+        if args.data is not None and batch_size is not None:
+            raise ValueError(
+                f"--batch-size {batch_size} applies to a built-in workload's data; your --data {args.data} makes its own "
+                "batches: return batches of that many rows from it (or drop --batch-size)."
+            )
+        base = get_workload(args.workload, size=size, seed=args.seed, batch_size=batch_size) if args.workload is not None else None
         steps = steps or (base.steps if base else 100)
         warmup = warmup if warmup is not None else (base.warmup if base else min(5, steps // 10))
-        workload = user_workload(args.model, args.data, steps=steps, warmup=warmup, base=base)
+        workload = user_workload(args.model, args.data, steps=steps, warmup=warmup, base=base, accumulate=accumulate)
     # --model on a built-in workload's data copies that workload, its steps included: the run's settings win.
     if steps is not None:
         workload.steps = steps
     if warmup is not None:
         workload.warmup = warmup
+    workload.accumulate = accumulate
     return workload
 
 

@@ -31,3 +31,23 @@ def test_the_tolerance_decides_within() -> None:
     assert strict.runs[1].eval_metric != strict.runs[0].eval_metric  # bf16 lands elsewhere, so 0 tolerance excludes it
     assert strict.runs[1].within_tolerance is False
     assert loose.runs[1].within_tolerance is True
+
+
+def test_accumulate_reads_that_many_batches_per_step_and_clip_none_turns_clipping_off() -> None:
+    seen: list[int] = []
+
+    def stream():  # an iterable read once: how many batches bench_model takes from it
+        for i, b in enumerate(batches(20)):
+            seen.append(i)
+            yield b
+
+    result = bench_model(nn.Linear(8, 3), stream(), "32-true", steps=4, warmup=1, rounds=1, device="cpu", accumulate=2, clip_grad_norm=None)
+    assert len(seen) == 8 and len(result.runs[0].losses) == 4
+    assert result.settings["accumulate"] == 2 and result.settings["step_items"] == 32 and result.settings["clip_grad_norm"] is None
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [({"accumulate": 0}, r"bench_model\(accumulate=...\) 0"), ({"clip_grad_norm": 0.0}, "--clip none"),
+                                                  ({"compile": "everything"}, "compile='regional'")])
+def test_a_recipe_that_cannot_run_is_refused(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        bench_model(nn.Linear(8, 3), batches(4), "32-true", steps=3, warmup=1, rounds=1, device="cpu", **kwargs)  # type: ignore[arg-type]

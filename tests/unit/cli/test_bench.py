@@ -76,6 +76,10 @@ def toy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
         (["bench", "-w", "digits", "--size", "tiny", "--tolerance", "nan"], "got 'nan'"),
         (["bench", "-w", "digits", "--size", "tiny", "--tolerance", "2%"], "e.g. 0.01"),
         (["bench", "--model", "{toy}:model", "--data", "{toy}:data", "--tolerance", "0.1"], "has no eval metric to hold to it; drop --tolerance"),
+        (["bench", "--model", "{toy}:model", "--data", "{toy}:data", "--batch-size", "8"], "--batch-size 8 applies to a built-in workload's data"),
+        (["bench", "-w", "digits", "--size", "tiny", "--batch-size", "5000"], "use at most 1437"),
+        (["bench", "-w", "digits", "--size", "tiny", "--clip", "-1"], "--clip -1: the gradient-norm clip must be a positive finite number; 0 or none"),
+        (["bench", "-w", "digits", "--size", "tiny", "--clip", "max"], "--clip max: give a number"),
     ],
 )
 def test_bad_input_is_one_line_that_says_what_to_do(cli_error: Callable[[list[str]], str], toy: str, argv: list[str], message: str) -> None:
@@ -94,6 +98,50 @@ def test_numbers_are_checked_by_the_parser(capsys: pytest.CaptureFixture[str]) -
     with pytest.raises(SystemExit) as info:
         main(["bench", "--steps", "0"])
     assert info.value.code == 2 and "must be an integer from 1 to" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["--accumulate", "0"], ["--batch-size", "-2"], ["--compile", "inductor"]])
+def test_recipe_flags_are_checked_by_the_parser(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["bench", *argv])
+    assert info.value.code == 2 and f"argument {argv[0]}: " in capsys.readouterr().err  # not "unrecognized arguments"
+
+
+# Dynamo's own warning when the optimizer reads .grad through a traced graph; torch's, not ampkit's.
+@pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf:UserWarning")
+def test_the_recipe_flags_change_the_run_and_are_recorded(
+    capsys: pytest.CaptureFixture[str], toy: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import ampkit.cli.bench as bench_cli
+
+    monkeypatch.setattr(bench_cli, "_COMPILE", {"model": {"backend": "aot_eager"}})  # inductor would take seconds
+    torch._dynamo.reset()
+    argv = ["bench", "--model", f"{toy}:model", "--data", f"{toy}:data_with_eval", "--precision", "bf16", "--steps", "4",
+            "--warmup", "2", "--rounds", "1", "--accumulate", "3", "--clip", "none", "--tolerance", "0.5", "--compile",
+            "--out", str(tmp_path), "--no-progress"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "each also compiled (model)" in out and "a step: one optimizer update over 3 batches (48 samples)" in out
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert {k: data["settings"][k] for k in ("batch_size", "accumulate", "step_items", "clip_grad_norm", "tolerance", "compile")} == {
+        "batch_size": 16, "accumulate": 3, "step_items": 48, "clip_grad_norm": None, "tolerance": 0.5, "compile": {"backend": "aot_eager"}}
+    runs = BenchResult.read_json(tmp_path / "results.json").runs
+    assert [r.label for r in runs] == ["32-true", "32-true compiled", "bf16-mixed", "bf16-mixed compiled"]
+    for run in runs:
+        assert run.status == "ok" and run.throughput == pytest.approx(48 / run.step_time_median_s)
+        assert (run.compile_time_s is not None) == (run.compile is not None) and run.within_tolerance is not None
+    report = (tmp_path / "report.md").read_text()
+    assert "bf16-mixed compiled" in report and "Compile time" in report
+    torch._dynamo.reset()
+
+
+def test_batch_size_rebuilds_a_builtin_workload_and_its_throughput(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["bench", "-w", "resnet", "--size", "tiny", "--precision", "32-true", "--steps", "4", "--rounds", "1",
+                 "--batch-size", "6", "--out", str(tmp_path), "--no-progress"]) == 0
+    data = json.loads((tmp_path / "results.json").read_text())
+    run = data["runs"][0]
+    assert data["settings"]["batch_size"] == 6 and data["workload_info"]["batch_size"] == 6
+    assert run["throughput"] == pytest.approx(6 / run["step_time_median_s"])  # the tiny size's own batch is 4
 
 
 def test_user_model_run_writes_every_promised_file(capsys: pytest.CaptureFixture[str], toy: str, tmp_path: Path) -> None:

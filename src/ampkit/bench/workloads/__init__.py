@@ -1,6 +1,7 @@
 """The built-in workloads of ``ampkit bench``, by name.
 
-Each module (``digits``, ``segment``, ``gpt``, ``resnet``) exposes ``build(size="small", seed=0) -> Workload``.
+Each module (``digits``, ``segment``, ``gpt``, ``resnet``) exposes ``build(size="small", seed=0, batch_size=None)
+-> Workload``.
 The modules are imported on first use, so asking for ``gpt`` never imports scikit-learn.
 
     >>> workload_names()
@@ -27,8 +28,8 @@ __all__ = ["WORKLOADS", "workload_names", "get_workload"]
 def _lazy(module: str) -> Callable[..., Workload]:
     """``module.build``, imported when first called (each module pulls in its own data dependencies)."""
 
-    def build(size: str = "small", seed: int = 0) -> Workload:
-        return importlib.import_module(f"{__name__}.{module}").build(size=size, seed=seed)
+    def build(size: str = "small", seed: int = 0, batch_size: int | None = None) -> Workload:
+        return importlib.import_module(f"{__name__}.{module}").build(size=size, seed=seed, batch_size=batch_size)
 
     build.__name__ = build.__qualname__ = f"build_{module}"
     build.__doc__ = f"Build the {module!r} workload; see :func:`ampkit.bench.workloads.{module}.build`."
@@ -36,7 +37,7 @@ def _lazy(module: str) -> Callable[..., Workload]:
 
 
 WORKLOADS: dict[str, Callable[..., Workload]] = {name: _lazy(name) for name in ("digits", "segment", "gpt", "resnet")}
-"""Workload name -> ``build(size="small", seed=0) -> Workload``."""
+"""Workload name -> ``build(size="small", seed=0, batch_size=None) -> Workload``."""
 
 
 def workload_names() -> list[str]:
@@ -48,8 +49,10 @@ def workload_names() -> list[str]:
     return sorted(WORKLOADS)
 
 
-def get_workload(name: str, size: str = "small", seed: int = 0) -> Workload:
+def get_workload(name: str, size: str = "small", seed: int = 0, batch_size: int | None = None) -> Workload:
     """Build the built-in workload ``name`` at ``size`` (one of :data:`~ampkit.bench.workload.SIZES`).
+
+    ``batch_size`` (``--batch-size``) replaces the size's rows per training batch; throughput counts them.
 
     Raises ValueError, in one line, for an unknown name (naming the closest valid one) or size.
 
@@ -67,4 +70,6 @@ def get_workload(name: str, size: str = "small", seed: int = 0) -> Workload:
         raise ValueError(f"unknown workload {name!r}; choose one of {', '.join(valid)}{hint}.")
     if size not in SIZES:
         raise ValueError(f"unknown size {size!r} for workload {name!r}; choose one of {', '.join(SIZES)}.")
-    return WORKLOADS[name](size=size, seed=seed)
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
+        raise ValueError(f"--batch-size {batch_size!r}: the batch size must be an int >= 1 (rows per training batch).")
+    return WORKLOADS[name](size=size, seed=seed, batch_size=batch_size)

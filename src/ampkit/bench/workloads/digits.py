@@ -12,7 +12,7 @@ scored on the same 360 held-out digits); the seed sets the initial weights and t
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -99,8 +99,9 @@ def _train_batches(x: torch.Tensor, y: torch.Tensor, cfg: _Config, generator: to
     return batches
 
 
-def build(size: str = "small", seed: int = 0) -> Workload:
+def build(size: str = "small", seed: int = 0, batch_size: int | None = None) -> Workload:
     """The digits workload at ``size`` (``tiny``, ``small``, ``large``); same seed, same weights and batches.
+    ``batch_size`` replaces the size's batch (rows per training batch).
 
     >>> w = build("tiny", seed=1)
     >>> w.name, w.unit, w.items_per_batch, w.channels_last, len(w.eval_batches) > 0
@@ -108,8 +109,10 @@ def build(size: str = "small", seed: int = 0) -> Workload:
     """
     if size not in _CONFIGS:
         raise ValueError(f"unknown size {size!r} for workload 'digits'; choose one of {', '.join(SIZES)}.")
-    cfg = _CONFIGS[size]
+    cfg = _CONFIGS[size] if batch_size is None else replace(_CONFIGS[size], batch=batch_size)  # --batch-size
     x_train, y_train, x_eval, y_eval = _split()
+    if cfg.batch > len(x_train):
+        raise ValueError(f"--batch-size {cfg.batch}: the digits workload has {len(x_train)} training images; use at most {len(x_train)}.")
     batches = _train_batches(x_train, y_train, cfg, torch.Generator().manual_seed(seed))
     eval_batch = max(cfg.batch, 128)
     eval_batches = [(x_eval[i : i + eval_batch], y_eval[i : i + eval_batch]) for i in range(0, len(x_eval), eval_batch)]

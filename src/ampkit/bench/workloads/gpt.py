@@ -17,7 +17,7 @@ import functools
 import math
 import os
 import sysconfig
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -206,8 +206,9 @@ def _windows(data: torch.Tensor, starts: torch.Tensor, length: int) -> torch.Ten
     return data[starts.unsqueeze(-1) + torch.arange(length)].long()
 
 
-def build(size: str = "small", seed: int = 0) -> Workload:
+def build(size: str = "small", seed: int = 0, batch_size: int | None = None) -> Workload:
     """The gpt workload at ``size`` (``tiny``, ``small``, ``large``); same seed, same weights and batches.
+    ``batch_size`` replaces the size's batch (rows per training batch).
 
     Training windows of ``seq_len + 1`` bytes start at random offsets of the training text (drawn with a
     generator seeded by ``seed``); the eval windows are fixed: consecutive, non-overlapping, from the eval text.
@@ -218,7 +219,7 @@ def build(size: str = "small", seed: int = 0) -> Workload:
     """
     if size not in _CONFIGS:
         raise ValueError(f"unknown size {size!r} for workload 'gpt'; choose one of {', '.join(SIZES)}.")
-    cfg = _CONFIGS[size]
+    cfg = _CONFIGS[size] if batch_size is None else replace(_CONFIGS[size], batch=batch_size)  # --batch-size
     t = cfg.seq_len
     text, files = stdlib_corpus(cfg.corpus_bytes)
     data = torch.frombuffer(bytearray(text), dtype=torch.uint8)

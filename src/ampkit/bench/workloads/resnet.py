@@ -12,7 +12,7 @@ much memory, each policy runs the convolution-heavy step that dominates vision t
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -90,8 +90,9 @@ class ResNet18(nn.Module):
         return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
 
 
-def build(size: str = "small", seed: int = 0) -> Workload:
+def build(size: str = "small", seed: int = 0, batch_size: int | None = None) -> Workload:
     """The resnet workload at ``size`` (``tiny``, ``small``, ``large``); same seed, same weights and batches.
+    ``batch_size`` replaces the size's batch (rows per training batch).
 
     >>> w = build("tiny", seed=2)
     >>> w.name, w.channels_last, w.unit, w.extra["image_size"]
@@ -99,7 +100,7 @@ def build(size: str = "small", seed: int = 0) -> Workload:
     """
     if size not in _CONFIGS:
         raise ValueError(f"unknown size {size!r} for workload 'resnet'; choose one of {', '.join(SIZES)}.")
-    cfg = _CONFIGS[size]
+    cfg = _CONFIGS[size] if batch_size is None else replace(_CONFIGS[size], batch=batch_size)  # --batch-size
     generator = torch.Generator().manual_seed(seed)
     batches: list[Batch] = [
         (

@@ -14,7 +14,7 @@ local :class:`torch.Generator`: the same seed gives the same images on every run
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -241,8 +241,9 @@ def _batches(count: int, cfg: _Config, generator: torch.Generator) -> list[Batch
     return [(x[i * cfg.batch : (i + 1) * cfg.batch].clone(), y[i * cfg.batch : (i + 1) * cfg.batch].clone()) for i in range(count)]
 
 
-def build(size: str = "small", seed: int = 0) -> Workload:
+def build(size: str = "small", seed: int = 0, batch_size: int | None = None) -> Workload:
     """The segment workload at ``size`` (``tiny``, ``small``, ``large``); same seed, same weights and batches.
+    ``batch_size`` replaces the size's batch (rows per training batch).
 
     >>> w = build("tiny", seed=0)
     >>> x, y = w.batch(0)
@@ -251,10 +252,11 @@ def build(size: str = "small", seed: int = 0) -> Workload:
     """
     if size not in _CONFIGS:
         raise ValueError(f"unknown size {size!r} for workload 'segment'; choose one of {', '.join(SIZES)}.")
-    cfg = _CONFIGS[size]
+    cfg = _CONFIGS[size] if batch_size is None else replace(_CONFIGS[size], batch=batch_size)  # --batch-size
     generator = torch.Generator().manual_seed(seed)
     train = _batches(cfg.train_batches, cfg, generator)
-    evals = _batches(cfg.eval_batches, cfg, generator)  # drawn after the training set: disjoint images
+    # Drawn after the training set: disjoint images; the size's own eval set whatever the training batch.
+    evals = _batches(cfg.eval_batches, _CONFIGS[size], generator)
     # fork_rng(devices=[]): only the CPU generator is forked and seeded (the model is built on the CPU), so
     # the caller's CPU and CUDA RNG states are left exactly as they were.
     with torch.random.fork_rng(devices=[]):
@@ -282,5 +284,5 @@ def build(size: str = "small", seed: int = 0) -> Workload:
         ),
         extra={"parameters": params, "image_size": [h, w], "batch_size": cfg.batch, "classes": len(CLASSES),
                "widths": list(cfg.widths), "train_images": cfg.train_batches * cfg.batch,
-               "eval_images": cfg.eval_batches * cfg.batch},
+               "eval_images": cfg.eval_batches * _CONFIGS[size].batch},
     )

@@ -162,3 +162,22 @@ def test_tiny_run_learns(name: str, tiny) -> None:
                 metric.update(model(x).float(), y)
         values = metric.compute()
         assert metric.name in values and values[metric.name] == values[metric.name]  # not NaN
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_batch_size_replaces_the_sizes_batch_and_the_items_it_counts(name: str, tiny: dict[tuple[str, int], Workload]) -> None:
+    if name == "digits":
+        pytest.importorskip("sklearn", reason="Requires: scikit-learn (pip install -e '.[bench]')")
+    default = tiny[(name, 0)]
+    rows = len(default.batch(0)[1])
+    wider = get_workload(name, "tiny", batch_size=2 * rows)
+    assert len(wider.batch(0)[1]) == 2 * rows and wider.items_per_batch == 2 * default.items_per_batch
+    assert wider.extra["batch_size"] == 2 * rows
+    if wider.eval_batches:  # the eval set is the size's own: the verdict judges the same samples
+        assert sum(len(b[1]) for b in wider.eval_batches) == sum(len(b[1]) for b in default.eval_batches)
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, True])
+def test_a_batch_size_that_is_not_a_row_count_is_refused(bad: object) -> None:
+    with pytest.raises(ValueError, match="--batch-size .*an int >= 1"):
+        get_workload("resnet", "tiny", batch_size=bad)  # type: ignore[arg-type]
