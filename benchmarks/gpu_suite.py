@@ -73,7 +73,7 @@ STEPS: tuple[Step, ...] = (
         "The test suite's device-generic tests on the device (pytest --device)",
         ("-m", "pytest", "-q", "-m", "not slow", "-p", "no:cacheprovider", "-rfE"),
         ("-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE", "tests/test_device_option.py"),
-        budget_s=130,
+        budget_s=120,
         writes_json=False,
     ),
     Step(
@@ -88,7 +88,7 @@ STEPS: tuple[Step, ...] = (
         "ampkit bench, default workload and policies (gpt large on a GPU): step time, tokens/s, MFU",
         ("-m", "ampkit", "bench", "--no-progress"),
         ("-m", "ampkit", "bench", "--no-progress", "-w", "gpt", "--size", "tiny", "--precision", "bf16", "--steps", "4", "--warmup", "1", "--rounds", "1"),
-        budget_s=150,
+        budget_s=135,
         writes_json=False,
     ),
     Step(
@@ -140,6 +140,13 @@ STEPS: tuple[Step, ...] = (
         _script("compile_speed.py", "--workloads", "gpt", "--size", "large", "--precision", "bf16-mixed", "--rounds", "4", "--steps", "10"),
         _script("compile_speed.py", "--smoke"),
         budget_s=40,
+    ),
+    Step(
+        "fused_step",
+        "The master-weight optimizer step fused by compile against the unfused one and bf16-mixed's, gpt large",
+        _script("fused_master_step.py", "--workload", "gpt", "--size", "large", "--rounds", "4", "--steps", "10"),
+        _script("fused_master_step.py", "--smoke"),
+        budget_s=25,
     ),
 )
 STEP_NAMES = tuple(step.name for step in STEPS)

@@ -20,6 +20,8 @@ from __future__ import annotations
 import importlib
 import logging
 import sys
+import types
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -52,6 +54,8 @@ __all__ = [
     "capturable_supported_devices",
     "dcp_metadata_path",
     "compile_in_place",
+    "compile_template",
+    "own_code",
     "compiled_original",
     "GLOO_REDUCE_SCATTER_AVERAGES",
     "fsdp_problem",
@@ -131,8 +135,35 @@ def fsdp_problem(device_type: str, world_size: int) -> str | None:
     return None
 
 
-def compile_in_place(module: torch.nn.Module, options: dict[str, Any]) -> None:
+def own_code(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A copy of the plain function ``fn`` with a code object of its own.
+
+    Dynamo keeps compiled graphs and their guards per code object, up to ``recompile_limit`` (8) entries, then
+    runs that code eagerly for good, logging once. A function compiled anew for each model or optimizer (every
+    engine of a process: bench builds one per policy, a test suite hundreds) would fill the shared entries and
+    silently stop compiling; with its own code object each gets a cache of its own, freed with it.
+
+    >>> def f(): return 1
+    >>> g = own_code(f); g(), g.__code__ is f.__code__
+    (1, False)
+    """
+    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+
+
+def _call_template() -> Callable[..., Any]:
+    call: Callable[..., Any] | None = None
+
+    def call_through(*args: Any, **kwargs: Any) -> Any:
+        return call(*args, **kwargs)  # type: ignore[misc]
+
+    return call_through
+
+
+def compile_in_place(module: torch.nn.Module, options: dict[str, Any], template: Callable[..., Any] | None = None) -> None:
     """``torch.compile`` ``module``'s whole call (its hooks and forward) in place: same object, same state-dict keys.
+
+    Modules compiled with the same ``template`` (from :func:`compile_template`) share dynamo's cache, so the
+    repeated blocks of one model reuse one compiled graph; without one, the module gets a cache of its own.
 
     >>> m = torch.nn.Linear(2, 2); compile_in_place(m, {"backend": "eager"}); m(torch.ones(1, 2)).shape
     torch.Size([1, 2])
@@ -142,12 +173,15 @@ def compile_in_place(module: torch.nn.Module, options: dict[str, Any]) -> None:
     # for a module whose forward is torch's own (nn.Sequential, nn.TransformerEncoderLayer) nothing is captured and
     # the model silently runs eagerly (torch 2.13). A function of ours in between makes dynamo trace from here and
     # inline the call, hooks included.
-    call = module._call_impl
-
-    def compiled_call(*args: Any, **kwargs: Any) -> Any:
-        return call(*args, **kwargs)
-
+    template = template or compile_template()
+    # The template's code object, with this module's call as its closure.
+    compiled_call = types.FunctionType(template.__code__, template.__globals__, template.__name__, None, (types.CellType(module._call_impl),))
     module._compiled_call_impl = torch.compile(compiled_call, **options)  # type: ignore[assignment]
+
+
+def compile_template() -> Callable[..., Any]:
+    """A code object for :func:`compile_in_place` to share among the modules of one compilation (see :func:`own_code`)."""
+    return own_code(_call_template())
 
 
 def compiled_original(model: object) -> torch.nn.Module | None:

@@ -44,7 +44,8 @@ class PolicyRun:
     ``compile``: what ``Engine(compile=...)`` gets (None: eager); ``mode`` names it in the result (see
     :func:`ampkit.bench.recipe.compile_mode`). A compiled run compiles in its first steps, which are the first
     of :meth:`measure_alone`: their time, less as many steady steps, is its compile time, kept out of the timed
-    steps (later builds of the same model reuse torch's compiled code, so the warm-up is already steady).
+    steps. The timed build is another engine, which compiles again (each engine keeps its own compiled code; the
+    compiler's on-disk cache makes it quicker) during its untimed warm-up, so the timed steps are steady.
     """
 
     def __init__(

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
+import torch  # noqa: F401 - the doctests use it
 from torch import nn
 
 from .compare import LossFn, ModuleAgreement, PolicyStep, ReferenceStep, _agreement, policy_step

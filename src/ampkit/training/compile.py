@@ -25,7 +25,7 @@ from typing import Any
 
 from torch import nn
 
-from .._compat import compile_in_place, compiled_original
+from .._compat import compile_in_place, compile_template, compiled_original
 from .._util.blocks import repeated_blocks
 
 __all__ = ["CompilePlan", "compile_plan", "check_compile_plan", "apply_compile", "unwrap_user_compiled"]
@@ -104,15 +104,18 @@ def check_compile_plan(models: list[nn.Module], plan: CompilePlan | None) -> Non
 def apply_compile(models: list[nn.Module], plan: CompilePlan) -> list[str]:
     """Compile ``models`` in place as ``plan`` says; return the compiled regions' names ('' for a whole model)."""
     regions: list[str] = []
+    # One code object for this engine's compiled calls: its blocks share one dynamo cache (a block compiled once
+    # serves them all), and other engines in the process do not fill it (see _compat.own_code).
+    template = compile_template()
     for i, model in enumerate(models):
         prefix = f"model {i}: " if len(models) > 1 else ""
         if not plan.regional:
-            compile_in_place(model, plan.options)
+            compile_in_place(model, plan.options, template)
             regions.append(prefix)
             continue
         blocks = _blocks(model)
         for name in blocks:
-            compile_in_place(model.get_submodule(name), plan.options)
+            compile_in_place(model.get_submodule(name), plan.options, template)
         regions += [prefix + name for name in blocks]
     log.info("compiled %s", ", ".join(r or "the model" for r in regions))
     return regions

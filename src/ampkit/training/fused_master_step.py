@@ -37,13 +37,12 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
-import types
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 
-from .._compat import optimizer_has_step_hooks
+from .._compat import optimizer_has_step_hooks, own_code
 from .masters import MasterWeights
 
 __all__ = ["SUPPORTED", "FusedMasterStep", "fused_step_problem", "check_fused_step_spec", "build_fused_step"]
@@ -126,7 +125,7 @@ class FusedMasterStep:
         self.calls = 0
         self._index = {id(m): i for i, m in enumerate(masters.masters)}
         self._lr: dict[int, torch.Tensor] = {}  # one persistent 0-d tensor per param group: same object, new value
-        self._compiled: Callable[..., tuple[list[torch.Tensor], torch.Tensor | None]] = torch.compile(_own_region(), **self.options)
+        self._compiled: Callable[..., tuple[list[torch.Tensor], torch.Tensor | None]] = torch.compile(own_code(_step_region), **self.options)
 
     def ready(self, opts: Sequence[torch.optim.Optimizer]) -> bool:
         """Whether every parameter about to step has optimizer state and a dense gradient (else: the unfused step)."""
@@ -175,6 +174,8 @@ class FusedMasterStep:
         if not stepping:
             device = self.masters.masters[0].device if self.masters.masters else torch.device("cpu")
             return [torch.zeros((), device=device) for _ in opts] if skip_nonfinite else [], None
+        for i in stepping:
+            _steps_on_device(opts[i], stepped[i][0])
         with self._tensor_hyperparameters(opts):
             found, norm = self._compiled(
                 [sources[i] for i in stepping], [stepped[i] for i in stepping], [opts[i] for i in stepping],
@@ -222,7 +223,8 @@ def _step_region(
 ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
     """The traced step. Per optimizer: fp32 gradients, unscaled; a found-inf flag; one norm over all of them; the
     update, undone where the flag is set; then the 16-bit copy of every master."""
-    with torch.no_grad():  # inside, not a decorator: the compiled frame must be this function's own code
+    # no_grad inside, not as a decorator: the frame dynamo compiles must be this function's (own_code's) code.
+    with torch.no_grad():
         return _traced_step(sources, stepped, opts, model_params, masters, inv_scale, clip_grad_norm, clip_grad_value, skip_nonfinite)
 
 
@@ -267,16 +269,20 @@ def _traced_step(
     return [f.to(torch.float32) for f in found], norm
 
 
-def _own_region() -> Callable[..., tuple[list[torch.Tensor], torch.Tensor | None]]:
-    """``_step_region`` with a code object of its own.
+def _steps_on_device(opt: torch.optim.Optimizer, first: torch.Tensor) -> None:
+    """Put the optimizer's step counts on its parameters' device, where a capturable update expects them.
 
-    Dynamo keeps compiled graphs and their guards per code object, and it guards on the optimizer itself: with one
-    shared code object, every engine of a process (bench builds one per policy, a sweep one per trial) would add
-    entries until the recompile limit sends them all back to eager. Its own copy gives each engine its own cache,
-    freed with it.
+    An unfused Adam keeps them on the host (a CPU tensor each); its fused kernel and the traced, capturable update
+    keep them on the device. Checked on the first parameter (one lookup per step); moved once, and again only after
+    a load puts them back.
     """
-    raw = _step_region
-    return types.FunctionType(raw.__code__.replace(), raw.__globals__, raw.__name__, raw.__defaults__, raw.__closure__)
+    step = opt.state[first].get("step")
+    if not isinstance(step, torch.Tensor) or step.device == first.device:
+        return
+    for p in (q for g in opt.param_groups for q in g["params"]):
+        state = opt.state.get(p)
+        if state and isinstance(state.get("step"), torch.Tensor):
+            state["step"] = state["step"].to(p.device)
 
 
 def _any_nonfinite(grads: list[torch.Tensor]) -> torch.Tensor:
