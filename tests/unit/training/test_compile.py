@@ -187,3 +187,16 @@ def test_recomputed_blocks_compile_and_train_as_they_do_eagerly(regional: bool) 
     train(compiled, compiled_net)
     want, got = params(eager), params(compiled)
     assert all(torch.equal(got[name], want[name]) for name in want)
+
+
+def test_every_engine_of_a_process_compiles_past_dynamos_recompile_limit() -> None:
+    # Dynamo keeps at most 8 compiled entries per code object and then runs that code eagerly for good. Engines
+    # whose models differ (here in width) must each get their own entries, the ninth as the first.
+    limit = torch._dynamo.config.recompile_limit
+    for width in range(4, 4 + limit + 2):
+        counter = GraphCounter()
+        net = model(width=width)
+        engine = Engine("32-true", compile={"backend": counter})
+        net = engine.setup(net)
+        net(torch.randn(2, 8))
+        assert counter.graphs == 1, f"engine {width - 3} ran eagerly"
