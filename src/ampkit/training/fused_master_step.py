@@ -210,22 +210,11 @@ class FusedMasterStep:
                     g["capturable"] = capturable
 
 
-def _step_region(
-    sources: list[list[torch.Tensor]],
-    stepped: list[list[torch.Tensor]],
-    opts: list[torch.optim.Optimizer],
-    model_params: list[torch.Tensor],
-    masters: list[torch.Tensor],
-    inv_scale: torch.Tensor | None,
-    clip_grad_norm: float | None,
-    clip_grad_value: float | None,
-    skip_nonfinite: bool,
-) -> tuple[list[torch.Tensor], torch.Tensor | None]:
-    """The traced step. Per optimizer: fp32 gradients, unscaled; a found-inf flag; one norm over all of them; the
-    update, undone where the flag is set; then the 16-bit copy of every master."""
-    # no_grad inside, not as a decorator: the frame dynamo compiles must be this function's (own_code's) code.
+def _step_region(*args: Any) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+    """What torch.compile is given (a copy with its own code, see :func:`ampkit._compat.own_code`): the traced
+    step under no_grad, entered here rather than by a decorator, whose wrapper's code every copy would share."""
     with torch.no_grad():
-        return _traced_step(sources, stepped, opts, model_params, masters, inv_scale, clip_grad_norm, clip_grad_value, skip_nonfinite)
+        return _traced_step(*args)
 
 
 def _traced_step(
@@ -239,6 +228,8 @@ def _traced_step(
     clip_grad_value: float | None,
     skip_nonfinite: bool,
 ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+    """The traced step. Per optimizer: fp32 gradients, unscaled; a found-inf flag; one norm over all of them; the
+    update, undone where the flag is set; then the 16-bit copy of every master."""
     # Unscaled after the cast to fp32, so gradients that fp16 held only while scaled are not flushed to zero.
     grads = [[p.grad.to(torch.float32) for p in ps] for ps in sources]
     if inv_scale is not None:
