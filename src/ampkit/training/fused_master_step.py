@@ -154,6 +154,7 @@ class FusedMasterStep:
         # out of the cast, which is its own source) and the parameter the optimizer steps.
         sources: list[list[torch.Tensor]] = []
         stepped: list[list[torch.Tensor]] = []
+        copy_back: list[tuple[torch.Tensor, torch.Tensor]] = []  # (16-bit parameter, its master) for what steps
         for opt in opts:
             src, dst = [], []
             for g in opt.param_groups:
@@ -165,11 +166,11 @@ class FusedMasterStep:
                         continue
                     if i is not None:
                         p.grad = self.masters._grad_buffers[i]
+                        copy_back.append((source, p))
                     src.append(source)
                     dst.append(p)
             sources.append(src)
             stepped.append(dst)
-        pairs = [(p, m) for p, m in zip(self.masters.model_params, self.masters.masters) if p.grad is not None]
         stepping = [i for i, ms in enumerate(stepped) if ms]  # an optimizer without gradients has nothing to do
         if not stepping:
             device = self.masters.masters[0].device if self.masters.masters else torch.device("cpu")
@@ -179,7 +180,7 @@ class FusedMasterStep:
         with self._tensor_hyperparameters(opts):
             found, norm = self._compiled(
                 [sources[i] for i in stepping], [stepped[i] for i in stepping], [opts[i] for i in stepping],
-                [p for p, _ in pairs], [m for _, m in pairs], inv_scale, clip_grad_norm, clip_grad_value, skip_nonfinite,
+                [p for p, _ in copy_back], [m for _, m in copy_back], inv_scale, clip_grad_norm, clip_grad_value, skip_nonfinite,
             )
         self.calls += 1
         if found and len(stepping) < len(opts):

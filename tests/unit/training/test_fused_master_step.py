@@ -194,3 +194,21 @@ def test_step_hooks_are_not_bypassed() -> None:
 def test_a_fused_step_spec_that_is_not_understood_names_the_forms(spec: Any) -> None:
     with pytest.raises(ValueError, match="pass True, False, a dict"):
         Engine("bf16-true-masters", fused_step=spec)
+
+
+def test_two_optimizers_step_together_as_the_unfused_step_does() -> None:
+    # One total norm over both, each with its own parameters' state; SGD, whose update follows the gradient, so a
+    # run of several steps stays within fp32's tolerance of the unfused one.
+    runs = []
+    for fused in (AOT, False):
+        net = model()
+        opts = [torch.optim.SGD(net[0].parameters(), lr=0.1, momentum=0.9), torch.optim.SGD([*net[2].parameters(), *net[3].parameters()], lr=0.05, momentum=0.5)]
+        engine = Engine("16-true-masters", fused_step=fused, clip_grad_norm=0.5)
+        net, *opts = engine.setup(net, *opts)
+        for batch in batches(4):
+            backward(engine, net, batch)
+            engine.step()
+        runs.append((engine, {f"{i}.{k}": v for i, o in enumerate(opts) for k, v in snapshot(engine, o).items()}))
+    (fused_engine, got), (_, want) = runs
+    assert fused_engine.fused_step.calls == 3
+    torch.testing.assert_close(got, want)
