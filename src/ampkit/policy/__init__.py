@@ -3,7 +3,7 @@
 from .base import Policy
 from .device import Support
 from .full import FullPrecision, TF32Precision
-from .half import BF16True, BF16TrueMasters, FP16True, FP16TrueMasters
+from .half import BF16True, BF16TrueMasters, BF16TrueRemainder, FP16True, FP16TrueMasters
 from .mixed import BF16Mixed, FP16Mixed
 from .registry import ALIASES, POLICIES, get_policy, policy_names
 
@@ -17,6 +17,7 @@ __all__ = [
     "BF16True",
     "FP16True",
     "BF16TrueMasters",
+    "BF16TrueRemainder",
     "FP16TrueMasters",
     "POLICIES",
     "ALIASES",

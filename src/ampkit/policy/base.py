@@ -43,6 +43,7 @@ class Policy:
     param_dtype: ClassVar[torch.dtype] = torch.float32
     compute_dtype: ClassVar[torch.dtype | None] = None
     master_weights: ClassVar[bool] = False
+    master_remainders: ClassVar[bool] = False  # masters kept as bf16 weight + int16 remainder (2 B/param, not 8)
     loss_scaling: ClassVar[LossScaling] = "none"
     description: ClassVar[str] = ""
 

@@ -19,7 +19,7 @@ from .base import LossScaling, Policy
 from .device import Support, cpu_bf16_native, cuda_bf16_supported, cuda_fp16_tensor_cores, no_fp16_tensor_cores
 from .islands import NORM_TYPES, cast_floating, make_fp32_island, match_modules
 
-__all__ = ["BF16True", "FP16True", "BF16TrueMasters", "FP16TrueMasters"]
+__all__ = ["BF16True", "FP16True", "BF16TrueMasters", "BF16TrueRemainder", "FP16TrueMasters"]
 
 _IO_HOOK_MARK = "_ampkit_io_cast"
 
@@ -103,6 +103,16 @@ class BF16TrueMasters(_Half):
     param_dtype: ClassVar[torch.dtype] = torch.bfloat16
     master_weights: ClassVar[bool] = True
     description: ClassVar[str] = "bf16 weights, fp32 norms and master weights"
+
+
+@dataclass(frozen=True, kw_only=True)
+class BF16TrueRemainder(BF16TrueMasters):
+    """``bf16-true-remainder``: ``bf16-true-masters``' training, bit for bit, with the masters kept as int16
+    remainders of the bf16 weights (2 bytes per parameter instead of 8; see :mod:`ampkit.training.remainder_masters`)."""
+
+    name: str = "bf16-true-remainder"
+    master_remainders: ClassVar[bool] = True
+    description: ClassVar[str] = "bf16 weights, fp32 norms, fp32 masters stored as int16 remainders"
 
 
 @dataclass(frozen=True, kw_only=True)

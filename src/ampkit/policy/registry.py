@@ -14,7 +14,7 @@ from torch import nn
 from ..errors import PolicyError
 from .base import Policy
 from .full import FullPrecision, TF32Precision
-from .half import BF16True, BF16TrueMasters, FP16True, FP16TrueMasters
+from .half import BF16True, BF16TrueMasters, BF16TrueRemainder, FP16True, FP16TrueMasters
 from .islands import check_keep_fp32
 from .mixed import BF16Mixed, FP16Mixed
 
@@ -28,6 +28,7 @@ POLICIES: dict[str, type[Policy]] = {
     "bf16-true": BF16True,
     "16-true": FP16True,
     "bf16-true-masters": BF16TrueMasters,
+    "bf16-true-remainder": BF16TrueRemainder,
     "16-true-masters": FP16TrueMasters,
 }
 

@@ -44,6 +44,7 @@ import torch
 
 from .._compat import optimizer_has_step_hooks, own_code
 from .masters import MasterWeights
+from .remainder_masters import RemainderMasters
 
 __all__ = ["SUPPORTED", "FusedMasterStep", "fused_step_problem", "check_fused_step_spec", "build_fused_step"]
 
@@ -64,6 +65,8 @@ def fused_step_problem(optimizers: Sequence[torch.optim.Optimizer], masters: Mas
         return "only the master-weight policies ('bf16-true-masters', '16-true-masters') have a master step to fuse"
     if distributed is not None:
         return f"{distributed}; use fused_step=False"
+    if isinstance(masters, RemainderMasters):
+        return "the remainder masters rebuild fp32 masters around the step, which the region does not trace; use fused_step=False or 'bf16-true-masters'"
     names = ", ".join(c.__name__ for c in SUPPORTED[:-1]) + f" and {SUPPORTED[-1].__name__}"
     for opt in optimizers:
         if not isinstance(opt, SUPPORTED):

@@ -24,6 +24,7 @@ from ..distributed.strategy import SingleProcess, Strategy, choose_strategy, unw
 from ..policy import Policy
 from .engine_args import check_optimizer_params
 from .masters import MasterWeights
+from .remainder_masters import RemainderMasters
 
 __all__ = ["Prepared", "prepare_models"]
 
@@ -64,7 +65,8 @@ def prepare_models(given: list[nn.Module], optimizers: Sequence[torch.optim.Opti
     def cast(targets: list[nn.Module]) -> None:  # the policy, applied when the strategy says
         if policy.master_weights:
             converted = {id(p) for m in targets for c in policy.converted_modules(m) for p in c.parameters(recurse=False)}
-            masters.append(MasterWeights.clone([(n, p) for n, p in names() if id(p) in converted], optimizers))
+            store = RemainderMasters if policy.master_remainders else MasterWeights
+            masters.append(store.clone([(n, p) for n, p in names() if id(p) in converted], optimizers))
         for m in targets:
             policy.convert_module(m, device.type)
 

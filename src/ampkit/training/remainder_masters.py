@@ -1,0 +1,131 @@
+"""fp32 master weights stored as the bf16 model weight plus an int16 remainder: 2 bytes per parameter, not 8.
+
+:class:`~ampkit.training.masters.MasterWeights` keeps an fp32 master and an fp32 gradient buffer per parameter
+for the whole run (8 bytes per parameter beside the 16-bit model). This store keeps only an int16 remainder
+between steps: with the bf16 weight the model already holds, it is the master (see
+:mod:`ampkit.training.remainder_bits` for the exactness argument and its one saturated tie).
+
+The optimizer still holds, and steps, fp32 ``Parameter`` objects, so any torch optimizer works and its state
+stays fp32. Their storage exists only during the step: :meth:`copy_grads_to_masters` allocates it, rebuilds the
+masters from (weight, remainder) and frees the remainders; :meth:`copy_masters_to_model` rounds the stepped
+masters into the model, keeps what rounding lost as the new remainders and frees the fp32 storage again
+(``untyped_storage().resize_()``, as FSDP frees its unsharded parameters). Memory, per parameter beside the
+bf16 model and its gradient:
+
+- between steps (forward and backward included, where activations peak): 2 bytes (the remainder);
+- during the optimizer step: 8 bytes (fp32 master + fp32 gradient; the remainders are freed meanwhile),
+  the same as ``MasterWeights`` holds all the time. Every master is whole at once, because one
+  ``optimizer.step()`` steps them all and an optimizer may read them together.
+
+Between steps the fp32 masters have their shapes but no data: read them through :meth:`state_dict`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from .masters import MasterWeights
+from .remainder_bits import merge_, split_
+
+__all__ = ["RemainderMasters"]
+
+
+def _resize(tensors: Sequence[torch.Tensor], nbytes: Sequence[int] | None) -> None:
+    # Allocation only, no kernel: None frees each storage, a list gives each its size back.
+    for i, t in enumerate(tensors):
+        t.untyped_storage().resize_(0 if nbytes is None else nbytes[i])
+
+
+class RemainderMasters(MasterWeights):
+    """Master weights as (bf16 model weight, int16 remainder); whole fp32 masters only inside the step.
+
+    >>> model = nn.Linear(2, 2); opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    >>> w0 = model.weight.detach().clone()
+    >>> masters = RemainderMasters.clone(model.named_parameters(), [opt]); _ = model.to(torch.bfloat16)
+    >>> masters.remainders[0].dtype, masters.masters[0].untyped_storage().nbytes()
+    (torch.int16, 0)
+    >>> torch.equal(masters.state_dict()["weight"], w0)  # the fp32 master, rebuilt exactly
+    True
+    """
+
+    def __init__(self, pairs: Sequence[tuple[str, nn.Parameter, nn.Parameter]]) -> None:
+        super().__init__(pairs)
+        self._nbytes = [m.untyped_storage().nbytes() for m in self.masters]
+        self.remainders = [torch.empty(m.shape, dtype=torch.int16, device=m.device) for m in self.masters]
+        self._live = True  # the fp32 masters hold the values now; the split below moves them
+        weights = [torch.empty(m.shape, dtype=torch.bfloat16, device=m.device) for m in self.masters]
+        self._split(weights)  # the same rounding as the policy's cast of the model, which follows
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor this object holds; freed fp32 storages count 0 bytes (for memory accounting)."""
+        return [*self.remainders, *super().tensors()]
+
+    def _materialize(self) -> None:
+        """Rebuild the fp32 masters from the model and the remainders, then free the remainders."""
+        if self._live:
+            return
+        _resize(self.masters, self._nbytes)
+        merge_(self.masters, self.model_params, self.remainders)
+        _resize(self.remainders, None)
+        _resize(self._grad_buffers, self._nbytes)
+        self._live = True
+
+    def _split(self, weights: Sequence[torch.Tensor]) -> None:
+        """Round the fp32 masters into ``weights``, keep the remainders, free the fp32 storage."""
+        if not self._live:
+            return
+        split_(self.masters, weights, self._grad_buffers)  # the gradient buffers are dead after the step: scratch
+        _resize(self._grad_buffers, None)
+        _resize(self.remainders, [2 * r.numel() for r in self.remainders])
+        if self.remainders:  # narrowing is exact: split_ left every remainder in int16's range
+            torch._foreach_copy_(self.remainders, [m.view(torch.int32) for m in self.masters])
+        _resize(self.masters, None)
+        self._live = False
+
+    def copy_grads_to_masters(self) -> None:
+        """Rebuild the fp32 masters for the step, then give them fp32 copies of the model's gradients."""
+        self._materialize()
+        super().copy_grads_to_masters()
+
+    def unscale_grads_to_masters(self, inv_scale: torch.Tensor, found_inf: torch.Tensor) -> None:
+        """Rebuild the fp32 masters, then add the unscaled gradients to theirs (see ``MasterWeights``)."""
+        self._materialize()
+        super().unscale_grads_to_masters(inv_scale, found_inf)
+
+    @torch.no_grad()
+    def copy_masters_to_model(self) -> None:
+        """Round the stepped masters into the model and keep the remainders (nothing to do between steps)."""
+        self._split(self.model_params)
+
+    def add(self, name: str, param: nn.Parameter) -> nn.Parameter:
+        """Pair one more bf16 ``param`` with a master (its own value: remainder 0) and return the master.
+
+        >>> masters = RemainderMasters([])
+        >>> masters.add("w", nn.Parameter(torch.ones(2, dtype=torch.bfloat16))).dtype, masters.remainders[0].tolist()
+        (torch.float32, [0, 0])
+        """
+        if param.dtype != torch.bfloat16:
+            raise ValueError(f"remainder masters pair bf16 parameters only; {name!r} is {param.dtype}: use 'bf16-true-masters' for other dtypes")
+        master = super().add(name, param)
+        self._nbytes.append(master.untyped_storage().nbytes())
+        self.remainders.append(torch.zeros(param.shape, dtype=torch.int16, device=param.device))
+        if not self._live:
+            _resize([master, self._grad_buffers[-1]], None)
+        return master
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """fp32 master values by model parameter name, rebuilt (the same format as ``MasterWeights``)."""
+        if self._live:
+            return super().state_dict()
+        out = [torch.empty(m.shape, dtype=torch.float32, device=m.device) for m in self.masters]
+        merge_(out, self.model_params, self.remainders)
+        return dict(zip(self.names, out))
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Restore fp32 masters by name (from either store) and refresh the model and the remainders from them."""
+        self._materialize()  # the masters stay consistent if the checks below refuse ``state``
+        super().load_state_dict(state)
