@@ -18,7 +18,8 @@ value, ``-32768`` ties included, comes back bit for bit.
 
 Special values: +-inf has ``r = 0``. A finite value above bf16's largest rounds to inf, as torch's cast does,
 and its remainder (in [-32768, -1]) still brings it back exactly. NaN stays NaN (torch's cast gives a canonical
-NaN; any remainder added to a NaN's bf16 bits keeps it a NaN), but its payload and sign are not kept.
+NaN; its remainder is clamped into int16's range, and any remainder added to a NaN's bf16 bits keeps it a
+NaN), but its payload and sign are not kept.
 
 Both directions are a handful of ``torch._foreach`` launches over integer views of the tensors (``.view(torch.int32)``
 of an fp32 tensor shares its storage), with no host sync.
@@ -45,7 +46,7 @@ def split_(values: Sequence[torch.Tensor], weights: Sequence[torch.Tensor], scra
     """Write ``RNE(values)`` into the bf16 ``weights`` and leave the remainders, as int32, in ``values``' bits.
 
     ``values`` are consumed: their ``view(torch.int32)`` holds the remainders afterwards, all in int16's range
-    (narrow them with a copy). ``scratch`` is fp32 tensors of the same shapes, overwritten. Five launches.
+    (narrow them with a copy). ``scratch`` is fp32 tensors of the same shapes, overwritten. Six launches.
 
     >>> x = torch.tensor([1.0 + 2**-10, -1.0 - 2**-12, 1.0 + 2**-8])   # under half an ulp, negative, a tie
     >>> w = torch.empty(3, dtype=torch.bfloat16); v = x.clone()
@@ -60,6 +61,7 @@ def split_(values: Sequence[torch.Tensor], weights: Sequence[torch.Tensor], scra
     bits = _bits(values)
     torch._foreach_sub_(bits, _bits(scratch))
     torch._foreach_clamp_max_(bits, REMAINDER_MAX)  # the one value int16 cannot hold (see the module docstring)
+    torch._foreach_clamp_min_(bits, -REMAINDER_MAX - 1)  # only a NaN falls below: it stays a NaN whatever is kept
 
 
 @torch.no_grad()

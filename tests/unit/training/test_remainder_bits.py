@@ -1,0 +1,63 @@
+"""The split of fp32 values into (bf16 rounding, int16 remainder) and its reconstruction, on adversarial bit patterns."""
+
+from __future__ import annotations
+
+import torch
+
+from ampkit.training.remainder_bits import REMAINDER_MAX, merge_, split_
+
+
+def _patterns() -> torch.Tensor:
+    """fp32 bit patterns: every high half with the low halves that matter, and every low half of chosen high halves."""
+    highs = torch.arange(-(2**15), 2**15, dtype=torch.int64)
+    lows = torch.tensor([0x0000, 0x0001, 0x7FFF, 0x8000, 0x8001, 0xFFFF, 0x1234, 0xC0DE], dtype=torch.int64)
+    every_high = (highs[:, None] << 16 | lows[None, :]).flatten()
+    chosen = torch.tensor(
+        [0x0000, 0x8000, 0x0001, 0x8001, 0x007F, 0x0080, 0x0081, 0x3F80, 0x3F81, 0xBF80, 0xBF81, 0x7F7E, 0x7F7F, 0xFF7F, 0x7F80, 0xFF80],
+        dtype=torch.int64,
+    )  # zeros, subnormals, the smallest normals, 1 (even, odd), -1, bf16's largest, inf
+    every_low = (chosen[:, None] << 16 | torch.arange(2**16, dtype=torch.int64)[None, :]).flatten()
+    bits = torch.cat([every_high, every_low])
+    return ((bits + 2**31) % 2**32 - 2**31).to(torch.int32).view(torch.float32)  # as int32 two's complement
+
+
+def _round_trip(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    weights = torch.empty(x.shape, dtype=torch.bfloat16)
+    values = x.clone()
+    split_([values], [weights], [torch.empty_like(x)])
+    remainders = values.view(torch.int32)
+    assert int(remainders.min()) >= -(2**15) and int(remainders.max()) <= REMAINDER_MAX  # narrowing is exact
+    out = torch.empty_like(x)
+    merge_([out], [weights], [remainders.to(torch.int16)])
+    return weights, out
+
+
+def test_the_weight_is_torchs_own_rounding_and_every_value_but_one_tie_comes_back_bit_for_bit() -> None:
+    x = _patterns()
+    finite_or_inf = ~x.isnan()
+    weights, out = _round_trip(x)
+    # The 16-bit weight is exactly the cast bf16-true-masters makes, NaN included.
+    assert torch.equal(weights.view(torch.int16)[finite_or_inf], x.bfloat16().view(torch.int16)[finite_or_inf])
+    assert weights[~finite_or_inf].isnan().all()
+    # The documented tie rule: low half 0x8000 rounded down to an even bf16 (bit 16 clear) saturates to 0x7FFF.
+    xb = x.view(torch.int32)
+    saturated = finite_or_inf & ((xb & 0xFFFF) == 0x8000) & ((xb & 0x10000) == 0)
+    expected = torch.where(saturated, xb - 1, xb)
+    assert torch.equal(out.view(torch.int32)[finite_or_inf], expected[finite_or_inf])
+    assert saturated.any() and (((xb & 0xFFFF) == 0x8000) & ~saturated & finite_or_inf).any()  # both kinds of tie were tried
+    # One fp32 ulp off, never a different weight.
+    assert torch.equal(out[saturated].bfloat16().view(torch.int16), weights[saturated].view(torch.int16))
+    assert out[~finite_or_inf].isnan().all()  # NaN stays NaN
+
+
+def test_values_that_round_to_infinity_come_back_exactly() -> None:
+    big = torch.tensor([3.3961e38, 3.4e38, -3.4e38, torch.finfo(torch.float32).max, float("inf"), -float("inf")])
+    weights, out = _round_trip(big)
+    assert torch.equal(weights.view(torch.int16), big.bfloat16().view(torch.int16))
+    assert weights[1:].isinf().all()  # bf16's largest is 3.39e38
+    assert torch.equal(out.view(torch.int32), big.view(torch.int32))
+
+
+def test_empty_lists_are_a_no_op() -> None:
+    split_([], [], [])
+    merge_([], [], [])
