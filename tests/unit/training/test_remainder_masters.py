@@ -1,0 +1,116 @@
+"""bf16-true-remainder against its control, bf16-true-masters: bitwise the same training at 2 bytes per parameter, not 8."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from ampkit import Engine
+from ampkit.memory.accounting import tensor_bytes, training_state_bytes
+from ampkit.memory.estimate import estimate
+from ampkit.training.fused_master_step import fused_step_problem
+from ampkit.training.remainder_masters import RemainderMasters
+
+OptFactory = Callable[..., torch.optim.Optimizer]
+OPTIMIZERS: dict[str, OptFactory] = {
+    "adamw": lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=0.1),
+    "sgd": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, weight_decay=1e-4),
+}
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.LayerNorm(32), nn.GELU(), nn.Linear(32, 4))
+
+
+def _batches(n: int, seed: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)) for _ in range(n)]
+
+
+def _train(engine: Engine, model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    losses = []
+    for x, y in batches:
+        loss = nn.functional.cross_entropy(model(x), y)
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.detach())
+    return torch.stack(losses)
+
+
+def _run(policy: str, opt: OptFactory, steps: int = 6) -> tuple[Engine, nn.Module, torch.optim.Optimizer, torch.Tensor]:
+    engine = Engine(policy)
+    model = _model()
+    model, optimizer = engine.setup(model, opt(model.parameters()))
+    return engine, model, optimizer, _train(engine, model, _batches(steps))
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int16) if t.element_size() == 2 else t.view(torch.int32)
+
+
+def _same_bits(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(_bits(a[k]), _bits(b[k])) for k in a)
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_training_is_bitwise_that_of_fp32_masters(name: str) -> None:
+    ctrl_engine, ctrl_model, _, ctrl_losses = _run("bf16-true-masters", OPTIMIZERS[name])
+    engine, model, _, losses = _run("bf16-true-remainder", OPTIMIZERS[name])
+    assert isinstance(engine.masters, RemainderMasters)
+    assert torch.equal(_bits(losses), _bits(ctrl_losses))
+    assert _same_bits(dict(model.named_parameters()), dict(ctrl_model.named_parameters()))
+    assert _same_bits(engine.masters.state_dict(), ctrl_engine.masters.state_dict())  # type: ignore[union-attr]
+
+
+def test_masters_cost_2_bytes_per_parameter_between_steps_and_8_only_inside_the_step() -> None:
+    ctrl_engine, ctrl_model, ctrl_opt, _ = _run("bf16-true-masters", OPTIMIZERS["adamw"], steps=2)
+    engine, model, optimizer, _ = _run("bf16-true-remainder", OPTIMIZERS["adamw"], steps=2)
+    n = sum(p.numel() for p in model.parameters() if p.dtype == torch.bfloat16)  # LayerNorm stays fp32, without masters
+    assert training_state_bytes(ctrl_model, [ctrl_opt], ctrl_engine.masters)["master_weights"] == 8 * n
+    assert training_state_bytes(model, [optimizer], engine.masters)["master_weights"] == 2 * n
+    inside: list[int] = []
+    optimizer.register_step_pre_hook(lambda *_: inside.append(tensor_bytes(engine.masters.tensors())))  # type: ignore[union-attr]
+    _train(engine, model, _batches(1, seed=5))
+    assert inside == [8 * n]  # fp32 master and gradient; the remainders are freed meanwhile
+
+
+def test_the_memory_estimate_counts_2_bytes_per_parameter() -> None:
+    batch = (torch.randn(4, 16), torch.randint(0, 4, (4,)))
+    est = {p: estimate(_model(), batch, OPTIMIZERS["adamw"], policy=p, device="cpu") for p in ("bf16-true-masters", "bf16-true-remainder")}
+    n = sum(p.numel() for p in _model().parameters()) - 2 * 32  # the LayerNorm keeps fp32, without masters
+    assert est["bf16-true-masters"].master_weights == 8 * n
+    assert est["bf16-true-remainder"].master_weights == 2 * n
+
+
+def test_resume_is_bitwise(tmp_path: Path) -> None:
+    batches = _batches(6)
+    engine = Engine("bf16-true-remainder")
+    model = _model()
+    model, optimizer = engine.setup(model, OPTIMIZERS["adamw"](model.parameters()))
+    _train(engine, model, batches[:3])
+    engine.save(tmp_path / "ckpt.pt")
+    ctrl_losses = _train(engine, model, batches[3:])
+
+    resumed = Engine("bf16-true-remainder")
+    other = _model()
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(1.0)  # different weights: the checkpoint must bring back all of them
+    other, other_opt = resumed.setup(other, OPTIMIZERS["adamw"](other.parameters()))
+    resumed.load(tmp_path / "ckpt.pt")
+    losses = _train(resumed, other, batches[3:])
+    assert torch.equal(_bits(losses), _bits(ctrl_losses))
+    assert _same_bits(dict(other.named_parameters()), dict(model.named_parameters()))
+    assert _same_bits(resumed.masters.state_dict(), engine.masters.state_dict())  # type: ignore[union-attr]
+
+
+def test_the_fused_master_step_says_it_cannot_run() -> None:
+    model = nn.Linear(2, 2)
+    opt = torch.optim.AdamW(model.parameters())
+    problem = fused_step_problem([opt], RemainderMasters.clone(model.named_parameters(), [opt]), None)
+    assert problem is not None and "fused_step=False" in problem
