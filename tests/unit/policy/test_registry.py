@@ -12,6 +12,7 @@ from ampkit.policy import (
     BF16Mixed,
     BF16True,
     BF16TrueMasters,
+    BF16TrueRemainder,
     FP16Mixed,
     FP16True,
     FP16TrueMasters,
@@ -47,6 +48,7 @@ EXPECTED_CLASSES: dict[str, type[Policy]] = {
     "bf16-true": BF16True,
     "16-true": FP16True,
     "bf16-true-masters": BF16TrueMasters,
+    "bf16-true-remainder": BF16TrueRemainder,
     "16-true-masters": FP16TrueMasters,
 }
 
