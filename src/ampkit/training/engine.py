@@ -35,7 +35,7 @@ from .masters import MasterWeights
 from .model_setup import prepare_models
 from .optimizer_step import optimizer_step, resolve_outcome
 from .compile import apply_compile, check_compile_plan, compile_plan, unwrap_user_compiled
-from .fused_master_step import FusedMasterStep, build_fused_step, check_fused_step_spec
+from .fused_master_step import FusedMasterStep, build_fused_step, check_fused_step, check_fused_step_spec
 from .step_state import StepState
 
 if TYPE_CHECKING:
@@ -155,6 +155,7 @@ class Engine:
             raise RuntimeError("Engine.setup() was already called; create one Engine per training run.")
         given, plan = unwrap_user_compiled(check_setup_args(models, optimizers), self.compile_plan)
         check_compile_plan(given, plan)  # before the policy and the strategy change the models
+        check_fused_step(self._fused_step_spec, optimizers, self.policy.master_weights)
         prepared = prepare_models(given, optimizers, self.policy, self.strategy)
         self.strategy, self._parallel, self.device = prepared.strategy, prepared.parallel, prepared.device
         self.masters, self.wrappers, self._named = prepared.masters, prepared.wrappers, prepared.named

@@ -46,7 +46,7 @@ from .._compat import optimizer_has_step_hooks, own_code
 from .masters import MasterWeights
 from .remainder_masters import RemainderMasters
 
-__all__ = ["SUPPORTED", "FusedMasterStep", "fused_step_problem", "check_fused_step_spec", "build_fused_step"]
+__all__ = ["SUPPORTED", "FusedMasterStep", "fused_step_problem", "check_fused_step_spec", "check_fused_step", "build_fused_step"]
 
 log = logging.getLogger("ampkit")
 
@@ -54,14 +54,14 @@ SUPPORTED: tuple[type[torch.optim.Optimizer], ...] = (torch.optim.SGD, torch.opt
 """Optimizers whose step the fused region traces (subclasses included); others step unfused."""
 
 
-def fused_step_problem(optimizers: Sequence[torch.optim.Optimizer], masters: MasterWeights | None, distributed: str | None) -> str | None:
+def fused_step_problem(optimizers: Sequence[torch.optim.Optimizer], has_masters: bool, distributed: str | None = None) -> str | None:
     """Why the fused master step cannot run here, in words that name the fix; None when it can.
 
     >>> from torch import nn
-    >>> print(fused_step_problem([torch.optim.Adagrad(nn.Linear(1, 1).parameters())], MasterWeights([]), None))
+    >>> print(fused_step_problem([torch.optim.Adagrad(nn.Linear(1, 1).parameters())], has_masters=True))
     it traces SGD, Adam and AdamW, not Adagrad; use one of those or fused_step=False
     """
-    if masters is None:
+    if not has_masters:
         return "only the master-weight policies ('bf16-true-masters', '16-true-masters') have a master step to fuse"
     if distributed is not None:
         return f"{distributed}; use fused_step=False"
@@ -90,6 +90,21 @@ def check_fused_step_spec(spec: Any) -> None:
         raise ValueError(f"fused_step={spec!r} is not understood; pass True, False, a dict of torch.compile options, or leave it off (on with compile=).")
 
 
+def check_fused_step(spec: bool | dict[str, Any] | None, optimizers: Sequence[torch.optim.Optimizer], has_masters: bool) -> None:
+    """Refuse, before setup changes anything, a fused step that is insisted on (``True``, a dict) and cannot run.
+
+    >>> from torch import nn
+    >>> check_fused_step(True, [torch.optim.SGD(nn.Linear(1, 1).parameters(), lr=0.1)], has_masters=False)
+    Traceback (most recent call last):
+    ...
+    ValueError: fused_step: only the master-weight policies ('bf16-true-masters', '16-true-masters') have a master step to fuse.
+    """
+    if spec is True or isinstance(spec, dict):
+        problem = fused_step_problem(optimizers, has_masters)
+        if problem is not None:
+            raise ValueError(f"fused_step: {problem}.")
+
+
 def build_fused_step(
     spec: bool | dict[str, Any] | None,
     compile_options: dict[str, Any] | None,
@@ -104,7 +119,7 @@ def build_fused_step(
     """
     if spec is False or (spec is None and compile_options is None):
         return None
-    problem = fused_step_problem(optimizers, masters, distributed)
+    problem = fused_step_problem(optimizers, masters is not None, distributed)
     if problem is not None:
         if spec is None:
             if masters is not None:

@@ -44,7 +44,8 @@ def optimizer_step(engine: Engine, opts: list[torch.optim.Optimizer]) -> None:
         inv_scale = scaler.inv_scale() if scaler is not None else None
         found, state.norm = fused_step.step(opts, inv_scale, engine.clip_grad_norm, engine.clip_grad_value, engine.skip_nonfinite)
         # The region skipped what overflowed without asking the host; only schedulers need the answer now.
-        _finish(engine, opts, found, not found or bool(engine.schedulers) or reads_are_free(dev), late_collapse, copied_back=True)
+        host_found = _read_flags(found) if engine.schedulers or reads_are_free(dev) else None
+        _finish(engine, opts, found, host_found, late_collapse, copied_back=True)
         return
     if engine.masters is not None:
         engine.masters.copy_grads_to_masters()
@@ -91,7 +92,7 @@ def optimizer_step(engine: Engine, opts: list[torch.optim.Optimizer]) -> None:
                 del opt.grad_scale, opt.found_inf  # type: ignore[attr-defined]
         elif host_found is None or not host_found[i]:
             opt.step()
-    _finish(engine, opts, found, sync_now, late_collapse, copied_back=False)
+    _finish(engine, opts, found, host_found, late_collapse, copied_back=False)
 
 
 def _read_flags(found: list[torch.Tensor]) -> list[bool] | None:
@@ -101,11 +102,13 @@ def _read_flags(found: list[torch.Tensor]) -> list[bool] | None:
     return [bool(found[0].item())] if len(found) == 1 else [bool(v) for v in torch.stack(found).tolist()]
 
 
-def _finish(engine: Engine, opts: list[torch.optim.Optimizer], found: list[torch.Tensor], read: bool, late_collapse: str | None, *, copied_back: bool) -> None:
-    """After the update: the loss scale, the outcome, the 16-bit copy-back, schedulers, zeroed gradients, hooks."""
+def _finish(
+    engine: Engine, opts: list[torch.optim.Optimizer], found: list[torch.Tensor], host_found: list[bool] | None, late_collapse: str | None, *, copied_back: bool
+) -> None:
+    """After the update: the loss scale, the outcome (``host_found``: the flags read already, or None to defer),
+    the 16-bit copy-back, schedulers, zeroed gradients, hooks."""
     state, scaler = engine.step_state, engine.scaler
     any_found = None if not found else found[0] if len(found) == 1 else torch.stack(found).amax()
-    host_found = _read_flags(found) if read else None
     if scaler is not None:
         scaler.update(any_found)  # type: ignore[arg-type]
     state.record_outcome(any_found, host_found)

@@ -714,6 +714,41 @@ def test_a_fused_step_with_clipping_makes_no_host_device_sync(device: torch.devi
     assert engine.steps == 3
 
 
+def test_an_unfused_optimizer_reads_its_overflow_flag_once_per_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unfused optimizer must know on the host whether to step: one read, and only one, per step."""
+    model = mlp()
+    engine = Engine("16-mixed", clip_grad_norm=1.0)
+    model, _ = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    reads: list[str] = []
+    with monkeypatch.context() as patch:
+        patch.setattr(optimizer_step, "reads_are_free", lambda device: False)  # behave as on an accelerator
+        for name in ("item", "tolist"):
+            original = getattr(torch.Tensor, name)
+            patch.setattr(torch.Tensor, name, lambda self, *a, _n=name, _o=original: reads.append(_n) or _o(self, *a))
+        for x, y in batches(3):
+            with engine.autocast():
+                loss = loss_fn(model(x), y)
+            engine.backward(loss)
+            engine.step()
+    assert len(reads) == 3, reads
+
+
+def test_the_fused_master_step_makes_no_host_device_sync(device: torch.device, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compiled master step undoes an overflow inside the region: no host read decides whether to step."""
+    model = mlp(device=device)
+    engine = Engine("16-true-masters", clip_grad_norm=1.0, fused_step={"backend": "aot_eager"})
+    model, _ = engine.setup(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
+    for step, (x, y) in enumerate(batches(4, device=device)):
+        with engine.autocast():
+            loss = loss_fn(model(x.to(torch.float16)), y)
+        # Step 0 creates the optimizer's state unfused, step 1 compiles the region: free to do anything once.
+        with no_host_device_sync(device, monkeypatch) if step > 1 else contextlib.nullcontext():
+            engine.backward(loss)
+            engine.step()
+        assert not engine.step_was_skipped  # read outside the checked block, as a loop would read it later
+    assert engine.fused_step.calls == 3
+
+
 def test_collapse_warning_is_logged_once_per_episode(caplog: pytest.LogCaptureFixture, device: torch.device) -> None:
     model = mlp(device=device)
     engine = Engine("16-mixed", scaler=ScalerConfig(init_scale=2.0, max_consecutive_skips=2, on_collapse="warn"))

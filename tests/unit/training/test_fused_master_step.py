@@ -177,9 +177,11 @@ def test_compile_brings_the_fused_step_where_it_can_run(caplog: pytest.LogCaptur
         ("bf16-true-masters", lambda ps: torch.optim.Adam(ps, differentiable=True), "differentiable"),
     ],
 )
-def test_insisting_on_a_fused_step_that_cannot_run_is_refused(precision: str, make_opt: Any, match: str) -> None:
+def test_insisting_on_a_fused_step_that_cannot_run_is_refused_before_setup_changes_anything(precision: str, make_opt: Any, match: str) -> None:
+    net = model()
     with pytest.raises(ValueError, match=match):
-        setup(True, precision, make_opt, model())
+        Engine(precision, fused_step=True).setup(net, make_opt(net.parameters()))
+    assert net[0].weight.dtype == torch.float32 and not net[0]._forward_pre_hooks  # the policy never touched it
 
 
 def test_step_hooks_are_not_bypassed() -> None:
