@@ -155,7 +155,7 @@ class Engine:
             raise RuntimeError("Engine.setup() was already called; create one Engine per training run.")
         given, plan = unwrap_user_compiled(check_setup_args(models, optimizers), self.compile_plan)
         check_compile_plan(given, plan)  # before the policy and the strategy change the models
-        check_fused_step(self._fused_step_spec, optimizers, self.policy.master_weights)
+        check_fused_step(self._fused_step_spec, optimizers, self.policy.master_weights, remainders=self.policy.master_remainders)
         prepared = prepare_models(given, optimizers, self.policy, self.strategy)
         self.strategy, self._parallel, self.device = prepared.strategy, prepared.parallel, prepared.device
         self.masters, self.wrappers, self._named = prepared.masters, prepared.wrappers, prepared.named

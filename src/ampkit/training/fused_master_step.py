@@ -54,7 +54,9 @@ SUPPORTED: tuple[type[torch.optim.Optimizer], ...] = (torch.optim.SGD, torch.opt
 """Optimizers whose step the fused region traces (subclasses included); others step unfused."""
 
 
-def fused_step_problem(optimizers: Sequence[torch.optim.Optimizer], has_masters: bool, distributed: str | None = None) -> str | None:
+def fused_step_problem(
+    optimizers: Sequence[torch.optim.Optimizer], has_masters: bool, distributed: str | None = None, *, remainders: bool = False
+) -> str | None:
     """Why the fused master step cannot run here, in words that name the fix; None when it can.
 
     >>> from torch import nn
@@ -65,7 +67,7 @@ def fused_step_problem(optimizers: Sequence[torch.optim.Optimizer], has_masters:
         return "only the master-weight policies ('bf16-true-masters', '16-true-masters') have a master step to fuse"
     if distributed is not None:
         return f"{distributed}; use fused_step=False"
-    if isinstance(masters, RemainderMasters):
+    if remainders:
         return "the remainder masters rebuild fp32 masters around the step, which the region does not trace; use fused_step=False or 'bf16-true-masters'"
     names = ", ".join(c.__name__ for c in SUPPORTED[:-1]) + f" and {SUPPORTED[-1].__name__}"
     for opt in optimizers:
@@ -90,7 +92,9 @@ def check_fused_step_spec(spec: Any) -> None:
         raise ValueError(f"fused_step={spec!r} is not understood; pass True, False, a dict of torch.compile options, or leave it off (on with compile=).")
 
 
-def check_fused_step(spec: bool | dict[str, Any] | None, optimizers: Sequence[torch.optim.Optimizer], has_masters: bool) -> None:
+def check_fused_step(
+    spec: bool | dict[str, Any] | None, optimizers: Sequence[torch.optim.Optimizer], has_masters: bool, *, remainders: bool = False
+) -> None:
     """Refuse, before setup changes anything, a fused step that is insisted on (``True``, a dict) and cannot run.
 
     >>> from torch import nn
@@ -100,7 +104,7 @@ def check_fused_step(spec: bool | dict[str, Any] | None, optimizers: Sequence[to
     ValueError: fused_step: only the master-weight policies ('bf16-true-masters', '16-true-masters') have a master step to fuse.
     """
     if spec is True or isinstance(spec, dict):
-        problem = fused_step_problem(optimizers, has_masters)
+        problem = fused_step_problem(optimizers, has_masters, remainders=remainders)
         if problem is not None:
             raise ValueError(f"fused_step: {problem}.")
 
@@ -119,7 +123,7 @@ def build_fused_step(
     """
     if spec is False or (spec is None and compile_options is None):
         return None
-    problem = fused_step_problem(optimizers, masters is not None, distributed)
+    problem = fused_step_problem(optimizers, masters is not None, distributed, remainders=isinstance(masters, RemainderMasters))
     if problem is not None:
         if spec is None:
             if masters is not None:

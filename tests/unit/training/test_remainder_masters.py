@@ -109,8 +109,10 @@ def test_resume_is_bitwise(tmp_path: Path) -> None:
     assert _same_bits(resumed.masters.state_dict(), engine.masters.state_dict())  # type: ignore[union-attr]
 
 
-def test_the_fused_master_step_says_it_cannot_run() -> None:
+def test_the_fused_master_step_is_refused_before_setup_changes_the_model() -> None:
     model = nn.Linear(2, 2)
     opt = torch.optim.AdamW(model.parameters())
-    problem = fused_step_problem([opt], RemainderMasters.clone(model.named_parameters(), [opt]), None)
-    assert problem is not None and "fused_step=False" in problem
+    assert fused_step_problem([opt], True, None, remainders=True) is not None
+    with pytest.raises(ValueError, match="fused_step=False"):
+        Engine("bf16-true-remainder", fused_step=True).setup(model, opt)
+    assert model.weight.dtype == torch.float32  # refused before the policy cast anything
