@@ -21,7 +21,7 @@ import importlib
 import logging
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -33,6 +33,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.overrides import _get_current_function_mode_stack as current_function_modes
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._python_dispatch import _disable_current_modes as disable_current_modes
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_map_only, tree_unflatten
 
 __all__ = [
@@ -66,6 +67,7 @@ __all__ = [
     "step_supports_amp_scaling",
     "set_step_supports_amp_scaling",
     "optimizer_has_step_hooks",
+    "resize_storages",
     "clear_dtensor_caches",
     "clear_mesh_process_groups",
     "DTensor",  # noqa: F822 - resolved by __getattr__ on first use
@@ -306,6 +308,27 @@ _DTENSOR_CACHES = (
     ("torch.distributed.tensor._collective_utils", "MeshTopoInfo.build_from_mesh", "cache_clear"),
     ("torch.distributed.tensor", "DTensor._op_dispatcher.sharding_propagator._propagate_tensor_meta_cached", "cache_clear"),
 )
+
+
+def resize_storages(tensors: Sequence[torch.Tensor], nbytes: Sequence[int] | None) -> None:
+    """Free (``nbytes=None``) or give back (one size per tensor) the storage under each tensor, keeping the tensors.
+
+    The tensors keep their identity, shape and views (optimizers hold them), as FSDP frees its unsharded
+    parameters. Resizing a storage dispatches no op, so a dispatch mode that counts live storages (such as
+    ``ampkit.memory.LiveBytes``) cannot see it: each active mode with a ``storage_resized(storage)`` method is
+    told instead.
+
+    >>> t = torch.ones(4); resize_storages([t], None); t.untyped_storage().nbytes()
+    0
+    >>> resize_storages([t], [16]); t.shape, t.untyped_storage().nbytes()
+    (torch.Size([4]), 16)
+    """
+    listeners = [m.storage_resized for m in _get_current_dispatch_mode_stack() if hasattr(m, "storage_resized")]
+    for i, t in enumerate(tensors):
+        storage = t.untyped_storage()
+        storage.resize_(0 if nbytes is None else nbytes[i])
+        for tell in listeners:
+            tell(storage)
 
 
 def clear_dtensor_caches() -> None:

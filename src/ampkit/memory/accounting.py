@@ -131,7 +131,7 @@ class LiveBytes(TorchDispatchMode):
         super().__init__()
         self.current = 0
         self.peak = 0
-        self._live: set[int] = set()
+        self._live: dict[int, int] = {}  # storage key -> the bytes it holds now
 
     def track(self, tensors: Iterable[Any]) -> None:
         """Count ``tensors`` (already allocated before entering) as live until they are freed."""
@@ -144,20 +144,43 @@ class LiveBytes(TorchDispatchMode):
         self.peak = self.current
 
     def _add(self, t: torch.Tensor) -> None:
-        storage = t.untyped_storage()
+        self._track(t.untyped_storage())
+
+    def _track(self, storage: torch.UntypedStorage) -> None:
         key = storage._cdata
         if key in self._live:
             return
-        size = storage.nbytes()
-        self._live.add(key)
-        self.current += size
-        self.peak = max(self.peak, self.current)
-        weakref.finalize(storage, self._free, key, size)
+        self._live[key] = 0
+        self._count(key, storage.nbytes())
+        weakref.finalize(storage, self._free, key)
 
-    def _free(self, key: int, size: int) -> None:
-        if key in self._live:
-            self._live.discard(key)
+    def _count(self, key: int, size: int) -> None:
+        self.current += size - self._live[key]
+        self._live[key] = size
+        self.peak = max(self.peak, self.current)
+
+    def _free(self, key: int) -> None:
+        size = self._live.pop(key, None)
+        if size is not None:
             self.current -= size
+
+    def storage_resized(self, storage: torch.UntypedStorage) -> None:
+        """Count a storage's new size after ``storage.resize_()``, which dispatches no op (told by the resizer).
+
+        >>> from ampkit._compat import resize_storages
+        >>> t = torch.ones(256)
+        >>> with LiveBytes() as live:
+        ...     live.track([t])
+        ...     resize_storages([t], None)       # 1 KiB freed, t kept
+        ...     resize_storages([t], [2048])     # 2 KiB given back
+        >>> live.peak, live.current
+        (2048, 2048)
+        """
+        key = storage._cdata
+        if key in self._live:
+            self._count(key, storage.nbytes())
+        else:
+            self._track(storage)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))

@@ -9,7 +9,8 @@ The optimizer still holds, and steps, fp32 ``Parameter`` objects, so any torch o
 stays fp32. Their storage exists only during the step: :meth:`copy_grads_to_masters` allocates it, rebuilds the
 masters from (weight, remainder) and frees the remainders; :meth:`copy_masters_to_model` rounds the stepped
 masters into the model, keeps what rounding lost as the new remainders and frees the fp32 storage again
-(``untyped_storage().resize_()``, as FSDP frees its unsharded parameters). Memory, per parameter beside the
+(one ``untyped_storage().resize_()`` per device: the masters, their gradient buffers and the remainders are views
+of one flat buffer each, as FSDP frees its unsharded parameters). Memory, per parameter beside the
 bf16 model and its gradient:
 
 - between steps (forward and backward included, where activations peak): 2 bytes (the remainder);
@@ -27,16 +28,36 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from .._compat import resize_storages
 from .masters import MasterWeights
 from .remainder_bits import merge_, split_
 
 __all__ = ["RemainderMasters"]
 
 
-def _resize(tensors: Sequence[torch.Tensor], nbytes: Sequence[int] | None) -> None:
-    # Allocation only, no kernel: None frees each storage, a list gives each its size back.
+def _flat_views(tensors: Sequence[torch.Tensor], dtype: torch.dtype) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """One flat buffer per device holding ``tensors``' values, and a view of it for each tensor (same shape).
+
+    Freeing or giving back all of them is then one storage resize per device, not one per parameter.
+    """
+    by_device: dict[torch.device, list[int]] = {}
     for i, t in enumerate(tensors):
-        t.untyped_storage().resize_(0 if nbytes is None else nbytes[i])
+        by_device.setdefault(t.device, []).append(i)
+    flats: list[torch.Tensor] = []
+    views: list[torch.Tensor] = [torch.empty(0)] * len(tensors)
+    for device, idx in by_device.items():
+        flat = torch.empty(sum(tensors[i].numel() for i in idx), dtype=dtype, device=device)
+        offset = 0
+        for i in idx:  # narrow, not split: split's views are multi-output, which autograd forbids writing in place
+            views[i] = flat.narrow(0, offset, tensors[i].numel()).view(tensors[i].shape)
+            offset += tensors[i].numel()
+        torch._foreach_copy_([views[i] for i in idx], [tensors[i] for i in idx])
+        flats.append(flat)
+    return flats, views
+
+
+def _nbytes(tensors: Sequence[torch.Tensor]) -> list[int]:
+    return [t.numel() * t.element_size() for t in tensors]
 
 
 class RemainderMasters(MasterWeights):
@@ -53,8 +74,15 @@ class RemainderMasters(MasterWeights):
 
     def __init__(self, pairs: Sequence[tuple[str, nn.Parameter, nn.Parameter]]) -> None:
         super().__init__(pairs)
-        self._nbytes = [m.untyped_storage().nbytes() for m in self.masters]
-        self.remainders = [torch.empty(m.shape, dtype=torch.int16, device=m.device) for m in self.masters]
+        # The masters, their gradient buffers and the remainders each live in one flat buffer per device (the
+        # masters as views, so the optimizer keeps its Parameters): a step frees and allocates a few storages.
+        self._master_flats, views = _flat_views(self.masters, torch.float32)
+        for master, view in zip(self.masters, views):
+            master.data = view
+        self._grad_flats, self._grad_buffers = _flat_views(self._grad_buffers, torch.float32)
+        self._remainder_flats, self.remainders = _flat_views(
+            [torch.zeros(m.shape, dtype=torch.int16, device=m.device) for m in self.masters], torch.int16
+        )
         self._live = True  # the fp32 masters hold the values now; the split below moves them
         weights = [torch.empty(m.shape, dtype=torch.bfloat16, device=m.device) for m in self.masters]
         self._split(weights)  # the same rounding as the policy's cast of the model, which follows
@@ -67,10 +95,10 @@ class RemainderMasters(MasterWeights):
         """Rebuild the fp32 masters from the model and the remainders, then free the remainders."""
         if self._live:
             return
-        _resize(self.masters, self._nbytes)
+        resize_storages(self._master_flats, _nbytes(self._master_flats))
         merge_(self.masters, self.model_params, self.remainders)
-        _resize(self.remainders, None)
-        _resize(self._grad_buffers, self._nbytes)
+        resize_storages(self._remainder_flats, None)
+        resize_storages(self._grad_flats, _nbytes(self._grad_flats))
         self._live = True
 
     def _split(self, weights: Sequence[torch.Tensor]) -> None:
@@ -78,11 +106,11 @@ class RemainderMasters(MasterWeights):
         if not self._live:
             return
         split_(self.masters, weights, self._grad_buffers)  # the gradient buffers are dead after the step: scratch
-        _resize(self._grad_buffers, None)
-        _resize(self.remainders, [2 * r.numel() for r in self.remainders])
+        resize_storages(self._grad_flats, None)
+        resize_storages(self._remainder_flats, _nbytes(self._remainder_flats))
         if self.remainders:  # narrowing is exact: split_ left every remainder in int16's range
             torch._foreach_copy_(self.remainders, [m.view(torch.int32) for m in self.masters])
-        _resize(self.masters, None)
+        resize_storages(self._master_flats, None)
         self._live = False
 
     def copy_grads_to_masters(self) -> None:
@@ -110,10 +138,13 @@ class RemainderMasters(MasterWeights):
         if param.dtype != torch.bfloat16:
             raise ValueError(f"remainder masters pair bf16 parameters only; {name!r} is {param.dtype}: use 'bf16-true-masters' for other dtypes")
         master = super().add(name, param)
-        self._nbytes.append(master.untyped_storage().nbytes())
+        # A late parameter keeps storages of its own, freed and given back with the flat ones.
+        self._master_flats.append(master)
+        self._grad_flats.append(self._grad_buffers[-1])
         self.remainders.append(torch.zeros(param.shape, dtype=torch.int16, device=param.device))
+        self._remainder_flats.append(self.remainders[-1])
         if not self._live:
-            _resize([master, self._grad_buffers[-1]], None)
+            resize_storages([master, self._grad_buffers[-1]], None)
         return master
 
     def state_dict(self) -> dict[str, torch.Tensor]:

@@ -87,6 +87,15 @@ def test_the_memory_estimate_counts_2_bytes_per_parameter() -> None:
     assert est["bf16-true-remainder"].master_weights == 2 * n
 
 
+def test_the_memory_peak_sees_the_fp32_storage_freed_between_steps() -> None:
+    # Activations large enough that backward, not the optimizer step, is the peak: there fp32 masters hold their
+    # 8 B/param and the remainder masters only 2. The storage is freed by a resize, which no op dispatches.
+    batch = (torch.randn(2048, 16), torch.randint(0, 4, (2048,)))
+    est = {p: estimate(_model(), batch, OPTIMIZERS["adamw"], policy=p, device="cpu") for p in ("bf16-true-masters", "bf16-true-remainder")}
+    n = sum(p.numel() for p in _model().parameters()) - 2 * 32
+    assert est["bf16-true-masters"].peak - est["bf16-true-remainder"].peak == 6 * n
+
+
 def test_resume_is_bitwise(tmp_path: Path) -> None:
     batches = _batches(6)
     engine = Engine("bf16-true-remainder")
