@@ -37,6 +37,7 @@ def bench_model(
     accumulate: int = 1,
     clip_grad_norm: float | None = 1.0,
     compile: Any = None,
+    lr: float | None = None,
 ) -> BenchResult:
     """Train ``model`` on ``data`` under each policy, from the same weights on the same batches, and compare.
 
@@ -48,7 +49,8 @@ def bench_model(
     runs fast. ``steps`` counts optimizer steps per policy, ``warmup`` of them untimed (default: a tenth, at
     most 5). ``device``: default the GPU if there is one. ``tolerance``: as ``--tolerance``, how far a policy's
     eval metric may land from 32-true's (default: the metric's own). ``accumulate``: batches per optimizer step
-    (a step then counts all of them); ``clip_grad_norm``: the total-norm clip, None for none. ``compile``: as
+    (a step then counts all of them); ``clip_grad_norm``: the total-norm clip, None for none; ``lr``: as ``--lr``,
+    one learning rate for every policy's optimizer (default: the data's optimizer's own). ``compile``: as
     ``--compile``, what ``Engine(compile=...)`` takes (True, ``"regional"``, a dict of torch.compile options):
     each policy also runs compiled, its compile time apart (:mod:`ampkit.bench.recipe`). For the files ``--out`` writes:
     ``result.write_json(out / "results.json")`` and ``write_report(result, out, plots=write_plots(result, out))``
@@ -73,6 +75,7 @@ def bench_model(
     check_accumulate(accumulate, "bench_model(accumulate=...)")  # before the data is read: K batches a step
     workload = workload_from(model, data, steps=steps, warmup=warmup, accumulate=accumulate)
     workload.clip_grad_norm = clip_grad_norm
+    workload.lr = lr
     return run_bench(
         workload, names, dev, seed=seed, rounds=rounds, settings={"batch_items": workload.items_per_batch, "unit": workload.unit},
         tolerance=tolerance, compile=compile,

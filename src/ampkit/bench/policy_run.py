@@ -28,6 +28,7 @@ from ..training.engine import Engine
 from ..errors import one_line
 from .flops import count_flops
 from .memory import SavedActivations, peak_rss_bytes, reset_peak_rss, training_state_bytes
+from .recipe import with_lr
 from .results import RunResult
 from .timing import StepTimer, summarize
 from .model_io import batch_loss, run_batch
@@ -99,7 +100,7 @@ class PolicyRun:
         model = copy.deepcopy(self.workload.model).to(self.device)
         if self.workload.channels_last:
             model = model.to(memory_format=torch.channels_last)
-        optimizer = self.workload.optimizer(model.parameters())
+        optimizer = with_lr(self.workload.optimizer(model.parameters()), self.workload.lr)
         self.engine = Engine(
             self.precision, clip_grad_norm=self.workload.clip_grad_norm, accumulate=self.workload.accumulate,
             strategy=self.strategy, compile=self.compile,

@@ -6,6 +6,8 @@ workload's to build (:func:`ampkit.bench.workloads.get_workload`); the rest is s
 
 - ``accumulate``: micro-batches per optimizer step (``Engine(accumulate=K)``). A bench *step* is then one
   optimizer update over ``K`` consecutive batches, so its time and throughput count all ``K`` of them.
+- ``lr``: one learning rate for every param group of every policy's optimizer (None: the optimizer's own). A
+  smaller one shows which 16-bit policies lose updates: bf16 drops an update below half an ulp of its weight.
 - ``clip_grad_norm``: the total-norm clip of every policy's gradients; None turns clipping off.
 - ``compile``: each policy also runs compiled (``Engine(compile=...)``), as its *compiled twin*, in the same
   interleaved rounds; the twin's compile time is kept apart from its step time.
@@ -22,10 +24,12 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+
 from ..training.compile import compile_plan
 from .workload import Workload
 
-__all__ = ["compile_mode", "runs_to_build", "check_accumulate", "check_recipe", "clip_from", "recipe_settings"]
+__all__ = ["compile_mode", "runs_to_build", "check_accumulate", "check_recipe", "clip_from", "check_lr", "with_lr", "recipe_settings"]
 
 
 def compile_mode(spec: Any) -> str | None:
@@ -55,6 +59,8 @@ def check_accumulate(k: Any, option: str = "--accumulate") -> int:
 def check_recipe(workload: Workload) -> None:
     """Refuse an accumulation or a clip the engine cannot run, naming the option that sets it."""
     check_accumulate(workload.accumulate, "accumulate (--accumulate)")
+    if workload.lr is not None:
+        check_lr(workload.lr, "lr (--lr)")
     clip = workload.clip_grad_norm
     if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float)) or not math.isfinite(clip) or clip <= 0):
         raise ValueError(f"clip_grad_norm (--clip) {clip!r}: the gradient-norm clip must be a positive finite number, or None (--clip none) for no clipping.")
@@ -83,6 +89,32 @@ def clip_from(text: str) -> float | None:
     return value
 
 
+def check_lr(lr: Any, option: str = "--lr") -> float:
+    """``lr`` as a learning rate: a positive finite number, else a ValueError naming ``option``.
+
+    >>> check_lr(0)
+    Traceback (most recent call last):
+    ...
+    ValueError: --lr 0: the learning rate must be a positive finite number (e.g. 1e-4).
+    """
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
+        raise ValueError(f"{option} {lr!r}: the learning rate must be a positive finite number (e.g. 1e-4).")
+    return float(lr)
+
+
+def with_lr(optimizer: torch.optim.Optimizer, lr: float | None) -> torch.optim.Optimizer:
+    """``optimizer`` with every param group's learning rate set to ``lr`` (None: unchanged), before any step.
+
+    >>> opt = with_lr(torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1), 1e-4)
+    >>> opt.param_groups[0]["lr"]
+    0.0001
+    """
+    if lr is not None:
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+    return optimizer
+
+
 def recipe_settings(workload: Workload, compile: Any, tolerance: float | None, batch_size: int | None) -> dict[str, Any]:
     """What results.json's ``settings`` records of the recipe, so the table can be reproduced.
 
@@ -93,6 +125,7 @@ def recipe_settings(workload: Workload, compile: Any, tolerance: float | None, b
         "accumulate": workload.accumulate,
         "step_items": workload.items_per_batch * workload.accumulate,
         "clip_grad_norm": workload.clip_grad_norm,
+        "lr": workload.lr,
         "tolerance": tolerance,
         "compile": compile if compile is None or isinstance(compile, (bool, str, dict)) else repr(compile),
     }

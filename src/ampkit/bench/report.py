@@ -132,6 +132,7 @@ def render_report(result: BenchResult, out_dir: str | os.PathLike[str] = ".", pl
     lines += ["## Verdicts", "", *(f"- {table_cell(v)}" for v in verdict_lines(result))]
     tolerance = tolerance_line(result)
     lines += ["", tolerance, ""] if tolerance else [""]
+    lines += [result.recovery, ""] if result.recovery else []
 
     lines += ["## Memory by part", "", *_memory_section(result.runs)]
     lines += plot_section(out, plots)

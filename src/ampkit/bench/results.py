@@ -151,6 +151,8 @@ class BenchResult:
     reference: str = "32-true"
     eval_tolerance: str | None = None
     """The tolerance in words, e.g. ``"within 0.02 of 32-true"``."""
+    recovery: str | None = None
+    """Which policies that store the weights in 16 bits recover 32-true's eval metric, and the leanest that does."""
     eval_samples: int | None = None
     """Samples (rows of the eval batches) the eval metric was computed on; None when not counted."""
     runs: list[RunResult] = field(default_factory=list)

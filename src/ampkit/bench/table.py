@@ -275,6 +275,8 @@ def render(result: BenchResult, console: Console, *, transpose: bool | None = No
     tolerance = tolerance_line(result)
     if tolerance:
         verdicts.append(f"{tolerance}\n", style="dim")
+    if result.recovery:
+        verdicts.append(f"{result.recovery}\n")
     verdicts.rstrip()
     table = build_table(result)
     # Squeezed by rich, a 15-column table truncates every figure; turned on its side it stays readable.

@@ -12,6 +12,10 @@ The rule, in the order it is applied:
    **inconclusive**.
 5. Otherwise: **does not pay** (no gain was measured).
 
+The runs that store the weights in 16 bits (``bf16-true`` and its remedies for lost updates: masters, remainder
+masters, Kahan summation, stochastic rounding) also get one verdict together, ``result.recovery``: which of them
+land within the tolerance of the reference's eval metric, and the leanest that does (:func:`recovery_verdict`).
+
 A compiled twin (``--compile``) is judged by the same rule against the reference; its verdict adds its speed-up
 over its eager twin (same policy) and its compile time, which no step time includes.
 
@@ -35,12 +39,18 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+import torch
+
+from ..errors import PolicyError
+from ..policy import get_policy
+from .format import fmt_bytes
 from .results import BenchResult, RunResult
 from .speedup import MIN_TIMED_STEPS, speedup_interval
 
 __all__ = [
     "Tolerance",
     "apply_verdicts",
+    "recovery_verdict",
     "check_tolerance",
     "SAME_SPEED",
     "PAYS_SPEEDUP",
@@ -227,3 +237,49 @@ def apply_verdicts(result: BenchResult, tolerance: Tolerance | None) -> None:
         _compare(run, ref, tolerance)
         twin = result.run(run.precision) if run.compile is not None else None
         run.verdict = f"{run.label}: the fp32 reference" if run is ref else _verdict(run, ref, tolerance, result.eval_samples, twin)
+    result.recovery = recovery_verdict(result, tolerance)
+
+
+def recovery_verdict(result: BenchResult, tolerance: Tolerance | None) -> str | None:
+    """Which runs with 16-bit weights recover the reference's eval metric, and the leanest of them by peak memory.
+
+    None unless there is a tolerance, a reference metric and at least two eager 16-bit-weight runs with a metric
+    (one alone is judged by its own verdict).
+
+    >>> from ampkit.bench.results import BenchResult, RunResult
+    >>> runs = [RunResult(precision="32-true", eval_metric=0.95, peak_memory_bytes=100 << 20),
+    ...         RunResult(precision="bf16-true", eval_metric=0.90, peak_memory_bytes=50 << 20),
+    ...         RunResult(precision="bf16-true-masters", eval_metric=0.95, peak_memory_bytes=80 << 20),
+    ...         RunResult(precision="bf16-true-remainder", eval_metric=0.95, peak_memory_bytes=70 << 20)]
+    >>> print(recovery_verdict(BenchResult(workload="w", runs=runs), Tolerance("accuracy", True, 0.02, False)))
+    16-bit weights: bf16-true loses 32-true's accuracy (0.9 vs 0.95); bf16-true-masters, bf16-true-remainder recover it; the leanest that does: bf16-true-remainder (peak 70.0 MiB; bf16-true-masters 80.0 MiB)
+    """
+    ref = result.run(result.reference)
+    if tolerance is None or ref is None or ref.eval_metric is None:
+        return None
+    runs = [r for r in result.runs if r.ok and r.compile is None and r.eval_metric is not None and _stores_16_bit(r.precision)]
+    if len(runs) < 2:
+        return None
+    recover = [r for r in runs if tolerance.within(r.eval_metric, ref.eval_metric)]
+    lose = [r for r in runs if r not in recover]
+    what = f"{ref.precision}'s {tolerance.name}"
+    parts = []
+    if lose:
+        worst = ", ".join(f"{r.eval_metric:.4g}" for r in lose)
+        parts.append(f"{', '.join(r.label for r in lose)} {'lose' if len(lose) > 1 else 'loses'} {what} ({worst} vs {ref.eval_metric:.4g})")
+    if not recover:
+        return "16-bit weights: " + parts[0] + "; none recovers it: keep fp32 weights (a mixed policy)"
+    parts.append(f"{', '.join(r.label for r in recover)} {'recover' if len(recover) > 1 else 'recovers'} it")
+    measured = [r for r in recover if r.peak_memory_bytes is not None]
+    if measured:
+        lean = min(measured, key=lambda r: r.peak_memory_bytes or 0)
+        others = "; ".join(f"{r.label} {fmt_bytes(r.peak_memory_bytes)}" for r in measured if r is not lean)
+        parts.append(f"the leanest that does: {lean.label} (peak {fmt_bytes(lean.peak_memory_bytes)}" + (f"; {others})" if others else ")"))
+    return "16-bit weights: " + "; ".join(parts)
+
+
+def _stores_16_bit(precision: str) -> bool:
+    try:
+        return get_policy(precision).param_dtype != torch.float32
+    except PolicyError:  # a run of a policy this ampkit does not know (an old results.json)
+        return False

@@ -116,6 +116,8 @@ class Workload:
     """Leading steps excluded from timing (kernel selection, allocator growth, optimizer state creation)."""
     clip_grad_norm: float | None = 1.0
     """Gradient clipping (max total norm) applied identically under every policy; None: off."""
+    lr: float | None = None
+    """The learning rate of every param group of every policy's optimizer (``--lr``); None: the optimizer's own."""
     accumulate: int = 1
     """Micro-batches (consecutive ``train_batches``) per optimizer step; a bench step is one optimizer update."""
     channels_last: bool = False

@@ -54,7 +54,7 @@ _COMPILE = {"model": True, "regional": "regional"}
 
 def _workload(args: argparse.Namespace, device: torch.device, size: str) -> Workload:
     """The workload the arguments describe, checked against ``--steps``/``--warmup``, ``--tolerance`` and the recipe
-    (``--batch-size``, ``--accumulate``, ``--clip``)."""
+    (``--batch-size``, ``--accumulate``, ``--clip``, ``--lr``)."""
     if args.tolerance is not None:
         check_tolerance(args.tolerance, "--tolerance")  # before the workload is built: that may take a while
     clip = clip_from(args.clip) if args.clip is not None else None
@@ -63,6 +63,7 @@ def _workload(args: argparse.Namespace, device: torch.device, size: str) -> Work
     )
     if args.clip is not None:
         workload.clip_grad_norm = clip
+    workload.lr = args.lr
     check_recipe(workload)
     if workload.steps <= workload.warmup:
         raise ValueError(f"--steps {workload.steps} must exceed --warmup {workload.warmup} so some steps are timed.")

@@ -95,6 +95,11 @@ def add_bench(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -
         help="accumulate gradients over K batches per optimizer step: a step is then K batches, and step time and "
         "throughput count all of them (default: 1)",
     )
+    p.add_argument(
+        "--lr", type=float, metavar="X",
+        help="one learning rate for every policy's optimizer (default: the workload's); a smaller one shows which "
+        "16-bit policies lose updates",
+    )
     p.add_argument("--clip", metavar="X", help="clip gradients to total norm X; 0 or none: no clipping (default: the workload's, 1.0)")
     p.add_argument(
         "--compile", nargs="?", const="model", choices=("model", "regional"),

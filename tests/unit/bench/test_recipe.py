@@ -50,10 +50,10 @@ def _workload(batches: list[tuple[torch.Tensor, torch.Tensor]], **fields: object
                     items_per_batch=len(batches[0][1]), steps=STEPS, warmup=WARMUP, **fields)  # type: ignore[arg-type]
 
 
-def _control(w: Workload, clip: float | None) -> list[float]:
-    """A hand-written fp32 loop: same weights, batches and optimizer; clipped to ``clip`` or not at all."""
+def _control(w: Workload, clip: float | None, lr: float = 1e-3) -> list[float]:
+    """A hand-written fp32 loop: same weights, batches and optimizer (at ``lr``); clipped to ``clip`` or not at all."""
     model = copy.deepcopy(w.model)
-    opt = default_optimizer(model.parameters())
+    opt = default_optimizer(model.parameters(), lr=lr)
     losses = []
     for step in range(w.steps):
         x, y = w.batch(step)
@@ -97,13 +97,24 @@ def test_the_clip_is_the_one_given_or_none(clip: float | None) -> None:
     assert result.settings["clip_grad_norm"] == clip
 
 
+def test_the_learning_rate_is_the_one_given_to_every_policy() -> None:
+    w = _workload(_batches(ROWS, 4), lr=0.05)
+    result = run_bench(w, ["32-true"], "cpu", rounds=1, count_flops=False)
+    assert result.runs[0].losses == pytest.approx(_control(w, 1.0, lr=0.05), rel=1e-6)
+    assert result.runs[0].losses[1:] != pytest.approx(_control(w, 1.0), rel=1e-4)  # the workload's own lr differs
+    assert result.settings["lr"] == 0.05
+    with pytest.raises(ValueError, match="--lr"):
+        check_recipe(_workload(_batches(ROWS, 4), lr=-1.0))
+
+
 def test_the_tolerance_flips_the_verdict_and_is_recorded() -> None:
     w = _workload(_batches(ROWS, 4), metric=lambda: EvalLoss(nn.functional.cross_entropy))  # finer than accuracy
     strict = run_bench(w, ["32-true", "bf16-true"], "cpu", rounds=1, count_flops=False, tolerance=0.0)
-    loose = run_bench(w, ["32-true", "bf16-true"], "cpu", rounds=1, count_flops=False, tolerance=1.0)
+    loose = run_bench(w, ["32-true", "bf16-true", "bf16-true-remainder"], "cpu", rounds=1, count_flops=False, tolerance=1.0)
     assert strict.runs[1].eval_metric != strict.runs[0].eval_metric  # bf16 weights land elsewhere
     assert "OUTSIDE 0% of 32-true" in strict.runs[1].verdict and "does not pay" in strict.runs[1].verdict
     assert "within 100% of 32-true" in loose.runs[1].verdict
+    assert loose.recovery is not None and "bf16-true, bf16-true-remainder recover it; the leanest that does: bf16-true (peak" in loose.recovery
     assert strict.settings["tolerance"] == 0.0 and loose.settings["tolerance"] == 1.0
 
 

@@ -143,3 +143,30 @@ def test_a_tolerance_must_be_a_non_negative_finite_number(bad: object) -> None:
         ACC.with_amount(bad)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"Tolerance\('accuracy'\)\.tolerance must be"):
         Tolerance("accuracy", True, bad, relative=False)  # type: ignore[arg-type]
+
+
+def _weights_runs(**metrics: float) -> list[RunResult]:
+    peaks = {"bf16-mixed": 900, "bf16-true": 500, "bf16-true-remainder": 600, "bf16-true-masters": 800}
+    return [_ref()] + [_run(p, 0.008, peak_memory_bytes=peaks[p], eval_metric=m) for p, m in metrics.items()]
+
+
+def test_the_recovery_verdict_names_the_leanest_16_bit_weights_policy_that_recovers_fp32s_metric() -> None:
+    result = BenchResult(workload="w", runs=_weights_runs(**{"bf16-mixed": 0.9, "bf16-true": 0.80, "bf16-true-remainder": 0.895, "bf16-true-masters": 0.90}))
+    apply_verdicts(result, ACC)
+    assert result.recovery is not None
+    assert result.recovery.startswith("16-bit weights: bf16-true loses 32-true's accuracy (0.8 vs 0.9)")
+    assert "bf16-true-remainder, bf16-true-masters recover it" in result.recovery
+    assert "the leanest that does: bf16-true-remainder (peak 600 B; bf16-true-masters 800 B)" in result.recovery
+    assert "bf16-mixed" not in result.recovery  # fp32 weights: judged by its own verdict only
+
+
+def test_the_recovery_verdict_says_when_none_recovers_and_stays_silent_without_a_comparison() -> None:
+    lost = BenchResult(workload="w", runs=_weights_runs(**{"bf16-true": 0.80, "bf16-true-remainder": 0.85}))
+    apply_verdicts(lost, ACC)
+    assert lost.recovery is not None and "none recovers it: keep fp32 weights" in lost.recovery
+    alone = BenchResult(workload="w", runs=_weights_runs(**{"bf16-mixed": 0.9, "bf16-true": 0.80}))
+    apply_verdicts(alone, ACC)
+    assert alone.recovery is None  # one 16-bit-weights run: its own verdict says it
+    untold = BenchResult(workload="w", runs=_weights_runs(**{"bf16-true": 0.80, "bf16-true-masters": 0.9}))
+    apply_verdicts(untold, None)
+    assert untold.recovery is None
