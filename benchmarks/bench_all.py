@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from ampkit.bench.format import fmt_bytes, fmt_ratio, fmt_seconds
-from ampkit.bench.results import BenchResult
+from ampkit.bench.results import BenchResult, RunResult
 
 WORKLOADS = ("digits", "gpt", "segment", "resnet")
 
@@ -25,7 +25,9 @@ WORKLOADS = ("digits", "gpt", "segment", "resnet")
 def table(result: BenchResult) -> str:
     """One workload's results as a Markdown table: the figures a reader compares first."""
     metric = next((r.eval_metric_name for r in result.runs if r.eval_metric_name), None)
-    head = ["policy", "status", "step (median)", "p10-p90", "speed-up", "peak memory", "activations", "memory saved", "final loss", metric or "eval", "within tol."]
+    head = ["policy", "status", "step (median)", "p10-p90", "speed-up", "peak memory", "activations", "memory saved", "state B/param", "final loss", metric or "eval", "within tol."]
+    ref_params = result.runs[0].memory_breakdown.get("parameters") if result.runs else None
+    n_params = ref_params / 4 if ref_params else None  # the reference holds every parameter in fp32
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in result.runs:
         spread = f"{fmt_seconds(r.step_time_p10_s)}-{fmt_seconds(r.step_time_p90_s)}" if r.step_time_p10_s else "—"
@@ -35,13 +37,21 @@ def table(result: BenchResult) -> str:
             act += f" ({r.activation_bytes / result.runs[0].activation_bytes:.2f}x)"
         cells = [
             f"`{r.precision}`", r.status, fmt_seconds(r.step_time_median_s), spread, fmt_ratio(r.speedup_vs_fp32),
-            fmt_bytes(r.peak_memory_bytes), act, saved,
+            fmt_bytes(r.peak_memory_bytes), act, saved, _bytes_per_param(r, n_params),
             f"{r.final_loss:.4f}" if r.final_loss is not None else "—",
             f"{r.eval_metric:.4f}" if r.eval_metric is not None else "—",
             {True: "yes", False: "**no**", None: "—"}[r.within_tolerance],
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _bytes_per_param(run: RunResult, n_params: float | None) -> str:
+    """Weights, gradients, optimizer state and masters (as held between steps) per parameter of the model."""
+    parts = ("parameters", "gradients", "optimizer_state", "master_weights")
+    if not n_params or not all(k in run.memory_breakdown for k in parts):
+        return "—"
+    return f"{sum(run.memory_breakdown[k] for k in parts) / n_params:.1f}"
 
 
 def main() -> None:
@@ -65,6 +75,8 @@ def main() -> None:
         print(table(result) + "\n")
         for r in result.runs:
             print(f"- {r.verdict}")
+        if result.recovery:
+            print(f"- {result.recovery}")
         print()
 
 
