@@ -9,6 +9,8 @@ import json
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
+from collections.abc import Sequence
 
 import pytest
 
@@ -24,12 +26,47 @@ def suite() -> ModuleType:
     return module
 
 
+# Steps whose smoke run (the same script, --smoke, on the CPU) a test of its own already makes in CI. The suite's
+# CI test runs the others through the suite; the full smoke of every step is the slow test below.
+SMOKED_ELSEWHERE = {
+    "fused_optimizers": "tests/unit/test_fused_optimizers_script.py",
+    "engine_overhead": "tests/unit/bench/test_engine_overhead_script.py",
+    "memory_prediction": "tests/unit/bench/test_memory.py",
+    "doctor": "tests/unit/numerics/test_benchmarks.py",
+    "numerics_sampler": "tests/unit/numerics/test_benchmarks.py",
+    "apex": "tests/integration/test_legacy_apex_overhead.py",
+    "compile": "tests/unit/test_compile_speed_script.py",
+    "fused_step": "tests/unit/test_fused_master_step_script.py",
+}
+
+
+def test_every_step_is_smoked_in_ci_by_the_suite_or_by_a_test_of_its_script(suite: ModuleType) -> None:
+    for step in suite.STEPS:
+        if step.name not in SMOKED_ELSEWHERE:
+            continue  # smoked through the suite in the next test
+        script = Path(step.smoke[0]).name
+        test = (ROOT / SMOKED_ELSEWHERE[step.name]).read_text()
+        assert Path(script).stem in test and "--smoke" in test, f"{step.name}: no smoke test of {script} in {SMOKED_ELSEWHERE[step.name]}"
+
+
+def test_smoke_mode_runs_the_other_steps_and_writes_the_folder(suite: ModuleType, tmp_path: Path) -> None:
+    out = tmp_path / "suite"
+    others = [s.name for s in suite.STEPS if s.name not in SMOKED_ELSEWHERE]
+    code = suite.main(["--device", "cpu", "--smoke", "--only", ",".join(others), "--out", str(out)])
+    _check_folder(suite, out, code, [s for s in suite.STEPS if s.name in others])
+
+
+@pytest.mark.slow
 def test_smoke_mode_runs_every_step_and_writes_the_folder(suite: ModuleType, tmp_path: Path) -> None:
     out = tmp_path / "suite"
     code = suite.main(["--device", "cpu", "--smoke", "--out", str(out)])
+    _check_folder(suite, out, code, suite.STEPS)
+
+
+def _check_folder(suite: ModuleType, out: Path, code: int, steps: Sequence[Any]) -> None:
     summary = (out / "summary.md").read_text()
     assert code == 0, summary
-    for step in suite.STEPS:
+    for step in steps:
         assert f"| {step.name} | ok |" in summary, step.name
         (log,) = out.glob(f"*-{step.name}.log")
         assert log.read_text().startswith("$ "), "each log starts with the exact command"
