@@ -32,9 +32,11 @@ as in the examples, or a ``limit``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import gc
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, overload
 
 from ..distributed.agreement import agree_min
@@ -65,6 +67,25 @@ def _fits(trial: Callable[..., Any], batch_size: int, args: tuple[Any, ...], kwa
     ok = bool(agree_min(int(ok)))
     log.info("batch size %d: %s", batch_size, "fits" if ok else "out of memory")
     return ok
+
+
+@contextlib.contextmanager
+def _older_objects_frozen() -> Iterator[None]:
+    """Keep what existed before the search out of the collections each try ends with (``gc.freeze``).
+
+    Every try ends with a full ``gc.collect()`` so its garbage cycles cannot count against the next one. In a large
+    process (transformers, torch.compile, a notebook) that walks millions of older objects each time, seconds per
+    search; the garbage of a try is never among them. Skipped when something else froze objects already: unfreezing
+    would undo its freeze too.
+    """
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def _search(trial: Callable[..., Any], start: int, limit: int, multiple_of: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
@@ -147,7 +168,8 @@ def find_max_batch_size(
 
         @functools.wraps(fn)
         def search(*args: Any, **kwargs: Any) -> int:
-            return _search(fn, first, limit, multiple_of, args, kwargs)
+            with _older_objects_frozen():
+                return _search(fn, first, limit, multiple_of, args, kwargs)
 
         return search
 

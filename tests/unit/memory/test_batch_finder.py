@@ -88,6 +88,34 @@ def test_a_failed_try_leaves_nothing_behind_before_the_next_one():
     assert not any(alive_at_start)
 
 
+def test_older_objects_sit_out_the_tries_collections_and_are_unfrozen_after():
+    frozen_in_try: list[int] = []
+
+    def trial(batch_size: int) -> None:
+        frozen_in_try.append(gc.get_freeze_count())
+        if batch_size > 4:
+            raise torch.OutOfMemoryError("CUDA out of memory.")
+
+    assert gc.get_freeze_count() == 0
+    assert find_max_batch_size(trial)() == 4
+    assert min(frozen_in_try) > 0 and gc.get_freeze_count() == 0
+
+    def broken(batch_size: int) -> None:
+        raise ValueError("not an OOM")
+
+    with pytest.raises(ValueError):
+        find_max_batch_size(broken)()
+    assert gc.get_freeze_count() == 0  # unfrozen when the search fails too
+
+    gc.freeze()  # someone else's freeze: kept as it was
+    try:
+        before = gc.get_freeze_count()
+        assert find_max_batch_size(trial)() == 4
+        assert gc.get_freeze_count() == before
+    finally:
+        gc.unfreeze()
+
+
 def test_decorator_forms_and_trial_arguments():
     model = nn.Sequential(nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 4))
     params = list(model.parameters())
