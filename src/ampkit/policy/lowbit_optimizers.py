@@ -164,7 +164,14 @@ def _optimi(cls: Any, groups: list[dict[str, Any]], lib: ModuleType) -> torch.op
     speed = {} if lib.utils.HAS_TRITON and all(p.is_cuda for g in groups for p in g["params"]) else {"foreach": True}
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Parameter `foreach` is deprecated", category=DeprecationWarning)
-        return cls(groups, lr=groups[0]["lr"], kahan_sum=True, **speed)
+        twin = cls(groups, lr=groups[0]["lr"], kahan_sum=True, **speed)
+    # optimi's Adam adds its step counter to each group on the first step; a checkpoint loaded before then would
+    # bring a group setting the fresh optimizer lacks, which reads as another optimizer's checkpoint. Add it now,
+    # as optimi would (its first step still starts it from zero, as setup is False).
+    if cls is lib.Adam:
+        for group in twin.param_groups:
+            group.setdefault("step", torch.tensor(0, dtype=torch.int32))
+    return twin
 
 
 def _already(method: LowbitMethod, opt: torch.optim.Optimizer) -> bool | None:
@@ -218,6 +225,6 @@ def lowbit_twin(opt: torch.optim.Optimizer, method: LowbitMethod) -> torch.optim
         return _optimi(lib.SGD, groups, lib)
     kinds = "torch.optim.Adam, AdamW" + (" or SGD" if method == "kahan" else "")
     raise TypeError(
-        f"{_POLICY[method]} converts {kinds} into its library twin, got {type(opt).__module__}.{type(opt).__name__}; "
+        f"{_POLICY[method]} converts {kinds} into its library twin, got {type(opt).__name__}; "
         "build one of those, or train with 'bf16-true-remainder', which steps any torch optimizer."
     )
