@@ -13,8 +13,9 @@ from typing import ClassVar
 
 import torch
 
+from .device import Support
 from .half import BF16True
-from .lowbit_optimizers import LowbitMethod, lowbit_twin
+from .lowbit_optimizers import LowbitMethod, lowbit_twin, missing_library
 
 __all__ = ["BF16TrueKahan", "BF16TrueSR"]
 
@@ -22,6 +23,12 @@ __all__ = ["BF16TrueKahan", "BF16TrueSR"]
 @dataclass(frozen=True, kw_only=True)
 class _Lowbit(BF16True):
     method: ClassVar[LowbitMethod]
+
+    def _support(self, device: torch.device) -> Support:
+        # Without the optional library the policy cannot run: said here, tools that list the policies a device
+        # runs (ampkit memory, bench) leave it out instead of failing on it.
+        missing = missing_library(self.method)
+        return Support(False, False, missing) if missing else super()._support(device)
 
     def convert_optimizers(self, optimizers: Sequence[torch.optim.Optimizer]) -> list[torch.optim.Optimizer]:
         return [lowbit_twin(opt, self.method) for opt in optimizers]

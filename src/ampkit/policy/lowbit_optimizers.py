@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import logging
 import warnings
 from collections.abc import Iterator
@@ -31,7 +32,7 @@ from typing import Any, Literal
 
 import torch
 
-__all__ = ["LowbitMethod", "lowbit_twin", "EXTRA"]
+__all__ = ["LowbitMethod", "lowbit_twin", "missing_library", "EXTRA"]
 
 LowbitMethod = Literal["kahan", "sr"]
 
@@ -65,6 +66,18 @@ def _quiet(*loggers: str) -> Iterator[None]:
     finally:
         for name in loggers:
             logging.getLogger(name).removeFilter(noise)
+
+
+def missing_library(method: LowbitMethod) -> str | None:
+    """Why ``method`` cannot run here (its library is not installed, said with the fix), or None. Imports nothing.
+
+    >>> missing_library("kahan") is None or "pip install" in missing_library("kahan")
+    True
+    """
+    module, package = _LIBRARY[method]
+    if importlib.util.find_spec(module.split(".")[0]) is not None:
+        return None
+    return f"needs {package}: pip install 'ampkit[{EXTRA}]', or train with 'bf16-true-remainder'"
 
 
 def _library(method: LowbitMethod) -> ModuleType:

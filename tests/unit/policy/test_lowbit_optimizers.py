@@ -174,3 +174,12 @@ def test_torchao_import_noise_is_dropped_and_other_lines_kept(caplog: pytest.Log
         logging.getLogger("torchao").warning("something else")
     logging.getLogger("torchao").warning("Failed to load after the import")
     assert [r.getMessage() for r in caplog.records] == ["something else", "Failed to load after the import"]
+
+
+def test_without_the_library_the_policy_does_not_run_and_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ampkit
+
+    assert ampkit.get_policy("bf16-true-kahan").support("cpu").supported
+    monkeypatch.setattr(lowbit_optimizers.importlib.util, "find_spec", lambda name, *a: None)
+    support = ampkit.get_policy("bf16-true-kahan").support("cpu")
+    assert not support.supported and "pip install 'ampkit[lowbit]'" in support.reason
