@@ -152,9 +152,12 @@ def _account(
     else:
         model = engine.setup(model)
     model.train()
-    with SavedActivations(model) as saved:
-        _step(model, engine, batch, loss_fn, optimizer is not None)
-    _step(model, engine, batch, loss_fn, optimizer is not None)  # optimizer state exists from the first step on
+    # The step is counted op by op under a dispatch mode, which torch.compile refuses to trace; an optimizer that
+    # compiles its own step (torchao's, under bf16-true-sr) runs it eagerly here: the same state, more temporaries.
+    with torch.compiler.set_stance("force_eager"):
+        with SavedActivations(model) as saved:
+            _step(model, engine, batch, loss_fn, optimizer is not None)
+        _step(model, engine, batch, loss_fn, optimizer is not None)  # optimizer state exists from the first step on
     parts = training_state_bytes(model, [optimizer] if optimizer is not None else [], engine.masters)
     return {**parts, "activations": saved.bytes, "peak": live.peak, "batch": tensor_bytes(tree_leaves(batch))}
 

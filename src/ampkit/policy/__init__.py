@@ -4,6 +4,7 @@ from .base import Policy
 from .device import Support
 from .full import FullPrecision, TF32Precision
 from .half import BF16True, BF16TrueMasters, BF16TrueRemainder, FP16True, FP16TrueMasters
+from .lowbit import BF16TrueKahan, BF16TrueSR
 from .mixed import BF16Mixed, FP16Mixed
 from .registry import ALIASES, POLICIES, get_policy, policy_names
 
@@ -18,6 +19,8 @@ __all__ = [
     "FP16True",
     "BF16TrueMasters",
     "BF16TrueRemainder",
+    "BF16TrueKahan",
+    "BF16TrueSR",
     "FP16TrueMasters",
     "POLICIES",
     "ALIASES",

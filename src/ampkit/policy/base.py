@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, ContextManager, Literal
 
@@ -89,6 +90,10 @@ class Policy:
     def converted_modules(self, module: nn.Module) -> list[nn.Module]:
         """The modules whose own parameters :meth:`convert_module` turns 16-bit (none by default)."""
         return []
+
+    def convert_optimizers(self, optimizers: Sequence[torch.optim.Optimizer]) -> list[torch.optim.Optimizer]:
+        """The optimizers setup() steps and returns in place of ``optimizers`` (the same ones by default)."""
+        return list(optimizers)
 
     def forward_context(self, device_type: str) -> ContextManager[None]:
         """The context the forward pass and loss run in."""

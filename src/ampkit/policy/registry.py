@@ -16,6 +16,7 @@ from .base import Policy
 from .full import FullPrecision, TF32Precision
 from .half import BF16True, BF16TrueMasters, BF16TrueRemainder, FP16True, FP16TrueMasters
 from .islands import check_keep_fp32
+from .lowbit import BF16TrueKahan, BF16TrueSR
 from .mixed import BF16Mixed, FP16Mixed
 
 __all__ = ["POLICIES", "ALIASES", "get_policy", "policy_names"]
@@ -29,6 +30,8 @@ POLICIES: dict[str, type[Policy]] = {
     "16-true": FP16True,
     "bf16-true-masters": BF16TrueMasters,
     "bf16-true-remainder": BF16TrueRemainder,
+    "bf16-true-kahan": BF16TrueKahan,
+    "bf16-true-sr": BF16TrueSR,
     "16-true-masters": FP16TrueMasters,
 }
 

@@ -154,6 +154,7 @@ class Engine:
         if self.models:
             raise RuntimeError("Engine.setup() was already called; create one Engine per training run.")
         given, plan = unwrap_user_compiled(check_setup_args(models, optimizers), self.compile_plan)
+        optimizers = tuple(self.policy.convert_optimizers(optimizers))  # bf16-true-kahan/-sr: the libraries' twins
         check_compile_plan(given, plan)  # before the policy and the strategy change the models
         check_fused_step(self._fused_step_spec, optimizers, self.policy.master_weights, remainders=self.policy.master_remainders)
         prepared = prepare_models(given, optimizers, self.policy, self.strategy)

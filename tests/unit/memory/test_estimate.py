@@ -245,3 +245,17 @@ def test_a_cuda_estimate_allocates_nothing_on_the_gpu(device: torch.device, mixe
     torch.cuda.synchronize(device)
     assert (e.device, e.simulated_on) == (str(device), None) and e.total > 0
     assert torch.cuda.max_memory_allocated(device) == torch.cuda.memory_allocated(device) == before
+
+
+def test_kahan_costs_2_bytes_per_bf16_parameter_and_stochastic_rounding_none() -> None:
+    pytest.importorskip("optimi", reason="Requires: torch-optimi (pip install -e '.[lowbit]')")
+    pytest.importorskip("torchao", reason="Requires: torchao (pip install -e '.[lowbit]')")
+    model, batch = mlp()
+    n = sum(p.numel() for p in model.parameters())
+    est = {p: estimate(model, batch, torch.optim.AdamW, policy=p) for p in ("bf16-true", "bf16-true-kahan", "bf16-true-sr")}
+    # The moments stay bf16 under all three; Kahan adds its bf16 compensation buffer, and optimi keeps its step
+    # counter per group where torch and torchao keep one per parameter tensor (4 bytes each).
+    counters = 4 * len(list(model.parameters()))
+    assert est["bf16-true-kahan"].optimizer_state == est["bf16-true"].optimizer_state - counters + 2 * n
+    assert est["bf16-true-sr"].optimizer_state == est["bf16-true"].optimizer_state
+    assert {e.master_weights for e in est.values()} == {0}

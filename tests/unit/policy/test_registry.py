@@ -11,8 +11,10 @@ from ampkit.policy import (
     POLICIES,
     BF16Mixed,
     BF16True,
+    BF16TrueKahan,
     BF16TrueMasters,
     BF16TrueRemainder,
+    BF16TrueSR,
     FP16Mixed,
     FP16True,
     FP16TrueMasters,
@@ -49,6 +51,8 @@ EXPECTED_CLASSES: dict[str, type[Policy]] = {
     "16-true": FP16True,
     "bf16-true-masters": BF16TrueMasters,
     "bf16-true-remainder": BF16TrueRemainder,
+    "bf16-true-kahan": BF16TrueKahan,
+    "bf16-true-sr": BF16TrueSR,
     "16-true-masters": FP16TrueMasters,
 }
 
