@@ -29,7 +29,6 @@ import torch
 from torch import nn
 
 from .._util.model_io import batch_parts, call_model, output_as_float
-from .._util.units import fmt_share
 from ..policy import policy_names
 from .compare import LossFn, seeded
 from .update_audit import REMEDIES, UpdateAudit, UpdateReport
@@ -85,30 +84,6 @@ class UpdatePrecision:
             "fp32_loss": self.fp32_loss, "lost": self.lost, "problems": list(self.problems), "params": self.params,
             "trials": [t.to_dict() for t in self.trials], "skipped": list(self.skipped), "prescribed": self.prescribed,
         }
-
-
-def update_lines(data: dict[str, Any], top: int = 5) -> list[str]:
-    """The check (doctor.json's ``update_precision``) as lines for the terminal and report.md.
-
-    >>> update_lines({"steps": 4, "lost": False, "initial_loss": 1.0, "fp32_loss": 0.5, "params": {}, "trials": []})
-    ['bf16-true keeps its updates over 4 steps (held-out loss 1 -> 0.5 in fp32)']
-    """
-    head = f"over {data['steps']} steps (held-out loss {data['initial_loss']:.4g} -> {data['fp32_loss']:.4g} in fp32)"
-    if not data.get("lost"):
-        return [f"{AUDITED_POLICY} keeps its updates {head}"]
-    lines = [f"{AUDITED_POLICY} loses updates {head}"]
-    ranked = sorted(data.get("params", {}).items(), key=lambda kv: (-kv[1]["lost_share"], -kv[1]["discarded_share"]))
-    for name, p in ranked[:top]:
-        decay = f", decay {fmt_share(p['decay_lost_share'])} lost" if p.get("decay_lost_share") is not None else ""
-        lines.append(f"  {name or '(model)'}: {fmt_share(p['lost_share'])} lost, {fmt_share(p['discarded_share'])} discarded{decay}")
-    for t in data.get("trials", []):
-        cost = f" (+{t['bytes_per_param']} B/param)" if t.get("bytes_per_param") is not None else ""
-        lines.append(f"  {t['policy']}{cost}: held-out loss {t['loss']:.4g}, {'recovers' if t['recovered'] else 'does not recover'} fp32's decrease")
-    if data.get("skipped"):
-        lines.append(f"  not in this ampkit: {', '.join(data['skipped'])}")
-    prescribed = data.get("prescribed")
-    lines.append(f"Prescribed: Engine(precision=\"{prescribed}\")" if prescribed else "No remedy tried recovers fp32's decrease: keep fp32 masters or train longer to judge")
-    return lines
 
 
 def check_update_precision(
