@@ -42,10 +42,11 @@ __all__ = [
     "UpdateAudit", "ParamUpdate", "UpdateReport", "REMEDIES", "UPDATE_LOST_WARN", "UPDATE_DISCARDED_WARN", "DECAY_LOST_WARN",
 ]
 
-UPDATE_LOST_WARN = 0.05
-"""Share of the elements the optimizer meant to move that did not move at all, above which a sample warns. A
-healthy 16-bit step loses almost none (its updates are many half-gaps wide); 5% lost every step is a slice of the
-model frozen in place."""
+UPDATE_LOST_WARN = 0.25
+"""Share of the elements the optimizer meant to move that did not move at all, above which a sample warns. Where
+the update follows the gradient (SGD), the elements with the smallest gradients always lose some of theirs (10% at
+a moderate lr is common and harmless); a quarter of the moving elements frozen is the bulk of the model, not the
+tail. Adam-like updates are all about lr in size, so there the share is near 0 or near 1."""
 UPDATE_DISCARDED_WARN = 0.25
 """Share of the update's norm rounding discards (``||applied - intended|| / ||intended||``) above which a sample
 warns: beyond a quarter the weights follow a different trajectory from the one the optimizer computed."""
