@@ -221,7 +221,8 @@ class UpdateAudit:
     def _after(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         found = getattr(opt, "found_inf", None)  # a fused optimizer's own overflow flag (see optimizer_step)
         for group in opt.param_groups:
-            decay = float(group.get("weight_decay") or 0.0) and group["lr"] * group["weight_decay"]
+            wd = float(group.get("weight_decay") or 0.0)
+            decay = group["lr"] * wd if wd else None  # lr may be a device tensor: no truth test on it (a sync)
             for p in group["params"]:
                 if id(p) not in self._shadows:
                     continue
@@ -277,11 +278,11 @@ def _fp32_copy(value: Any) -> Any:
     return value
 
 
-def _row(before: torch.Tensor, applied: torch.Tensor, intended: torch.Tensor, decay: Any, dtype: torch.dtype, found: torch.Tensor | None) -> torch.Tensor:
+def _row(before: torch.Tensor, applied: torch.Tensor, intended: torch.Tensor, decay: float | torch.Tensor | None, dtype: torch.dtype, found: torch.Tensor | None) -> torch.Tensor:
     """One parameter's figures, on its device (no sync): the columns named at the top of the module."""
     moving = intended != 0
     zero = torch.zeros((), dtype=torch.float64, device=before.device)
-    if decay:
+    if decay is not None:
         # The gap below |w| in ``dtype``: eps * 2^floor(log2|w|), halved at an exact power of two (the next
         # smaller value is then in the binade below). Round-to-nearest moves |w| only by more than half of it.
         mantissa, exponent = torch.frexp(before.abs())
