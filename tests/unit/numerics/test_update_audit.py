@@ -155,3 +155,25 @@ def test_an_audited_sample_is_read_in_one_transfer(monkeypatch: pytest.MonkeyPat
 def test_updates_false_skips_the_audit() -> None:
     engine = engine_step(unit_weights(), "bf16-true", lambda ps: torch.optim.AdamW(ps, lr=1e-4), numerics=NumericsSampler(1, updates=False))
     assert engine.numerics.last.updates is None
+
+
+def test_a_16_bit_step_that_goes_non_finite_is_reported_as_such_not_as_rounding(caplog: pytest.LogCaptureFixture) -> None:
+    """fp16 Adam: eps 1e-8 flushes to zero in fp16, so elements whose fp16 second moment underflows divide by zero.
+    The control is the same fp16 step in plain torch; the audit must count exactly its non-finite weights."""
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 2))
+
+    def make_opt(params):
+        return torch.optim.Adam(params, lr=1e-3)
+
+    m16 = copy.deepcopy(model).half()
+    x, y = batch(1)
+    nn.functional.mse_loss(m16(x.half()).float(), y).backward()
+    make_opt(m16.parameters()).step()
+    expected = {n: int((~torch.isfinite(p)).sum()) for n, p in m16.named_parameters()}
+    assert sum(expected.values()) > 0, "the control must go non-finite"
+    with caplog.at_level(logging.WARNING, logger="ampkit.numerics"):
+        engine = engine_step(copy.deepcopy(model), "16-true", make_opt)
+    updates = engine.numerics.last.updates
+    assert {n: u.nonfinite for n, u in updates.params.items()} == expected
+    assert all(math.isfinite(u.discarded) for u in updates.params.values())
+    assert "non-finite: step fp32 masters" in caplog.text
