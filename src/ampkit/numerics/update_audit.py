@@ -65,8 +65,8 @@ stochastic rounding (none), a Kahan compensation buffer (2), an int16 remainder 
 and fp32 gradient (8)."""
 
 # Columns of a parameter's row in the stacked statistics.
-_COUNT, _ERR2, _INT2, _MOVING, _LOST, _DECAYED, _DECAY_LOST, _SKIPPED = range(8)
-_COLUMNS = 8
+_COUNT, _ERR2, _INT2, _MOVING, _LOST, _DECAYED, _DECAY_LOST, _SKIPPED, _NONFINITE = range(9)
+_COLUMNS = 9
 
 
 @dataclass(frozen=True)
@@ -84,6 +84,9 @@ class ParamUpdate:
     """``||applied - intended|| / ||intended||``: the share of the update rounding discarded (0 when none was meant)."""
     decayed: int = 0
     """Non-zero elements in a param group with weight decay."""
+    nonfinite: int = 0
+    """Elements the 16-bit step made inf or NaN (a 16-bit optimizer state that overflowed, or an eps that flushed
+    to zero); the other figures count the finite ones."""
     decay_lost: int = 0
     """Of those, elements where the decay step ``lr * wd * |w|`` is below half the gap to the next smaller value of
     the parameter's dtype, so decay alone never moves them."""
@@ -99,12 +102,13 @@ class ParamUpdate:
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name, "count": self.count, "lost_share": self.lost_share, "discarded_share": self.discarded,
-            "decay_lost_share": self.decay_lost_share,
+            "decay_lost_share": self.decay_lost_share, "nonfinite": self.nonfinite,
         }
 
     def __str__(self) -> str:
         decay = f", decay {fmt_share(self.decay_lost_share)} lost" if self.decay_lost_share is not None else ""
-        return f"{self.name or '(model)'} ({fmt_share(self.lost_share)} lost, {fmt_share(self.discarded)} discarded{decay})"
+        broken = f", {self.nonfinite} non-finite" if self.nonfinite else ""
+        return f"{self.name or '(model)'} ({fmt_share(self.lost_share)} lost, {fmt_share(self.discarded)} discarded{decay}{broken})"
 
 
 @dataclass
@@ -113,7 +117,8 @@ class UpdateReport:
 
     params: dict[str, ParamUpdate] = field(default_factory=dict)
     worst: list[ParamUpdate] = field(default_factory=list)
-    """Up to ``top`` parameters that lost most of their update, worst first (lost share, then discarded share)."""
+    """Up to ``top`` parameters that lost most of their update, worst first (non-finite elements, lost share, then
+    discarded share)."""
     discarded_share: float = 0.0
     """Over all audited parameters: ``sqrt(sum ||applied - intended||^2 / sum ||intended||^2)``."""
 
@@ -145,11 +150,13 @@ class UpdateReport:
                 (decay or 0.0, "of the decayed weights never decay (lr * wd * |w| is below half a 16-bit gap)", DECAY_LOST_WARN),
             ) if share > limit
         ]
+        broken = sum(u.nonfinite for u in self.params.values())
+        out = [f"the 16-bit optimizer step made {broken} weights non-finite: step fp32 masters (a -masters policy)"] if broken else []
         if not lost:
-            return []
+            return out
         where = f" (worst: {', '.join(str(u) for u in self.worst)})" if self.worst else ""
         remedies = ", ".join(f"{name} (+{nbytes} B/param)" for name, nbytes in REMEDIES)
-        return [
+        return out + [
             f"updates lost in 16-bit weights: {'; '.join(lost)}{where}: step masters or compensate the rounding with one of "
             f"{remedies}, or `ampkit doctor` to find the cheapest that recovers fp32's training"
         ]
@@ -190,7 +197,7 @@ class UpdateAudit:
         self._handles, self._shadows = [], {}
 
     def stats(self) -> torch.Tensor | None:
-        """The audited parameters' figures as one ``[params, 8]`` float64 device tensor; None if nothing stepped."""
+        """The audited parameters' figures as one ``[params, 9]`` float64 device tensor; None if nothing stepped."""
         return torch.stack([row for _, row in self._rows]) if self._rows else None
 
     def report(self, values: Sequence[float], top: int = 3) -> UpdateReport:
@@ -205,10 +212,12 @@ class UpdateAudit:
             params[name] = ParamUpdate(
                 name=name, count=int(v[_COUNT]), moving=int(v[_MOVING]),
                 lost=int(v[_LOST]), discarded=math.sqrt(v[_ERR2] / v[_INT2]) if v[_INT2] > 0 else 0.0,
-                decayed=int(v[_DECAYED]), decay_lost=int(v[_DECAY_LOST]),
+                decayed=int(v[_DECAYED]), decay_lost=int(v[_DECAY_LOST]), nonfinite=int(v[_NONFINITE]),
             )
         self._rows = []
-        ranked = sorted((u for u in params.values() if u.lost or u.discarded or u.decay_lost), key=lambda u: (-u.lost_share, -u.discarded))
+        ranked = sorted(
+            (u for u in params.values() if u.lost or u.discarded or u.decay_lost or u.nonfinite), key=lambda u: (-u.nonfinite, -u.lost_share, -u.discarded)
+        )
         return UpdateReport(params=params, worst=ranked[:top], discarded_share=math.sqrt(err2 / int2) if int2 > 0 else 0.0)
 
     # -- the optimizer's hooks ----------------------------------------------------------------------
@@ -280,6 +289,8 @@ def _fp32_copy(value: Any) -> Any:
 
 def _row(before: torch.Tensor, applied: torch.Tensor, intended: torch.Tensor, decay: float | torch.Tensor | None, dtype: torch.dtype, found: torch.Tensor | None) -> torch.Tensor:
     """One parameter's figures, on its device (no sync): the columns named at the top of the module."""
+    finite = torch.isfinite(applied)
+    applied = torch.where(finite, applied, intended)  # counted apart: an inf would swamp every other figure
     moving = intended != 0
     zero = torch.zeros((), dtype=torch.float64, device=before.device)
     if decay is not None:
@@ -302,4 +313,5 @@ def _row(before: torch.Tensor, applied: torch.Tensor, intended: torch.Tensor, de
         torch.as_tensor(decayed, dtype=torch.float64),
         torch.as_tensor(decay_lost, dtype=torch.float64),
         found.detach().double().reshape(()) if found is not None else zero,
+        (~finite).sum().double(),
     ])
