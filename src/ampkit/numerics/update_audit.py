@@ -134,6 +134,26 @@ class UpdateReport:
         decayed = sum(u.decayed for u in self.params.values())
         return sum(u.decay_lost for u in self.params.values()) / decayed if decayed else None
 
+    @classmethod
+    def merge(cls, reports: Sequence["UpdateReport"], top: int = 3) -> "UpdateReport":
+        """Several steps' audits as one: counts added up, discarded shares averaged over the steps.
+
+        >>> one = UpdateReport({"w": ParamUpdate("w", count=4, moving=4, lost=4, discarded=1.0)}, discarded_share=1.0)
+        >>> two = UpdateReport({"w": ParamUpdate("w", count=4, moving=4, lost=0, discarded=0.0)}, discarded_share=0.0)
+        >>> merged = UpdateReport.merge([one, two]); merged.lost_share, merged.discarded_share
+        (0.5, 0.5)
+        """
+        params: dict[str, ParamUpdate] = {}
+        for name in dict.fromkeys(n for r in reports for n in r.params):
+            seen = [r.params[name] for r in reports if name in r.params]
+            params[name] = ParamUpdate(
+                name=name, count=seen[0].count, moving=sum(u.moving for u in seen), lost=sum(u.lost for u in seen),
+                discarded=sum(u.discarded for u in seen) / len(seen), decayed=sum(u.decayed for u in seen),
+                decay_lost=sum(u.decay_lost for u in seen), nonfinite=sum(u.nonfinite for u in seen),
+            )
+        shares = [r.discarded_share for r in reports if r.params]
+        return cls(params=params, worst=_worst(params, top), discarded_share=sum(shares) / len(shares) if shares else 0.0)
+
     def figures(self) -> dict[str, float | None]:
         """The figures :meth:`NumericsSample.to_scalars` exports (None: does not apply)."""
         if not self.params:
@@ -215,10 +235,7 @@ class UpdateAudit:
                 decayed=int(v[_DECAYED]), decay_lost=int(v[_DECAY_LOST]), nonfinite=int(v[_NONFINITE]),
             )
         self._rows = []
-        ranked = sorted(
-            (u for u in params.values() if u.lost or u.discarded or u.decay_lost or u.nonfinite), key=lambda u: (-u.nonfinite, -u.lost_share, -u.discarded)
-        )
-        return UpdateReport(params=params, worst=ranked[:top], discarded_share=math.sqrt(err2 / int2) if int2 > 0 else 0.0)
+        return UpdateReport(params=params, worst=_worst(params, top), discarded_share=math.sqrt(err2 / int2) if int2 > 0 else 0.0)
 
     # -- the optimizer's hooks ----------------------------------------------------------------------
     def _before(self, opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -238,6 +255,13 @@ class UpdateAudit:
                 before, intended_after = self._shadows.pop(id(p))
                 row = _row(before, p.detach().float() - before, intended_after - before, decay, p.dtype, found)
                 self._rows.append((self._names.get(id(p), "?"), row))
+
+
+def _worst(params: dict[str, ParamUpdate], top: int) -> list[ParamUpdate]:
+    ranked = sorted(
+        (u for u in params.values() if u.lost or u.discarded or u.decay_lost or u.nonfinite), key=lambda u: (-u.nonfinite, -u.lost_share, -u.discarded)
+    )
+    return ranked[:top]
 
 
 def _is_16_bit(p: torch.Tensor) -> bool:

@@ -67,9 +67,11 @@ class UpdatePrecision:
     initial_loss: float
     fp32_loss: float
     params: dict[str, dict[str, Any]]
-    """Per parameter under ``bf16-true``, averaged over the steps: ``lost_share``, ``discarded_share``, ``decay_lost_share``."""
+    """Per parameter under ``bf16-true``, over all the steps (:meth:`UpdateReport.merge`): ``lost_share``,
+    ``discarded_share`` (averaged), ``decay_lost_share``, ``nonfinite``."""
     lost: bool
-    """Whether ``bf16-true`` loses updates: the audit warned on a step, or it does not recover fp32's decrease."""
+    """Whether ``bf16-true`` loses updates: the audit over all steps warns (:meth:`UpdateReport.problems`), or it
+    does not recover fp32's decrease."""
     problems: list[str] = field(default_factory=list)
     trials: list[RemedyTrial] = field(default_factory=list)
     """``bf16-true`` first, then the remedies tried, cheapest first."""
@@ -113,9 +115,10 @@ def check_update_precision(
         return RemedyTrial(policy, nbytes, loss, bool(recovered)), reports
 
     audited, reports = trial(AUDITED_POLICY, None)
-    problems = sorted({p for r in reports for p in r.problems()})
+    merged = UpdateReport.merge(reports)
+    problems = merged.problems()
     result = UpdatePrecision(
-        steps=steps, initial_loss=initial, fp32_loss=fp32_loss, params=_averaged(reports),
+        steps=steps, initial_loss=initial, fp32_loss=fp32_loss, params={n: u.to_dict() for n, u in merged.params.items()},
         lost=bool(problems) or (fp32_loss < initial and not audited.recovered), problems=problems, trials=[audited],
     )
     if not result.lost:
@@ -185,16 +188,3 @@ def _held_out_loss(model: nn.Module, weights: dict[str, torch.Tensor] | None, ba
     inputs, target = batch_parts(batch)
     with seeded(seed, device):
         return float(loss_fn(output_as_float(call_model(work, inputs)), target))
-
-
-def _averaged(reports: Sequence[UpdateReport]) -> dict[str, dict[str, Any]]:
-    """Each parameter's figures averaged over the audited steps."""
-    out: dict[str, dict[str, Any]] = {}
-    for name in dict.fromkeys(n for r in reports for n in r.params):
-        seen = [r.params[name] for r in reports if name in r.params]
-        decays = [u.decay_lost_share for u in seen if u.decay_lost_share is not None]
-        out[name] = {
-            "lost_share": sum(u.lost_share for u in seen) / len(seen), "discarded_share": sum(u.discarded for u in seen) / len(seen),
-            "decay_lost_share": sum(decays) / len(decays) if decays else None,
-        }
-    return out
