@@ -46,8 +46,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from dataclasses import dataclass
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ContextManager
 
 import torch
