@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     command = recorded_command(args)
     diagnosis = diagnose(
         model, batches, workload.loss_fn, steps=args.steps, target=args.precision, optimizer=workload.optimizer, seed=args.seed,
-        compile=compile,
+        compile=compile, update_steps=args.update_steps,
         context={"command": command, "workload": {"name": workload.name, "description": workload.description, "size": size if args.data is None else None}},
     )
     data = diagnosis.to_dict()

@@ -132,6 +132,10 @@ def add_doctor(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     _add_workload(p)
     p.add_argument("--precision", help="tailor for this policy (e.g. 16-mixed for a GPU without bf16); default: choose among the fast ones")
     p.add_argument("--steps", type=positive, default=3, help="fp32 reference steps to collect statistics over (default: 3)")
+    p.add_argument(
+        "--update-steps", type=non_negative, default=8,  # numerics.doctor.UPDATE_STEPS (torch is not imported here)
+        help="steps of bf16-true (updates audited) beside 32-true, then of the remedies if updates are lost (default: 8; 0: no check)",
+    )
     _add_device(p)
     p.add_argument("--top", type=non_negative, default=15, help="modules shown in the table, worst first (default: 15)")
     p.add_argument(

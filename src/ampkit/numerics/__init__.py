@@ -5,7 +5,8 @@
 
 In Python, :func:`diagnose` returns a :class:`Diagnosis`; ``Engine(**diagnosis.engine_kwargs())`` applies its
 recommendation. :class:`NumericsSampler` (``Engine(numerics=N)``) is the cheap version for a running training
-job: every N steps it reads the gradients and activations the engine already has and logs how they fit fp16.
+job: every N steps it reads the gradients and activations the engine already has and logs how they fit fp16,
+and audits how much of the update lands where the optimizer steps 16-bit weights directly.
 
 doctor.json (:meth:`Diagnosis.to_dict`) holds: ``recommended_precision`` and ``precision_reasons``;
 ``recommended_loss_scale`` (``2^loss_scale_log2``, the largest keeping every gradient within fp16) and
@@ -15,7 +16,9 @@ and activation gradients together) with their split in ``gradient_underflow`` an
 ``gradient_histograms``; ``comparisons`` (the policy as it comes and as tailored, per module against fp32);
 ``tailoring_notes``; and ``modules``: per module its type, parameter count, statistics of ``weights``,
 ``grads``, ``inputs``, ``outputs`` and ``output_grads`` (:meth:`TensorStats.to_dict`), ``problems`` and
-``severity``; plus run facts (versions, device, command, workload, date).
+``severity``; ``update_precision`` (with an optimizer: whether bf16 weights stepped directly lose updates, per
+parameter, each remedy tried and the one ``prescribed``; :mod:`~ampkit.numerics.update_remedy`); plus run facts
+(versions, device, command, workload, date).
 """
 
 from .doctor import Diagnosis, diagnose

@@ -45,8 +45,13 @@ from .recorder import ModuleRecorder
 from .scale import LossScaleAdvice, recommend_loss_scale
 from .severity import module_entries
 from .stats import TensorStats
+from .update_remedy import UpdatePrecision, check_update_precision
 
-__all__ = ["Diagnosis", "diagnose"]
+__all__ = ["Diagnosis", "diagnose", "UPDATE_STEPS"]
+
+UPDATE_STEPS = 8
+"""Optimizer steps per policy in the update-precision check: enough for fp32 masters to carry updates of a
+fraction of a bf16 gap across it, few enough to keep the doctor quick."""
 
 Optimizer = Callable[[Any], torch.optim.Optimizer]
 
@@ -73,6 +78,9 @@ class Diagnosis:
     """Run facts for the report: device, workload, command."""
     compile_check: CompileCheck | None = None
     """The recommended policy's step compiled against eager (``diagnose(compile=...)``); None when not asked."""
+    update_precision: UpdatePrecision | None = None
+    """Whether bf16 weights stepped directly lose updates and the remedy that recovers fp32's training
+    (:mod:`~ampkit.numerics.update_remedy`); None without an optimizer or with ``update_steps=0``."""
 
     @property
     def recommended_loss_scale(self) -> float:
@@ -138,6 +146,7 @@ class Diagnosis:
             "tailoring_notes": list(self.tailoring_notes),
             "comparisons": [c.to_dict() for c in self.comparisons],
             "compile_check": self.compile_check.to_dict() if self.compile_check is not None else None,
+            "update_precision": self.update_precision.to_dict() if self.update_precision is not None else None,
             "modules": self.modules,
         }
 
@@ -191,6 +200,7 @@ def diagnose(
     seed: int = 0,
     context: dict[str, Any] | None = None,
     compile: bool | str | dict[str, Any] | None = None,
+    update_steps: int = UPDATE_STEPS,
 ) -> Diagnosis:
     """Diagnose how ``model`` fits fp16/bf16 on ``batches`` and recommend a policy, fp32 modules and a loss scale.
 
@@ -209,6 +219,9 @@ def diagnose(
         optimizer: ``optimizer(params)`` for the reference steps; default: none (statistics of the initial weights).
         device: where to run; default: where the model's parameters are. The batches are moved there too, so a
             CPU model and CPU batches can be diagnosed on a GPU as they are.
+        update_steps: with an ``optimizer``, train this many steps of ``bf16-true`` (updates audited) beside
+            ``32-true`` from the initial weights and, if updates are lost, of each remedy, cheapest first
+            (:mod:`~ampkit.numerics.update_remedy`); 0: no update-precision check.
     """
     if steps < 1:
         raise ValueError(f"steps must be >= 1 (fp32 reference steps to collect statistics from), got {steps}.")
@@ -223,6 +236,7 @@ def diagnose(
     # The batches go where the model went (a no-op for tensors already there); their memory format is kept.
     batches = [to_device(b, dev) for b in batches]
     work.train()
+    initial = copy.deepcopy(work) if optimizer is not None and update_steps > 0 else None  # before the reference run trains it
     rec = _reference_run(work, batches, loss_fn, steps, optimizer, seed)
     stats = rec.summaries()
     weight_grads, act_grads = _gradient_totals(stats, work)
@@ -252,6 +266,11 @@ def diagnose(
             work, batch, loss_fn, chosen.precision if chosen is not None else "32-true", reference=ref, compile=compile,
             keep_fp32=chosen.keep_fp32 if chosen is not None else (), loss_scale=2.0**scale_log2 if scale_log2 is not None else None,
         )
+    updates = None
+    if initial is not None:
+        held = steps % len(batches)
+        train = [b for i, b in enumerate(batches) if i != held] or batches
+        updates = check_update_precision(initial, train, batch, loss_fn, optimizer, steps=update_steps, seed=seed)  # type: ignore[arg-type]
     return Diagnosis(
         recommended_precision=chosen.precision if chosen is not None else "32-true",
         precision_reasons=reasons,
@@ -267,6 +286,7 @@ def diagnose(
         target=get_policy(target).name if target is not None else None,
         context={"device": str(dev), "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), **(context or {})},
         compile_check=compiled,
+        update_precision=updates,
     )
 
 

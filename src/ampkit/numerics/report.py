@@ -33,6 +33,7 @@ from .table import (
     loss_scale_line,
     module_label,
     module_rows,
+    update_lines,
 )
 
 __all__ = ["write_report", "render_report", "md_escape", "REPORT_NAME", "REPORT_TOP", "LOWEST_COSINES"]
@@ -180,6 +181,18 @@ def _compiled(data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _updates(data: dict[str, Any]) -> list[str]:
+    check = data.get("update_precision")
+    if not check:
+        return []
+    lines = ["## Update precision", "", (
+        f"`{check.get('policy')}` (bf16 weights stepped directly) trained {check.get('steps')} steps from the same weights and batches "
+        f"as `32-true`, each step's update audited against the update the optimizer computed in fp32. A policy recovers fp32's "
+        f"trajectory when its held-out loss falls by at least {fmt_share(check.get('recovered_share'))} of fp32's decrease."
+    ), ""]
+    return lines + [f"- {md_escape(line.strip())}" for line in update_lines(check, top=REPORT_TOP)] + [""]
+
+
 def _modules(data: dict[str, Any]) -> list[str]:
     total = len(data.get("modules") or [])
     if not total:
@@ -198,7 +211,7 @@ def render_report(data: dict[str, Any], out_dir: str | os.PathLike[str] = ".", p
     current directory (see :func:`ampkit.report.markdown.plot_links`).
     """
     out = Path(out_dir)
-    lines = _what_ran(data) + _recommendation(data) + _comparisons(data) + _compiled(data) + _modules(data) + plot_section(out, plots, escape=md_escape)
+    lines = _what_ran(data) + _recommendation(data) + _comparisons(data) + _updates(data) + _compiled(data) + _modules(data) + plot_section(out, plots, escape=md_escape)
     return "\n".join(lines + ["## How to read this", "", HOW_TO_READ])
 
 

@@ -19,6 +19,7 @@ from .._util.units import fmt_share
 from .formats import FP16
 from .scale import largest_safe_log2
 from .stats import TensorStats
+from .update_audit import UpdateReport
 
 __all__ = ["NumericsSample", "ModuleIssue", "build_sample"]
 
@@ -72,6 +73,10 @@ class NumericsSample:
     intended and fp32 holds them, so they are neither named worst for overflow nor warned about."""
     problems: list[str] = field(default_factory=list)
     """What is wrong, each with its fix; logged as a WARNING. Empty when all is well."""
+    updates: UpdateReport | None = None
+    """The step's update audit (:mod:`~ampkit.numerics.update_audit`): how much of the update the optimizer
+    computed landed in the 16-bit weights it steps directly. None when the step was not audited: the optimizer
+    steps no 16-bit weight (master weights step fp32 and lose nothing), or ``NumericsSampler(updates=False)``."""
     _merged: dict[str, TensorStats] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     # -- merged figures ---------------------------------------------------------------------------
@@ -169,6 +174,7 @@ class NumericsSample:
             "act_overflow_share": self.act_overflow_share,
             "act_nonfinite": self.act_nonfinite,
             "act_grad_underflow_share": self.act_grad_underflow_share,
+            **(self.updates.figures() if self.updates is not None else {}),
         }
         return {f"numerics/{k}": float(v) for k, v in figures.items() if v is not None}
 
@@ -196,7 +202,8 @@ class NumericsSample:
         else:
             acts = "activations not recorded"
         worst = ", ".join(str(w) for w in self.worst) or "none"
-        return f"numerics @ step {self.step} ({scale}): {grads}; {acts}; worst: {worst}"
+        updates = f"; {self.updates}" if self.updates is not None and self.updates.params else ""
+        return f"numerics @ step {self.step} ({scale}): {grads}; {acts}; worst: {worst}{updates}"
 
 
 def build_sample(
@@ -208,6 +215,7 @@ def build_sample(
     fp16: bool = True,
     activations: bool = True,
     fp32_modules: tuple[str, ...] = (),
+    updates: UpdateReport | None = None,
 ) -> NumericsSample:
     """A :class:`NumericsSample` from host-side statistics: ranks the worst modules and states the problems.
 
@@ -218,9 +226,11 @@ def build_sample(
     >>> s.grad_underflow_share, s.suggested_scale == 2.0**23, [str(w) for w in s.worst]
     (0.5, True, ['fc (50.0% underflow)'])
     """
-    sample = NumericsSample(step=step, scale=scale, modules=modules, fp16=fp16, activations=activations, fp32_modules=tuple(fp32_modules))
+    sample = NumericsSample(
+        step=step, scale=scale, modules=modules, fp16=fp16, activations=activations, fp32_modules=tuple(fp32_modules), updates=updates
+    )
     sample.worst = _worst(modules, top, sample.fp32_modules)
-    sample.problems = _problems(sample)
+    sample.problems = _problems(sample) + (updates.problems() if updates is not None else [])
     return sample
 
 

@@ -10,6 +10,11 @@ how large the activations get, and which modules are worst. It is logged (one IN
 something is wrong), kept as ``sampler.last`` and passed to ``callback``; :meth:`NumericsSample.to_scalars`
 flattens it for TensorBoard or any metrics logger.
 
+Where the optimizer steps 16-bit weights directly (``bf16-true``, ``16-true``: no fp32 masters), a sampled step
+also audits the update (:mod:`~ampkit.numerics.update_audit`): per parameter, the share of the update that
+rounding discards, the elements whose update was lost entirely, and whether weight decay lands at all. The
+sample (``updates``) names the worst parameters and warns with the policies that keep small updates.
+
     >>> from torch import nn
     >>> from ampkit import Engine
     >>> model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
@@ -31,7 +36,9 @@ Cost. Steps that are not sampled pay an integer modulo in ``autocast()`` and in 
 registered. A sampled step reads every module's inputs (they tell whether a module started an overflow or
 inherited it), outputs, output gradients and parameter gradients: one pass over each tensor for its largest
 magnitude, then about a dozen small kernels over at most :data:`SAMPLE_VALUES` of its values; every result
-comes back in **one** device-to-host transfer, the sample's only host-device sync. Measured in
+comes back in **one** device-to-host transfer, the sample's only host-device sync. An audited step adds an fp32
+shadow step of the 16-bit parameters (fp32 copies of them, their gradients and their optimizer state exist
+during the step) and a few kernels per parameter; its figures join that one transfer, made after the step. Measured in
 ``benchmarks/numerics_sampler.py`` (BENCHMARKS.md).
 """
 
@@ -40,6 +47,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ContextManager
 
 import torch
@@ -47,6 +55,7 @@ import torch
 from .recorder import ModuleRecorder
 from .sample import ModuleIssue, NumericsSample, build_sample
 from .stats import StatsAccumulator, TensorStats, read_summaries
+from .update_audit import UpdateAudit
 
 if TYPE_CHECKING:  # the engine imports this module; importing it back at run time would be circular
     from ..training.engine import Engine
@@ -68,8 +77,8 @@ class NumericsSampler:
 
     Pass it (or just ``every``) as ``Engine(numerics=...)``; the engine calls :meth:`recording` and
     :meth:`sample`. ``activations=False`` reads the gradients only (no hooks at all). ``callback`` receives
-    every :class:`NumericsSample`; ``top`` is how many worst modules a sample names. Only the last sample is
-    kept (``last``).
+    every :class:`NumericsSample`; ``top`` is how many worst modules (and parameters) a sample names.
+    ``updates=False`` leaves the update audit out (no shadow step). Only the last sample is kept (``last``).
 
     >>> NumericsSampler(every=0)
     Traceback (most recent call last):
@@ -84,6 +93,7 @@ class NumericsSampler:
         activations: bool = True,
         callback: Callable[[NumericsSample], None] | None = None,
         top: int = 3,
+        updates: bool = True,
     ) -> None:
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ValueError(f"NumericsSampler(every={every!r}): every must be an int >= 1 (sample every N optimizer steps), e.g. every=100.")
@@ -95,6 +105,9 @@ class NumericsSampler:
         self.activations = bool(activations)
         self.callback = callback
         self.top = top
+        self.updates = bool(updates)
+        self._audit = UpdateAudit()
+        self._taken: _Taken | None = None  # a sampled step waiting for its optimizer step to be audited
         self.last: NumericsSample | None = None
         # Recorders of the step being sampled: (optimizer step, one per model). They outlive the forward's
         # context because the tensor hooks they placed on outputs fill them during the coming backward.
@@ -115,9 +128,21 @@ class NumericsSampler:
         return forward
 
     def before_optimizer_step(self, engine: "Engine") -> None:
-        """Sample a due step: its 16-bit gradients as the backward left them (scaled, not yet copied to masters)."""
+        """Sample a due step: its 16-bit gradients as the backward left them (scaled, not yet copied to masters).
+        Where the optimizer steps 16-bit weights directly, the read waits for the step, whose update is audited."""
         if self.due(engine.steps):
-            self.sample(engine)
+            taken = self._take(engine)
+            if self.updates and self._audit.arm(engine.optimizers, _param_names(engine)):
+                self._taken = taken
+            else:
+                self._read(taken, None)
+
+    def after_optimizer_step(self, engine: "Engine") -> None:
+        """Finish an audited sample: the applied update is known now."""
+        if self._taken is not None:
+            taken, self._taken = self._taken, None
+            self._audit.disarm()
+            self._read(taken, self._audit)
 
     def recording(self, engine: "Engine", forward: ContextManager[Any]) -> ContextManager[Any]:
         """``forward`` plus recorders on every model of ``engine``: the engine wraps the forward of the last
@@ -130,7 +155,12 @@ class NumericsSampler:
 
     def sample(self, engine: "Engine") -> NumericsSample:
         """Read the current step's gradients (before they are unscaled or copied to masters) and the recorded
-        activations; log, keep and hand the sample to ``callback``. One host-device sync."""
+        activations; log, keep and hand the sample to ``callback``. One host-device sync. (The update audit needs
+        the step itself: the engine's hooks take it; this reads the gradients alone.)"""
+        return self._read(self._take(engine), None)
+
+    def _take(self, engine: "Engine") -> "_Taken":
+        """Everything the sample reads, still on the device: no sync."""
         step = engine.steps
         recorders = self._pending[1] if self._pending is not None and self._pending[0] == step else []
         self._pending = None  # recorders of a step that never came are dropped here too
@@ -159,15 +189,27 @@ class NumericsSampler:
                 slots.extend((_qualified(i, name, several), kind, kinds[kind]) for kind in _ACT_KINDS if kind in kinds)
 
         scaler = engine.scaler
-        stats, values = read_summaries([acc for _, _, acc in slots], [scaler.scale_tensor] if scaler is not None else [])
-        modules: dict[str, dict[str, TensorStats]] = {}
-        for (name, kind, _), s in zip(slots, stats):
-            modules.setdefault(name, {})[kind] = s
         policy = engine.policy
-        fp16 = scaler is not None or torch.float16 in (policy.param_dtype, policy.compute_dtype)
         islands = tuple(_qualified(i, name, several) for i, model in enumerate(engine.models) for name, _ in policy.fp32_islands(model))
+        return _Taken(
+            step=step, slots=slots, activations=bool(recorders), fp32_modules=islands,
+            # A copy: an audited sample is read after the step, and the step updates the scale.
+            scale=scaler.scale_tensor.detach().clone() if scaler is not None else None,
+            fp16=scaler is not None or torch.float16 in (policy.param_dtype, policy.compute_dtype),
+        )
+
+    def _read(self, taken: "_Taken", audit: UpdateAudit | None) -> NumericsSample:
+        """Bring ``taken`` (and the audit's figures) to the host in one transfer; build, report, return the sample."""
+        scalars = [taken.scale] if taken.scale is not None else []
+        audited = audit.stats() if audit is not None else None
+        stats, values = read_summaries([acc for _, _, acc in taken.slots], scalars + ([audited] if audited is not None else []))
+        modules: dict[str, dict[str, TensorStats]] = {}
+        for (name, kind, _), s in zip(taken.slots, stats):
+            modules.setdefault(name, {})[kind] = s
+        updates = audit.report(values[len(scalars) :], top=self.top) if audit is not None else None
         result = build_sample(
-            step, values[0] if values else None, modules, top=self.top, fp16=fp16, activations=bool(recorders), fp32_modules=islands
+            taken.step, values[0] if scalars else None, modules, top=self.top, fp16=taken.fp16, activations=taken.activations,
+            fp32_modules=taken.fp32_modules, updates=updates,
         )
         self._report(result)
         return result
@@ -183,6 +225,23 @@ class NumericsSampler:
 
 
 # ------------------------------------------------------------------------------------------ helpers
+@dataclass
+class _Taken:
+    """A sampled step's figures on the device, before the one read."""
+
+    step: int
+    slots: list[tuple[str, str, StatsAccumulator]]
+    scale: torch.Tensor | None
+    fp16: bool
+    activations: bool
+    fp32_modules: tuple[str, ...]
+
+
+def _param_names(engine: "Engine") -> dict[int, str]:
+    several = len(engine.models) > 1
+    return {id(p): _qualified(i, name, several) for i, model in enumerate(engine.models) for name, p in model.named_parameters()}
+
+
 @contextlib.contextmanager
 def _entered_together(recorders: Sequence[ModuleRecorder], forward: ContextManager[Any]) -> Iterator[Any]:
     with contextlib.ExitStack() as stack:

@@ -163,7 +163,8 @@ def _from_state(v: list[float], rounding: bool) -> "TensorStats":
 
 
 def read_summaries(accumulators: Sequence[StatsAccumulator], scalars: Sequence[torch.Tensor] = ()) -> tuple[list["TensorStats"], list[float]]:
-    """The summaries of ``accumulators`` and the values of the 0-dim ``scalars`` in one device-to-host transfer.
+    """The summaries of ``accumulators`` and the values of ``scalars`` (0-dim tensors, or any tensor: its values
+    flattened in order) in one device-to-host transfer.
 
     >>> a, b = StatsAccumulator(), StatsAccumulator(); a.update(torch.ones(3))
     >>> stats, values = read_summaries([a, b], [torch.tensor(4.0)])
@@ -171,7 +172,7 @@ def read_summaries(accumulators: Sequence[StatsAccumulator], scalars: Sequence[t
     ([3, 0], [4.0])
     """
     states = [acc._state() for acc in accumulators]
-    parts = [s for s in states if s is not None] + [t.detach().double().reshape(1) for t in scalars]
+    parts = [s for s in states if s is not None] + [t.detach().double().reshape(-1) for t in scalars]
     device = parts[0].device if parts else None
     flat = torch.cat([p.to(device) for p in parts]).cpu().tolist() if parts else []
     stats: list[TensorStats] = []

@@ -32,7 +32,7 @@ from .formats import FP16
 __all__ = [
     "render", "build_table", "module_rows", "ranked_modules", "header_lines", "recommendation_lines", "loss_scale_line",
     "comparison_summary", "comparison_lines", "compile_lines", "scaled_underflow_share", "fmt_share", "fmt_error", "fmt_cosine",
-    "module_label", "split_problems", "TOP",
+    "module_label", "split_problems", "update_lines", "TOP",
 ]  # fmt: skip
 
 log = logging.getLogger("ampkit")
@@ -274,6 +274,32 @@ def compile_lines(check: dict[str, Any]) -> list[str]:
     return [str(check.get("verdict") or MISSING)] + [f"what to do: {a}" for a in check.get("advice") or []]
 
 
+def update_lines(data: dict[str, Any], top: int = 5) -> list[str]:
+    """The update-precision check (doctor.json's ``update_precision``, see :mod:`ampkit.numerics.update_remedy`) as
+    lines for the terminal and report.md: the verdict, the worst parameters, each remedy tried, the prescription.
+
+    >>> update_lines({"steps": 4, "lost": False, "initial_loss": 1.0, "fp32_loss": 0.5, "params": {}, "trials": []})
+    ['bf16-true keeps its updates over 4 steps (held-out loss 1 -> 0.5 in fp32)']
+    """
+    head = f"over {data['steps']} steps (held-out loss {data['initial_loss']:.4g} -> {data['fp32_loss']:.4g} in fp32)"
+    policy = data.get("policy") or "bf16-true"
+    if not data.get("lost"):
+        return [f"{policy} keeps its updates {head}"]
+    lines = [f"{policy} loses updates {head}"]
+    ranked = sorted(data.get("params", {}).items(), key=lambda kv: (-kv[1]["lost_share"], -kv[1]["discarded_share"]))
+    for name, p in ranked[:top]:
+        decay = f", decay {fmt_share(p['decay_lost_share'])} lost" if p.get("decay_lost_share") is not None else ""
+        lines.append(f"  {name or '(model)'}: {fmt_share(p['lost_share'])} lost, {fmt_share(p['discarded_share'])} discarded{decay}")
+    for t in data.get("trials", []):
+        cost = f" (+{t['bytes_per_param']} B/param)" if t.get("bytes_per_param") is not None else ""
+        lines.append(f"  {t['policy']}{cost}: held-out loss {t['loss']:.4g}, {'recovers' if t['recovered'] else 'does not recover'} fp32's decrease")
+    if data.get("skipped"):
+        lines.append(f"  not in this ampkit: {', '.join(data['skipped'])}")
+    prescribed = data.get("prescribed")
+    lines.append(f"Prescribed: Engine(precision=\"{prescribed}\")" if prescribed else "No remedy tried recovers fp32's decrease: keep fp32 masters or train longer to judge")
+    return lines
+
+
 # Left out first when the terminal is too narrow for every column, so the cells left are whole, not "Grad r…".
 # Watch goes first: it asks nothing of the user, and report.md and doctor.json keep it.
 _DROP_ORDER = ("Watch", "Grad error", "Grad range", "Grad rel. error", "Type", "Act. overflow", "Grad cosine")
@@ -341,6 +367,12 @@ def render(data: dict[str, Any], console: Console, top: int = TOP) -> None:
         for comp, line in zip(comparisons, comparison_lines(data)):
             # Indented as a block, so a wrapped line still reads as part of its comparison.
             console.print(Padding(Text(line, style="" if comp.get("finite", True) else "red"), (0, 0, 0, 2), expand=False))
+    updates = data.get("update_precision")
+    if updates:
+        console.print()
+        console.print(Text("Update precision (bf16 weights stepped without fp32 masters):", style="bold"))
+        for line in update_lines(updates):
+            console.print(Padding(Text(line, style="red" if updates.get("lost") and not updates.get("prescribed") else ""), (0, 0, 0, 2), expand=False))
     check = data.get("compile_check")
     if check:
         console.print()

@@ -18,7 +18,7 @@ FRAGILE = Path(__file__).parents[1] / "numerics" / "fragile.py"
 
 def test_builtin_workload_writes_json_report_and_histograms(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "doc"
-    code = main(["doctor", "-w", "gpt", "--size", "tiny", "--steps", "2", "--precision", "16-mixed", "--out", str(out)])
+    code = main(["doctor", "-w", "gpt", "--size", "tiny", "--steps", "2", "--precision", "16-mixed", "--update-steps", "2", "--out", str(out)])
     assert code == 0
     data = json.loads((out / "doctor.json").read_text())
     assert data["recommended_precision"] == "16-mixed"
@@ -30,10 +30,13 @@ def test_builtin_workload_writes_json_report_and_histograms(tmp_path: Path, caps
     assert (out / "gradient_exponents.png").read_bytes().startswith(b"\x89PNG")
     printed = capsys.readouterr().out
     assert "Engine(precision=" in printed
+    # The update-precision check reaches all three outputs.
+    assert data["update_precision"]["steps"] == 2 and data["update_precision"]["trials"][0]["policy"] == "bf16-true"
+    assert "## Update precision" in (out / "report.md").read_text() and "Update precision" in printed
 
 
 def test_user_model_file_names_the_overflowing_layer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["doctor", "--model", f"{FRAGILE}:overflow_net", "--data", f"{FRAGILE}:batches", "--precision", "fp16", "--out", str(tmp_path)])
+    code = main(["doctor", "--model", f"{FRAGILE}:overflow_net", "--data", f"{FRAGILE}:batches", "--update-steps", "0", "--precision", "fp16", "--out", str(tmp_path)])
     assert code == 0
     data = json.loads((tmp_path / "doctor.json").read_text())
     assert data["keep_fp32"] == ["amplify"] and data["modules"][0]["name"] == "amplify"
@@ -64,7 +67,7 @@ def test_out_must_be_a_directory(tmp_path: Path, capsys: pytest.CaptureFixture[s
 def test_report_links_every_plot_with_a_relative_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Every README example passes a relative --out: the histograms must still be linked, relative to report.md.
     monkeypatch.chdir(tmp_path)
-    assert main(["doctor", "--model", f"{FRAGILE}:overflow_net", "--data", f"{FRAGILE}:batches", "--precision", "fp16", "--out", "doc/run"]) == 0
+    assert main(["doctor", "--model", f"{FRAGILE}:overflow_net", "--data", f"{FRAGILE}:batches", "--update-steps", "0", "--precision", "fp16", "--out", "doc/run"]) == 0
     report = tmp_path / "doc" / "run" / "report.md"
     links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", report.read_text(encoding="utf-8"))
     pngs = sorted(p.name for p in report.parent.glob("*.png"))
@@ -74,7 +77,7 @@ def test_report_links_every_plot_with_a_relative_out(tmp_path: Path, monkeypatch
 
 def test_in_a_log_the_module_table_keeps_every_column_whole(tmp_path: Path, capsys: pytest.CaptureFixture[str], log_table: Callable[[str], Any]) -> None:
     # captured stdout is not a terminal: at rich's 80 columns the doctor left columns out and wrapped the problems
-    assert main(["doctor", "--model", f"{FRAGILE}:overflow_net", "--data", f"{FRAGILE}:batches", "--precision", "fp16", "--out", str(tmp_path)]) == 0
+    assert main(["doctor", "--model", f"{FRAGILE}:overflow_net", "--data", f"{FRAGILE}:batches", "--update-steps", "0", "--precision", "fp16", "--out", str(tmp_path)]) == 0
     headers, body = log_table(capsys.readouterr().out)
     expected = module_rows(json.loads((tmp_path / "doctor.json").read_text()))
     assert headers == expected.headers and len(" ".join(headers)) > 80
@@ -86,7 +89,7 @@ def test_compile_flag_checks_the_compiled_step_and_reports_it(tmp_path: Path, ca
     import torch
 
     torch._dynamo.reset()
-    argv = ["doctor", "--model", f"{FRAGILE}:overflow_net", "--data", f"{FRAGILE}:batches", "--steps", "1", "--precision", "bf16-mixed"]
+    argv = ["doctor", "--model", f"{FRAGILE}:overflow_net", "--data", f"{FRAGILE}:batches", "--steps", "1", "--update-steps", "0", "--precision", "bf16-mixed"]
     assert main([*argv, "--out", str(tmp_path), "--compile", "--compile-backend", "aot_eager"]) == 0
     check = json.loads((tmp_path / "doctor.json").read_text())["compile_check"]
     assert check["agrees"] and check["compile"] == "compile={'backend': 'aot_eager', 'regional': False}"

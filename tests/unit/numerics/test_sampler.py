@@ -334,7 +334,7 @@ def test_several_models_are_prefixed_by_index() -> None:
 
 @pytest.mark.parametrize(
     "precision, accumulate",
-    [("16-mixed", 1), ("16-mixed", 2), ("bf16-mixed", 1), ("16-true-masters", 2), ("32-true", 1)],
+    [("16-mixed", 1), ("16-mixed", 2), ("bf16-mixed", 1), ("16-true-masters", 2), ("32-true", 1), ("bf16-true", 1), ("bf16-true", 2)],
 )
 def test_training_is_bitwise_unchanged_by_sampling(precision: str, accumulate: int, device: torch.device) -> None:
     skip_unless_supported(precision, device)
@@ -373,15 +373,20 @@ def _syncs_in_a_step(device: torch.device, precision: str, numerics: NumericsSam
     return sum("synchronizing" in str(w.message) for w in caught)
 
 
-def test_a_sampled_step_adds_exactly_one_host_device_sync(device: torch.device, mixed_policy: str) -> None:
-    """Treatment: the step the sampler reads (hooks on every module, every gradient); control: the same step
-    without a sampler. The sample's statistics come back in one transfer, so the difference is exactly one."""
+@pytest.mark.parametrize("audited", [False, True], ids=["mixed", "bf16-true"])
+def test_a_sampled_step_adds_exactly_one_host_device_sync(device: torch.device, mixed_policy: str, audited: bool) -> None:
+    """Treatment: the step the sampler reads (hooks on every module, every gradient; under bf16-true also the
+    update audit's shadow step); control: the same step without a sampler. The sample's statistics come back in
+    one transfer, so the difference is exactly one."""
     if device.type != "cuda":
         pytest.skip("counts syncs with torch.cuda.set_sync_debug_mode; on the CPU the host is the device")
-    control = _syncs_in_a_step(device, mixed_policy, None)
+    precision = "bf16-true" if audited else mixed_policy
+    skip_unless_supported(precision, device)
+    control = _syncs_in_a_step(device, precision, None)
     sampler = NumericsSampler(every=3)
-    treatment = _syncs_in_a_step(device, mixed_policy, sampler)
+    treatment = _syncs_in_a_step(device, precision, sampler)
     assert sampler.last is not None and sampler.last.step == 3 and sampler.last.activations
+    assert (sampler.last.updates is not None) == audited
     assert treatment - control == 1, f"{treatment} syncs with the sampler, {control} without"
 
 

@@ -1,0 +1,190 @@
+"""The doctor's update-precision check: does ``bf16-true`` lose updates, and which remedy recovers fp32's training?
+
+:func:`check_update_precision` trains ``steps`` optimizer steps of copies of the model from the same weights, on the
+same batches with the same dropout masks: ``32-true`` (the control), ``bf16-true`` with the update audit
+(:mod:`~ampkit.numerics.update_audit`) on every step and, if updates are lost, each remedy of
+:data:`~ampkit.numerics.update_audit.REMEDIES` in the registry, cheapest first. Each run is judged on a held-out
+batch in fp32 (same dropout mask): policy ``P`` *recovers* fp32's trajectory when its loss decrease over the steps is
+at least :data:`RECOVERED_SHARE` of fp32's, ``L0 - L_K(P) >= RECOVERED_SHARE * (L0 - L_K(fp32))``. The cheapest
+remedy that recovers is prescribed.
+
+    >>> from torch import nn
+    >>> torch.manual_seed(0); model = nn.Linear(4, 2)  # doctest: +ELLIPSIS
+    <...>
+    >>> batches = [(torch.randn(8, 4), torch.randn(8, 2)) for _ in range(3)]
+    >>> check = check_update_precision(model, batches[:2], batches[2], nn.functional.mse_loss,
+    ...                                lambda ps: torch.optim.SGD(ps, lr=0.1), steps=2)
+    >>> check.lost, check.prescribed, [t.policy for t in check.trials]
+    (False, None, ['bf16-true'])
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from .._util.model_io import batch_parts, call_model, output_as_float
+from ..policy import policy_names
+from .compare import LossFn, seeded
+from .update_audit import REMEDIES, UpdateAudit, UpdateReport
+
+if TYPE_CHECKING:
+    from ..training.engine import Engine
+
+__all__ = ["UpdatePrecision", "RemedyTrial", "check_update_precision", "RECOVERED_SHARE", "AUDITED_POLICY"]
+
+RECOVERED_SHARE = 0.9
+"""A policy recovers fp32's trajectory when its held-out loss falls by at least this share of what fp32's falls in the
+same steps: close enough that the run follows fp32's, with room for the rounding every 16-bit forward adds."""
+AUDITED_POLICY = "bf16-true"
+"""The policy audited: bf16 weights stepped directly, the one the remedies keep the model format of."""
+
+
+@dataclass(frozen=True)
+class RemedyTrial:
+    """One policy trained for the check's steps: its held-out loss and whether it recovers fp32's decrease."""
+
+    policy: str
+    bytes_per_param: int | None
+    """Bytes per parameter it adds beside the bf16 model (None for the audited policy itself)."""
+    loss: float
+    recovered: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"policy": self.policy, "bytes_per_param": self.bytes_per_param, "loss": self.loss, "recovered": self.recovered}
+
+
+@dataclass
+class UpdatePrecision:
+    """What :func:`check_update_precision` found (doctor.json's ``update_precision``)."""
+
+    steps: int
+    initial_loss: float
+    fp32_loss: float
+    params: dict[str, dict[str, Any]]
+    """Per parameter under ``bf16-true``, over all the steps (:meth:`UpdateReport.merge`): ``lost_share``,
+    ``discarded_share`` (averaged), ``decay_lost_share``, ``nonfinite``."""
+    lost: bool
+    """Whether ``bf16-true`` loses updates: the audit over all steps warns (:meth:`UpdateReport.problems`), or it
+    does not recover fp32's decrease."""
+    problems: list[str] = field(default_factory=list)
+    trials: list[RemedyTrial] = field(default_factory=list)
+    """``bf16-true`` first, then the remedies tried, cheapest first."""
+    skipped: list[str] = field(default_factory=list)
+    """Remedies not in this ampkit's policy registry."""
+    prescribed: str | None = None
+    """The cheapest remedy that recovers; None when nothing is lost or no remedy recovers."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "steps": self.steps, "policy": AUDITED_POLICY, "recovered_share": RECOVERED_SHARE, "initial_loss": self.initial_loss,
+            "fp32_loss": self.fp32_loss, "lost": self.lost, "problems": list(self.problems), "params": self.params,
+            "trials": [t.to_dict() for t in self.trials], "skipped": list(self.skipped), "prescribed": self.prescribed,
+        }
+
+
+def check_update_precision(
+    model: nn.Module,
+    batches: Sequence[Any],
+    held_out: Any,
+    loss_fn: LossFn,
+    optimizer: Callable[[Any], torch.optim.Optimizer],
+    *,
+    steps: int = 8,
+    seed: int = 0,
+) -> UpdatePrecision:
+    """Train ``steps`` steps on ``batches`` (step ``i`` on ``batches[i % len(batches)]``) under ``32-true``,
+    ``bf16-true`` (audited) and, if updates are lost, the remedies; judge each on ``held_out``. ``model`` is left
+    untouched."""
+    if steps < 1:
+        raise ValueError(f"check_update_precision(steps={steps}): steps must be >= 1 (optimizer steps per policy).")
+    initial = _held_out_loss(model, None, held_out, loss_fn, seed)
+    fp32 = _train(model, batches, loss_fn, optimizer, "32-true", steps, seed)[0]
+    fp32_loss = _held_out_loss(model, fp32, held_out, loss_fn, seed)
+
+    def trial(policy: str, nbytes: int | None) -> tuple[RemedyTrial, list[UpdateReport]]:
+        trained, reports = _train(model, batches, loss_fn, optimizer, policy, steps, seed, audit=nbytes is None)
+        loss = _held_out_loss(model, trained, held_out, loss_fn, seed)
+        # fp32 must have gone down for a decrease to be recovered; a rise is no trajectory to follow.
+        recovered = fp32_loss < initial and initial - loss >= RECOVERED_SHARE * (initial - fp32_loss)
+        return RemedyTrial(policy, nbytes, loss, bool(recovered)), reports
+
+    audited, reports = trial(AUDITED_POLICY, None)
+    merged = UpdateReport.merge(reports)
+    problems = merged.problems()
+    result = UpdatePrecision(
+        steps=steps, initial_loss=initial, fp32_loss=fp32_loss, params={n: u.to_dict() for n, u in merged.params.items()},
+        lost=bool(problems) or (fp32_loss < initial and not audited.recovered), problems=problems, trials=[audited],
+    )
+    if not result.lost:
+        return result
+    known = set(policy_names())
+    for name, nbytes in REMEDIES:
+        if name not in known:
+            result.skipped.append(name)
+            continue
+        tried = trial(name, nbytes)[0]
+        result.trials.append(tried)
+        if tried.recovered:
+            result.prescribed = name
+            break
+    return result
+
+
+class _AuditEveryStep:
+    """A step hook: the update audit of every optimizer step, read at once (the doctor is not a training loop)."""
+
+    def __init__(self) -> None:
+        self.audit, self.reports = UpdateAudit(), []  # type: ignore[var-annotated]
+
+    def before_optimizer_step(self, engine: "Engine") -> None:
+        self.audit.arm(engine.optimizers, {id(p): n for n, p in engine.named_parameters()})
+
+    def after_optimizer_step(self, engine: "Engine") -> None:
+        self.audit.disarm()
+        stats = self.audit.stats()
+        self.reports.append(self.audit.report(stats.flatten().tolist() if stats is not None else []))
+
+
+def _train(
+    model: nn.Module, batches: Sequence[Any], loss_fn: LossFn, optimizer: Callable[[Any], torch.optim.Optimizer],
+    precision: str, steps: int, seed: int, *, audit: bool = False,
+) -> tuple[dict[str, torch.Tensor], list[UpdateReport]]:
+    """``steps`` steps of a copy of ``model`` under ``precision``: its trained weights (the fp32 masters where it has
+    them: they are the trajectory, the model holds them rounded) and the audit of each step."""
+    from ..training.engine import Engine  # the engine imports the policies; imported here to keep this module light
+
+    hook = _AuditEveryStep() if audit else None
+    work = copy.deepcopy(model).float()
+    device = next((p.device for p in work.parameters()), torch.device("cpu"))
+    engine = Engine(precision, hooks=[hook] if hook is not None else [])
+    work, _ = engine.setup(work, optimizer(work.parameters()))
+    work.train()
+    for i in range(steps):
+        inputs, target = batch_parts(batches[i % len(batches)])
+        with seeded(seed + i, device), engine.autocast():
+            loss = loss_fn(output_as_float(call_model(work, inputs)), target)
+        engine.backward(loss)
+        engine.step()
+    trained = {k: v.detach().float() for k, v in work.state_dict().items()}
+    if engine.masters is not None:
+        trained.update(engine.masters.state_dict())
+    return trained, hook.reports if hook is not None else []
+
+
+@torch.no_grad()
+def _held_out_loss(model: nn.Module, weights: dict[str, torch.Tensor] | None, batch: Any, loss_fn: LossFn, seed: int) -> float:
+    """The fp32 loss of ``model`` with ``weights`` (None: its own) on ``batch``, in training mode with the dropout
+    mask ``seed`` draws."""
+    work = copy.deepcopy(model).float().train()
+    if weights is not None:
+        work.load_state_dict(weights)
+    device = next((p.device for p in work.parameters()), torch.device("cpu"))
+    inputs, target = batch_parts(batch)
+    with seeded(seed, device):
+        return float(loss_fn(output_as_float(call_model(work, inputs)), target))

@@ -1,0 +1,108 @@
+"""The doctor's update-precision check against control runs written here in plain torch.
+
+A model built to lose updates: weights of magnitude 1 to 2 under AdamW at lr 1e-3, so each step moves a weight
+by about 1e-3, below bf16's half-gap there (2^-9 to 2^-8 of it), while eight fp32 steps add up to more than a gap.
+The controls train the same weights on the same batches with the same dropout masks: fp32, and bf16 weights
+stepped directly; the remedy prescribed must meet the bound against them and bf16 must not.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from ampkit import Engine
+from ampkit.numerics import diagnose
+from ampkit.numerics.compare import seeded
+from ampkit.numerics.update_audit import REMEDIES
+from ampkit.numerics.update_remedy import RECOVERED_SHARE, check_update_precision
+from ampkit.policy import policy_names
+
+STEPS = 8
+
+
+def losing_model(seed: int = 0) -> nn.Sequential:
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Dropout(0.1), nn.Linear(16, 2))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.where(torch.rand_like(p) < 0.5, -1.0, 1.0) * (1 + torch.rand_like(p)))
+    return model
+
+
+def data(n: int = 4) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(16, 8, generator=g), torch.randn(16, 2, generator=g)) for _ in range(n)]
+
+
+def adamw(params):
+    return torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01)
+
+
+def held_out_loss(model: nn.Module, batch) -> float:
+    with torch.no_grad(), seeded(0, torch.device("cpu")):
+        return float(nn.functional.mse_loss(model.float().train()(batch[0]), batch[1]))
+
+
+def control_run(model: nn.Module, batches, dtype: torch.dtype) -> nn.Module:
+    """Plain torch: ``STEPS`` AdamW steps of the weights in ``dtype``, step ``i`` with dropout seeded ``i``."""
+    work = copy.deepcopy(model).to(dtype)
+    opt = adamw(work.parameters())
+    for i in range(STEPS):
+        x, y = batches[i % len(batches)]
+        with seeded(i, torch.device("cpu")):
+            nn.functional.mse_loss(work(x.to(dtype)).float(), y).backward()
+        opt.step()
+        opt.zero_grad()
+    return work
+
+
+def test_lost_updates_get_the_cheapest_remedy_that_meets_the_bound_against_controls() -> None:
+    model, (*train, held) = losing_model(), data()
+    check = check_update_precision(model, train, held, nn.functional.mse_loss, adamw, steps=STEPS)
+
+    initial = held_out_loss(copy.deepcopy(model), held)
+    fp32 = held_out_loss(control_run(model, train, torch.float32), held)
+    bf16 = held_out_loss(control_run(model, train, torch.bfloat16), held)
+    assert check.initial_loss == pytest.approx(initial, rel=1e-6) and check.fp32_loss == pytest.approx(fp32, rel=1e-6)
+    assert fp32 < initial and initial - bf16 < RECOVERED_SHARE * (initial - fp32), "the control must lose what fp32 gains"
+
+    assert check.lost and check.params["0.weight"]["lost_share"] == 1.0 and check.params["0.weight"]["decay_lost_share"] == 1.0
+    registered = [name for name, _ in REMEDIES if name in policy_names()]
+    assert check.prescribed == registered[0]
+    assert check.skipped == [name for name, _ in REMEDIES if name not in policy_names()][: len(check.skipped)]
+    assert check.trials[0].policy == "bf16-true" and not check.trials[0].recovered
+    remedy = check.trials[-1]
+    assert remedy.policy == check.prescribed and remedy.recovered
+    # The prescription, retrained here through the Engine and judged by the control's bound.
+    engine = Engine(check.prescribed)
+    work = copy.deepcopy(model)
+    work, _ = engine.setup(work, adamw(work.parameters()))
+    for i in range(STEPS):
+        x, y = train[i % len(train)]
+        with seeded(i, torch.device("cpu")), engine.autocast():
+            loss = nn.functional.mse_loss(work(x).float(), y)
+        engine.backward(loss)
+        engine.step()
+    trained = copy.deepcopy(model)
+    trained.load_state_dict(engine.masters.state_dict())
+    assert initial - held_out_loss(trained, held) >= RECOVERED_SHARE * (initial - fp32)
+    assert held_out_loss(trained, held) == pytest.approx(remedy.loss, rel=1e-6)
+
+
+def test_updates_that_land_prescribe_nothing() -> None:
+    model, (*train, held) = losing_model(), data()
+    check = check_update_precision(model, train, held, nn.functional.mse_loss, lambda ps: torch.optim.SGD(ps, lr=0.05), steps=4)
+    assert not check.lost and check.prescribed is None and [t.policy for t in check.trials] == ["bf16-true"]
+    assert check.trials[0].recovered and check.params and not check.problems
+
+
+def test_diagnose_carries_the_check_to_doctor_json_only_with_an_optimizer() -> None:
+    batches = data()
+    with_opt = diagnose(losing_model(), batches, nn.functional.mse_loss, steps=2, target="bf16-mixed", optimizer=adamw, update_steps=2)
+    assert with_opt.update_precision is not None and with_opt.to_dict()["update_precision"]["steps"] == 2
+    without = diagnose(losing_model(), batches, nn.functional.mse_loss, steps=2, target="bf16-mixed")
+    assert without.update_precision is None and without.to_dict()["update_precision"] is None
