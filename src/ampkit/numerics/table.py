@@ -293,8 +293,8 @@ def update_lines(data: dict[str, Any], top: int = 5) -> list[str]:
     for t in data.get("trials", []):
         cost = f" (+{t['bytes_per_param']} B/param)" if t.get("bytes_per_param") is not None else ""
         lines.append(f"  {t['policy']}{cost}: held-out loss {t['loss']:.4g}, {'recovers' if t['recovered'] else 'does not recover'} fp32's decrease")
-    if data.get("skipped"):
-        lines.append(f"  not in this ampkit: {', '.join(data['skipped'])}")
+    for name, why in (data.get("skipped") or {}).items():
+        lines.append(f"  {name}: not tried: {why}")
     prescribed = data.get("prescribed")
     lines.append(f"Prescribed: Engine(precision=\"{prescribed}\")" if prescribed else "No remedy tried recovers fp32's decrease: keep fp32 masters or train longer to judge")
     return lines

@@ -29,7 +29,8 @@ import torch
 from torch import nn
 
 from .._util.model_io import batch_parts, call_model, output_as_float
-from ..policy import policy_names
+from ..errors import one_line
+from ..policy import get_policy, policy_names
 from .compare import LossFn, seeded
 from .update_audit import REMEDIES, UpdateAudit, UpdateReport
 
@@ -43,6 +44,11 @@ RECOVERED_SHARE = 0.9
 same steps: close enough that the run follows fp32's, with room for the rounding every 16-bit forward adds."""
 AUDITED_POLICY = "bf16-true"
 """The policy audited: bf16 weights stepped directly, the one the remedies keep the model format of."""
+STOCHASTIC_REMEDIES = frozenset({"bf16-true-sr"})
+"""Remedies whose updates round at random: their trajectory over a few steps depends on the draws."""
+STOCHASTIC_SEEDS = 3
+"""A stochastic remedy recovers only if it does with each of this many random streams (the same batches and dropout
+masks): over a check's few steps one lucky stream can land within the bound while the next misses it."""
 
 
 @dataclass(frozen=True)
@@ -75,8 +81,9 @@ class UpdatePrecision:
     problems: list[str] = field(default_factory=list)
     trials: list[RemedyTrial] = field(default_factory=list)
     """``bf16-true`` first, then the remedies tried, cheapest first."""
-    skipped: list[str] = field(default_factory=list)
-    """Remedies not in this ampkit's policy registry."""
+    skipped: dict[str, str] = field(default_factory=dict)
+    """Remedies not tried, and why: not in this ampkit's registry, cannot run on the device (a library missing),
+    or refused the optimizer (stochastic rounding takes Adam and AdamW only)."""
     prescribed: str | None = None
     """The cheapest remedy that recovers; None when nothing is lost or no remedy recovers."""
 
@@ -84,7 +91,7 @@ class UpdatePrecision:
         return {
             "steps": self.steps, "policy": AUDITED_POLICY, "recovered_share": RECOVERED_SHARE, "initial_loss": self.initial_loss,
             "fp32_loss": self.fp32_loss, "lost": self.lost, "problems": list(self.problems), "params": self.params,
-            "trials": [t.to_dict() for t in self.trials], "skipped": list(self.skipped), "prescribed": self.prescribed,
+            "trials": [t.to_dict() for t in self.trials], "skipped": dict(self.skipped), "prescribed": self.prescribed,
         }
 
 
@@ -107,8 +114,8 @@ def check_update_precision(
     fp32 = _train(model, batches, loss_fn, optimizer, "32-true", steps, seed)[0]
     fp32_loss = _held_out_loss(model, fp32, held_out, loss_fn, seed)
 
-    def trial(policy: str, nbytes: int | None) -> tuple[RemedyTrial, list[UpdateReport]]:
-        trained, reports = _train(model, batches, loss_fn, optimizer, policy, steps, seed, audit=nbytes is None)
+    def trial(policy: str, nbytes: int | None, stream: int = seed) -> tuple[RemedyTrial, list[UpdateReport]]:
+        trained, reports = _train(model, batches, loss_fn, optimizer, policy, steps, seed, audit=nbytes is None, stream=stream)
         loss = _held_out_loss(model, trained, held_out, loss_fn, seed)
         # fp32 must have gone down for a decrease to be recovered; a rise is no trajectory to follow.
         recovered = fp32_loss < initial and initial - loss >= RECOVERED_SHARE * (initial - fp32_loss)
@@ -124,11 +131,23 @@ def check_update_precision(
     if not result.lost:
         return result
     known = set(policy_names())
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
     for name, nbytes in REMEDIES:
         if name not in known:
-            result.skipped.append(name)
+            result.skipped[name] = "not in this ampkit's policy registry"
             continue
-        tried = trial(name, nbytes)[0]
+        support = get_policy(name).support(device)
+        if not support.supported:
+            result.skipped[name] = support.reason
+            continue
+        try:
+            tried = trial(name, nbytes)[0]
+        except ValueError as error:  # the policy refuses this optimizer, naming why (e.g. SGD under stochastic rounding)
+            result.skipped[name] = one_line(error)
+            continue
+        if tried.recovered and name in STOCHASTIC_REMEDIES:
+            recovered = all(trial(name, nbytes, stream=seed + k)[0].recovered for k in range(1, STOCHASTIC_SEEDS))
+            tried = RemedyTrial(name, nbytes, tried.loss, recovered)
         result.trials.append(tried)
         if tried.recovered:
             result.prescribed = name
@@ -153,10 +172,11 @@ class _AuditEveryStep:
 
 def _train(
     model: nn.Module, batches: Sequence[Any], loss_fn: LossFn, optimizer: Callable[[Any], torch.optim.Optimizer],
-    precision: str, steps: int, seed: int, *, audit: bool = False,
+    precision: str, steps: int, seed: int, *, audit: bool = False, stream: int | None = None,
 ) -> tuple[dict[str, torch.Tensor], list[UpdateReport]]:
     """``steps`` steps of a copy of ``model`` under ``precision``: its trained weights (the fp32 masters where it has
-    them: they are the trajectory, the model holds them rounded) and the audit of each step."""
+    them: they are the trajectory, the model holds them rounded) and the audit of each step. Step ``i``'s forward
+    draws its dropout from ``seed + i``; the optimizer's draws come from ``stream`` (default ``seed``)."""
     from ..training.engine import Engine  # the engine imports the policies; imported here to keep this module light
 
     hook = _AuditEveryStep() if audit else None
@@ -165,12 +185,16 @@ def _train(
     engine = Engine(precision, hooks=[hook] if hook is not None else [])
     work, _ = engine.setup(work, optimizer(work.parameters()))
     work.train()
-    for i in range(steps):
-        inputs, target = batch_parts(batches[i % len(batches)])
-        with seeded(seed + i, device), engine.autocast():
-            loss = loss_fn(output_as_float(call_model(work, inputs)), target)
-        engine.backward(loss)
-        engine.step()
+    # The optimizer's own draws (stochastic rounding) come from a seeded stream too: the trial is repeatable, and
+    # the caller's random stream is left as it was. Each forward gets its own seed: the same dropout masks in
+    # every policy's trial.
+    with seeded(seed if stream is None else stream, device):
+        for i in range(steps):
+            inputs, target = batch_parts(batches[i % len(batches)])
+            with seeded(seed + i, device), engine.autocast():
+                loss = loss_fn(output_as_float(call_model(work, inputs)), target)
+            engine.backward(loss)
+            engine.step()
     trained = {k: v.detach().float() for k, v in work.state_dict().items()}
     if engine.masters is not None:
         trained.update(engine.masters.state_dict())
