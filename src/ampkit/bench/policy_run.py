@@ -182,15 +182,20 @@ class PolicyRun:
         self.build()
         assert self.model is not None and self.optimizer is not None and self.engine is not None
         compiled = self.compile is not None
+        # An eager run's measuring steps stay eager even where an optimizer compiles its own step (torchao's, under
+        # bf16-true-sr): torch.compile refuses to trace under the counters' hooks and modes. It compiles in the
+        # warm-up steps that follow.
+        measuring = contextlib.nullcontext() if compiled else torch.compiler.set_stance("force_eager")
         with self._own_rng():
-            with self.timer.step(), SavedActivations(self.model) as saved:
+            with self.timer.step(), SavedActivations(self.model) as saved, measuring:
                 self._step()  # a compiled run compiles here
             if compiled:  # timed too: a second step may recompile (e.g. once the optimizer state exists)
                 with self.timer.step():
                     self._step()
             elif flops:  # eager only: a compiled step would trace again under FlopCounterMode (the runner copies the count)
                 try:
-                    self.result.flops_per_step = float(count_flops(self._step))
+                    with torch.compiler.set_stance("force_eager"):
+                        self.result.flops_per_step = float(count_flops(self._step))
                 except Exception as exc:  # counting is a nicety; a model it cannot trace still gets timed
                     log.warning("FLOP counting failed under %s (%s); no FLOP/s for this run", self.precision, one_line(exc, with_type=True))
                     self._step()
