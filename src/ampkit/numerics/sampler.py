@@ -132,7 +132,8 @@ class NumericsSampler:
         Where the optimizer steps 16-bit weights directly, the read waits for the step, whose update is audited."""
         if self.due(engine.steps):
             taken = self._take(engine)
-            if self.updates and self._audit.arm(engine.optimizers, _param_names(engine)):
+            # Kahan sums and stochastic rounding carry what one step rounds away: no single step shows their loss.
+            if self.updates and not engine.policy.remedies_rounding and self._audit.arm(engine.optimizers, _param_names(engine)):
                 self._taken = taken
             else:
                 self._read(taken, None)

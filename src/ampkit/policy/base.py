@@ -45,6 +45,9 @@ class Policy:
     compute_dtype: ClassVar[torch.dtype | None] = None
     master_weights: ClassVar[bool] = False
     master_remainders: ClassVar[bool] = False  # masters kept as bf16 weight + int16 remainder (2 B/param, not 8)
+    # The 16-bit weights' updates are compensated (Kahan) or stochastically rounded: what one step rounds away is
+    # not lost, so a per-step audit of lost updates would misreport it.
+    remedies_rounding: ClassVar[bool] = False
     loss_scaling: ClassVar[LossScaling] = "none"
     description: ClassVar[str] = ""
 

@@ -23,6 +23,7 @@ __all__ = ["BF16TrueKahan", "BF16TrueSR"]
 @dataclass(frozen=True, kw_only=True)
 class _Lowbit(BF16True):
     method: ClassVar[LowbitMethod]
+    remedies_rounding: ClassVar[bool] = True
 
     def _support(self, device: torch.device) -> Support:
         # Without the optional library the policy cannot run: said here, tools that list the policies a device
