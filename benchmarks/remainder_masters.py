@@ -1,13 +1,12 @@
 """Remainder masters against fp32 masters: bitwise equality over a real run, the ties that can break it, the cost.
 
-``bf16-true-remainder`` keeps each fp32 master as its bf16 weight plus an int16 remainder (2 B/param between steps
-instead of 8). One case in 2^16 of the fp32 values is not held exactly: a master whose low 16 bits are exactly
-0x8000 and that rounds *down* to its even bf16 weight comes back one fp32 ulp nearer zero
-(:mod:`ampkit.training.remainder_bits`). This script trains a built-in workload under both policies from the same
-weights on the same batches, and after every step:
+``bf16-true-remainder`` keeps each fp32 master as its bf16 weight plus an int16 remainder and a tie bit (2.125 B/param
+between steps instead of 8). The tie bit holds the one case an int16 cannot: a master whose low 16 bits are exactly
+0x8000 and that rounds *down* to its even bf16 weight (:mod:`ampkit.training.remainder_bits`). This script trains a
+built-in workload under both policies from the same weights on the same batches, and after every step:
 
-- counts, in the fp32 masters of ``bf16-true-masters``, the values the step changed that remainder storage would
-  saturate (the *ties*): how often the exactness caveat is met in practice;
+- counts, in the fp32 masters of ``bf16-true-masters``, the values the step changed that land on such a tie: how
+  often the tie bit is needed in practice (without it each would come back one fp32 ulp off);
 - compares the two runs bit for bit (the losses, the bf16 model, the fp32 masters) and records the first step
   where they differ, if any, and how many master values differ at the end.
 
@@ -42,7 +41,7 @@ SMOKE = {"workload": "gpt", "size": "tiny", "steps": 4}
 
 
 def saturated_ties(masters: dict[str, torch.Tensor], before: dict[str, torch.Tensor]) -> int:
-    """How many values of ``masters`` that changed since ``before`` remainder storage would not hold exactly.
+    """How many values of ``masters`` that changed since ``before`` need the tie bit (an int16 alone cannot hold them).
 
     The only remainder int16 cannot hold is +32768: a tie rounded down to its even bf16 neighbour. A value that did
     not change is not counted again: its tie was met (and counted) when it was made.
@@ -133,13 +132,13 @@ def main(argv: list[str] | None = None) -> int:
     r = run(args.workload, args.size, args.steps)
     print(f"# {r['workload']} {r['size']}: {r['params_bf16'] / 1e6:.2f} M bf16 parameters, {r['steps']} steps, the two runs alternating step by step")
     same = "bitwise equal at every step" if r["first_diff_step"] is None else f"first differ after step {r['first_diff_step']}"
-    print(f"saturated ties met: {r['ties']} ({r['tie_rate']:.2e} per value per step); the runs are {same}; "
+    print(f"ties met (held by the tie bit): {r['ties']} ({r['tie_rate']:.2e} per value per step); the runs are {same}; "
           f"fp32 masters differing at the end: {r['masters_differing']}")
     print("| policy | masters' bytes/param between steps | inside the step | step time (median) |")
     print("| --- | ---: | ---: | ---: |")
     for name in ("bf16-true-masters", "bf16-true-remainder"):
         inside = 8.0 if name == "bf16-true-masters" else r["bytes_inside_step"]
-        print(f"| {name} | {r['bytes_between'][name]:.2f} | {inside:.2f} | {r['step_s'][name] * 1e3:.1f} ms |")
+        print(f"| {name} | {r['bytes_between'][name]:.3f} | {inside:.3f} | {r['step_s'][name] * 1e3:.1f} ms |")
     ratio = r["step_s"]["bf16-true-remainder"] / r["step_s"]["bf16-true-masters"]
     print(f"remainder step time / fp32 masters': {ratio:.2f}x")
     return 0

@@ -54,14 +54,14 @@ DECAY_LOST_WARN = 0.5
 """Share of decayed weights on which the decay step alone is below half a gap of the weight's dtype, above which a
 sample warns: most of the model is then not decayed at all."""
 
-REMEDIES: tuple[tuple[str, int], ...] = (
+REMEDIES: tuple[tuple[str, float], ...] = (
     ("bf16-true-sr", 0),
     ("bf16-true-kahan", 2),
-    ("bf16-true-remainder", 2),
+    ("bf16-true-remainder", 2.125),
     ("bf16-true-masters", 8),
 )
 """Policies that keep small updates, cheapest first, with the bytes per parameter each adds beside the bf16 model:
-stochastic rounding (none), a Kahan compensation buffer (2), an int16 remainder between steps (2), an fp32 master
+stochastic rounding (none), a Kahan compensation buffer (2), an int16 remainder and a tie bit between steps (2.125), an fp32 master
 and fp32 gradient (8)."""
 
 # Columns of a parameter's row in the stacked statistics.

@@ -56,7 +56,7 @@ class RemedyTrial:
     """One policy trained for the check's steps: its held-out loss and whether it recovers fp32's decrease."""
 
     policy: str
-    bytes_per_param: int | None
+    bytes_per_param: float | None
     """Bytes per parameter it adds beside the bf16 model (None for the audited policy itself)."""
     loss: float
     recovered: bool
@@ -114,7 +114,7 @@ def check_update_precision(
     fp32 = _train(model, batches, loss_fn, optimizer, "32-true", steps, seed)[0]
     fp32_loss = _held_out_loss(model, fp32, held_out, loss_fn, seed)
 
-    def trial(policy: str, nbytes: int | None, stream: int = seed) -> tuple[RemedyTrial, list[UpdateReport]]:
+    def trial(policy: str, nbytes: float | None, stream: int = seed) -> tuple[RemedyTrial, list[UpdateReport]]:
         trained, reports = _train(model, batches, loss_fn, optimizer, policy, steps, seed, audit=nbytes is None, stream=stream)
         loss = _held_out_loss(model, trained, held_out, loss_fn, seed)
         # fp32 must have gone down for a decrease to be recovered; a rise is no trajectory to follow.

@@ -44,7 +44,7 @@ class Policy:
     param_dtype: ClassVar[torch.dtype] = torch.float32
     compute_dtype: ClassVar[torch.dtype | None] = None
     master_weights: ClassVar[bool] = False
-    master_remainders: ClassVar[bool] = False  # masters kept as bf16 weight + int16 remainder (2 B/param, not 8)
+    master_remainders: ClassVar[bool] = False  # masters kept as bf16 weight + int16 remainder + tie bit (2.125 B/param, not 8)
     # The 16-bit weights' updates are compensated (Kahan) or stochastically rounded: what one step rounds away is
     # not lost, so a per-step audit of lost updates would misreport it.
     remedies_rounding: ClassVar[bool] = False

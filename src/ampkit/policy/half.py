@@ -108,7 +108,7 @@ class BF16TrueMasters(_Half):
 @dataclass(frozen=True, kw_only=True)
 class BF16TrueRemainder(BF16TrueMasters):
     """``bf16-true-remainder``: ``bf16-true-masters``' training, bit for bit, with the masters kept as int16
-    remainders of the bf16 weights (2 bytes per parameter instead of 8; see :mod:`ampkit.training.remainder_masters`)."""
+    remainders and tie bits of the bf16 weights (2.125 bytes per parameter instead of 8; see :mod:`ampkit.training.remainder_masters`)."""
 
     name: str = "bf16-true-remainder"
     master_remainders: ClassVar[bool] = True

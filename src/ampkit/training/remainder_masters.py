@@ -1,9 +1,10 @@
-"""fp32 master weights stored as the bf16 model weight plus an int16 remainder: 2 bytes per parameter, not 8.
+"""fp32 master weights stored as the bf16 model weight plus an int16 remainder and a tie bit: 2.125 bytes per
+parameter, not 8.
 
 :class:`~ampkit.training.masters.MasterWeights` keeps an fp32 master and an fp32 gradient buffer per parameter
 for the whole run (8 bytes per parameter beside the 16-bit model). This store keeps only an int16 remainder
-between steps: with the bf16 weight the model already holds, it is the master (see
-:mod:`ampkit.training.remainder_bits` for the exactness argument and its one saturated tie).
+and one tie bit per parameter between steps: with the bf16 weight the model already holds, they are the master,
+bit for bit (see :mod:`ampkit.training.remainder_bits` for why 16 bits alone cannot be exact).
 
 The optimizer still holds, and steps, fp32 ``Parameter`` objects, so any torch optimizer works and its state
 stays fp32. Their storage exists only during the step: :meth:`copy_grads_to_masters` allocates it, rebuilds the
@@ -13,7 +14,7 @@ masters into the model, keeps what rounding lost as the new remainders and frees
 of one flat buffer each, as FSDP frees its unsharded parameters). Memory, per parameter beside the
 bf16 model and its gradient:
 
-- between steps (forward and backward included, where activations peak): 2 bytes (the remainder);
+- between steps (forward and backward included, where activations peak): 2.125 bytes (remainder, tie bit);
 - during the optimizer step: 8 bytes (fp32 master + fp32 gradient; the remainders are freed meanwhile),
   the same as ``MasterWeights`` holds all the time. Every master is whole at once, because one
   ``optimizer.step()`` steps them all and an optimizer may read them together.
@@ -30,7 +31,7 @@ from torch import nn
 
 from .._compat import resize_storages
 from .masters import MasterWeights
-from .remainder_bits import merge_, split_
+from .remainder_bits import add_ties_, merge_, narrow_, split_, tie_bytes
 
 __all__ = ["RemainderMasters"]
 
@@ -83,13 +84,15 @@ class RemainderMasters(MasterWeights):
         self._remainder_flats, self.remainders = _flat_views(
             [torch.zeros(m.shape, dtype=torch.int16, device=m.device) for m in self.masters], torch.int16
         )
+        # One tie bit per value, packed, per flat buffer: the one remainder int16 cannot hold (remainder_bits).
+        self._ties = [torch.zeros(tie_bytes(f.numel()), dtype=torch.uint8, device=f.device) for f in self._master_flats]
         self._live = True  # the fp32 masters hold the values now; the split below moves them
         weights = [torch.empty(m.shape, dtype=torch.bfloat16, device=m.device) for m in self.masters]
         self._split(weights)  # the same rounding as the policy's cast of the model, which follows
 
     def tensors(self) -> list[torch.Tensor]:
         """Every tensor this object holds; freed fp32 storages count 0 bytes (for memory accounting)."""
-        return [*self.remainders, *super().tensors()]
+        return [*self.remainders, *self._ties, *super().tensors()]
 
     def _materialize(self) -> None:
         """Rebuild the fp32 masters from the model and the remainders, then free the remainders."""
@@ -97,6 +100,8 @@ class RemainderMasters(MasterWeights):
             return
         resize_storages(self._master_flats, _nbytes(self._master_flats))
         merge_(self.masters, self.model_params, self.remainders)
+        for flat, ties in zip(self._master_flats, self._ties):
+            add_ties_(flat.view(-1).view(torch.int32), ties)
         resize_storages(self._remainder_flats, None)
         resize_storages(self._grad_flats, _nbytes(self._grad_flats))
         self._live = True
@@ -108,8 +113,8 @@ class RemainderMasters(MasterWeights):
         split_(self.masters, weights, self._grad_buffers)  # the gradient buffers are dead after the step: scratch
         resize_storages(self._grad_flats, None)
         resize_storages(self._remainder_flats, _nbytes(self._remainder_flats))
-        if self.remainders:  # narrowing is exact: split_ left every remainder in int16's range
-            torch._foreach_copy_(self.remainders, [m.view(torch.int32) for m in self.masters])
+        for flat, remainders, ties in zip(self._master_flats, self._remainder_flats, self._ties):
+            narrow_(flat.view(-1).view(torch.int32), remainders.view(-1), ties)
         resize_storages(self._master_flats, None)
         self._live = False
 
@@ -143,17 +148,25 @@ class RemainderMasters(MasterWeights):
         self._grad_flats.append(self._grad_buffers[-1])
         self.remainders.append(torch.zeros(param.shape, dtype=torch.int16, device=param.device))
         self._remainder_flats.append(self.remainders[-1])
+        self._ties.append(torch.zeros(tie_bytes(param.numel()), dtype=torch.uint8, device=param.device))
         if not self._live:
             resize_storages([master, self._grad_buffers[-1]], None)
         return master
 
+    @torch.no_grad()
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """fp32 master values by model parameter name, rebuilt (the same format as ``MasterWeights``)."""
+        """fp32 master values by model parameter name, rebuilt (the same format as ``MasterWeights``).
+
+        Between steps the masters are rebuilt for the copy and split again after it: for that moment the memory is
+        the step's (8 B/param), and the model and the stored remainders come back exactly as they were.
+        """
         if self._live:
             return super().state_dict()
-        out = [torch.empty(m.shape, dtype=torch.float32, device=m.device) for m in self.masters]
-        merge_(out, self.model_params, self.remainders)
-        return dict(zip(self.names, out))
+        self._materialize()
+        try:
+            return super().state_dict()
+        finally:
+            self._split(self.model_params)
 
     @torch.no_grad()
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:

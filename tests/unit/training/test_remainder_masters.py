@@ -13,6 +13,7 @@ from ampkit import Engine
 from ampkit.memory.accounting import tensor_bytes, training_state_bytes
 from ampkit.memory.estimate import estimate
 from ampkit.training.fused_master_step import fused_step_problem
+from ampkit.training.remainder_bits import tie_bytes
 from ampkit.training.remainder_masters import RemainderMasters
 
 OptFactory = Callable[..., torch.optim.Optimizer]
@@ -67,24 +68,45 @@ def test_training_is_bitwise_that_of_fp32_masters(name: str) -> None:
     assert _same_bits(engine.masters.state_dict(), ctrl_engine.masters.state_dict())  # type: ignore[union-attr]
 
 
-def test_masters_cost_2_bytes_per_parameter_between_steps_and_8_only_inside_the_step() -> None:
+def test_a_master_that_lands_on_a_tie_rounded_down_comes_back_exactly() -> None:
+    # 1 + 2^-8 is exactly halfway between the bf16 values 1 and 1 + 2^-7: RNE keeps 1, the remainder is +32768,
+    # which int16 cannot hold. Two SGD steps of -2^-8 from 1 step through it; fp32 masters are the control.
+    masters = {}
+    for policy in ("bf16-true-masters", "bf16-true-remainder"):
+        model = nn.Linear(1, 1, bias=False)
+        nn.init.ones_(model.weight)
+        engine = Engine(policy)
+        model, opt = engine.setup(model, torch.optim.SGD(model.parameters(), lr=1.0))
+        seen = []
+        for _ in range(2):
+            engine.backward(-(2**-8) * model(torch.ones(1, 1)).float().sum())
+            engine.step()
+            seen.append((engine.masters.state_dict()["weight"].clone(), model.weight.detach().clone()))  # type: ignore[union-attr]
+        masters[policy] = seen
+    ctrl, got = masters["bf16-true-masters"], masters["bf16-true-remainder"]
+    assert ctrl[0][0].item() == 1 + 2**-8 and ctrl[0][1].item() == 1.0  # the tie, rounded down to even
+    for (m_ctrl, w_ctrl), (m, w) in zip(ctrl, got):
+        assert torch.equal(m.view(torch.int32), m_ctrl.view(torch.int32)) and torch.equal(w.view(torch.int16), w_ctrl.view(torch.int16))
+
+
+def test_masters_cost_2_125_bytes_per_parameter_between_steps_and_8_only_inside_the_step() -> None:
     ctrl_engine, ctrl_model, ctrl_opt, _ = _run("bf16-true-masters", OPTIMIZERS["adamw"], steps=2)
     engine, model, optimizer, _ = _run("bf16-true-remainder", OPTIMIZERS["adamw"], steps=2)
     n = sum(p.numel() for p in model.parameters() if p.dtype == torch.bfloat16)  # LayerNorm stays fp32, without masters
     assert training_state_bytes(ctrl_model, [ctrl_opt], ctrl_engine.masters)["master_weights"] == 8 * n
-    assert training_state_bytes(model, [optimizer], engine.masters)["master_weights"] == 2 * n
+    assert training_state_bytes(model, [optimizer], engine.masters)["master_weights"] == 2 * n + tie_bytes(n)
     inside: list[int] = []
     optimizer.register_step_pre_hook(lambda *_: inside.append(tensor_bytes(engine.masters.tensors())))  # type: ignore[union-attr]
     _train(engine, model, _batches(1, seed=5))
-    assert inside == [8 * n]  # fp32 master and gradient; the remainders are freed meanwhile
+    assert inside == [8 * n + tie_bytes(n)]  # fp32 master and gradient (the remainders are freed meanwhile); tie bits
 
 
-def test_the_memory_estimate_counts_2_bytes_per_parameter() -> None:
+def test_the_memory_estimate_counts_2_125_bytes_per_parameter() -> None:
     batch = (torch.randn(4, 16), torch.randint(0, 4, (4,)))
     est = {p: estimate(_model(), batch, OPTIMIZERS["adamw"], policy=p, device="cpu") for p in ("bf16-true-masters", "bf16-true-remainder")}
     n = sum(p.numel() for p in _model().parameters()) - 2 * 32  # the LayerNorm keeps fp32, without masters
     assert est["bf16-true-masters"].master_weights == 8 * n
-    assert est["bf16-true-remainder"].master_weights == 2 * n
+    assert est["bf16-true-remainder"].master_weights == 2 * n + tie_bytes(n)
 
 
 def test_the_memory_peak_sees_the_fp32_storage_freed_between_steps() -> None:
@@ -93,7 +115,7 @@ def test_the_memory_peak_sees_the_fp32_storage_freed_between_steps() -> None:
     batch = (torch.randn(2048, 16), torch.randint(0, 4, (2048,)))
     est = {p: estimate(_model(), batch, OPTIMIZERS["adamw"], policy=p, device="cpu") for p in ("bf16-true-masters", "bf16-true-remainder")}
     n = sum(p.numel() for p in _model().parameters()) - 2 * 32
-    assert est["bf16-true-masters"].peak - est["bf16-true-remainder"].peak == 6 * n
+    assert est["bf16-true-masters"].peak - est["bf16-true-remainder"].peak == 6 * n - tie_bytes(n)
 
 
 def test_resume_is_bitwise(tmp_path: Path) -> None:
