@@ -59,6 +59,8 @@ class Run:
     """One policy's engine over the workload, stepping batch by batch and timing each step."""
 
     def __init__(self, policy: str, workload: Any, model: torch.nn.Module) -> None:
+        if workload.channels_last:  # as the bench trains it: the masters must keep this layout
+            model = model.to(memory_format=torch.channels_last)
         self.engine = ampkit.Engine(policy, clip_grad_norm=workload.clip_grad_norm)
         self.model, self.opt = self.engine.setup(model, workload.optimizer(model.parameters()))
         self.workload = workload

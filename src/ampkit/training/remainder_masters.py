@@ -37,7 +37,9 @@ __all__ = ["RemainderMasters"]
 
 
 def _flat_views(tensors: Sequence[torch.Tensor], dtype: torch.dtype) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """One flat buffer per device holding ``tensors``' values, and a view of it for each tensor (same shape).
+    """One flat buffer per device holding ``tensors``' values, and a view of it for each tensor (same shape and
+    memory layout: a channels_last weight keeps its strides, so reductions over it, such as a clipping norm, sum
+    in the same order as over the tensor it replaces).
 
     Freeing or giving back all of them is then one storage resize per device, not one per parameter.
     """
@@ -49,12 +51,19 @@ def _flat_views(tensors: Sequence[torch.Tensor], dtype: torch.dtype) -> tuple[li
     for device, idx in by_device.items():
         flat = torch.empty(sum(tensors[i].numel() for i in idx), dtype=dtype, device=device)
         offset = 0
-        for i in idx:  # narrow, not split: split's views are multi-output, which autograd forbids writing in place
-            views[i] = flat.narrow(0, offset, tensors[i].numel()).view(tensors[i].shape)
-            offset += tensors[i].numel()
+        for i in idx:
+            t = tensors[i]
+            # The strides empty_like would give: t's own where it is dense (channels_last too), else contiguous.
+            views[i] = flat.as_strided(t.shape, torch.empty_like(t, device="meta").stride(), offset)
+            offset += t.numel()
         torch._foreach_copy_([views[i] for i in idx], [tensors[i] for i in idx])
         flats.append(flat)
     return flats, views
+
+
+def _memory_order(t: torch.Tensor) -> torch.Tensor:
+    """A dense tensor's elements as a 1-D view, in the order they lie in memory (for a flat buffer: itself)."""
+    return t.as_strided((t.numel(),), (1,), t.storage_offset())
 
 
 def _nbytes(tensors: Sequence[torch.Tensor]) -> list[int]:
@@ -82,7 +91,7 @@ class RemainderMasters(MasterWeights):
             master.data = view
         self._grad_flats, self._grad_buffers = _flat_views(self._grad_buffers, torch.float32)
         self._remainder_flats, self.remainders = _flat_views(
-            [torch.zeros(m.shape, dtype=torch.int16, device=m.device) for m in self.masters], torch.int16
+            [torch.zeros_like(m, dtype=torch.int16) for m in self.masters], torch.int16
         )
         # One tie bit per value, packed, per flat buffer: the one remainder int16 cannot hold (remainder_bits).
         self._ties = [torch.zeros(tie_bytes(f.numel()), dtype=torch.uint8, device=f.device) for f in self._master_flats]
@@ -101,7 +110,7 @@ class RemainderMasters(MasterWeights):
         resize_storages(self._master_flats, _nbytes(self._master_flats))
         merge_(self.masters, self.model_params, self.remainders)
         for flat, ties in zip(self._master_flats, self._ties):
-            add_ties_(flat.view(-1).view(torch.int32), ties)
+            add_ties_(_memory_order(flat).view(torch.int32), ties)
         resize_storages(self._remainder_flats, None)
         resize_storages(self._grad_flats, _nbytes(self._grad_flats))
         self._live = True
@@ -114,7 +123,7 @@ class RemainderMasters(MasterWeights):
         resize_storages(self._grad_flats, None)
         resize_storages(self._remainder_flats, _nbytes(self._remainder_flats))
         for flat, remainders, ties in zip(self._master_flats, self._remainder_flats, self._ties):
-            narrow_(flat.view(-1).view(torch.int32), remainders.view(-1), ties)
+            narrow_(_memory_order(flat).view(torch.int32), _memory_order(remainders), ties)
         resize_storages(self._master_flats, None)
         self._live = False
 
@@ -146,7 +155,7 @@ class RemainderMasters(MasterWeights):
         # A late parameter keeps storages of its own, freed and given back with the flat ones.
         self._master_flats.append(master)
         self._grad_flats.append(self._grad_buffers[-1])
-        self.remainders.append(torch.zeros(param.shape, dtype=torch.int16, device=param.device))
+        self.remainders.append(torch.zeros_like(master, dtype=torch.int16))
         self._remainder_flats.append(self.remainders[-1])
         self._ties.append(torch.zeros(tie_bytes(param.numel()), dtype=torch.uint8, device=param.device))
         if not self._live:

@@ -68,6 +68,32 @@ def test_training_is_bitwise_that_of_fp32_masters(name: str) -> None:
     assert _same_bits(engine.masters.state_dict(), ctrl_engine.masters.state_dict())  # type: ignore[union-attr]
 
 
+def test_a_channels_last_cnn_with_clipping_trains_bitwise_as_fp32_masters() -> None:
+    # The clipping norm sums each gradient in memory order: the masters must keep the model's channels_last layout.
+    def conv() -> nn.Module:
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Conv2d(3, 32, 3), nn.BatchNorm2d(32), nn.ReLU(), nn.Conv2d(32, 64, 3), nn.Flatten(), nn.LazyLinear(5))
+        net(torch.zeros(1, 3, 8, 8))
+        return net.to(memory_format=torch.channels_last)
+
+    g = torch.Generator().manual_seed(3)
+    batches = [(torch.randn(4, 3, 8, 8, generator=g).to(memory_format=torch.channels_last), torch.randint(0, 5, (4,), generator=g)) for _ in range(4)]
+    runs = {}
+    for policy in ("bf16-true-masters", "bf16-true-remainder"):
+        engine = Engine(policy, clip_grad_norm=0.5)
+        model = conv()
+        model, _ = engine.setup(model, OPTIMIZERS["adamw"](model.parameters()))
+        runs[policy] = (engine, model, _train(engine, model, batches))
+    (ctrl_engine, ctrl_model, ctrl_losses), (engine, model, losses) = runs.values()
+    assert model[0].weight.is_contiguous(memory_format=torch.channels_last)
+    # Strides only: between steps the masters have no storage, and a failing assert must not print their values.
+    strides = [m.stride() for m in engine.masters.masters], [m.stride() for m in ctrl_engine.masters.masters]  # type: ignore[union-attr]
+    assert strides[0] == strides[1]
+    assert torch.equal(_bits(losses), _bits(ctrl_losses))
+    assert _same_bits(engine.masters.state_dict(), ctrl_engine.masters.state_dict())  # type: ignore[union-attr]
+    assert _same_bits(dict(model.named_parameters()), dict(ctrl_model.named_parameters()))
+
+
 def test_a_master_that_lands_on_a_tie_rounded_down_comes_back_exactly() -> None:
     # 1 + 2^-8 is exactly halfway between the bf16 values 1 and 1 + 2^-7: RNE keeps 1, the remainder is +32768,
     # which int16 cannot hold. Two SGD steps of -2^-8 from 1 step through it; fp32 masters are the control.
