@@ -296,7 +296,8 @@ def update_lines(data: dict[str, Any], top: int = 5) -> list[str]:
     for name, why in (data.get("skipped") or {}).items():
         lines.append(f"  {name}: not tried: {why}")
     prescribed = data.get("prescribed")
-    lines.append(f"Prescribed: Engine(precision=\"{prescribed}\")" if prescribed else "No remedy tried recovers fp32's decrease: keep fp32 masters or train longer to judge")
+    keep = f", keep_fp32={data['keep_fp32']}" if data.get("keep_fp32") else ""
+    lines.append(f"Prescribed: Engine(precision=\"{prescribed}\"{keep})" if prescribed else "No remedy tried recovers fp32's decrease: keep fp32 masters or train longer to judge")
     return lines
 
 

@@ -40,6 +40,7 @@ from .._util.units import fmt_share
 
 __all__ = [
     "UpdateAudit", "ParamUpdate", "UpdateReport", "REMEDIES", "UPDATE_LOST_WARN", "UPDATE_DISCARDED_WARN", "DECAY_LOST_WARN",
+    "PARAM_FROZEN_WARN",
 ]
 
 UPDATE_LOST_WARN = 0.25
@@ -50,6 +51,10 @@ tail. Adam-like updates are all about lr in size, so there the share is near 0 o
 UPDATE_DISCARDED_WARN = 0.25
 """Share of the update's norm rounding discards (``||applied - intended|| / ||intended||``) above which a sample
 warns: beyond a quarter the weights follow a different trajectory from the one the optimizer computed."""
+PARAM_FROZEN_WARN = 0.9
+"""Share of one parameter's moving elements that keep their old value above which that parameter alone warns,
+whatever share of the model it is: it is frozen in practice (a normalisation gain at 1.0 under Adam, where bf16's
+gap is 2^-7 and every update is about lr)."""
 DECAY_LOST_WARN = 0.5
 """Share of decayed weights on which the decay step alone is below half a gap of the weight's dtype, above which a
 sample warns: most of the model is then not decayed at all."""
@@ -170,6 +175,10 @@ class UpdateReport:
                 (decay or 0.0, "of the decayed weights never decay (lr * wd * |w| is below half a 16-bit gap)", DECAY_LOST_WARN),
             ) if share > limit
         ]
+        frozen = [u.name for u in self.params.values() if u.moving and u.lost_share >= PARAM_FROZEN_WARN]
+        if frozen:
+            shown = ", ".join(frozen[:5]) + (f" and {len(frozen) - 5} more" if len(frozen) > 5 else "")
+            lost.append(f"{len(frozen)} parameters ({shown}) lose {fmt_share(PARAM_FROZEN_WARN)} or more of their updates: they do not train")
         broken = sum(u.nonfinite for u in self.params.values())
         out = [f"the 16-bit optimizer step made {broken} weights non-finite: step fp32 masters (a -masters policy)"] if broken else []
         if not lost:

@@ -8,6 +8,12 @@ batch in fp32 (same dropout mask): policy ``P`` *recovers* fp32's trajectory whe
 at least :data:`RECOVERED_SHARE` of fp32's, ``L0 - L_K(P) >= RECOVERED_SHARE * (L0 - L_K(fp32))``. The cheapest
 remedy that recovers is prescribed.
 
+Before the policies, one targeted remedy is tried when the parameters that lose their updates are few (under
+:data:`TARGETED_SHARE` of the model's): ``bf16-true`` with the modules that own them kept in fp32
+(``keep_fp32=[...]``). Typically these are the normalisation gains, which start at 1.0, where bf16's gap is 2^-7.
+Their fp32 weights, gradients and optimizer state cost a few bytes per *kept* parameter, a rounding error per model
+parameter, and the optimizer and its speed stay as they are.
+
     >>> from torch import nn
     >>> torch.manual_seed(0); model = nn.Linear(4, 2)  # doctest: +ELLIPSIS
     <...>
@@ -32,18 +38,22 @@ from .._util.model_io import batch_parts, call_model, output_as_float
 from ..errors import one_line
 from ..policy import get_policy, policy_names
 from .compare import LossFn, seeded
-from .update_audit import REMEDIES, UpdateAudit, UpdateReport
+from .update_audit import REMEDIES, UPDATE_DISCARDED_WARN, UPDATE_LOST_WARN, UpdateAudit, UpdateReport
 
 if TYPE_CHECKING:
     from ..training.engine import Engine
 
-__all__ = ["UpdatePrecision", "RemedyTrial", "check_update_precision", "RECOVERED_SHARE", "AUDITED_POLICY"]
+__all__ = ["UpdatePrecision", "RemedyTrial", "check_update_precision", "RECOVERED_SHARE", "AUDITED_POLICY", "TARGETED_SHARE"]
 
 RECOVERED_SHARE = 0.9
 """A policy recovers fp32's trajectory when its held-out loss falls by at least this share of what fp32's falls in the
 same steps: close enough that the run follows fp32's, with room for the rounding every 16-bit forward adds."""
 AUDITED_POLICY = "bf16-true"
 """The policy audited: bf16 weights stepped directly, the one the remedies keep the model format of."""
+TARGETED_SHARE = 0.01
+"""The targeted remedy (their modules in fp32) is tried only when the parameters losing updates hold less than this
+share of the model's: 8 bytes more per kept parameter (fp32 weight, gradient, Adam's two moments) is then under
+0.08 B per model parameter, cheaper than any remedy but stochastic rounding, without changing the optimizer."""
 STOCHASTIC_REMEDIES = frozenset({"bf16-true-sr"})
 """Remedies whose updates round at random: their trajectory over a few steps depends on the draws."""
 STOCHASTIC_SEEDS = 3
@@ -86,12 +96,21 @@ class UpdatePrecision:
     or refused the optimizer (stochastic rounding takes Adam and AdamW only)."""
     prescribed: str | None = None
     """The cheapest remedy that recovers; None when nothing is lost or no remedy recovers."""
+    keep_fp32: list[str] = field(default_factory=list)
+    """With ``prescribed == "bf16-true"``: the modules the targeted remedy keeps in fp32."""
+
+    def engine_kwargs(self) -> dict[str, Any] | None:
+        """What to pass to ``Engine`` for the prescription; None when nothing is prescribed."""
+        if self.prescribed is None:
+            return None
+        return {"precision": self.prescribed, **({"keep_fp32": list(self.keep_fp32)} if self.keep_fp32 else {})}
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "steps": self.steps, "policy": AUDITED_POLICY, "recovered_share": RECOVERED_SHARE, "initial_loss": self.initial_loss,
             "fp32_loss": self.fp32_loss, "lost": self.lost, "problems": list(self.problems), "params": self.params,
             "trials": [t.to_dict() for t in self.trials], "skipped": dict(self.skipped), "prescribed": self.prescribed,
+            "keep_fp32": list(self.keep_fp32),
         }
 
 
@@ -114,12 +133,12 @@ def check_update_precision(
     fp32 = _train(model, batches, loss_fn, optimizer, "32-true", steps, seed)[0]
     fp32_loss = _held_out_loss(model, fp32, held_out, loss_fn, seed)
 
-    def trial(policy: str, nbytes: float | None, stream: int = seed) -> tuple[RemedyTrial, list[UpdateReport]]:
-        trained, reports = _train(model, batches, loss_fn, optimizer, policy, steps, seed, audit=nbytes is None, stream=stream)
+    def trial(policy: str, nbytes: float | None, stream: int = seed, keep: Sequence[str] = (), label: str | None = None) -> tuple[RemedyTrial, list[UpdateReport]]:
+        trained, reports = _train(model, batches, loss_fn, optimizer, policy, steps, seed, audit=nbytes is None, stream=stream, keep_fp32=keep)
         loss = _held_out_loss(model, trained, held_out, loss_fn, seed)
         # fp32 must have gone down for a decrease to be recovered; a rise is no trajectory to follow.
         recovered = fp32_loss < initial and initial - loss >= RECOVERED_SHARE * (initial - fp32_loss)
-        return RemedyTrial(policy, nbytes, loss, bool(recovered)), reports
+        return RemedyTrial(label or policy, nbytes, loss, bool(recovered)), reports
 
     audited, reports = trial(AUDITED_POLICY, None)
     merged = UpdateReport.merge(reports)
@@ -130,6 +149,13 @@ def check_update_precision(
     )
     if not result.lost:
         return result
+    keep, kept_share = _losing_modules(model, merged)
+    if keep and kept_share < TARGETED_SHARE:
+        tried = trial(AUDITED_POLICY, 8 * kept_share, keep=keep, label=f"{AUDITED_POLICY}, keep_fp32={keep}")[0]
+        result.trials.append(tried)
+        if tried.recovered:
+            result.prescribed, result.keep_fp32 = AUDITED_POLICY, keep
+            return result
     known = set(policy_names())
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     for name, nbytes in REMEDIES:
@@ -155,6 +181,18 @@ def check_update_precision(
     return result
 
 
+def _losing_modules(model: nn.Module, report: UpdateReport) -> tuple[list[str], float]:
+    """The modules owning the parameters whose updates the audit found lost (not only their decay), and the share of
+    the model's parameters they hold. Empty when a losing parameter sits on the root module (nothing to name)."""
+    losing = [name for name, u in report.params.items() if u.lost_share >= UPDATE_LOST_WARN or u.discarded >= UPDATE_DISCARDED_WARN]
+    modules = sorted({name.rpartition(".")[0] for name in losing})
+    if not modules or "" in modules:
+        return [], 1.0
+    kept = {id(p) for m in modules for p in model.get_submodule(m).parameters()}
+    total = sum(p.numel() for p in model.parameters())
+    return modules, sum(p.numel() for p in model.parameters() if id(p) in kept) / max(total, 1)
+
+
 class _AuditEveryStep:
     """A step hook: the update audit of every optimizer step, read at once (the doctor is not a training loop)."""
 
@@ -172,7 +210,7 @@ class _AuditEveryStep:
 
 def _train(
     model: nn.Module, batches: Sequence[Any], loss_fn: LossFn, optimizer: Callable[[Any], torch.optim.Optimizer],
-    precision: str, steps: int, seed: int, *, audit: bool = False, stream: int | None = None,
+    precision: str, steps: int, seed: int, *, audit: bool = False, stream: int | None = None, keep_fp32: Sequence[str] = (),
 ) -> tuple[dict[str, torch.Tensor], list[UpdateReport]]:
     """``steps`` steps of a copy of ``model`` under ``precision``: its trained weights (the fp32 masters where it has
     them: they are the trajectory, the model holds them rounded) and the audit of each step. Step ``i``'s forward
@@ -182,7 +220,7 @@ def _train(
     hook = _AuditEveryStep() if audit else None
     work = copy.deepcopy(model).float()
     device = next((p.device for p in work.parameters()), torch.device("cpu"))
-    engine = Engine(precision, hooks=[hook] if hook is not None else [])
+    engine = Engine(precision, keep_fp32=keep_fp32, hooks=[hook] if hook is not None else [])
     work, _ = engine.setup(work, optimizer(work.parameters()))
     work.train()
     # The optimizer's own draws (stochastic rounding) come from a seeded stream too: the trial is repeatable, and

@@ -96,6 +96,33 @@ def test_lost_updates_get_the_cheapest_remedy_that_meets_the_bound_against_contr
     assert held_out_loss(trained, held) == pytest.approx(check.trials[-1].loss, rel=1e-6)
 
 
+def test_a_few_losing_gains_are_kept_in_fp32_before_any_policy_is_tried() -> None:
+    # Gains at 1.0 (bf16's half-gap there is 2^-8) under AdamW at lr 1e-3 never move; the linear weights (|w| < 0.07,
+    # half-gaps under 1.3e-4) do. The LayerNorm holds 0.8% of the parameters: under TARGETED_SHARE.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 512), nn.LayerNorm(512), nn.Tanh(), nn.Linear(512, 2))
+    g = torch.Generator().manual_seed(1)
+    *train, held = [(torch.randn(16, 256, generator=g), torch.randn(16, 2, generator=g)) for _ in range(4)]
+    opt = lambda ps: torch.optim.AdamW(ps, lr=1e-3, weight_decay=0.0)  # noqa: E731
+    check = check_update_precision(model, train, held, nn.functional.mse_loss, opt, steps=4)
+    assert check.lost and check.params["1.weight"]["lost_share"] == 1.0 and check.params["0.weight"]["lost_share"] < 0.25
+    assert check.prescribed == "bf16-true" and check.keep_fp32 == ["1"]
+    assert check.engine_kwargs() == {"precision": "bf16-true", "keep_fp32": ["1"]}
+    assert check.trials[1].policy.startswith("bf16-true, keep_fp32=") and check.trials[1].recovered
+    assert check.trials[1].bytes_per_param == pytest.approx(8 * 1024 / sum(p.numel() for p in model.parameters()))
+    # The control: the prescription moves the gains that plain bf16-true leaves at exactly 1.
+    gains = {}
+    for kwargs in ({"precision": "bf16-true"}, check.engine_kwargs()):
+        engine = Engine(**kwargs)
+        work = copy.deepcopy(model)
+        work, _ = engine.setup(work, opt(work.parameters()))
+        for x, y in train:
+            engine.backward(nn.functional.mse_loss(work(x).float(), y))
+            engine.step()
+        gains[kwargs.get("keep_fp32") is not None] = work[1].weight.detach().float()
+    assert torch.equal(gains[False], torch.ones(512)) and not torch.equal(gains[True], torch.ones(512))
+
+
 def test_a_remedy_that_refuses_the_optimizer_is_skipped_with_its_reason() -> None:
     model, (*train, held) = losing_model(), data()
     sgd = lambda ps: torch.optim.SGD(ps, lr=1e-3)  # noqa: E731 - updates of 1e-3 against half-ulps of 4e-3
@@ -112,9 +139,9 @@ def test_a_stochastic_remedy_must_recover_with_every_stream(monkeypatch: pytest.
     streams: list[int | None] = []
     real = remedy._train
 
-    def lucky_once(model, batches, loss_fn, optimizer, precision, steps, seed, *, audit=False, stream=None):  # type: ignore[no-untyped-def]
+    def lucky_once(model, batches, loss_fn, optimizer, precision, steps, seed, *, audit=False, stream=None, **kwargs):  # type: ignore[no-untyped-def]
         if precision != "bf16-true-sr":
-            return real(model, batches, loss_fn, optimizer, precision, steps, seed, audit=audit, stream=stream)
+            return real(model, batches, loss_fn, optimizer, precision, steps, seed, audit=audit, stream=stream, **kwargs)
         streams.append(stream)
         if stream == seed:  # the first stream lands on fp32's trajectory, the next stays where it started
             return real(model, batches, loss_fn, optimizer, "32-true", steps, seed)
