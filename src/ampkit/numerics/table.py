@@ -291,7 +291,7 @@ def update_lines(data: dict[str, Any], top: int = 5) -> list[str]:
         decay = f", decay {fmt_share(p['decay_lost_share'])} lost" if p.get("decay_lost_share") is not None else ""
         lines.append(f"  {name or '(model)'}: {fmt_share(p['lost_share'])} lost, {fmt_share(p['discarded_share'])} discarded{decay}")
     for t in data.get("trials", []):
-        cost = f" (+{t['bytes_per_param']} B/param)" if t.get("bytes_per_param") is not None else ""
+        cost = f" (+{t['bytes_per_param']:.3g} B/param)" if t.get("bytes_per_param") is not None else ""
         lines.append(f"  {t['policy']}{cost}: held-out loss {t['loss']:.4g}, {'recovers' if t['recovered'] else 'does not recover'} fp32's decrease")
     for name, why in (data.get("skipped") or {}).items():
         lines.append(f"  {name}: not tried: {why}")
