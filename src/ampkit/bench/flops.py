@@ -17,31 +17,25 @@ from collections.abc import Callable
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from ..policy.gpu_specs import GPU_SPECS, gpu_spec
+
 __all__ = ["count_flops", "peak_flops", "PEAK_TFLOPS"]
 
-# name fragment (matched in order, case-insensitive) -> dense peak TFLOP/s for (16-bit, tf32, fp32).
-PEAK_TFLOPS: tuple[tuple[str, tuple[float, float, float]], ...] = (
-    ("H200", (989.4, 494.7, 66.9)),
-    ("H100 PCIe", (756.5, 378.0, 51.2)),
-    ("H100", (989.4, 494.7, 66.9)),  # SXM / HBM3
-    ("A100", (312.0, 156.0, 19.5)),
-    ("L40S", (362.1, 183.0, 91.6)),
-    ("L4", (121.0, 60.0, 30.3)),
-    ("A10", (125.0, 62.5, 31.2)),
-    ("V100", (125.0, 15.7, 15.7)),  # no TF32: tf32 requests run in fp32
-    ("T4", (65.0, 8.1, 8.1)),
+# name fragment (matched in order, case-insensitive) -> dense peak TFLOP/s for (16-bit, tf32, fp32), from the one
+# device table the fp8 roofline also reads.
+PEAK_TFLOPS: tuple[tuple[str, tuple[float, float, float]], ...] = tuple(
+    (s.name, (s.bf16_tflops, s.tf32_tflops, s.fp32_tflops)) for s in GPU_SPECS
 )
 
 
 def peak_flops(device_name: str, compute_dtype: torch.dtype | None, tf32: bool = False) -> float | None:
     """Dense peak FLOP/s of ``device_name`` computing in ``compute_dtype`` (None: fp32, or TF32 when ``tf32``)."""
-    lowered = device_name.lower()
-    for fragment, (half, tf, full) in PEAK_TFLOPS:
-        if fragment.lower() in lowered:
-            if compute_dtype in (torch.float16, torch.bfloat16):
-                return half * 1e12
-            return (tf if tf32 else full) * 1e12
-    return None
+    spec = gpu_spec(device_name)
+    if spec is None:
+        return None
+    if compute_dtype in (torch.float16, torch.bfloat16):
+        return spec.bf16_tflops * 1e12
+    return (spec.tf32_tflops if tf32 else spec.fp32_tflops) * 1e12
 
 
 def count_flops(step: Callable[[], object]) -> int:

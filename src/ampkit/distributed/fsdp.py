@@ -93,6 +93,7 @@ def shard_model(
     layers). Returns the names of the units below the root. Parameters are replaced by sharded ones, so an
     optimizer must be built (or rebuilt) afterwards.
     """
+    policy = policy.sharded()  # fp8-tensorwise: weights all-gathered in fp8
     if mesh is None:
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh

@@ -2,6 +2,7 @@
 
 from .base import Policy
 from .device import Support
+from .fp8 import FP8Rowwise, FP8Tensorwise
 from .full import FullPrecision, TF32Precision
 from .half import BF16True, BF16TrueMasters, BF16TrueRemainder, FP16True, FP16TrueMasters
 from .lowbit import BF16TrueKahan, BF16TrueSR
@@ -22,6 +23,8 @@ __all__ = [
     "BF16TrueKahan",
     "BF16TrueSR",
     "FP16TrueMasters",
+    "FP8Tensorwise",
+    "FP8Rowwise",
     "POLICIES",
     "ALIASES",
     "get_policy",

@@ -98,6 +98,10 @@ class Policy:
         """The optimizers setup() steps and returns in place of ``optimizers`` (the same ones by default)."""
         return list(optimizers)
 
+    def sharded(self) -> "Policy":
+        """This policy as FSDP2 runs it (the same by default; fp8-tensorwise all-gathers its weights in fp8)."""
+        return self
+
     def forward_context(self, device_type: str) -> ContextManager[None]:
         """The context the forward pass and loss run in."""
         return contextlib.nullcontext()

@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 import torch
 
-__all__ = ["LowbitMethod", "lowbit_twin", "missing_library", "EXTRA"]
+__all__ = ["LowbitMethod", "lowbit_twin", "missing_library", "quiet_library_logs", "EXTRA"]
 
 LowbitMethod = Literal["kahan", "sr"]
 
@@ -52,12 +52,16 @@ class _DropNoise(logging.Filter):
         # other-Python install cannot load; its optimizers are torch.compile'd Python and need none of them.
         if record.name == "torchao" and message.startswith(("Failed to load", "Skipping import of cpp extensions")):
             return False
+        # torchao's int8 matmul module announces on import that a CPU has no Triton; fp8 and the optimizers need none.
+        if record.name == "torchao.kernel.intmm" and "Detected no triton" in message:
+            return False
         # torch warns that torchao registers an Enum as a pytree constant: torchao's to change, not the user's.
         return not (record.name == "torch.utils._pytree" and "register_constant()" in message)
 
 
 @contextlib.contextmanager
-def _quiet(*loggers: str) -> Iterator[None]:
+def quiet_library_logs(*loggers: str) -> Iterator[None]:
+    """Drop, while importing or calling an optional library, its log lines that concern nothing ampkit uses."""
     noise = _DropNoise()
     for name in loggers:
         logging.getLogger(name).addFilter(noise)
@@ -83,7 +87,7 @@ def missing_library(method: LowbitMethod) -> str | None:
 def _library(method: LowbitMethod) -> ModuleType:
     module, package = _LIBRARY[method]
     try:
-        with _quiet("torchao", "torch.utils._pytree"):
+        with quiet_library_logs("torchao", "torch.utils._pytree"):
             return importlib.import_module(module)
     except ImportError as e:
         raise ImportError(

@@ -13,6 +13,7 @@ from torch import nn
 
 from ..errors import PolicyError
 from .base import Policy
+from .fp8 import FP8Rowwise, FP8Tensorwise
 from .full import FullPrecision, TF32Precision
 from .half import BF16True, BF16TrueMasters, BF16TrueRemainder, FP16True, FP16TrueMasters
 from .islands import check_keep_fp32
@@ -33,6 +34,8 @@ POLICIES: dict[str, type[Policy]] = {
     "bf16-true-kahan": BF16TrueKahan,
     "bf16-true-sr": BF16TrueSR,
     "16-true-masters": FP16TrueMasters,
+    "fp8-tensorwise": FP8Tensorwise,
+    "fp8-rowwise": FP8Rowwise,
 }
 
 ALIASES: dict[str, str] = {
@@ -45,6 +48,7 @@ ALIASES: dict[str, str] = {
     "float16": "16-mixed",
     "bf16": "bf16-mixed",
     "bfloat16": "bf16-mixed",
+    "fp8": "fp8-tensorwise",  # Accelerate's mixed_precision="fp8"
     # Apex opt levels (capital letter O, then a digit)
     "O0": "32-true",
     "O1": "16-mixed",

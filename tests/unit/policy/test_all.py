@@ -130,12 +130,14 @@ def test_support_on_the_pass_device_agrees_with_check_device(name: str, device: 
             policy.check_device(device)
 
 
-def test_only_tf32_is_refused_on_cpu(name: str) -> None:
+def test_only_tf32_and_fp8_are_refused_on_cpu(name: str) -> None:
     policy = get_policy(name)
     missing = missing_library(policy.method) if isinstance(policy, (BF16TrueKahan, BF16TrueSR)) else None
     support = policy.support("cpu")
     if missing is not None:  # an optional library absent (the oldest-torch leg installs no extras): refused, naming the fix
         assert not support.supported and "ampkit[lowbit]" in support.reason
+    elif name.startswith("fp8-"):  # no fp8 matmuls on a CPU: refused naming bf16-mixed, or the install without torchao
+        assert not support.supported and ("bf16-mixed" in support.reason or "ampkit[fp8]" in support.reason)
     else:
         assert support.supported is (name != "tf32")
 

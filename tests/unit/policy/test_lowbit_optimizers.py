@@ -168,8 +168,9 @@ def test_stochastic_rounding_is_refused_on_several_processes(monkeypatch: pytest
 
 def test_torchao_import_noise_is_dropped_and_other_lines_kept(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG)
-    with lowbit_optimizers._quiet("torchao"):
+    with lowbit_optimizers.quiet_library_logs("torchao", "torchao.kernel.intmm"):
         logging.getLogger("torchao").warning("Failed to load /x/_C_cutlass_90a.abi3.so: Could not load this library")
+        logging.getLogger("torchao.kernel.intmm").warning("Warning: Detected no triton, on systems without Triton certain kernels will not work")
         logging.getLogger("torchao").warning("something else")
     logging.getLogger("torchao").warning("Failed to load after the import")
     assert [r.getMessage() for r in caplog.records] == ["something else", "Failed to load after the import"]

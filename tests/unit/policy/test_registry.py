@@ -18,6 +18,8 @@ from ampkit.policy import (
     FP16Mixed,
     FP16True,
     FP16TrueMasters,
+    FP8Rowwise,
+    FP8Tensorwise,
     FullPrecision,
     Policy,
     TF32Precision,
@@ -40,6 +42,7 @@ EXPECTED_ALIASES = {
     "fp32": "32-true",
     "32": "32-true",
     "float32": "32-true",
+    "fp8": "fp8-tensorwise",
 }
 
 EXPECTED_CLASSES: dict[str, type[Policy]] = {
@@ -54,6 +57,8 @@ EXPECTED_CLASSES: dict[str, type[Policy]] = {
     "bf16-true-kahan": BF16TrueKahan,
     "bf16-true-sr": BF16TrueSR,
     "16-true-masters": FP16TrueMasters,
+    "fp8-tensorwise": FP8Tensorwise,
+    "fp8-rowwise": FP8Rowwise,
 }
 
 
