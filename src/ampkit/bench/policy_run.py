@@ -24,6 +24,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..distributed.strategy import unwrap
+from ..policy import Policy
 from ..training.engine import Engine
 from ..errors import one_line
 from .flops import count_flops
@@ -68,6 +69,8 @@ class PolicyRun:
         self.strategy = strategy
         self.rank, self.world = rank, world
         self.precision = precision
+        self.policy: str | Policy = precision
+        """What the engine gets: the name, or the policy with settings (an fp8 policy's rows per micro-batch)."""
         self.device = device
         self.batches = batches
         self.seed = seed
@@ -102,7 +105,7 @@ class PolicyRun:
             model = model.to(memory_format=torch.channels_last)
         optimizer = with_lr(self.workload.optimizer(model.parameters()), self.workload.lr)
         self.engine = Engine(
-            self.precision, clip_grad_norm=self.workload.clip_grad_norm, accumulate=self.workload.accumulate,
+            self.policy, clip_grad_norm=self.workload.clip_grad_norm, accumulate=self.workload.accumulate,
             strategy=self.strategy, compile=self.compile,
         )
         self.model, self.optimizer = self.engine.setup(model, optimizer)

@@ -20,8 +20,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..memory.fp8_layers import Fp8Plan
 from ..report.markdown import code_block, markdown_table, plot_links, plot_section, table_cell, write_markdown
 from .format import MISSING, fmt_bytes
+from .fp8_table import fp8_markdown
 from .plots import MEMORY_PARTS
 from .results import BenchResult, RunResult
 from .table import table_rows, tolerance_line, verdict_lines
@@ -134,6 +136,8 @@ def render_report(result: BenchResult, out_dir: str | os.PathLike[str] = ".", pl
     lines += ["", tolerance, ""] if tolerance else [""]
     lines += [result.recovery, ""] if result.recovery else []
 
+    for name, plan in result.fp8_layers.items():
+        lines += [f"## fp8 layers: {name}", "", fp8_markdown(Fp8Plan.from_dict(plan))]
     lines += ["## Memory by part", "", *_memory_section(result.runs)]
     lines += plot_section(out, plots)
     lines += _failures(result.runs)

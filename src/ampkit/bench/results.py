@@ -155,6 +155,8 @@ class BenchResult:
     """Which policies that store the weights in 16 bits recover 32-true's eval metric, and the leanest that does."""
     eval_samples: int | None = None
     """Samples (rows of the eval batches) the eval metric was computed on; None when not counted."""
+    fp8_layers: dict[str, Any] = field(default_factory=dict)
+    """Per fp8 policy run, its layer plan (``Fp8Plan.to_dict()``): which Linear layers ran in fp8 and why."""
     runs: list[RunResult] = field(default_factory=list)
 
     def run(self, precision: str, compile: str | None = None) -> RunResult | None:

@@ -57,7 +57,9 @@ import torch.distributed as dist
 from .. import __version__
 from ..distributed.agreement import agree_max
 from ..training.micro_batching import batch_rows, split_batch
+from ..memory.fp8_layers import Fp8Plan, fp8_layer_plan, planned_policy
 from ..policy import get_policy
+from ..policy.fp8 import FP8Policy
 from ..policy.device import as_device, cpu_bf16_native, cpu_fp16_native, cpu_name
 from .flops import peak_flops
 from .policy_run import PolicyRun
@@ -253,6 +255,17 @@ def _rows(batch: Batch) -> int | None:
         return None  # a batch without one sample dimension: the count is left unsaid
 
 
+def _fp8_plans(workload: Workload, runs: Sequence[PolicyRun]) -> dict[str, Fp8Plan]:
+    """Plan each fp8 policy's layers at the workload's rows per batch, and have its runs convert what the plan says."""
+    plans: dict[str, Fp8Plan] = {}
+    for run in runs:
+        if run.result.status != "unsupported" and isinstance(get_policy(run.precision), FP8Policy):
+            if run.precision not in plans:
+                plans[run.precision] = fp8_layer_plan(workload.model, workload.train_batches[0], run.precision)
+            run.policy = planned_policy(plans[run.precision])
+    return plans
+
+
 def _run(
     workload: Workload,
     to_build: Sequence[tuple[str, str | None]],
@@ -280,6 +293,7 @@ def _run(
         support = get_policy(run.precision).support(device)
         if not support.supported:
             run.result.status, run.result.error = "unsupported", support.reason
+    fp8_plans = _fp8_plans(workload, runs)
     measure_steps = max(2, warmup)
     reporter.start(len(runs) * (measure_steps + steps + 1))
 
@@ -326,6 +340,7 @@ def _run(
         settings={"steps": steps, "warmup": warmup, "rounds": len(chunks), "seed": seed, "nproc": world, "strategy": strategy, **settings},
         workload_info=dict(workload.extra),
         reference=REFERENCE,
+        fp8_layers={name: plan.to_dict() for name, plan in fp8_plans.items()},
         runs=[run.result for run in runs],
     )
     _mfu(result, device, world)

@@ -26,6 +26,7 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
+from ..memory.fp8_layers import Fp8Plan
 from ..report.tables import TableRows, column_widths, table_width
 
 from .format import (
@@ -38,6 +39,7 @@ from .format import (
     fmt_ratio,
     fmt_seconds,
 )
+from .fp8_table import print_fp8_table
 from .results import BenchResult, RunResult
 from .verdict import PAYS_SPEEDUP, SAME_SPEED
 
@@ -284,3 +286,5 @@ def render(result: BenchResult, console: Console, *, transpose: bool | None = No
         table = build_table(result, transpose=True)
     # Wrapped verdicts keep the indent; not expanded, so a wide console (a log) gets no trailing spaces.
     console.print(Group(table, Text(), Padding(verdicts, (0, 0, 0, 2), expand=False)))
+    for plan in result.fp8_layers.values():  # which Linear layers the fp8 runs multiplied in fp8, and why
+        print_fp8_table(Fp8Plan.from_dict(plan), console)

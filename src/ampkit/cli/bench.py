@@ -170,6 +170,11 @@ def _bench(args: argparse.Namespace, device: torch.device, *, main: bool = True,
     else:
         precisions, left_out = default_precisions(device)
     workload = _workload(args, device, size)
+    if args.fp8 is not None and main:  # the plan on its own; an fp8 policy's run prints its own after the results
+        from ..bench.fp8_table import print_fp8_table
+        from ..memory.fp8_layers import fp8_layer_plan
+
+        print_fp8_table(fp8_layer_plan(workload.model, workload.train_batches[0], gpu=None if args.fp8 == "auto" else args.fp8), console)
 
     sized = f" ({size})" if args.data is None else ""  # user data has no size; --size scales built-in workloads
     where = f"{device.type} x {world} processes (DDP)" if world > 1 else str(device)

@@ -4,6 +4,7 @@
     ampkit memory -w gpt --size large --device cuda --batch-size 64
     ampkit memory --model mypkg.nets:build --data mypkg.data:batches --precision 32-true,bf16-mixed --json
     ampkit memory -w gpt --device cuda --device-memory 24GiB   # the largest batch that fits, per policy
+    ampkit memory -w gpt --size large --fp8 H100                # which Linear layers pay in fp8 on an H100
 
 Every figure comes from one training step run on fake tensors (:func:`ampkit.memory.estimate`): nothing is
 allocated on the device and no GPU is needed. Exit code 0, or 2 for bad input.
@@ -20,10 +21,13 @@ from rich.console import Console
 from rich.table import Table
 
 from ..bench.format import fmt_bytes
+from ..bench.fp8_table import print_fp8_table
 from ..bench.workload import Workload
 from ..memory.estimate import BREAKDOWN, MemoryEstimate, estimate
 from ..memory.fit import Fit, largest_batch, resize_batch
-from ..policy import get_policy, policy_names
+from ..memory.fp8_layers import Fp8Plan, fp8_layer_plan, planned_policy
+from ..policy import Policy, get_policy, policy_names
+from ..policy.fp8 import FP8Policy
 from .console import stdout_console
 from .parsers import add_memory as register  # declared apart: `ampkit --help` imports none of this module
 from .workload_args import device_arg, workload_from_args, workload_size
@@ -69,10 +73,12 @@ def run(args: argparse.Namespace) -> int:
     batch = _example(workload, args.batch_size)
     options = {"loss_fn": workload.loss_fn, "clip_grad_norm": workload.clip_grad_norm}
 
+    plans = _fp8_plans(args.fp8, policies, model, batch)
     rows: list[tuple[MemoryEstimate, Fit | None]] = []
     for name in policies:
-        e = estimate(model, batch, workload.optimizer, name, device, **options)
-        fit = largest_batch(model, batch, workload.optimizer, name, device, budget=budget, **options) if budget else None
+        policy = _planned(name, plans)
+        e = estimate(model, batch, workload.optimizer, policy, device, **options)
+        fit = largest_batch(model, batch, workload.optimizer, policy, device, budget=budget, **options) if budget else None
         rows.append((e, fit))
 
     if args.json:
@@ -83,11 +89,27 @@ def run(args: argparse.Namespace) -> int:
                 entry["device_memory"] = budget
                 entry["max_batch_size"] = fit.batch_size
                 entry["max_batch_size_is_search_limit"] = fit.limit_reached
+            if e.precision in plans:
+                entry["fp8_layers"] = plans[e.precision].to_dict()
             out.append(entry)
         print(json.dumps(out, indent=2))
         return 0
-    _table(rows, workload, device, budget, stdout_console())  # a log gets every column whole (cli/console.py)
+    console = stdout_console()  # a log gets every column whole (cli/console.py)
+    _table(rows, workload, device, budget, console)
+    for plan in plans.values():
+        print_fp8_table(plan, console)
     return 0
+
+
+def _fp8_plans(gpu: str | None, policies: list[str], model: torch.nn.Module, batch: Any) -> dict[str, Fp8Plan]:
+    """The layer plan of each fp8 policy measured (or of fp8-tensorwise when only --fp8 asks), at the batch's rows."""
+    wanted = [n for n in policies if isinstance(get_policy(n), FP8Policy)] or (["fp8-tensorwise"] if gpu else [])
+    return {n: fp8_layer_plan(model, batch, n, gpu=None if gpu in (None, "auto") else gpu) for n in wanted}
+
+
+def _planned(name: str, plans: dict[str, Fp8Plan]) -> str | Policy:
+    """The policy ``name``, an fp8 one set to convert what its plan's table says."""
+    return planned_policy(plans[name]) if name in plans else name
 
 
 def _table(rows: list[tuple[MemoryEstimate, Fit | None]], workload: Workload, device: torch.device, budget: int | None, console: Console) -> None:

@@ -115,6 +115,7 @@ def add_bench(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -
         "trains 1/N of every batch (the batch rows must divide by N). On the CPU each process gets cores/N threads "
         "(OMP_NUM_THREADS, unless you set it). Default: 1",
     )
+    _add_fp8(p)
     p.set_defaults(func=_runs("bench"))
 
 
@@ -159,6 +160,14 @@ def add_env(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     p.set_defaults(func=_runs("env"))
 
 
+def _add_fp8(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--fp8", nargs="?", const="auto", metavar="GPU",
+        help="print which Linear layers pay in fp8 on GPU (e.g. H100, L4; default: this GPU, else H100), predicted by a "
+        "roofline at the batch's rows; printed anyway when an fp8 policy is measured",
+    )
+
+
 def add_memory(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``memory`` subcommand to ``subparsers``."""
     p = subparsers.add_parser(
@@ -175,5 +184,6 @@ def add_memory(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--precision", help="comma-separated policies or aliases (default: every policy the device supports)")
     _add_device(p, "the device to predict for: cpu or cuda (default: cuda if visible, else cpu); no GPU is needed")
     p.add_argument("--device-memory", type=memory_size, metavar="SIZE", help="memory to fit in, e.g. 24GiB or 80GB: adds the largest batch that fits per policy")
+    _add_fp8(p)
     p.add_argument("--json", action="store_true", help="print JSON (one object per policy) instead of the table")
     p.set_defaults(func=_runs("memory"))

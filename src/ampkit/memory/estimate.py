@@ -32,7 +32,8 @@ from torch import nn
 from .._compat import tree_leaves, tree_map
 from .._util.model_io import batch_loss, batch_parts, default_loss
 from ..training.engine import Engine
-from ..policy import get_policy
+from ..policy import Policy, get_policy
+from ..policy.fp8 import FP8Policy
 from ..policy.device import as_device
 from .accounting import LiveBytes, SavedActivations, tensor_bytes, training_state_bytes
 from .cuda_attention import CudaAttention
@@ -162,16 +163,19 @@ def _account(
     return {**parts, "activations": saved.bytes, "peak": live.peak, "batch": tensor_bytes(tree_leaves(batch))}
 
 
-def _simulated_precision(precision: str) -> str:
+def _simulated_precision(policy: Policy) -> Policy:
     # TF32 only changes how fp32 matmuls round, not what is stored: the CPU simulates it as 32-true.
-    return "32-true" if precision == "tf32" else precision
+    if policy.name == "tf32":
+        return get_policy("32-true", keep_fp32=policy.keep_fp32)
+    # fp8 on the CPU is torchao's emulation: the same modules, casts and saved tensors as on the GPU.
+    return dataclasses.replace(policy, emulate=True) if isinstance(policy, FP8Policy) else policy
 
 
 def estimate(
     model: nn.Module,
     example_batch: Any,
     optimizer: Any = None,
-    policy: str = "32-true",
+    policy: str | Policy = "32-true",
     device: torch.device | str | None = None,
     *,
     loss_fn: LossFn = default_loss,
@@ -195,12 +199,13 @@ def estimate(
     (2.0, 8.0, 20.0)
     """
     _check_arguments("estimate", model, example_batch, loss_fn)
-    requested = get_policy(policy).name  # an unknown name fails here, in one line, before any work
+    resolved = get_policy(policy)  # an unknown name fails here, in one line, before any work
+    requested = resolved.name
     target = as_device(device) if device is not None else _model_device(model)
-    run_on, simulated, run_policy = target, None, requested
+    run_on, simulated, run_policy = target, None, resolved
     if target.type == "cuda" and not torch.cuda.is_available():
         # Fake CUDA tensors need CUDA's runtime for autograd; without it the step runs on fake CPU tensors.
-        run_on, simulated, run_policy = torch.device("cpu"), "cpu", _simulated_precision(requested)
+        run_on, simulated, run_policy = torch.device("cpu"), "cpu", _simulated_precision(resolved)
     live = LiveBytes()
     # Simulated on the CPU, attention takes the kernels a GPU would (the CPU's keep T x T scores for backward).
     attention = CudaAttention() if simulated else None

@@ -22,6 +22,7 @@ from torch import nn
 
 from .._compat import tree_map
 from .._util.units import parse_bytes  # re-exported: its home was here
+from ..policy import Policy
 from .estimate import MemoryEstimate, estimate
 
 __all__ = ["Fit", "largest_batch", "resize_batch", "parse_bytes"]
@@ -62,7 +63,7 @@ _MAX_NEWTON_ESTIMATES = 9
 
 
 def largest_batch(
-    model: nn.Module, example_batch: Any, optimizer: Any = None, policy: str = "32-true", device: torch.device | str | None = None,
+    model: nn.Module, example_batch: Any, optimizer: Any = None, policy: str | Policy = "32-true", device: torch.device | str | None = None,
     *, budget: int, limit: int = 2**24, **options: Any,
 ) -> Fit:
     """The largest batch size whose predicted peak (:attr:`MemoryEstimate.peak`) is at most ``budget`` bytes.

@@ -36,11 +36,11 @@ from torch import nn
 from ..errors import PolicyError
 from .device import Support
 from .fp8_roofline import LinearCost, fp8_fits, predict_linear
-from .gpu_specs import GpuSpec, gpu_spec
+from .gpu_specs import GpuSpec, fp8_gpus, gpu_spec
 from .lowbit_optimizers import quiet_library_logs
 from .mixed import BF16Mixed
 
-__all__ = ["FP8Tensorwise", "FP8Rowwise", "Fp8LayerPlan", "DEFAULT_TOKENS", "PLANNING_GPU", "EXTRA"]
+__all__ = ["FP8Policy", "FP8Tensorwise", "FP8Rowwise", "Fp8LayerPlan", "DEFAULT_TOKENS", "PLANNING_GPU", "EXTRA"]
 
 log = logging.getLogger("ampkit")
 
@@ -68,8 +68,10 @@ class Fp8LayerPlan:
     name: str
     convert: bool
     reason: str
-    cost: LinearCost | None
-    """The roofline's prediction (None under a user's filter or ``"all"`` with no GPU spec)."""
+    cost: LinearCost
+    """The roofline's prediction on the GPU planned for, whatever decided."""
+    by_roofline: bool = False
+    """The roofline's prediction decided (``layers="auto"``), not a rule, ``"all"`` or the user's filter."""
 
 
 def missing_torchao() -> str | None:
@@ -84,7 +86,9 @@ def missing_torchao() -> str | None:
 
 
 @dataclass(frozen=True, kw_only=True)
-class _FP8(BF16Mixed):
+class FP8Policy(BF16Mixed):
+    """The fp8 policies' common part (see the module's docstring); build one through ``get_policy("fp8-...")``."""
+
     recipe: ClassVar[Fp8Recipe]
     min_capability: ClassVar[tuple[int, int]]
 
@@ -105,7 +109,7 @@ class _FP8(BF16Mixed):
         if self.tokens is not None and (isinstance(self.tokens, bool) or not isinstance(self.tokens, int) or self.tokens <= 0):
             raise PolicyError(f"{self.name}: tokens must be a positive int (rows per micro-batch), got {self.tokens!r}.")
         if self.target is not None and (gpu_spec(self.target) is None or gpu_spec(self.target).fp8_tflops is None):  # type: ignore[union-attr]
-            raise PolicyError(f"{self.name}: target {self.target!r} is not a GPU with fp8 that ampkit knows; use one of {', '.join(_fp8_gpus())}.")
+            raise PolicyError(f"{self.name}: target {self.target!r} is not a GPU with fp8 that ampkit knows; use one of {', '.join(fp8_gpus())}.")
 
     # -- device ---------------------------------------------------------------------------------
     def _support(self, device: torch.device) -> Support:
@@ -172,10 +176,10 @@ class _FP8(BF16Mixed):
         if self.layers == "all":
             return Fp8LayerPlan(name, True, "layers='all'", cost)
         verdict = "faster" if cost.pays else "slower"
-        return Fp8LayerPlan(name, cost.pays, f"{cost.speedup:.2f}x predicted on {spec.name}: {verdict} in fp8", cost)
+        return Fp8LayerPlan(name, cost.pays, f"{cost.speedup:.2f}x predicted on {spec.name}: {verdict} in fp8", cost, by_roofline=True)
 
     # -- hooks ----------------------------------------------------------------------------------
-    def sharded(self) -> "_FP8":
+    def sharded(self) -> "FP8Policy":
         return dataclasses.replace(self, fp8_all_gather=self.recipe == "tensorwise")
 
     def float8_config(self) -> Any:
@@ -203,12 +207,6 @@ class _FP8(BF16Mixed):
         log.info("%s: %d of %d Linear layers run in fp8", self.name, len(chosen), len(plans))
 
 
-def _fp8_gpus() -> list[str]:
-    from .gpu_specs import GPU_SPECS
-
-    return [s.name for s in GPU_SPECS if s.fp8_tflops is not None]
-
-
 def _why_none(plans: list[Fp8LayerPlan]) -> str:
     if not plans:
         return "The model has no nn.Linear."
@@ -216,7 +214,7 @@ def _why_none(plans: list[Fp8LayerPlan]) -> str:
 
 
 @dataclass(frozen=True, kw_only=True)
-class FP8Tensorwise(_FP8):
+class FP8Tensorwise(FP8Policy):
     """``fp8-tensorwise``: ``bf16-mixed`` with fp8 Linear layers, one dynamic scale per tensor (torchao's default).
 
     Needs ``pip install 'ampkit[fp8]'`` and a GPU of compute capability 8.9+ (Ada, Hopper, Blackwell); pays with
@@ -234,7 +232,7 @@ class FP8Tensorwise(_FP8):
 
 
 @dataclass(frozen=True, kw_only=True)
-class FP8Rowwise(_FP8):
+class FP8Rowwise(FP8Policy):
     """``fp8-rowwise``: ``bf16-mixed`` with fp8 Linear layers, one power-of-two scale per row (torchao's rowwise).
 
     More robust to outlier rows than tensorwise, a little slower; its kernel needs compute capability 9.0

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["GpuSpec", "GPU_SPECS", "gpu_spec"]
+__all__ = ["GpuSpec", "GPU_SPECS", "gpu_spec", "fp8_gpus"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,3 +53,12 @@ def gpu_spec(device_name: str) -> GpuSpec | None:
     """The spec of the GPU whose name contains a listed fragment (``torch.cuda.get_device_name()``), or None."""
     lowered = device_name.lower()
     return next((s for s in GPU_SPECS if s.name.lower() in lowered), None)
+
+
+def fp8_gpus() -> list[str]:
+    """The listed GPUs with fp8 tensor cores, by name.
+
+    >>> fp8_gpus()[:3]
+    ['B200', 'H200', 'H100 PCIe']
+    """
+    return [s.name for s in GPU_SPECS if s.fp8_tflops is not None]
