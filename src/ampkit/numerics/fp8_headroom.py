@@ -46,7 +46,7 @@ from torch import nn
 from .._util.model_io import batch_loss
 from .compare import seeded
 
-__all__ = ["Fp8Recipe", "RECIPES", "RECIPE_DTYPES", "OPERANDS", "FLUSH_LIMIT", "EPS", "Fp8Headroom", "fp8_cast_figures", "fp8_headroom", "unit_roundoff"]
+__all__ = ["Fp8Recipe", "RECIPES", "RECIPE_DTYPES", "OPERANDS", "FLUSH_LIMIT", "EPS", "Fp8Headroom", "fp8_cast_figures", "fp8_round_trip", "fp8_headroom", "unit_roundoff"]
 
 OPERANDS = ("input", "weight", "grad_output")
 FLUSH_LIMIT = 0.01
@@ -98,31 +98,42 @@ def unit_roundoff(dtype: torch.dtype) -> float:
 
 
 @torch.no_grad()
-def fp8_cast_figures(x: torch.Tensor, dtype: torch.dtype, *, axis: int | None = None, pow2: bool = False) -> torch.Tensor:
-    """Cast ``x`` to ``dtype`` as torchao's dynamic scaling does and measure what the round trip lost.
+def fp8_round_trip(x: torch.Tensor, dtype: torch.dtype, *, axis: int | None = None, pow2: bool = False) -> torch.Tensor:
+    """``x`` cast to ``dtype`` and back as torchao's dynamic scaling does: ``cast(x * scale) / scale``.
 
-    ``axis`` None: one scale for the tensor; else one scale per slice along ``axis`` of ``x`` seen as 2-D
-    (``x.reshape(-1, x.shape[-1])``, as torchao's Linear does). Returns, in float64 on ``x``'s device (no
-    host sync): ``[amax, nonzero count, flushed count, ‖dq - x‖², ‖x‖²]`` where ``dq = cast(x * scale) / scale``.
+    ``axis`` None: one scale for the tensor, ``scale = fp8_max / max(amax, EPS)``; else one scale per slice
+    along ``axis`` of ``x`` seen as 2-D (``x.reshape(-1, x.shape[-1])``, as torchao's Linear does; the result
+    has that 2-D shape). ``pow2``: scales rounded down to a power of two (the rowwise recipe).
 
-    >>> x = torch.tensor([448.0, 1.0, 2.0**-20, 0.0])
-    >>> fp8_cast_figures(x, torch.float8_e4m3fn).tolist()  # 2^-20 is below e4m3's smallest subnormal, 2^-9
-    [448.0, 3.0, 1.0, 9.094947017729282e-13, 200705.0]
+    >>> fp8_round_trip(torch.tensor([448.0, 1.0625, 2.0**-8, 2.0**-11]), torch.float8_e4m3fn).tolist()
+    [448.0, 1.0, 0.00390625, 0.0]
     """
     x2 = x if axis is None else x.reshape(-1, x.shape[-1])
-    absx = x2.abs()
-    amax = absx.amax() if axis is None else absx.amax(dim=axis, keepdim=True)
+    amax = x2.abs().amax() if axis is None else x2.abs().amax(dim=axis, keepdim=True)
     # torchao's amax_to_scale: the division in float64 (compile and eager agree), the scale kept in float32.
     scale = (torch.finfo(dtype).max / amax.double().clamp(min=EPS)).float()
     if pow2:
         scale = torch.exp2(torch.floor(torch.log2(scale)))
     fp8_max = torch.finfo(dtype).max
     bits = (x2.float() * scale).clamp(-fp8_max, fp8_max).to(dtype)  # saturated, as torchao's to_fp8_saturated
-    dq = bits.to(x2.dtype) / scale  # torchao's dequantisation
+    return bits.to(x2.dtype) / scale  # torchao's dequantisation
+
+
+@torch.no_grad()
+def fp8_cast_figures(x: torch.Tensor, dtype: torch.dtype, *, axis: int | None = None, pow2: bool = False) -> torch.Tensor:
+    """What :func:`fp8_round_trip` loses of ``x``, in float64 on ``x``'s device (no host sync):
+    ``[amax, nonzero count, flushed count, ‖dq - x‖², ‖x‖²]``; flushed: nonzero in ``x``, zero after the trip.
+
+    >>> x = torch.tensor([448.0, 1.0, 2.0**-20, 0.0])
+    >>> fp8_cast_figures(x, torch.float8_e4m3fn).tolist()  # 2^-20 is below e4m3's smallest subnormal, 2^-9
+    [448.0, 3.0, 1.0, 9.094947017729282e-13, 200705.0]
+    """
+    dq = fp8_round_trip(x, dtype, axis=axis, pow2=pow2)
+    x2 = x.reshape(dq.shape)
     nonzero = x2 != 0
     err = torch.linalg.vector_norm((dq - x2).double())
     norm = torch.linalg.vector_norm(x2.double())
-    return torch.stack([absx.amax().double(), nonzero.sum().double(), (nonzero & (dq == 0)).sum().double(), err.square(), norm.square()])
+    return torch.stack([x2.abs().amax().double(), nonzero.sum().double(), (nonzero & (dq == 0)).sum().double(), err.square(), norm.square()])
 
 
 def _operand_entry(figures: list[float], dtype: torch.dtype, axis: str | None) -> dict[str, Any]:
