@@ -89,7 +89,7 @@ def parse_table(text: str, index: int = 0) -> Table:
             lines = []
             tables.append(lines)
         lines.append(line)
-    table = tables[index] if tables else []
+    table = tables[index] if tables else text.splitlines()  # a box with no top border: the one table
     head = [_cells(line, "┃") for line in table if "┃" in line]
     body = [_cells(line, "│") for line in table if "│" in line]
     return [" ".join(p for p in parts if p) for parts in zip(*head)], body
