@@ -40,8 +40,7 @@ from .._util.model_io import batch_loss, default_loss, to_device
 from .compare import LossFn, StepComparison, compare_step, reference_step, seeded
 from .compiled import CompileCheck, check_compiled
 from .formats import FP16
-from .fp8_headroom import RECIPES as FP8_RECIPES
-from .fp8_headroom import Fp8Headroom, fp8_headroom
+from .fp8_headroom import RECIPES as FP8_RECIPES, Fp8Headroom, fp8_headroom
 from .recommend import Tailored, candidate_precisions, choose_precision, tailor
 from .recorder import ModuleRecorder
 from .scale import LossScaleAdvice, recommend_loss_scale

@@ -10,7 +10,7 @@ whose layers are already sorted worst first.
     >>> rows.headers, rows.rows
     (['Linear', 'Shape', 'Grad out amax', 'Grad out flushed / error', 'Problems'], [['fc', '4×8', 'e5m2 5.0e-01', '0.20% / 3.0e-02', '']])
     >>> headroom_summary(data)
-    'fp8 headroom (tensorwise recipe): every Linear layer fine, 1 of 1 (fine: at most 1% of nonzero values flushed, error within fp8 rounding)'
+    'fp8 headroom (tensorwise recipe): every Linear layer fine, 1 of 1: at most 1% of nonzero values flushed, error within fp8 rounding'
 """
 
 from __future__ import annotations
@@ -69,11 +69,11 @@ def headroom_summary(data: dict[str, Any]) -> str:
     layers = data.get("layers") or []
     head = f"fp8 headroom ({data.get('recipe') or MISSING} recipe): "
     if not layers:
-        return head + "no nn.Linear layers, which torchao's float8 training would convert"
-    rule = f"fine: at most {float(data.get('flush_limit') or 0):.0%} of nonzero values flushed, error within fp8 rounding"
+        return head + "no nn.Linear layers: torchao's float8 training converts only those, so fp8 changes nothing here"
+    rule = f"at most {float(data.get('flush_limit') or 0):.0%} of nonzero values flushed, error within fp8 rounding"
     fine, flagged = data.get("fine", 0), len(layers) - data.get("fine", 0)
     if not flagged:
-        return head + f"every Linear layer fine, {fine} of {len(layers)} ({rule})"
+        return head + f"every Linear layer fine, {fine} of {len(layers)}: {rule}"
     return head + f"{flagged} of {len(layers)} Linear layers flagged, {fine} fine ({rule})"
 
 

@@ -10,7 +10,13 @@ import pytest
 import torch
 from torch import nn
 
-from ampkit.numerics.fp8_headroom import FLUSH_LIMIT, fp8_cast_figures, fp8_headroom, fp8_round_trip, unit_roundoff
+from ampkit.numerics.fp8_headroom import (
+    FLUSH_LIMIT,
+    fp8_cast_figures,
+    fp8_headroom,
+    fp8_round_trip,
+    unit_roundoff,
+)
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 
