@@ -4,6 +4,7 @@
     ampkit doctor -w gpt --precision 16-mixed --out doctor/gpt
     ampkit doctor --model mypkg.nets:build --data mypkg.data:batches --out doctor/
     ampkit doctor -w gpt --compile regional              # also: the compiled step against the eager one
+    ampkit doctor -w gpt --fp8-recipe rowwise            # fp8 headroom per Linear under torchao's rowwise recipe
 
 Trains a few fp32 steps with every module recorded, then tries the policy one step at a time (see
 :mod:`ampkit.numerics`). Prints the worst modules and the recommendation (stdout); ``--out DIR`` writes
@@ -66,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     command = recorded_command(args)
     diagnosis = diagnose(
         model, batches, workload.loss_fn, steps=args.steps, target=args.precision, optimizer=workload.optimizer, seed=args.seed,
-        compile=compile, update_steps=args.update_steps,
+        compile=compile, update_steps=args.update_steps, fp8_recipe=None if args.fp8_recipe == "none" else args.fp8_recipe,
         context={"command": command, "workload": {"name": workload.name, "description": workload.description, "size": size if args.data is None else None}},
     )
     data = diagnosis.to_dict()

@@ -144,6 +144,10 @@ def add_doctor(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="also run the recommended policy's step compiled (Engine(compile=...): the whole model, or each repeated "
         "block with 'regional') and compare it with the eager step, module by module (default: model)",
     )
+    p.add_argument(
+        "--fp8-recipe", choices=("tensorwise", "rowwise", "none"), default="tensorwise",
+        help="cast every Linear's input, weight and output gradient as this torchao float8 recipe would and report what flushes to zero (default: tensorwise; none: no fp8 check)",
+    )
     p.add_argument("--compile-backend", metavar="NAME", help="torch.compile backend for --compile, e.g. aot_eager to tell the compiler's differences from tracing's (default: inductor)")
     _add_out(p, writes="doctor.json, report.md and PNG histograms")
     p.set_defaults(func=_runs("doctor"))

@@ -17,7 +17,9 @@ and activation gradients together) with their split in ``gradient_underflow`` an
 ``tailoring_notes``; and ``modules``: per module its type, parameter count, statistics of ``weights``,
 ``grads``, ``inputs``, ``outputs`` and ``output_grads`` (:meth:`TensorStats.to_dict`), ``problems`` and
 ``severity``; ``update_precision`` (with an optimizer: whether bf16 weights stepped directly lose updates, per
-parameter, each remedy tried and the one ``prescribed``; :mod:`~ampkit.numerics.update_remedy`); plus run facts
+parameter, each remedy tried and the one ``prescribed``; :mod:`~ampkit.numerics.update_remedy`);
+``fp8_headroom`` (per ``nn.Linear``, worst first, how its input, weight and output gradient survive torchao's
+float8 cast: amax, format, share flushed to zero, round-trip error; :mod:`~ampkit.numerics.fp8_headroom`); plus run facts
 (versions, device, command, workload, date).
 """
 

@@ -40,6 +40,7 @@ from .._util.model_io import batch_loss, default_loss, to_device
 from .compare import LossFn, StepComparison, compare_step, reference_step, seeded
 from .compiled import CompileCheck, check_compiled
 from .formats import FP16
+from .fp8_headroom import RECIPES as FP8_RECIPES, Fp8Headroom, fp8_headroom
 from .recommend import Tailored, candidate_precisions, choose_precision, tailor
 from .recorder import ModuleRecorder
 from .scale import LossScaleAdvice, recommend_loss_scale
@@ -81,6 +82,9 @@ class Diagnosis:
     update_precision: UpdatePrecision | None = None
     """Whether bf16 weights stepped directly lose updates and the remedy that recovers fp32's training
     (:mod:`~ampkit.numerics.update_remedy`); None without an optimizer or with ``update_steps=0``."""
+    fp8: Fp8Headroom | None = None
+    """How each Linear's input, weight and grad_output fit torchao's float8 cast (:mod:`~ampkit.numerics.fp8_headroom`);
+    None with ``fp8_recipe=None``."""
 
     @property
     def recommended_loss_scale(self) -> float:
@@ -147,6 +151,7 @@ class Diagnosis:
             "comparisons": [c.to_dict() for c in self.comparisons],
             "compile_check": self.compile_check.to_dict() if self.compile_check is not None else None,
             "update_precision": self.update_precision.to_dict() if self.update_precision is not None else None,
+            "fp8_headroom": self.fp8.to_dict() if self.fp8 is not None else None,
             "modules": self.modules,
         }
 
@@ -201,6 +206,7 @@ def diagnose(
     context: dict[str, Any] | None = None,
     compile: bool | str | dict[str, Any] | None = None,
     update_steps: int = UPDATE_STEPS,
+    fp8_recipe: str | None = "tensorwise",
 ) -> Diagnosis:
     """Diagnose how ``model`` fits fp16/bf16 on ``batches`` and recommend a policy, fp32 modules and a loss scale.
 
@@ -222,11 +228,16 @@ def diagnose(
         update_steps: with an ``optimizer``, train this many steps of ``bf16-true`` (updates audited) beside
             ``32-true`` from the initial weights and, if updates are lost, of each remedy, cheapest first
             (:mod:`~ampkit.numerics.update_remedy`); 0: no update-precision check.
+        fp8_recipe: cast every Linear's operands of one fp32 step as this torchao float8 recipe would
+            (``"tensorwise"`` or ``"rowwise"``) and report what flushes (:mod:`~ampkit.numerics.fp8_headroom`);
+            None: no fp8 check.
     """
     if steps < 1:
         raise ValueError(f"steps must be >= 1 (fp32 reference steps to collect statistics from), got {steps}.")
     if not batches:
         raise ValueError("diagnose() needs at least one (inputs, targets) batch.")
+    if fp8_recipe is not None and fp8_recipe not in FP8_RECIPES:
+        raise ValueError(f"fp8_recipe={fp8_recipe!r} is not a torchao float8 recipe; pick one of {', '.join(FP8_RECIPES)}, or None for no fp8 check.")
     plan = compile_plan(compile)  # a compile setting that cannot apply is refused before the reference run, not after
     check_compile_plan([model], plan)
     work = copy.deepcopy(model).float()
@@ -244,6 +255,7 @@ def diagnose(
 
     batch = batches[steps % len(batches)]  # a batch the statistics did not train on, from the trained weights
     ref = reference_step(work, batch, loss_fn, seed=seed)
+    fp8 = fp8_headroom(work, batch, loss_fn, recipe=fp8_recipe, seed=seed) if fp8_recipe is not None else None
     if target is not None:
         candidates, reasons = [get_policy(target).name], [f"tailored for {get_policy(target).name}, as asked"]
         get_policy(target).check_device(dev)
@@ -287,6 +299,7 @@ def diagnose(
         context={"device": str(dev), "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), **(context or {})},
         compile_check=compiled,
         update_precision=updates,
+        fp8=fp8,
     )
 
 

@@ -23,6 +23,7 @@ from typing import Any
 from .._util.units import MISSING, fmt_float
 from ..report.markdown import code_block, markdown_table, md_escape, plot_section, write_markdown
 from .formats import FP16
+from .fp8_table import headroom_rows, headroom_summary
 from .table import (
     comparison_summary,
     compile_lines,
@@ -65,6 +66,12 @@ HOW_TO_READ = f"""\
   ‖g - g_fp32‖ / ‖g_fp32‖. A module *diverges* when its gradient is non-finite, lost (all zero), or off by more
   than the sampling noise SGD lives with anyway (the **noise**: how far the fp32 gradients of the two halves
   of the batch differ).
+- **fp8 headroom** casts each Linear's input, weight and output gradient of one fp32 step to fp8 as torchao's
+  float8 recipe would (dynamic scale fp8_max / amax, so the largest value always fits) and measures what the
+  small values lose: the share of nonzero values **flushed** to zero, and the **error** ‖dequant(cast(x)) - x‖ /
+  ‖x‖. A layer is flagged when more than 1% flush, when the error passes the format's unit roundoff (2^-4 for
+  e4m3, 2^-3 for e5m2: rounding alone stays below it, only values pushed out of fp8's normal range go beyond),
+  or when an amax is inf or NaN (the scale breaks).
 """
 
 def _table(headers: list[str], rows: list[list[str]], justify: list[str]) -> list[str]:
@@ -193,6 +200,20 @@ def _updates(data: dict[str, Any]) -> list[str]:
     return lines + [f"- {md_escape(line.strip())}" for line in update_lines(check, top=REPORT_TOP)] + [""]
 
 
+def _fp8(data: dict[str, Any]) -> list[str]:
+    fp8 = data.get("fp8_headroom")
+    if not fp8:
+        return []
+    lines = ["## fp8 headroom", "", md_escape(headroom_summary(fp8)) + ".", ""]
+    layers = fp8.get("layers") or []
+    if not layers:
+        return lines
+    rows = headroom_rows(fp8, REPORT_TOP)
+    shown = f"the worst {len(rows.rows)} of {len(layers)}" if len(layers) > len(rows.rows) else f"all {len(layers)}"
+    lines += [f"One fp32 step, each operand cast as torchao's `{fp8.get('recipe')}` recipe casts it (worst first, {shown}):", ""]
+    return lines + _table(rows.headers, rows.rows, rows.justify) + [""]
+
+
 def _modules(data: dict[str, Any]) -> list[str]:
     total = len(data.get("modules") or [])
     if not total:
@@ -211,7 +232,7 @@ def render_report(data: dict[str, Any], out_dir: str | os.PathLike[str] = ".", p
     current directory (see :func:`ampkit.report.markdown.plot_links`).
     """
     out = Path(out_dir)
-    lines = _what_ran(data) + _recommendation(data) + _comparisons(data) + _updates(data) + _compiled(data) + _modules(data) + plot_section(out, plots, escape=md_escape)
+    lines = _what_ran(data) + _recommendation(data) + _comparisons(data) + _updates(data) + _compiled(data) + _fp8(data) + _modules(data) + plot_section(out, plots, escape=md_escape)
     return "\n".join(lines + ["## How to read this", "", HOW_TO_READ])
 
 

@@ -374,6 +374,12 @@ def render(data: dict[str, Any], console: Console, top: int = TOP) -> None:
         console.print(Text("Update precision (bf16 weights stepped without fp32 masters):", style="bold"))
         for line in update_lines(updates):
             console.print(Padding(Text(line, style="red" if updates.get("lost") and not updates.get("prescribed") else ""), (0, 0, 0, 2), expand=False))
+    fp8 = data.get("fp8_headroom")
+    if fp8:
+        from .fp8_table import render_headroom  # the section imports this module's formatters
+
+        console.print()
+        render_headroom(fp8, console)
     check = data.get("compile_check")
     if check:
         console.print()

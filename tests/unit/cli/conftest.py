@@ -80,16 +80,23 @@ def _cells(line: str, sep: str) -> list[str]:
     return [p.strip() for p in parts[int(parts[0] == "") : len(parts) - int(parts[-1] == "")]]
 
 
-def parse_table(text: str) -> Table:
-    """The headers (a multi-line header joined with spaces) and the body lines, as cells, of the one rich table
-    in ``text``. A row that wrapped comes back as two lines, a squeezed cell with its ellipsis."""
-    head = [_cells(line, "┃") for line in text.splitlines() if "┃" in line]
-    body = [_cells(line, "│") for line in text.splitlines() if "│" in line]
+def parse_table(text: str, index: int = 0) -> Table:
+    """The headers (a multi-line header joined with spaces) and the body lines, as cells, of the ``index``-th rich
+    table in ``text``. A row that wrapped comes back as two lines, a squeezed cell with its ellipsis."""
+    tables, lines = [], []
+    for line in text.splitlines():
+        if line.lstrip().startswith("┏"):  # a table's top border: the lines before it belong to the last one
+            lines = []
+            tables.append(lines)
+        lines.append(line)
+    table = tables[index] if tables else text.splitlines()  # a box with no top border: the one table
+    head = [_cells(line, "┃") for line in table if "┃" in line]
+    body = [_cells(line, "│") for line in table if "│" in line]
     return [" ".join(p for p in parts if p) for parts in zip(*head)], body
 
 
 @pytest.fixture
-def log_table(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], Table]:
+def log_table(monkeypatch: pytest.MonkeyPatch) -> Callable[..., Table]:
     """:func:`parse_table`, with ``COLUMNS`` unset so the captured stdout is a log with no width of its own."""
     monkeypatch.delenv("COLUMNS", raising=False)
     return parse_table

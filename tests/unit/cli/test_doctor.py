@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from ampkit.cli.main import main
+from ampkit.numerics.fp8_table import headroom_rows
 from ampkit.numerics.table import module_rows
 
 FRAGILE = Path(__file__).parents[1] / "numerics" / "fragile.py"
@@ -33,12 +34,19 @@ def test_builtin_workload_writes_json_report_and_histograms(tmp_path: Path, caps
     # The update-precision check reaches all three outputs.
     assert data["update_precision"]["steps"] == 2 and data["update_precision"]["trials"][0]["policy"] == "bf16-true"
     assert "## Update precision" in (out / "report.md").read_text() and "Update precision" in printed
+    # So does the fp8 headroom: every Linear of the model, worst first, under the default tensorwise recipe.
+    fp8 = data["fp8_headroom"]
+    assert fp8["recipe"] == "tensorwise" and fp8["layers"] and {"input", "weight", "grad_output"} == set(fp8["layers"][0]["operands"])
+    assert fp8["layers"][0]["operands"]["grad_output"]["format"] == "e5m2"
+    assert "## fp8 headroom" in (out / "report.md").read_text() and "fp8 headroom (tensorwise recipe)" in printed
 
 
 def test_user_model_file_names_the_overflowing_layer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["doctor", "--model", f"{FRAGILE}:overflow_net", "--data", f"{FRAGILE}:batches", "--update-steps", "0", "--precision", "fp16", "--out", str(tmp_path)])
+    argv = ["doctor", "--model", f"{FRAGILE}:overflow_net", "--data", f"{FRAGILE}:batches", "--update-steps", "0", "--precision", "fp16"]
+    code = main([*argv, "--fp8-recipe", "rowwise", "--out", str(tmp_path)])
     assert code == 0
     data = json.loads((tmp_path / "doctor.json").read_text())
+    assert data["fp8_headroom"]["recipe"] == "rowwise" and data["fp8_headroom"]["layers"][0]["operands"]["grad_output"]["format"] == "e4m3fn"
     assert data["keep_fp32"] == ["amplify"] and data["modules"][0]["name"] == "amplify"
     assert 'keep_fp32=["amplify"]' in capsys.readouterr().out
 
@@ -78,10 +86,16 @@ def test_report_links_every_plot_with_a_relative_out(tmp_path: Path, monkeypatch
 def test_in_a_log_the_module_table_keeps_every_column_whole(tmp_path: Path, capsys: pytest.CaptureFixture[str], log_table: Callable[[str], Any]) -> None:
     # captured stdout is not a terminal: at rich's 80 columns the doctor left columns out and wrapped the problems
     assert main(["doctor", "--model", f"{FRAGILE}:overflow_net", "--data", f"{FRAGILE}:batches", "--update-steps", "0", "--precision", "fp16", "--out", str(tmp_path)]) == 0
-    headers, body = log_table(capsys.readouterr().out)
-    expected = module_rows(json.loads((tmp_path / "doctor.json").read_text()))
+    printed = capsys.readouterr().out
+    headers, body = log_table(printed)
+    data = json.loads((tmp_path / "doctor.json").read_text())
+    expected = module_rows(data)
     assert headers == expected.headers and len(" ".join(headers)) > 80
     assert body == expected.rows
+    # The fp8 headroom table after it, whole as well.
+    fp8_headers, fp8_body = log_table(printed, 1)
+    fp8 = headroom_rows(data["fp8_headroom"])
+    assert fp8_headers == fp8.headers and fp8_body == fp8.rows
 
 
 @pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf:UserWarning")  # dynamo reads it
