@@ -89,3 +89,17 @@ def test_in_a_log_the_table_keeps_every_column_whole(capsys: pytest.CaptureFixtu
     assert headers == ["policy", "params", "grads", "optim", "masters", "activ.", "total", "peak", "vs fp32"]
     assert [cells[0] for cells in body] == ["32-true", "bf16-true-masters"]  # one line per policy: nothing wrapped
     assert all(len(cells) == len(headers) and "…" not in "".join(cells) for cells in body)
+
+
+def test_fp8_prints_the_layer_plan_for_a_gpu_and_json_carries_it(capsys: pytest.CaptureFixture[str]):
+    from ampkit.memory.fp8_layers import Fp8Plan, fp8_layer_plan
+
+    w = get_workload("gpt", "tiny")
+    assert main(["memory", "-w", "gpt", "--size", "tiny", "--device", "cpu", "--precision", "32-true", "--fp8", "L4"]) == 0
+    out = capsys.readouterr().out
+    assert "fp8 layers (fp8-tensorwise, predicted for L4)" in out and "0 of 5 Linear layers in fp8" in out
+    pytest.importorskip("torchao", reason="Requires: torchao (pip install -e '.[fp8]')")
+    # For a GPU (simulated here), the fp8 policy's entry carries its plan at the batch's rows.
+    assert main(["memory", "-w", "gpt", "--size", "tiny", "--device", "cuda", "--precision", "fp8-rowwise", "--json"]) == 0
+    entry = json.loads(capsys.readouterr().out)[0]
+    assert Fp8Plan.from_dict(entry["fp8_layers"]) == fp8_layer_plan(w.model, w.batch(0), "fp8-rowwise")

@@ -1,0 +1,70 @@
+"""The fp8 layer plan in bench: planned at the workload's rows, run as planned, shown in the terminal and report.md.
+
+fp8 needs an sm89+ GPU; here the registry's fp8-tensorwise is swapped for its emulated twin so that the bench's
+path runs on the CPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from rich.console import Console
+
+from ampkit.bench import table
+from ampkit.bench.fp8_table import HEADERS, fp8_markdown, fp8_rows
+from ampkit.bench.report import write_report
+from ampkit.bench.results import BenchResult
+from ampkit.bench.runner import run_bench
+from ampkit.memory.fp8_layers import Fp8Plan, fp8_layer_plan
+from ampkit.policy import FP8Tensorwise
+from ampkit.policy.registry import POLICIES
+
+pytest.importorskip("torchao", reason="Requires: torchao (pip install -e '.[fp8]')")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EmulatedTensorwise(FP8Tensorwise):
+    emulate: bool = True
+
+
+def _gpt():
+    import dataclasses
+
+    from ampkit.bench.workloads import gpt
+
+    return dataclasses.replace(gpt.build("tiny"), steps=3, warmup=1)
+
+
+def test_bench_plans_fp8_at_the_workloads_rows_and_runs_the_plan(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setitem(POLICIES, "fp8-tensorwise", EmulatedTensorwise)
+    w = _gpt()
+    result = run_bench(w, ["32-true", "bf16-mixed", "fp8-tensorwise"], "cpu", rounds=1)
+    plan = Fp8Plan.from_dict(result.fp8_layers["fp8-tensorwise"])
+    assert plan == fp8_layer_plan(w.model, w.train_batches[0], "fp8-tensorwise")
+    assert plan.tokens == w.train_batches[0][0].numel()  # 4 x 32 tokens: every Linear's rows
+    # At 128 rows no layer pays, so the run converts none and is bf16-mixed's, loss for loss.
+    assert not any(p.convert for p in plan.layers)
+    assert result.run("fp8-tensorwise").losses == result.run("bf16-mixed").losses
+    # The plan survives results.json and reaches the terminal and report.md.
+    again = BenchResult.from_dict(result.to_dict())
+    assert again.fp8_layers == result.fp8_layers
+    console = Console(record=True, width=200)
+    table.render(again, console)
+    text = console.export_text()
+    assert "fp8 layers (fp8-tensorwise, predicted for H100)" in text and "0 of 5 Linear layers in fp8" in text
+    report = write_report(again, tmp_path).read_text()
+    assert "## fp8 layers: fp8-tensorwise" in report and fp8_markdown(plan) in report
+
+
+def test_rows_fold_repeated_blocks_and_say_why_a_layer_stays_bf16() -> None:
+    with torch.device("meta"):
+        model = torch.nn.Sequential(*[torch.nn.Linear(4096, 4096) for _ in range(3)], torch.nn.Linear(4096, 10))
+    plan = fp8_layer_plan(model, (torch.empty(8192, 4096, device="meta"), None), gpu="H100")
+    rows = fp8_rows(plan)
+    assert [r[0] for r in rows] == ["*", "3"] and [r[1] for r in rows] == ["3", "1"]
+    assert rows[0][-1] == "fp8" and rows[1][-1] == "bf16: 4096x10: fp8 kernels need multiples of 16"
+    assert all(len(r) == len(HEADERS) for r in rows)
+    assert rows[0][3] == f"{plan.layers[0].cost.bf16_s * 1e6:,.1f}" and rows[0][6] == f"{plan.layers[0].cost.speedup:.2f}x"
