@@ -49,6 +49,9 @@ class Policy:
     # not lost, so a per-step audit of lost updates would misreport it.
     remedies_rounding: ClassVar[bool] = False
     loss_scaling: ClassVar[LossScaling] = "none"
+    # fp8: torchao's casts are separate kernels unless torch.compile fuses them, which makes the eager step slower
+    # than bf16-mixed's; the engine says so when a GPU run is not compiled.
+    needs_compile: ClassVar[bool] = False
     description: ClassVar[str] = ""
 
     # -- what a device can do -------------------------------------------------------------------

@@ -91,6 +91,7 @@ class FP8Policy(BF16Mixed):
 
     recipe: ClassVar[Fp8Recipe]
     min_capability: ClassVar[tuple[int, int]]
+    needs_compile: ClassVar[bool] = True
 
     layers: LayerFilter = "auto"
     """Which Linear layers run in fp8: ``"auto"`` (the roofline's choice), ``"all"``, or ``fn(module, name) -> bool``."""

@@ -179,6 +179,9 @@ class Engine:
         self._state.skipped = torch.zeros((), dtype=torch.int64, device=self.device)
         self.models, self.optimizers = model_list, list(optimizers)
         self.compiled = apply_compile(model_list, plan) if plan is not None else []
+        if self.policy.needs_compile and plan is None and self.device.type == "cuda":
+            log.warning("%s without torch.compile runs each fp8 cast as kernels of its own: expect it slower than bf16-mixed. "
+                        "Pass Engine(compile=True).", self.policy.name)
         out_model = self.wrappers[0] if isinstance(models, nn.Module) else list(self.wrappers)
         return (out_model, *optimizers) if optimizers else out_model
 

@@ -226,3 +226,15 @@ def test_policy_copies_keep_their_settings() -> None:
     assert (q.emulate, q.layers, q.tokens, q.keep_fp32) == (True, "all", 512, ("head",))
     assert dataclasses.replace(p, emulate=False).sharded().fp8_all_gather is False  # rowwise: no fp8 all-gather
     assert FP8Tensorwise().sharded().fp8_all_gather is True
+
+
+def test_an_uncompiled_gpu_run_is_told_to_compile(device: torch.device, caplog: pytest.LogCaptureFixture) -> None:
+    policy = _policy(FP8Tensorwise, device, layers="all")
+    with caplog.at_level(logging.WARNING, logger="ampkit"):
+        _train(policy, device, 1)
+    assert ("without torch.compile" in caplog.text) == (device.type == "cuda")  # the CPU's emulation is never fast
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="ampkit"):
+        w, model = _gpt(device)
+        Engine(policy, compile=True).setup(model, w.optimizer(model.parameters()))
+    assert "without torch.compile" not in caplog.text
