@@ -238,3 +238,25 @@ def test_an_uncompiled_gpu_run_is_told_to_compile(device: torch.device, caplog: 
         w, model = _gpt(device)
         Engine(policy, compile=True).setup(model, w.optimizer(model.parameters()))
     assert "without torch.compile" not in caplog.text
+
+
+def test_compiled_fp8_traces_whole_and_matches_eager(device: torch.device) -> None:
+    """torchao needs torch.compile to fuse its casts: the model must compile without a graph break. With aot_eager
+    (the captured graph run unfused) the compiled run ends bitwise where the eager one does."""
+    from torch._dynamo.utils import counters
+
+    policy = _policy(FP8Tensorwise, device, layers="all")
+    eager, eager_model, _ = _train(policy, device, 3)
+    torch._dynamo.reset()
+    counters.clear()
+    try:
+        w, model = _gpt(device)
+        engine = Engine(policy, compile={"backend": "aot_eager"})
+        model, _ = engine.setup(model, w.optimizer(model.parameters()))
+        compiled, model, _ = _train(policy, device, 3, model, engine)
+        breaks = sum(counters["graph_break"].values())
+    finally:
+        torch._dynamo.reset()
+    assert engine.compiled == [""] and breaks == 0
+    assert torch.equal(compiled, eager)
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), eager_model.parameters(), strict=True))
