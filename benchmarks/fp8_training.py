@@ -32,6 +32,7 @@ import json
 import statistics
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date
@@ -164,6 +165,20 @@ class Deadline:
         return None
 
 
+def attempt(work: Callable[[], dict[str, Any]], device: torch.device) -> dict[str, Any]:
+    """``work()``'s row with status ok, or, when it raises (out of memory, a kernel or compiler error), a failed row
+    naming the error (its traceback on stderr), so that the other rows are still measured."""
+    try:
+        return {"status": "ok", **work()}
+    except Exception as error:  # noqa: BLE001 - any failure of one row is that row's result
+        traceback.print_exc()
+        first = (str(error).strip().splitlines() or [""])[0][:300]
+        return {"status": "failed", "reason": f"{type(error).__name__}: {first}".replace("|", "/")}
+    finally:
+        if device.type == "cuda":
+            torch.cuda.empty_cache()  # what the failed or finished row held, before the next one
+
+
 # ---------------------------------------------------------------------------------------------- end to end
 
 
@@ -242,12 +257,7 @@ def run_model(spec: ModelSpec, args: argparse.Namespace, device: torch.device, d
             row |= {"status": "skipped", "reason": f"the filter converts no layer at {spec.tokens} tokens: trains as bf16-mixed",
                     "fp8_layers": 0, "linear_layers": len(plans)}
         else:
-            try:
-                row |= train_case(base, policy, spec, batches, args, device)
-            except torch.cuda.OutOfMemoryError as error:
-                row |= {"status": "failed", "reason": f"out of memory: {str(error).splitlines()[0]}"}
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+            row |= attempt(lambda: train_case(base, policy, spec, batches, args, device), device)
         if reference is None and row["status"] == "ok":
             reference = row  # bf16-mixed: the control
         if row["status"] == "ok" and reference is not None:
@@ -293,6 +303,21 @@ def time_linear(layer: nn.Module, tokens: int, device: torch.device, args: argpa
     return statistics.median(seconds)
 
 
+def measure_shape(tokens: int, k: int, n: int, recipes: list[tuple[str, Any]], args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    """One shape's measured times: bf16, then each fp8 recipe the device runs (the others: why not)."""
+    torch.manual_seed(0)
+    linear = nn.Linear(k, n, device=device)
+    row: dict[str, Any] = {"measured_bf16_s": time_linear(copy.deepcopy(linear), tokens, device, args)}
+    for name, policy in recipes:
+        support = policy.support(device)
+        if not support.supported:
+            row[f"{name}_skipped"] = support.reason
+            continue
+        row[f"measured_{name}_s"] = time_linear(float8_layer(copy.deepcopy(linear), policy), tokens, device, args)
+        row[f"measured_{name}_speedup"] = row["measured_bf16_s"] / row[f"measured_{name}_s"]
+    return row
+
+
 def float8_layer(linear: nn.Module, policy: Any) -> nn.Module:
     with quiet_library_logs("torchao", "torchao.kernel.intmm", "torch.utils._pytree"):
         from torchao.float8 import convert_to_float8_training
@@ -326,17 +351,7 @@ def measure_layers(models: tuple[ModelSpec, ...], args: argparse.Namespace, devi
             rows.append(row)
             emit(row)
             continue
-        torch.manual_seed(0)
-        linear = nn.Linear(k, n, device=device)
-        row["status"] = "ok"
-        row["measured_bf16_s"] = time_linear(copy.deepcopy(linear), tokens, device, args)
-        for name, policy in recipes:
-            support = policy.support(device)
-            if not support.supported:
-                row[f"{name}_skipped"] = support.reason
-                continue
-            row[f"measured_{name}_s"] = time_linear(float8_layer(copy.deepcopy(linear), policy), tokens, device, args)
-            row[f"measured_{name}_speedup"] = row["measured_bf16_s"] / row[f"measured_{name}_s"]
+        row |= attempt(lambda: measure_shape(tokens, k, n, recipes, args, device), device)
         measured = row.get("measured_fp8-tensorwise_speedup")
         if measured is not None:
             row["measured_pays"] = measured > 1.0
@@ -356,7 +371,7 @@ def _f(value: Any, pattern: str, scale: float = 1.0) -> str:
 RUN_HEAD = "| model | policy | status | step (ms) | tokens/s | vs bf16-mixed | loss | loss - bf16's | peak memory (GiB) | fp8 layers | note |\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|"
 LAYER_HEAD = (
     "| tokens x in x out | layers | predicted bf16 / fp8 (ms) | predicted speed-up | filter | measured bf16 (ms) | "
-    "measured tensorwise (ms) | measured speed-up tw / rw | measured | agrees |\n|---|---:|---:|---:|---|---:|---:|---:|---|---|"
+    "measured tensorwise (ms) | measured speed-up tw / rw | tensorwise, measured | filter agrees |\n|---|---:|---:|---:|---|---:|---:|---:|---|---|"
 )
 
 
@@ -455,12 +470,15 @@ def main(argv: list[str] | None = None) -> int:
     print(RUN_HEAD, *map(run_line, runs), sep="\n")
     print("\n## Per Linear shape: the roofline's prediction against the measurement\n")
     print(LAYER_HEAD, *map(layer_line, layers), sep="\n")
+    failed = [r for r in runs + layers if r["status"] == "failed"]
     if args.json:
         facts = {"device": str(device), "device_name": where, "torch": torch.__version__, "torchao": version("torchao"),
                  "command": command, "smoke": args.smoke, "backend": args.backend or "inductor", "steps": args.steps, "warmup": args.warmup, "reps": args.reps}
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({**facts, "runs": runs, "layers": layers}, f, indent=1)
-    return 0
+    if failed:
+        print(f"\nfp8_training: {len(failed)} row(s) failed (their errors are above)", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

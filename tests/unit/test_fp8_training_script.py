@@ -82,3 +82,12 @@ def test_without_torchao_it_says_how_to_bring_the_wheel_and_exits_3(script: Modu
     assert script.main(["--device", "cpu"]) == 3
     err = capsys.readouterr().err
     assert "torchao==0.17.0" in err and "-d .whl" in err and "carry" in err
+
+
+def test_a_row_that_raises_is_recorded_as_failed_and_the_others_go_on(script: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
+    def broken() -> dict[str, object]:
+        raise RuntimeError("CUDA error: misaligned address\nmore detail")
+
+    assert script.attempt(broken, torch.device("cpu")) == {"status": "failed", "reason": "RuntimeError: CUDA error: misaligned address"}
+    assert "Traceback" in capsys.readouterr().err
+    assert script.attempt(lambda: {"step_s": 1.0}, torch.device("cpu")) == {"status": "ok", "step_s": 1.0}
