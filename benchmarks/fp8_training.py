@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import json
 import statistics
 import sys
@@ -175,8 +176,17 @@ def attempt(work: Callable[[], dict[str, Any]], device: torch.device) -> dict[st
         first = (str(error).strip().splitlines() or [""])[0][:300]
         return {"status": "failed", "reason": f"{type(error).__name__}: {first}".replace("|", "/")}
     finally:
-        if device.type == "cuda":
-            torch.cuda.empty_cache()  # what the failed or finished row held, before the next one
+        release(device)
+
+
+def release(device: torch.device) -> None:
+    """Free what a finished row held before the next starts (a 1B model's weights, gradients and AdamW state are
+    20 GB): compiled modules and engines hold each other in cycles, and dynamo's caches hold the compiled modules."""
+    if "torch._dynamo" in sys.modules:
+        torch._dynamo.reset()
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 # ---------------------------------------------------------------------------------------------- end to end
