@@ -5,7 +5,9 @@
     python benchmarks/gpu_suite.py --out DIR --only tests,bench                   # some steps (``--list`` names them)
 
 Each step is its own process (``python -m pytest``, ``python -m ampkit bench``, ``python benchmarks/<script>.py``) with
-a time limit, run from this checkout's ``src`` (nothing is installed; the machine is used as it is). A step that
+a time limit, run from this checkout's ``src`` (nothing is installed; the machine is used as it is). Packages the
+machine lacks travel as wheels in ``.whl/`` at the repository root (torchao for the fp8 step): the suite installs
+them, without the network or dependencies, into a temporary folder on the steps' ``PYTHONPATH``. A step that
 fails or runs out of time is recorded and the suite goes on. The folder gets ``env.json`` (device, driver, torch,
 CUDA, cuDNN and Triton versions, the commit), one ``<step>.log`` per step (the exact command first, then its raw
 output), the JSON each benchmark writes, the bench's own results folder, and ``summary.md``: the environment, a
@@ -27,12 +29,14 @@ import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 BENCHMARKS = REPO / "benchmarks"
+WHEELS = REPO / ".whl"  # packages the GPU machine lacks, carried as wheels (ignored by git; DEVELOPERS.md)
 
 # The 9-minute promise on an H100/H200, with room left for the environment probe and the summary.
 DEFAULT_BUDGET_S = 580.0
@@ -49,6 +53,10 @@ class Step:
     budget_s: float
     smoke_budget_s: float = 60.0
     writes_json: bool = True  # the command takes --json PATH (added by the suite)
+    tables: int = 1  # how many of the last Markdown tables of its output the summary shows
+    # The command takes --time-limit S and reports the work it did not start as skipped: the suite passes the step's
+    # limit less this margin (its longest unit of work), so the step ends on its own with every row it has.
+    time_limit_margin_s: float | None = None
 
 
 @dataclass
@@ -73,7 +81,7 @@ STEPS: tuple[Step, ...] = (
         "The test suite's device-generic tests on the device (pytest --device)",
         ("-m", "pytest", "-q", "-m", "not slow", "-p", "no:cacheprovider", "-rfE"),
         ("-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE", "tests/test_device_option.py"),
-        budget_s=120,
+        budget_s=105,
         writes_json=False,
     ),
     Step(
@@ -81,14 +89,14 @@ STEPS: tuple[Step, ...] = (
         "Each fused optimizer against its unfused twin through GradScaler, a skip on the first step included",
         _script("fused_optimizers.py"),
         _script("fused_optimizers.py", "--smoke"),
-        budget_s=25,
+        budget_s=20,
     ),
     Step(
         "bench",
         "ampkit bench, default workload and policies (gpt large on a GPU): step time, tokens/s, MFU",
         ("-m", "ampkit", "bench", "--no-progress"),
         ("-m", "ampkit", "bench", "--no-progress", "-w", "gpt", "--size", "tiny", "--precision", "bf16", "--steps", "4", "--warmup", "1", "--rounds", "1"),
-        budget_s=135,
+        budget_s=120,
         writes_json=False,
     ),
     Step(
@@ -96,14 +104,14 @@ STEPS: tuple[Step, ...] = (
         "ResNet-50, channels_last: AMP fp16/bf16 vs TF32 vs FP32 throughput, hand-written and through the Engine",
         _script("cnn_throughput.py"),
         _script("cnn_throughput.py", "--smoke"),
-        budget_s=70,
+        budget_s=55,
     ),
     Step(
         "engine_overhead",
         "Engine vs the hand-written torch.amp loop (fused AdamW, clipping) at a 2 ms and a 20 ms step",
         _script("engine_overhead.py", "--step-ms", "2,20"),
         _script("engine_overhead.py", "--smoke"),
-        budget_s=40,
+        budget_s=30,
     ),
     Step(
         "memory_prediction",
@@ -111,42 +119,53 @@ STEPS: tuple[Step, ...] = (
         # Most telling first: the script prints a line per row, so a step cut at its limit still shows those.
         _script("memory_prediction.py", "--size", "large", "--workloads", "gpt,resnet,segment,digits"),
         _script("memory_prediction.py", "--smoke", "--workloads", "gpt"),
-        budget_s=45,
+        budget_s=35,
     ),
     Step(
         "doctor",
         "What ampkit doctor costs and finds on gpt large",
         _script("doctor_findings.py", "--size", "large", "--workloads", "gpt"),
         _script("doctor_findings.py", "--smoke"),
-        budget_s=25,
+        budget_s=20,
     ),
     Step(
         "numerics_sampler",
         "What the numerics sampler costs per step on gpt large",
         _script("numerics_sampler.py", "--workload", "gpt", "--size", "large"),
         _script("numerics_sampler.py", "--smoke"),
-        budget_s=25,
+        budget_s=20,
     ),
     Step(
         "apex",
         "ampkit.apex O1/O2 (fp16 on CUDA) against the native loops they stand for",
         _script("apex_overhead.py", "--width", "2048", "--batch", "512"),
         _script("apex_overhead.py", "--smoke"),
-        budget_s=30,
+        budget_s=25,
     ),
     Step(
         "compile",
         "Engine(compile=True) against eager on gpt large, bf16-mixed: step time, speed-up, compile time",
         _script("compile_speed.py", "--workloads", "gpt", "--size", "large", "--precision", "bf16-mixed", "--rounds", "4", "--steps", "10"),
         _script("compile_speed.py", "--smoke"),
-        budget_s=40,
+        budget_s=35,
     ),
     Step(
         "fused_step",
         "The master-weight optimizer step fused by compile against the unfused one and bf16-mixed's, gpt large",
         _script("fused_master_step.py", "--workload", "gpt", "--size", "large", "--rounds", "4", "--steps", "10"),
         _script("fused_master_step.py", "--smoke"),
-        budget_s=25,
+        budget_s=20,
+    ),
+    Step(
+        "fp8",
+        "bf16-mixed vs fp8-tensorwise/-rowwise on a 1B GPT and gpt large (tokens/s, loss), per layer predicted vs measured",
+        _script("fp8_training.py"),
+        _script("fp8_training.py", "--smoke", "--backend", "eager"),
+        # Last: it takes whatever the steps before it saved, and stops starting work at its limit (a 1B policy,
+        # compile included, is the longest unit).
+        budget_s=95,
+        tables=2,
+        time_limit_margin_s=30,
     ),
 )
 STEP_NAMES = tuple(step.name for step in STEPS)
@@ -167,6 +186,18 @@ def command_for(step: Step, device: str, smoke: bool, out: Path) -> list[str]:
     elif step.writes_json:
         argv += ["--json", str(out / f"{step.name}.json")]
     return argv
+
+
+def with_time_limit(step: Step, command: list[str], limit_s: float) -> list[str]:
+    """``command`` told its time limit (the step's, less its margin) when the step keeps to one of its own.
+
+    >>> step = Step("x", "x", (), (), budget_s=60, time_limit_margin_s=20)
+    >>> with_time_limit(step, ["python", "x.py"], 90.4)
+    ['python', 'x.py', '--time-limit', '70']
+    """
+    if step.time_limit_margin_s is None:
+        return command
+    return [*command, "--time-limit", f"{max(limit_s - step.time_limit_margin_s, 1.0):.0f}"]
 
 
 def _pytest_extras(device: str) -> list[str]:
@@ -194,10 +225,11 @@ def shown_command(command: list[str]) -> str:
     return shlex.join(["python", *command[1:]]).replace(str(REPO) + "/", "")
 
 
-def child_environment() -> dict[str, str]:
-    """The steps' environment: this checkout's ``src`` first on the path (nothing installed), unbuffered output."""
+def child_environment(site: Path | None = None) -> dict[str, str]:
+    """The steps' environment: this checkout's ``src`` first on the path (nothing installed), then ``site`` (the
+    carried wheels), unbuffered output."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "src"), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "src"), str(site) if site else None, env.get("PYTHONPATH")]))
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
@@ -217,7 +249,21 @@ def step_limit(own_s: float, later_s: float, remaining_s: float) -> float:
     return min(max(own_s, remaining_s - later_s), remaining_s)
 
 
-def run_step(step: Step, command: list[str], log: Path, timeout_s: float) -> StepResult:
+def install_wheels(folder: Path, target: Path) -> list[str]:
+    """Install the wheels in ``folder`` (``.whl/``: packages the GPU machine lacks) into ``target``, offline and
+    without dependencies, as DEVELOPERS.md describes; their file names ([] when there are none). A package this
+    Python already has is left as it is: the wheels are for a machine without it (the lent GPU's torch 2.11), and
+    must not replace a development machine's own (torchao 0.18 for torch 2.13)."""
+    wheels = [w for w in sorted(folder.glob("*.whl")) if _version(w.name.split("-")[0]) is None]
+    if wheels:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", str(target), *map(str, wheels)],
+            check=True, capture_output=True, text=True, timeout=300,
+        )
+    return [w.name for w in wheels]
+
+
+def run_step(step: Step, command: list[str], log: Path, timeout_s: float, site: Path | None = None) -> StepResult:
     """Run one step in its own process group, its output written straight to ``log`` (so a step killed at its limit
     still leaves what it printed); the group is killed at the limit, workers included."""
     result = StepResult(step, command, status="ok", log=log)
@@ -226,7 +272,7 @@ def run_step(step: Step, command: list[str], log: Path, timeout_s: float) -> Ste
         sink.write(f"$ {shlex.join(command)}\n\n")
         sink.flush()
         proc = subprocess.Popen(
-            command, cwd=REPO, env=child_environment(), stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
+            command, cwd=REPO, env=child_environment(site), stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
         )
         try:
             result.returncode = proc.wait(timeout=timeout_s)
@@ -261,6 +307,7 @@ def environment(device: str) -> dict[str, object]:
         "triton": _version("triton"),
         "numpy": _version("numpy"),
         "transformers": _version("transformers"),
+        "torchao": _version("torchao"),
         "commit": _git("rev-parse", "HEAD"),
         "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
         "device": device,
@@ -317,11 +364,14 @@ def _nvidia_smi(query: str) -> str | None:
 # ---------------------------------------------------------------------------------------------- the figures
 
 
-def last_markdown_table(text: str) -> str:
-    """The last Markdown table in ``text`` (consecutive lines starting with ``|``), or "" when there is none.
+def last_markdown_table(text: str, count: int = 1) -> str:
+    """The last ``count`` Markdown tables in ``text`` (consecutive lines starting with ``|``), blank-line separated;
+    "" when there is none.
 
     >>> last_markdown_table("x\\n| a |\\n|---|\\n| 1 |\\ny\\n| b |\\n|---|\\n| 2 |\\n")
     '| b |\\n|---|\\n| 2 |'
+    >>> last_markdown_table("| a |\\n|---|\\nx\\n| b |\\n|---|\\n", count=2)
+    '| a |\\n|---|\\n\\n| b |\\n|---|'
     """
     blocks: list[list[str]] = []
     current: list[str] = []
@@ -333,7 +383,7 @@ def last_markdown_table(text: str) -> str:
             current = []
     if current:
         blocks.append(current)
-    return "\n".join(blocks[-1]) if blocks else ""
+    return "\n\n".join("\n".join(block) for block in blocks[-count:])
 
 
 def pytest_digest(text: str) -> str:
@@ -393,7 +443,7 @@ def figures_of(result: StepResult, out: Path) -> str:
         return pytest_digest(text)
     if result.step.name == "bench":
         return bench_digest(out / "bench") or last_markdown_table(text)
-    return last_markdown_table(text)
+    return last_markdown_table(text, result.step.tables)
 
 
 def summary_markdown(env: dict[str, object], results: list[StepResult], smoke: bool, budget_s: float, wall_s: float) -> str:
@@ -405,7 +455,7 @@ def summary_markdown(env: dict[str, object], results: list[StepResult], smoke: b
         "",
         f"- Device: {gpu}" + (f" (capability {env['capability']}, {env['gpu_memory_gib']} GiB, driver {env['driver']})" if "gpu" in env else ""),
         f"- Host: {env['cpu']}, {env['cpu_count']} CPUs; Python {env['python']}",
-        f"- torch {env['torch']} (CUDA {env['torch_cuda']}, cuDNN {env['cudnn']}), Triton {env['triton']}, transformers {env['transformers']}",
+        f"- torch {env['torch']} (CUDA {env['torch_cuda']}, cuDNN {env['cudnn']}), Triton {env['triton']}, transformers {env['transformers']}, torchao {env.get('torchao')}",
         f"- ampkit commit {env['commit'] or 'unknown (no .git here: pass --commit)'}"
         f"{' (with uncommitted changes)' if env['dirty'] else ''}; {env['date']}",
         f"- Wall time {wall_s:.0f} s of a {budget_s:.0f} s budget",
@@ -466,6 +516,22 @@ def _check_device(device: str) -> str | None:
     return None
 
 
+def _carried_wheels() -> tuple[Path | None, list[str], str | None]:
+    """Install ``.whl/*.whl`` for the steps (and for this process's version probe): the folder, the wheels, an error."""
+    if not any(WHEELS.glob("*.whl")):
+        return None, [], None
+    site = Path(tempfile.mkdtemp(prefix="ampkit-wheels-"))
+    try:
+        wheels = install_wheels(WHEELS, site)
+    except (OSError, subprocess.SubprocessError) as error:
+        detail = getattr(error, "stderr", None) or str(error)
+        return None, sorted(w.name for w in WHEELS.glob("*.whl")), detail.strip().splitlines()[-1] if detail.strip() else repr(error)
+    if not wheels:  # this Python has every package they carry
+        return None, [], None
+    sys.path.insert(0, str(site))
+    return site, wheels, None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     chosen = [s for s in STEPS if not args.only or s.name in args.only.split(",")]
@@ -481,21 +547,26 @@ def main(argv: list[str] | None = None) -> int:
     deadline = start + args.budget_s
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    env = environment(args.device)
+    site, wheels, wheel_error = _carried_wheels()
+    env = environment(args.device) | {"wheels": wheels}
+    if wheel_error:
+        env["wheels_error"] = wheel_error
     if args.commit:
         env["commit"], env["dirty"] = args.commit, False
     (out / "env.json").write_text(json.dumps(env, indent=2) + "\n")
     print(f"gpu_suite: {env.get('gpu') or args.device}, torch {env['torch']}, {len(chosen)} steps, budget {args.budget_s:.0f} s", flush=True)
+    if wheels or wheel_error:
+        print(f"gpu_suite: carried wheels {', '.join(wheels)}: " + (f"NOT installed: {wheel_error}" if wheel_error else f"installed in {site}"), flush=True)
 
     budgets = [step.smoke_budget_s if args.smoke else step.budget_s for step in chosen]
     results = []
     for index, step in enumerate(chosen, 1):
-        command = command_for(step, args.device, args.smoke, out)
         limit = step_limit(budgets[index - 1], sum(budgets[index:]), deadline - time.perf_counter())
+        command = with_time_limit(step, command_for(step, args.device, args.smoke, out), limit)
         if limit < 5:
             results.append(StepResult(step, command, status="not run", notes=["the suite's budget was spent"]))
         else:
-            results.append(run_step(step, command, out / f"{index:02d}-{step.name}.log", limit))
+            results.append(run_step(step, command, out / f"{index:02d}-{step.name}.log", limit, site))
         results[-1].figures = figures_of(results[-1], out)
         last = results[-1]
         print(f"gpu_suite: {step.name:18s} {last.status:8s} {last.seconds:6.1f} s", flush=True)

@@ -37,6 +37,7 @@ SMOKED_ELSEWHERE = {
     "apex": "tests/integration/test_legacy_apex_overhead.py",
     "compile": "tests/unit/test_compile_speed_script.py",
     "fused_step": "tests/unit/test_fused_master_step_script.py",
+    "fp8": "tests/unit/test_fp8_training_script.py",
 }
 
 
@@ -101,6 +102,46 @@ def test_a_spent_budget_leaves_later_steps_not_run(suite: ModuleType, tmp_path: 
     monkeypatch.setattr(suite, "command_for", lambda step, device, smoke, out: [sys.executable, *step.smoke])
     assert suite.main(["--device", "cpu", "--smoke", "--budget-s", "1", "--out", str(tmp_path / "s")]) == 1
     assert "| a | not run |" in (tmp_path / "s" / "summary.md").read_text()
+
+
+def test_the_steps_budgets_fit_the_suites_budget(suite: ModuleType) -> None:
+    assert sum(step.budget_s for step in suite.STEPS) <= suite.DEFAULT_BUDGET_S
+
+
+def test_a_step_with_a_time_limit_of_its_own_gets_the_suites_limit_less_its_margin(suite: ModuleType) -> None:
+    (fp8,) = [s for s in suite.STEPS if s.name == "fp8"]
+    command = suite.command_for(fp8, "cuda", False, Path("/tmp/s"))
+    assert suite.with_time_limit(fp8, command, 100)[-2:] == ["--time-limit", f"{100 - fp8.time_limit_margin_s:.0f}"]
+    assert suite.with_time_limit(suite.STEPS[0], ["python"], 100) == ["python"]
+
+
+def _wheel(folder: Path, name: str, source: str) -> None:
+    """A minimal pure-Python wheel holding one module ``name``."""
+    import zipfile
+
+    info = f"{name}-1.0.dist-info"
+    files = {
+        f"{name}.py": source,
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    files[f"{info}/RECORD"] = "".join(f"{path},,\n" for path in [*files, f"{info}/RECORD"])
+    with zipfile.ZipFile(folder / f"{name}-1.0-py3-none-any.whl", "w") as whl:
+        for path, text in files.items():
+            whl.writestr(path, text)
+
+
+def test_carried_wheels_are_installed_for_the_steps(suite: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    wheels = tmp_path / "whl"
+    wheels.mkdir()
+    _wheel(wheels, "carried_demo", "VALUE = 7\n")
+    step = suite.Step("uses_wheel", "imports the carried module", (), ("-c", "import carried_demo, sys; sys.exit(carried_demo.VALUE - 7)"), budget_s=30, writes_json=False)
+    monkeypatch.setattr(suite, "WHEELS", wheels)
+    monkeypatch.setattr(suite, "STEPS", (step,))
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the suite puts the wheels' folder on its own path too
+    assert suite.main(["--device", "cpu", "--smoke", "--out", str(tmp_path / "s")]) == 0, (tmp_path / "s" / "summary.md").read_text()
+    assert "| uses_wheel | ok |" in (tmp_path / "s" / "summary.md").read_text()
+    assert json.loads((tmp_path / "s" / "env.json").read_text())["wheels"] == ["carried_demo-1.0-py3-none-any.whl"]
 
 
 @pytest.mark.parametrize(

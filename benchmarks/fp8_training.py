@@ -1,0 +1,495 @@
+"""fp8 against bf16-mixed: end to end on gpt large and a 1B-class GPT, and per Linear shape, predicted vs measured.
+
+End to end: each model trains under ``bf16-mixed``, ``fp8-tensorwise`` and ``fp8-rowwise`` (the policies' default
+``layers="auto"``, with ``tokens`` set to the rows each Linear really multiplies per micro-batch; for gpt large also
+``layers="all"``, so the filter's choice is visible against converting everything), all through
+``Engine(compile="regional")``: each transformer block compiled once and reused (fp8 without compile is slow; a
+whole-model compile per policy would not fit the GPU suite's time), the embedding and the head eager. Same
+weights, same batches (the gpt workload's stdlib text) for every policy; the policies run back to back in one
+process. Per row: median step time after warm-up (CUDA events, one synchronize after the timed steps), tokens/s,
+speed-up over bf16-mixed, the loss after the last step and its difference from bf16-mixed's (the control), peak
+memory, and how many Linear layers run in fp8. An ``"auto"`` policy that converts no layer trains exactly as
+bf16-mixed: it is reported as such, not run again.
+
+Per layer: every distinct ``(tokens, in, out)`` Linear shape of both models, forward and backward of one compiled
+Linear under bf16 autocast against torchao's ``Float8Linear`` (each recipe), medians over repetitions, beside the
+roofline's prediction (:func:`ampkit.policy.fp8_roofline.predict_linear` with this GPU's spec): which shapes the
+``"auto"`` filter converts, and whether the measurement agrees (pays / does not pay).
+
+A recipe the device cannot run (rowwise below sm90) is reported as skipped with the reason. Without torchao the
+script says how to bring it and exits 3. ``--smoke`` runs tiny models on the CPU in torchao's emulation (seconds;
+timings mean nothing there, the losses are still a check of fp8 against bf16).
+
+    python benchmarks/fp8_training.py --device cuda --json fp8.json
+    python benchmarks/fp8_training.py --smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import json
+import statistics
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import date
+from typing import Any
+
+import torch
+from torch import nn
+
+import ampkit
+from ampkit._compat import compile_in_place
+from ampkit.bench.workloads.gpt import GPT, VOCAB, build, lm_cross_entropy, stdlib_corpus
+from ampkit.policy.device import cpu_name
+from ampkit.policy.fp8 import FP8Rowwise, FP8Tensorwise, missing_torchao
+from ampkit.policy.fp8_roofline import measure_linear_tokens, predict_linear
+from ampkit.policy.lowbit_optimizers import quiet_library_logs
+
+SMOKE = {"steps": 2, "warmup": 1, "reps": 2}
+"""What ``--smoke`` changes: tiny models (below), 1 warm-up and 2 timed steps, no compile unless ``--backend`` names
+one (tracing costs more than the rest of the smoke run: CI passes ``--backend eager`` in the suite's slow test)."""
+
+BRING_TORCHAO = (
+    "On a lent GPU machine (torch 2.11, no network) carry torchao's wheel: in the repository root "
+    "`python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "
+    "--platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .whl torchao==0.17.0`, name '.whl' in the "
+    "run's carry; benchmarks/gpu_suite.py installs .whl/*.whl before its steps (see DEVELOPERS.md)."
+)
+
+FP8_POLICIES = (FP8Tensorwise, FP8Rowwise)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One model of the comparison: how to build it, its batch, and whether ``layers="all"`` rows are added."""
+
+    name: str
+    build: Callable[[torch.device], nn.Module]
+    """Builds the model on a device: the GPU (fast initialisation), or ``meta`` (shapes only)."""
+    batch: int
+    seq_len: int
+    lr: float
+    with_all: bool
+
+    @property
+    def tokens(self) -> int:
+        return self.batch * self.seq_len
+
+
+def gpt_large(device: torch.device) -> nn.Module:
+    return build("large").model.to(device)  # the bench workload's own weights
+
+
+def gpt_1b(device: torch.device) -> nn.Module:
+    # 20 blocks of 12 * 2048^2 parameters: 1.01 B, initialised where it is built (on a GPU: seconds, not a minute).
+    with torch.device(device):
+        return GPT(VOCAB, seq_len=1024, d_model=2048, heads=16, layers=20)
+
+
+def gpt_tiny(device: torch.device) -> nn.Module:
+    with torch.device(device):  # two blocks: compile="regional" compiles repeated ones
+        return GPT(VOCAB, seq_len=32, d_model=32, heads=2, layers=2)
+
+
+def gpt_tiny_deep(device: torch.device) -> nn.Module:
+    with torch.device(device):  # gpt tiny's shapes: the per-layer table measures each shape once for both
+        return GPT(VOCAB, seq_len=32, d_model=32, heads=2, layers=3)
+
+
+# 1B: 16 x 1024 tokens a step: about 16 GB of fp32 weights, gradients and AdamW state plus ~25 GB of activations
+# in bf16-mixed, well within an 80 GB H100.
+FULL_MODELS = (
+    ModelSpec("gpt 1B", gpt_1b, batch=16, seq_len=1024, lr=3e-4, with_all=False),
+    ModelSpec("gpt large", gpt_large, batch=32, seq_len=256, lr=3e-4, with_all=True),
+)
+SMOKE_MODELS = (
+    ModelSpec("gpt tiny-deep", gpt_tiny_deep, batch=4, seq_len=32, lr=3e-3, with_all=False),
+    ModelSpec("gpt tiny", gpt_tiny, batch=4, seq_len=32, lr=3e-3, with_all=True),
+)
+
+
+def corpus_batches(seq_len: int, batch: int, count: int, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``count`` batches of ``batch`` windows of the gpt workload's stdlib text (inputs, targets shifted by one)."""
+    text, _ = stdlib_corpus(6_000_000)
+    data = torch.frombuffer(bytearray(text), dtype=torch.uint8)
+    generator = torch.Generator().manual_seed(seed)
+    starts = torch.randint(0, len(data) - seq_len - 1, (count, batch), generator=generator)
+    windows = data[starts.unsqueeze(-1) + torch.arange(seq_len + 1)].long()
+    return [(w[:, :-1], w[:, 1:]) for w in windows]
+
+
+class Timer:
+    """Times calls on the device: CUDA events around each call and one synchronize after all (no sync between
+    calls, so the host keeps queueing as in training); wall clock on a CPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def run(self, fn: Callable[[], Any], n: int) -> tuple[list[float], list[Any]]:
+        """Call ``fn`` ``n`` times: the seconds each took and what each returned."""
+        results = []
+        if not self.cuda:
+            seconds = []
+            for _ in range(n):
+                start = time.perf_counter()
+                results.append(fn())
+                seconds.append(time.perf_counter() - start)
+            return seconds, results
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+        for start, end in events:
+            start.record()
+            results.append(fn())
+            end.record()
+        torch.cuda.synchronize()
+        return [start.elapsed_time(end) / 1e3 for start, end in events], results
+
+
+class Deadline:
+    """The script's own time limit: work not started before it is reported as skipped, not cut mid-way."""
+
+    def __init__(self, seconds: float | None) -> None:
+        self.at = None if seconds is None else time.perf_counter() + seconds
+        self.seconds = seconds
+
+    def passed(self) -> str | None:
+        if self.at is not None and time.perf_counter() > self.at:
+            return f"not started: the script's time limit ({self.seconds:.0f} s) was reached"
+        return None
+
+
+def attempt(work: Callable[[], dict[str, Any]], device: torch.device) -> dict[str, Any]:
+    """``work()``'s row with status ok, or, when it raises (out of memory, a kernel or compiler error), a failed row
+    naming the error (its traceback on stderr), so that the other rows are still measured."""
+    try:
+        return {"status": "ok", **work()}
+    except Exception as error:  # noqa: BLE001 - any failure of one row is that row's result
+        traceback.print_exc()
+        first = (str(error).strip().splitlines() or [""])[0][:300]
+        return {"status": "failed", "reason": f"{type(error).__name__}: {first}".replace("|", "/")}
+    finally:
+        release(device)
+
+
+def release(device: torch.device) -> None:
+    """Free what a finished row held before the next starts (a 1B model's weights, gradients and AdamW state are
+    20 GB): compiled modules and engines hold each other in cycles, and dynamo's caches hold the compiled modules."""
+    if "torch._dynamo" in sys.modules:
+        torch._dynamo.reset()
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+# ---------------------------------------------------------------------------------------------- end to end
+
+
+def policies_for(spec: ModelSpec, emulate: bool) -> list[tuple[str, ampkit.Policy]]:
+    """The rows of one model: bf16-mixed, then each fp8 recipe with the filter (and converting every layer)."""
+    rows: list[tuple[str, ampkit.Policy]] = [("bf16-mixed", ampkit.get_policy("bf16-mixed"))]
+    for cls in FP8_POLICIES:
+        rows.append((cls.name, cls(tokens=spec.tokens, emulate=emulate)))
+        if spec.with_all:
+            rows.append((f"{cls.name} all", cls(layers="all", tokens=spec.tokens, emulate=emulate)))
+    return rows
+
+
+def compile_options(args: argparse.Namespace) -> dict[str, Any]:
+    return {"backend": args.backend} if args.backend else {}
+
+
+def count_fp8(model: nn.Module) -> int:
+    return sum(type(m).__name__ == "Float8Linear" for m in model.modules())
+
+
+def train_case(base: nn.Module, policy: ampkit.Policy, spec: ModelSpec, batches: list[Any], args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    """One policy on a copy of ``base`` (held on the CPU, so the peak memory is the run's own): warm-up (compiles),
+    then the timed steps."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    model = copy.deepcopy(base).to(device)
+    engine = ampkit.Engine(policy, compile=None if args.backend == "none" else {"regional": True, **compile_options(args)})
+    with quiet_library_logs("torchao", "torchao.kernel.intmm", "torch.utils._pytree"):
+        model, _ = engine.setup(model, torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.01, fused=True))
+    model.train()
+    feed = iter(batches)
+
+    def step() -> torch.Tensor:
+        x, y = next(feed)
+        with engine.autocast():
+            loss = lm_cross_entropy(model(x).float(), y)
+        engine.backward(loss)
+        engine.step()
+        return loss.detach()
+
+    timer = Timer(device)
+    warm_s, _ = timer.run(step, args.warmup)
+    step_s, losses = timer.run(step, args.steps)
+    median = statistics.median(step_s)
+    row = {
+        "step_s": median,
+        "tokens_per_s": spec.tokens / median,
+        "loss": float(losses[-1]),
+        "compile_s": max(0.0, warm_s[0] - median),
+        "peak_memory_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
+        "fp8_layers": count_fp8(model),
+        "linear_layers": sum(isinstance(m, nn.Linear) for m in model.modules()),
+    }
+    del engine, model
+    return row
+
+
+def run_model(spec: ModelSpec, args: argparse.Namespace, device: torch.device, deadline: Deadline, emit: Callable[[dict[str, Any]], None]) -> list[dict[str, Any]]:
+    """Every policy's row for one model, printed as each finishes."""
+    torch.manual_seed(0)
+    base = spec.build(device).to("cpu")
+    batches = [(x.to(device), y.to(device)) for x, y in corpus_batches(spec.seq_len, spec.batch, args.warmup + args.steps)]
+    rows: list[dict[str, Any]] = []
+    reference: dict[str, Any] | None = None
+    for label, policy in policies_for(spec, args.emulate):
+        row: dict[str, Any] = {"model": spec.name, "policy": label, "tokens": spec.tokens, "status": "ok", "reason": ""}
+        support = policy.support(device)
+        plans = policy.plan_layers(base, device.type) if isinstance(policy, FP8_POLICIES) else []
+        late = deadline.passed()
+        if late:
+            row |= {"status": "skipped", "reason": late}
+        elif not support.supported:
+            row |= {"status": "skipped", "reason": support.reason}
+        elif plans and not any(p.convert for p in plans):
+            row |= {"status": "skipped", "reason": f"the filter converts no layer at {spec.tokens} tokens: trains as bf16-mixed",
+                    "fp8_layers": 0, "linear_layers": len(plans)}
+        else:
+            row |= attempt(lambda: train_case(base, policy, spec, batches, args, device), device)
+        if reference is None and row["status"] == "ok":
+            reference = row  # bf16-mixed: the control
+        if row["status"] == "ok" and reference is not None:
+            row["speedup_vs_bf16"] = reference["step_s"] / row["step_s"]
+            row["loss_diff_vs_bf16"] = row["loss"] - reference["loss"]
+        rows.append(row)
+        emit(row)
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------- per layer
+
+
+def linear_shapes(spec: ModelSpec) -> dict[tuple[int, int, int], list[str]]:
+    """Each distinct ``(tokens, in, out)`` of the model's Linear layers, with the layers of that shape (a forward on
+    the meta device: shapes without memory or time)."""
+    model = spec.build(torch.device("meta"))
+    x = torch.zeros(spec.batch, spec.seq_len, dtype=torch.long, device="meta")
+    rows = measure_linear_tokens(model, lambda: model(x))
+    shapes: dict[tuple[int, int, int], list[str]] = {}
+    for name, m in model.named_modules():
+        if isinstance(m, nn.Linear) and name in rows:
+            shapes.setdefault((rows[name], m.in_features, m.out_features), []).append(name)
+    return shapes
+
+
+def time_linear(layer: nn.Module, tokens: int, device: torch.device, args: argparse.Namespace) -> float:
+    """Median seconds of one compiled Linear's forward (bf16 autocast) and backward (input and weight gradients)."""
+    if args.backend != "none":
+        compile_in_place(layer, compile_options(args))  # a dynamo cache of its own
+    x = torch.randn(tokens, layer.in_features, device=device, dtype=torch.bfloat16, requires_grad=True)
+    grad = torch.randn(tokens, layer.out_features, device=device, dtype=torch.bfloat16)
+    params = [p for p in layer.parameters() if p.requires_grad]
+
+    def once() -> None:
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            y = layer(x)
+        torch.autograd.grad(y, [x, *params], grad)
+
+    timer = Timer(device)
+    timer.run(once, args.warmup)  # compiles, then settles
+    seconds, _ = timer.run(once, args.reps)
+    return statistics.median(seconds)
+
+
+def measure_shape(tokens: int, k: int, n: int, recipes: list[tuple[str, Any]], args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    """One shape's measured times: bf16, then each fp8 recipe the device runs (the others: why not)."""
+    torch.manual_seed(0)
+    linear = nn.Linear(k, n, device=device)
+    row: dict[str, Any] = {"measured_bf16_s": time_linear(copy.deepcopy(linear), tokens, device, args)}
+    for name, policy in recipes:
+        support = policy.support(device)
+        if not support.supported:
+            row[f"{name}_skipped"] = support.reason
+            continue
+        row[f"measured_{name}_s"] = time_linear(float8_layer(copy.deepcopy(linear), policy), tokens, device, args)
+        row[f"measured_{name}_speedup"] = row["measured_bf16_s"] / row[f"measured_{name}_s"]
+    return row
+
+
+def float8_layer(linear: nn.Module, policy: Any) -> nn.Module:
+    with quiet_library_logs("torchao", "torchao.kernel.intmm", "torch.utils._pytree"):
+        from torchao.float8 import convert_to_float8_training
+
+        wrapper = nn.Sequential(linear)
+        convert_to_float8_training(wrapper, config=policy.float8_config())
+    return wrapper[0]
+
+
+def measure_layers(models: tuple[ModelSpec, ...], args: argparse.Namespace, device: torch.device, deadline: Deadline, emit: Callable[[dict[str, Any]], None]) -> list[dict[str, Any]]:
+    """Per distinct Linear shape: the roofline's prediction, the filter's choice, and the measured times."""
+    tensorwise = FP8Tensorwise(emulate=args.emulate)
+    target = tensorwise.planning_spec(device.type)
+    recipes = [(cls.name, cls(emulate=args.emulate)) for cls in FP8_POLICIES]
+    shapes: dict[tuple[int, int, int], list[str]] = {}
+    for spec in models:
+        for key, names in linear_shapes(spec).items():
+            shapes.setdefault(key, []).extend(f"{spec.name}: {n}" for n in names)
+    rows = []
+    for (tokens, k, n), names in shapes.items():
+        cost = predict_linear(target, tokens, k, n)
+        plan = FP8Tensorwise(tokens=tokens, emulate=args.emulate).plan_layers(nn.Sequential(nn.Linear(k, n, device="meta")), device.type)[0]
+        row: dict[str, Any] = {
+            "tokens": tokens, "in": k, "out": n, "layers": len(names), "examples": names[:3],
+            "planned_for": target.name, "predicted_bf16_s": cost.bf16_s, "predicted_fp8_s": cost.fp8_s,
+            "predicted_speedup": cost.speedup, "filter_converts": plan.convert, "filter_reason": plan.reason,
+        }
+        late = deadline.passed()
+        if late:
+            row |= {"status": "skipped", "reason": late}
+            rows.append(row)
+            emit(row)
+            continue
+        row |= attempt(lambda: measure_shape(tokens, k, n, recipes, args, device), device)
+        measured = row.get("measured_fp8-tensorwise_speedup")
+        if measured is not None:
+            row["measured_pays"] = measured > 1.0
+            row["agrees"] = row["measured_pays"] == plan.convert
+        rows.append(row)
+        emit(row)
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------- output
+
+
+def _f(value: Any, pattern: str, scale: float = 1.0) -> str:
+    return pattern.format(value * scale) if isinstance(value, (int, float)) and not isinstance(value, bool) else "—"
+
+
+RUN_HEAD = "| model | policy | status | step (ms) | tokens/s | vs bf16-mixed | loss | loss - bf16's | peak memory (GiB) | fp8 layers | note |\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|"
+LAYER_HEAD = (
+    "| tokens x in x out | layers | predicted bf16 / fp8 (ms) | predicted speed-up | filter | measured bf16 (ms) | "
+    "measured tensorwise (ms) | measured speed-up tw / rw | tensorwise, measured | filter agrees |\n|---|---:|---:|---:|---|---:|---:|---:|---|---|"
+)
+
+
+def run_line(r: dict[str, Any]) -> str:
+    fp8 = f"{r['fp8_layers']} / {r['linear_layers']}" if "linear_layers" in r else "—"
+    return (
+        f"| {r['model']} | {r['policy']} | {r['status']} | {_f(r.get('step_s'), '{:.2f}', 1e3)} | {_f(r.get('tokens_per_s'), '{:,.0f}')} | "
+        f"{_f(r.get('speedup_vs_bf16'), '{:.2f}x')} | {_f(r.get('loss'), '{:.4f}')} | {_f(r.get('loss_diff_vs_bf16'), '{:+.4f}')} | "
+        f"{_f(r.get('peak_memory_bytes'), '{:.1f}', 2**-30)} | {fp8} | {r['reason'].replace('|', '/')} |"
+    )
+
+
+def layer_line(r: dict[str, Any]) -> str:
+    tw, rw = r.get("measured_fp8-tensorwise_speedup"), r.get("measured_fp8-rowwise_speedup")
+    speedups = f"{_f(tw, '{:.2f}x')} / {_f(rw, '{:.2f}x') if 'fp8-rowwise_skipped' not in r else 'skipped'}"
+    measured = "—" if "measured_pays" not in r else ("pays" if r["measured_pays"] else "does not pay")
+    agrees = "—" if "agrees" not in r else ("yes" if r["agrees"] else "**no**")
+    if r["status"] != "ok":
+        measured = r["reason"]
+    return (
+        f"| {r['tokens']} x {r['in']} x {r['out']} | {r['layers']} | {_f(r['predicted_bf16_s'], '{:.3g}', 1e3)} / {_f(r['predicted_fp8_s'], '{:.3g}', 1e3)} | "
+        f"{r['predicted_speedup']:.2f}x | {'converts' if r['filter_converts'] else 'keeps bf16'} | {_f(r.get('measured_bf16_s'), '{:.3f}', 1e3)} | "
+        f"{_f(r.get('measured_fp8-tensorwise_s'), '{:.3f}', 1e3)} | {speedups} | {measured} | {agrees} |"
+    )
+
+
+class Printer:
+    """Prints each row as it is done, under its table's head (a run killed at its limit still shows its rows)."""
+
+    def __init__(self) -> None:
+        self.head = ""
+
+    def table(self, head: str, line: Callable[[dict[str, Any]], str]) -> Callable[[dict[str, Any]], None]:
+        def emit(row: dict[str, Any]) -> None:
+            if self.head != head:
+                print(f"\n{head}", flush=True)
+                self.head = head
+            print(line(row), flush=True)
+
+        return emit
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--steps", type=int, default=10, help="timed training steps per policy (after the warm-up)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps first (the first compiles)")
+    p.add_argument("--reps", type=int, default=20, help="timed forward+backward calls per layer shape and variant")
+    p.add_argument("--backend", default=None, help="torch.compile backend (default: inductor; 'none': no compile, the smoke's default)")
+    p.add_argument("--time-limit", type=float, default=None, help="seconds; later rows are reported skipped, not cut")
+    p.add_argument("--smoke", action="store_true", help="tiny models on the CPU in torchao's emulation: checks the script works")
+    p.add_argument("--json", help="also write the run's facts and every row here")
+    args = p.parse_args(argv)
+    args.emulate = args.smoke
+    if args.smoke:
+        vars(args).update(SMOKE)
+        args.backend = args.backend or "none"
+        if args.device == "cuda" and not torch.cuda.is_available():
+            args.device = "cpu"
+        if args.device == "cpu":
+            torch.set_num_threads(1)  # tensors of a few KiB: more threads only contend on a shared machine
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    missing = missing_torchao()
+    if missing:
+        print(f"fp8_training: {missing}.\n{BRING_TORCHAO}", file=sys.stderr)
+        return 3
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print(f"fp8_training: --device {args.device}: torch {torch.__version__} sees no CUDA device; on a CPU run --smoke.", file=sys.stderr)
+        return 2
+    from importlib.metadata import version
+
+    where = cpu_name() if device.type == "cpu" else torch.cuda.get_device_name(device)
+    command = f"python benchmarks/fp8_training.py {' '.join(argv if argv is not None else sys.argv[1:])}"
+    print(f"# fp8 training  {date.today()}  torch {torch.__version__}  torchao {version('torchao')}  device {device} ({where})")
+    print(f"# command: {command}")
+    if args.smoke:
+        print("# smoke: tiny models, torchao's fp8 emulation: the timings mean nothing")
+    compiled = "no compile" if args.backend == "none" else f"Engine(compile='regional'), backend {args.backend or 'inductor'}"
+    print(f"# end to end: {compiled}, AdamW, {args.warmup} warm-up + {args.steps} timed steps per policy, same weights and batches")
+    print(f"# per layer: {'' if args.backend == 'none' else 'compiled '}nn.Linear under bf16 autocast vs Float8Linear, forward + backward, median of {args.reps}")
+    deadline = Deadline(args.time_limit)
+    printer = Printer()
+    emit_run, emit_layer = printer.table(RUN_HEAD, run_line), printer.table(LAYER_HEAD, layer_line)
+    first, second = SMOKE_MODELS if args.smoke else FULL_MODELS
+    # Most telling first, should the time limit cut the rest: the 1B model (where fp8 should pay), then the
+    # per-layer check of the filter, then gpt large (where it converts nothing).
+    runs = run_model(first, args, device, deadline, emit_run)
+    layers = measure_layers((first, second), args, device, deadline, emit_layer)
+    runs += run_model(second, args, device, deadline, emit_run)
+    print("\n## End to end\n")
+    print(RUN_HEAD, *map(run_line, runs), sep="\n")
+    print("\n## Per Linear shape: the roofline's prediction against the measurement\n")
+    print(LAYER_HEAD, *map(layer_line, layers), sep="\n")
+    failed = [r for r in runs + layers if r["status"] == "failed"]
+    if args.json:
+        facts = {"device": str(device), "device_name": where, "torch": torch.__version__, "torchao": version("torchao"),
+                 "command": command, "smoke": args.smoke, "backend": args.backend or "inductor", "steps": args.steps, "warmup": args.warmup, "reps": args.reps}
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({**facts, "runs": runs, "layers": layers}, f, indent=1)
+    if failed:
+        print(f"\nfp8_training: {len(failed)} row(s) failed (their errors are above)", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
