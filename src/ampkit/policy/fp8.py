@@ -13,7 +13,7 @@ resumes bitwise. Two recipes, torchao's names:
 Which layers are converted is the policy's ``layers``: ``"auto"`` (default) converts those the roofline predicts
 faster in fp8 at ``tokens`` rows per micro-batch on the GPU (``target`` names one to plan for another), ``"all"``
 every layer fp8 kernels accept, or a function ``(module, name) -> bool``. On a CPU the policy is refused (no fp8
-matmuls); ``emulate=True`` runs torchao's emulation instead, for checking numerics anywhere.
+matrix units); ``emulate=True`` runs torchao's emulation instead, for checking numerics anywhere.
 
     >>> import ampkit
     >>> p = ampkit.get_policy("fp8")
@@ -130,8 +130,8 @@ class FP8Policy(BF16Mixed):
         return Support(
             False,
             False,
-            f"{device.type} has no fp8 matmuls (torchao only emulates them, slower than fp32); use 'bf16-mixed' here, "
-            "and plan fp8 for a GPU with `ampkit memory --fp8`",
+            f"{device.type} has no fp8 matrix units (fp8 matmuls run there only emulated, slower than bf16); use 'bf16-mixed' "
+            "here, and plan fp8 for a GPU with `ampkit memory --fp8`",
         )
 
     # -- which layers ---------------------------------------------------------------------------

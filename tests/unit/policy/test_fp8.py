@@ -49,7 +49,7 @@ def test_names_and_alias() -> None:
 def test_the_cpu_is_refused_with_the_reason_and_emulation_runs() -> None:
     _needs_torchao()
     s = get_policy("fp8").support("cpu")
-    assert not s.supported and "no fp8 matmuls" in s.reason and "bf16-mixed" in s.reason
+    assert not s.supported and "no fp8 matrix units" in s.reason and "bf16-mixed" in s.reason
     with pytest.raises(Exception, match="cannot run on cpu"):
         Engine("fp8").setup(nn.Sequential(nn.Linear(16, 16)), torch.optim.SGD(nn.Linear(1, 1).parameters(), lr=0.1))
     e = FP8Tensorwise(emulate=True).support("cpu")
