@@ -29,7 +29,7 @@ from ampkit.bench.workloads import get_workload
 from ampkit.policy import FP8Rowwise, FP8Tensorwise
 from ampkit.policy.device import cpu_name
 
-SMOKE = {"workload": "gpt", "size": "tiny", "steps": 4}
+SMOKE = {"workload": "gpt", "size": "tiny", "steps": 2}
 
 
 def train(workload: Any, policy: Any, steps: int) -> dict[str, Any]:
