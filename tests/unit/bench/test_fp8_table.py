@@ -68,3 +68,15 @@ def test_rows_fold_repeated_blocks_and_say_why_a_layer_stays_bf16() -> None:
     assert rows[0][-1] == "fp8" and rows[1][-1] == "bf16: 4096x10: fp8 kernels need multiples of 16"
     assert all(len(r) == len(HEADERS) for r in rows)
     assert rows[0][3] == f"{plan.layers[0].cost.bf16_s * 1e6:,.1f}" and rows[0][6] == f"{plan.layers[0].cost.speedup:.2f}x"
+
+
+def test_fp8_is_left_out_of_the_default_bench_on_a_gpu_with_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ampkit.bench.defaults import default_precisions
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    chosen, left_out = default_precisions(torch.device("cuda", 0))
+    assert "bf16-mixed" in chosen and not {"fp8-tensorwise", "fp8-rowwise"} & set(chosen)
+    assert "--compile" in left_out["fp8-tensorwise"] and "--compile" in left_out["fp8-rowwise"]
