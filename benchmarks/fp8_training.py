@@ -243,7 +243,6 @@ def train_case(base: nn.Module, policy: ampkit.Policy, spec: ModelSpec, batches:
         "fp8_layers": count_fp8(model),
         "linear_layers": sum(isinstance(m, nn.Linear) for m in model.modules()),
     }
-    del engine, model
     return row
 
 
