@@ -25,14 +25,6 @@ from ampkit.distributed import shutdown
 
 TIMEOUT_S = 120
 
-# Ranks start as forks of a server process that imported torch and ampkit once for the session: a spawned rank
-# imports them again (about 3 s per test on two cores, most of a short body's time); a fork starts in well under a
-# second. Each run still gets fresh ranks that no earlier test touched, since the server only imports. A forked rank
-# ends with os._exit, skipping interpreter finalization: what happens there is test_shutdown.py's subject, which
-# spawns its ranks.
-_PRELOAD = ["torch", "torch.distributed", "torch.distributed.tensor", "torch._dynamo", "ampkit", "ampkit.distributed", "ampkit.training"]
-mp.get_context("forkserver").set_forkserver_preload(_PRELOAD)
-
 
 def _entry(rank: int, fn: Callable[..., Any], world: int, device: str, init_file: str, out_dir: str, args: tuple[Any, ...]) -> None:
     torch.set_num_threads(1)  # two ranks on two cores
@@ -78,6 +70,7 @@ def run_ranks(tmp_path: Path, device: torch.device, world: int) -> Callable[...,
     def run(fn: Callable[..., Any], *args: Any) -> list[Any]:
         out = Path(tempfile.mkdtemp(prefix=f"{fn.__name__}-", dir=tmp_path))  # a fresh rendezvous file per run
         entry_args = (fn, world, str(device), str(out / "init"), str(out), args)
+        # A fork of the session's preloaded server (tests/conftest.py), not a spawn: fresh ranks in well under a second.
         context = mp.start_processes(_entry, args=entry_args, nprocs=world, join=False, start_method="forkserver")
         deadline = time.monotonic() + TIMEOUT_S
         while not context.join(timeout=max(0.0, deadline - time.monotonic())):

@@ -232,7 +232,7 @@ def _rank_main(rank: int, init_file: str, result_dir: str) -> None:
 
 
 def test_ranks_split_alike_and_match_the_single_process_step(tmp_path):
-    mp.spawn(_rank_main, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)
+    mp.start_processes(_rank_main, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True, start_method="forkserver")  # tests/conftest.py preloads it
     r0, r1 = (torch.load(tmp_path / f"{r}.pt", weights_only=True) for r in range(2))
     assert r0["passes"] == r1["passes"] == [32, 32, 32, 32]
     _, want, _ = _run(_model(), [_batch(1)])
