@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import logging
 
 import pytest
@@ -13,6 +12,7 @@ from torch import nn
 
 from ampkit import Engine
 from ampkit.training.micro_batching import batch_rows, split_batch
+from ampkit.memory.batch_finder import _older_objects_frozen as older_objects_frozen
 from ampkit.memory.oom import MemoryBudget
 
 N, D = 256, 128
@@ -21,16 +21,10 @@ N, D = 256, 128
 @pytest.fixture(autouse=True)
 def _older_objects_frozen():
     """Every out-of-memory error ends in a full gc.collect() (ampkit.training.oom.release_memory). Late in a test
-    run that walks millions of objects left by earlier tests, about 0.5 s each; frozen, they are skipped, while the
-    garbage this test makes is still collected. Whatever another plugin froze stays frozen."""
-    if gc.get_freeze_count():
+    run that walks millions of objects left by earlier tests, about 0.5 s each; frozen as the batch finder freezes
+    them, they are skipped, while the garbage this test makes is still collected."""
+    with older_objects_frozen():
         yield
-        return
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
 
 
 def _model(device: torch.device = torch.device("cpu")) -> nn.Module:
