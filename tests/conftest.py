@@ -10,12 +10,20 @@ out of the next.
 
 from __future__ import annotations
 
+import multiprocessing
 from pathlib import Path
 
 import pytest
 import torch
 
 DEVICE_TYPES = ("cpu", "cuda")
+
+# Tests that start ranks fork them from a server process that imported these once for the session
+# (start_method="forkserver"): a spawned rank imports torch, torch.distributed and ampkit again, about 3 s per test
+# on two cores, most of a short body's time; a fork starts in well under a second. Each run still gets fresh ranks
+# that no earlier test touched, since the server only imports. A forked rank ends with os._exit, skipping
+# interpreter finalization: what happens there is tests/unit/distributed/test_shutdown.py's subject, which spawns.
+FORKSERVER_PRELOAD = ["torch", "torch.distributed", "torch.distributed.tensor", "torch._dynamo", "ampkit", "ampkit.distributed", "ampkit.training"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -32,6 +40,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # Every sparse tensor a test builds is validated. Opting in globally also silences torch's "invariant checks
     # are implicitly disabled" warning (an error here), which torch 2.11 emits even for check_invariants=True.
     torch.sparse.check_sparse_tensor_invariants.enable()
+    multiprocessing.get_context("forkserver").set_forkserver_preload(FORKSERVER_PRELOAD)
 
 
 def _parse_device(text: str) -> torch.device:

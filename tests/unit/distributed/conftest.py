@@ -70,7 +70,8 @@ def run_ranks(tmp_path: Path, device: torch.device, world: int) -> Callable[...,
     def run(fn: Callable[..., Any], *args: Any) -> list[Any]:
         out = Path(tempfile.mkdtemp(prefix=f"{fn.__name__}-", dir=tmp_path))  # a fresh rendezvous file per run
         entry_args = (fn, world, str(device), str(out / "init"), str(out), args)
-        context = mp.spawn(_entry, args=entry_args, nprocs=world, join=False)
+        # A fork of the session's preloaded server (tests/conftest.py), not a spawn: fresh ranks in well under a second.
+        context = mp.start_processes(_entry, args=entry_args, nprocs=world, join=False, start_method="forkserver")
         deadline = time.monotonic() + TIMEOUT_S
         while not context.join(timeout=max(0.0, deadline - time.monotonic())):
             if time.monotonic() >= deadline:  # a hung collective must fail the test, not stall the suite

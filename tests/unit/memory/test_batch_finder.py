@@ -196,7 +196,7 @@ def _rank_main(rank: int, init_file: str, out_file: str) -> None:
 
 def test_ranks_agree_on_the_smallest_device(tmp_path):
     out = str(tmp_path / "found")
-    mp.spawn(_rank_main, args=(str(tmp_path / "init"), out), nprocs=2, join=True)
+    mp.start_processes(_rank_main, args=(str(tmp_path / "init"), out), nprocs=2, join=True, start_method="forkserver")  # tests/conftest.py preloads it
     answers = [int((tmp_path / f"found.{r}").read_text()) for r in range(2)]
     assert answers == [150, 150]
     assert not os.path.exists(f"{out}.2")
