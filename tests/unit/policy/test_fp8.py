@@ -174,9 +174,9 @@ def _train(policy, device: torch.device, steps: int, model=None, engine=None, st
 
 @pytest.mark.parametrize("cls", RECIPES, ids=["tensorwise", "rowwise"])
 def test_training_tracks_bf16_mixed_within_fp8_tolerance(device: torch.device, cls: type) -> None:
+    policy = _policy(cls, device, layers="all")
     from torchao.float8.float8_linear import Float8Linear
 
-    policy = _policy(cls, device, layers="all")
     control, _, _ = _train("bf16-mixed", device, 12)
     treated, model, _ = _train(policy, device, 12)
     assert sum(isinstance(m, Float8Linear) for m in model.modules()) == 5  # every Linear of the tiny GPT
