@@ -23,7 +23,7 @@ from torch import nn
 from .._util.model_io import batch_parts, call_model
 from ..errors import PolicyError
 from ..policy import get_policy
-from ..policy.fp8 import PLANNING_GPU, Fp8LayerPlan, FP8Policy
+from ..policy.fp8 import PLANNING_GPU, ChosenLayers, Fp8LayerPlan, FP8Policy
 from ..policy.fp8_roofline import LinearCost, measure_linear_tokens
 from ..policy.gpu_specs import fp8_gpus, gpu_spec
 from .fake import FakeCopies
@@ -128,14 +128,16 @@ def fp8_layer_plan(model: nn.Module, example_batch: Any, policy: str | FP8Policy
 
 
 def planned_policy(plan: Fp8Plan) -> FP8Policy:
-    """The plan's policy set to convert what the plan says: its rows per micro-batch and its GPU.
+    """The plan's policy set to convert exactly the layers the plan converts (each decided at its own rows), on the
+    plan's GPU.
 
     >>> from torch import nn
     >>> p = planned_policy(fp8_layer_plan(nn.Sequential(nn.Linear(64, 64)), (torch.zeros(4, 64), None), gpu="L4"))
-    >>> p.name, p.tokens, p.target
-    ('fp8-tensorwise', 4, 'L4')
+    >>> p.name, p.layers, p.tokens, p.target
+    ('fp8-tensorwise', ChosenLayers(names=frozenset()), 4, 'L4')
     """
-    return dataclasses.replace(get_policy(plan.policy), tokens=plan.tokens or None, target=plan.gpu)  # type: ignore[arg-type]
+    chosen = ChosenLayers(frozenset(p.name for p in plan.layers if p.convert))
+    return dataclasses.replace(get_policy(plan.policy), layers=chosen, tokens=plan.tokens or None, target=plan.gpu)  # type: ignore[arg-type]
 
 
 def _this_gpu() -> str:

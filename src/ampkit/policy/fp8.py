@@ -40,7 +40,7 @@ from .gpu_specs import GpuSpec, fp8_gpus, gpu_spec
 from .lowbit_optimizers import quiet_library_logs
 from .mixed import BF16Mixed
 
-__all__ = ["FP8Policy", "FP8Tensorwise", "FP8Rowwise", "Fp8LayerPlan", "DEFAULT_TOKENS", "PLANNING_GPU", "EXTRA"]
+__all__ = ["FP8Policy", "FP8Tensorwise", "FP8Rowwise", "Fp8LayerPlan", "ChosenLayers", "DEFAULT_TOKENS", "PLANNING_GPU", "EXTRA"]
 
 log = logging.getLogger("ampkit")
 
@@ -72,6 +72,21 @@ class Fp8LayerPlan:
     """The roofline's prediction on the GPU planned for, whatever decided."""
     by_roofline: bool = False
     """The roofline's prediction decided (``layers="auto"``), not a rule, ``"all"`` or the user's filter."""
+
+
+@dataclass(frozen=True)
+class ChosenLayers:
+    """A ``layers`` filter that converts exactly the named layers: a plan's decisions, made at each layer's own rows
+    (``ampkit.memory.fp8_layers.planned_policy``), carried into the policy. Picklable, unlike a lambda.
+
+    >>> ChosenLayers(frozenset({"mlp.0"}))(nn.Linear(2, 2), "mlp.0")
+    True
+    """
+
+    names: frozenset[str]
+
+    def __call__(self, module: nn.Module, name: str) -> bool:
+        return name in self.names
 
 
 def missing_torchao() -> str | None:
@@ -171,6 +186,9 @@ class FP8Policy(BF16Mixed):
             return Fp8LayerPlan(name, False, "MultiheadAttention reads this weight directly", cost)
         if not fp8_fits(m.in_features, m.out_features):
             return Fp8LayerPlan(name, False, f"{m.in_features}x{m.out_features}: fp8 kernels need multiples of 16", cost)
+        if isinstance(self.layers, ChosenLayers):
+            chosen = name in self.layers.names
+            return Fp8LayerPlan(name, chosen, "faster in fp8 at its rows" if chosen else "slower in fp8 at its rows", cost)
         if callable(self.layers):
             chosen = bool(self.layers(m, name))
             return Fp8LayerPlan(name, chosen, "chosen by your filter" if chosen else "left out by your filter", cost)

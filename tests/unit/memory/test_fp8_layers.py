@@ -95,3 +95,28 @@ def test_a_simulated_cuda_estimate_runs_fp8_emulated_with_bf16_mixeds_state() ->
     assert fp8.precision == "fp8-tensorwise" and fp8.simulated_on == "cpu"
     # fp32 weights, grads and Adam state: fp8 changes the matmuls, not what is stored.
     assert (fp8.parameters, fp8.gradients, fp8.optimizer_state) == (bf16.parameters, bf16.gradients, bf16.optimizer_state)
+
+
+def test_a_layer_that_sees_fewer_rows_is_planned_and_run_at_its_own() -> None:
+    """The head of a classifier sees one row per sequence: at those rows it loses in fp8, though the same shape wins
+    at the body's rows. The planned policy converts what the plan says, not what the most rows would."""
+    pytest.importorskip("torchao", reason="Requires: torchao (pip install -e '.[fp8]')")
+    import dataclasses
+
+    from torchao.float8.float8_linear import Float8Linear
+
+    class LastPosition(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = nn.Linear(4096, 4096)
+            self.head = nn.Linear(4096, 4096)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(self.body(x)[:, -1])
+
+    with torch.device("meta"):
+        model = LastPosition()
+    plan = fp8_layer_plan(model, (torch.empty(8, 2048, 4096, device="meta"), None), gpu="H100")
+    assert [(p.name, p.cost.tokens, p.convert) for p in plan.layers] == [("body", 16384, True), ("head", 8, False)]
+    dataclasses.replace(planned_policy(plan), emulate=True).convert_module(model, "cpu")
+    assert isinstance(model.body, Float8Linear) and not isinstance(model.head, Float8Linear)
