@@ -27,7 +27,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("training",),  # the engine, its step state, the optimizer step, masters, clipping, OOM splitting
     ("checkpoint",),  # one payload, single-file and sharded writers, the safe DCP reader
     ("report",),  # figures, markdown and tables shared by the tools: below every tool, so each can use it
-    ("memory", "numerics"),  # tools, siblings
+    ("memory", "numerics", "profile"),  # tools, siblings
     ("bench",),
     ("apex",),  # the legacy amp API, on the training layer
     ("cli",),

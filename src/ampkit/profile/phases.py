@@ -1,0 +1,146 @@
+"""Where each training step's time goes, phase by phase, timed at the engine's step hooks.
+
+A :class:`PhaseTimer` joins an :class:`~ampkit.Engine` as a step hook and stamps the moments the engine passes:
+the forward's start and end (``wrap_forward``), the backward's (``before_backward``/``after_backward``) and the
+optimizer step's (``before_optimizer_step``/``after_optimizer_step``). A step's time splits into
+
+* ``data``: from the end of the previous micro-batch's work to the start of this forward: what the loop did in
+  between, which is fetching the batch (the DataLoader's wait), copying it to the device, and any logging;
+* ``forward``, ``backward``, ``optimizer``: inside the engine's calls;
+* ``other``: the rest (the loss computed outside the engine's autocast context, the engine's unscale and
+  overflow check before the optimizer hooks, the user's code between backward and step).
+
+On the CPU every op runs before the call returns, so host stamps are the phases' times. On CUDA the host only
+queues kernels: the timer also records a CUDA event at each stamp (no synchronisation in the step) and reads the
+device's times when asked for them, once, at the end.
+
+    >>> import torch
+    >>> from torch import nn
+    >>> from ampkit import Engine
+    >>> timer = PhaseTimer()
+    >>> engine = Engine(hooks=[timer])
+    >>> model = nn.Linear(4, 1); model, opt = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    >>> for _ in range(3):
+    ...     with engine.autocast():
+    ...         loss = model(torch.ones(2, 4)).sum()
+    ...     engine.backward(loss); _ = engine.step()
+    >>> [s.steps for s in timer.steps()], sorted(timer.steps()[0].phases)
+    ([1, 1], ['backward', 'data', 'forward', 'optimizer', 'other'])
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..training.hooks import StepHook
+
+if TYPE_CHECKING:
+    from ..training.engine import Engine
+
+__all__ = ["PHASES", "PhaseTimer", "StepPhases"]
+
+PHASES = ("data", "forward", "backward", "optimizer", "other")
+"""The phases of a step, in the order they happen."""
+
+
+@dataclass
+class StepPhases:
+    """One optimizer step's time per phase (seconds, summed over its micro-batches) and its total."""
+
+    steps: int
+    """Optimizer steps this covers (1 for a step of :meth:`PhaseTimer.steps`)."""
+    phases: dict[str, float] = field(default_factory=dict)
+    total: float = 0.0
+
+
+class PhaseTimer(StepHook):
+    """A step hook that times each step's phases (see the module's docstring); ``steps()`` reads them.
+
+    The first step has no "previous end", so its data phase is not measured: ``steps()`` starts at the second.
+    """
+
+    def __init__(self) -> None:
+        self._marks: list[tuple[str, float, Any]] = []  # (what, host time, CUDA event or None)
+        self._cuda: torch.device | None = None
+
+    # -- the hook side ----------------------------------------------------------------------------
+    def _mark(self, what: str, engine: Engine) -> None:
+        event = None
+        if engine.device.type == "cuda":
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self._cuda = engine.device
+        self._marks.append((what, time.perf_counter(), event))
+
+    def wrap_forward(self, engine: Engine, forward: AbstractContextManager[Any]) -> AbstractContextManager[Any]:
+        return self._timed_forward(engine, forward)
+
+    @contextlib.contextmanager
+    def _timed_forward(self, engine: Engine, forward: AbstractContextManager[Any]) -> Iterator[None]:
+        self._mark("forward_start", engine)
+        with forward:
+            yield
+        self._mark("forward_end", engine)
+
+    def before_backward(self, engine: Engine, loss: torch.Tensor) -> None:
+        self._mark("backward_start", engine)
+
+    def after_backward(self, engine: Engine) -> None:
+        self._mark("backward_end", engine)
+
+    def before_optimizer_step(self, engine: Engine) -> None:
+        self._mark("optimizer_start", engine)
+
+    def after_optimizer_step(self, engine: Engine) -> None:
+        self._mark("optimizer_end", engine)
+
+    # -- the reading side -------------------------------------------------------------------------
+    def steps(self, device_time: bool = False) -> list[StepPhases]:
+        """Each complete optimizer step after the first, its phases in seconds of host time, or of device time
+        (CUDA events; one synchronisation) with ``device_time=True``."""
+        if device_time:
+            if self._cuda is None:
+                raise ValueError("device_time=True needs a CUDA run: on the CPU the host's times are the device's.")
+            torch.cuda.synchronize(self._cuda)
+        out: list[StepPhases] = []
+        current: StepPhases | None = None
+        previous: tuple[str, float, Any] | None = None
+        for mark in self._marks:
+            what = mark[0]
+            if previous is not None and (current is not None or previous[0] == "optimizer_end"):
+                if current is None:
+                    current = StepPhases(1, {p: 0.0 for p in PHASES})
+                phase = _phase_between(previous[0], what)
+                seconds = _elapsed(previous, mark, device_time)
+                current.phases[phase] += seconds
+                current.total += seconds
+                if what == "optimizer_end":
+                    out.append(current)
+                    current = StepPhases(1, {p: 0.0 for p in PHASES})
+            previous = mark
+        return out
+
+
+def _phase_between(before: str, after: str) -> str:
+    if after == "forward_start":
+        return "data"
+    if before == "forward_start" and after == "forward_end":
+        return "forward"
+    if before == "backward_start" and after == "backward_end":
+        return "backward"
+    if before == "optimizer_start" and after == "optimizer_end":
+        return "optimizer"
+    return "other"
+
+
+def _elapsed(start: tuple[str, float, Any], end: tuple[str, float, Any], device_time: bool) -> float:
+    if device_time:
+        return start[2].elapsed_time(end[2]) / 1e3
+    return end[1] - start[1]
