@@ -1,8 +1,10 @@
 """``ampkit profile``: where a training step's time goes, and which change would give it back.
 
-So far: :class:`PhaseTimer`, the per-phase timing of each step at the engine's step hooks.
+So far: :class:`PhaseTimer`, the per-phase timing of each step at the engine's step hooks, and :class:`SyncFinder`,
+the host syncs a loop makes and the lines that make them.
 """
 
 from .phases import PHASES, PhaseTimer, StepPhases
+from .syncs import SyncFinder, SyncSite
 
-__all__ = ["PHASES", "PhaseTimer", "StepPhases"]
+__all__ = ["PHASES", "PhaseTimer", "StepPhases", "SyncFinder", "SyncSite"]

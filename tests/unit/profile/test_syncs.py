@@ -1,0 +1,59 @@
+"""SyncFinder: each read-back of device values is counted at the user's line, and a clean engine loop has none."""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from torch import nn
+
+from ampkit import Engine
+from ampkit.profile import SyncFinder
+
+
+def _train(steps: int, *, read_loss: bool) -> tuple[SyncFinder, int]:
+    torch.manual_seed(0)
+    engine = Engine("bf16-mixed", clip_grad_norm=1.0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
+    model, _ = engine.setup(model, torch.optim.AdamW(model.parameters()))
+    x = torch.randn(8, 16)
+    line = 0
+    with SyncFinder() as finder:
+        for _ in range(steps):
+            with engine.autocast():
+                loss = model(x).float().pow(2).mean()
+            engine.backward(loss)
+            engine.step()
+            if read_loss:
+                line = inspect.currentframe().f_lineno + 1  # type: ignore[union-attr]
+                logged = loss.item()  # noqa: F841  # the per-step log line every tutorial has
+    return finder, line
+
+
+def test_a_per_step_item_is_counted_at_its_line_and_the_engine_adds_none() -> None:
+    finder, line = _train(4, read_loss=True)
+    sites = finder.sites()
+    assert [(s.op, s.count) for s in sites] == [("item", 4)]
+    assert sites[0].where.endswith(f"test_syncs.py:{line} in _train") and sites[0].code == "logged = loss.item()  # noqa: F841  # the per-step log line every tutorial has"
+    clean, _ = _train(4, read_loss=False)
+    assert clean.total == 0  # the engine's own step (clipping, the overflow check) reads nothing back on the CPU
+
+
+def test_bool_and_float_are_reads_too() -> None:
+    t = torch.tensor([1.5, -2.0])
+    with SyncFinder() as finder:
+        if t.sum() > 0:
+            pass
+        float(t[0])
+    assert [s.op for s in finder.sites()] == ["item"] * 2
+    assert all("test_syncs.py" in s.where and "test_bool_float" in s.where for s in finder.sites())
+
+
+def test_a_librarys_own_reads_are_not_the_loops() -> None:
+    """torch's single-tensor Adam reads its step counter with .item(): a CPU tensor even in a GPU run, no sync."""
+    model = nn.Linear(4, 1)
+    opt = torch.optim.Adam(model.parameters(), foreach=False)
+    model(torch.ones(2, 4)).sum().backward()
+    with SyncFinder() as finder:
+        opt.step()
+    assert finder.total == 0
