@@ -46,7 +46,7 @@ def test_bool_and_float_are_reads_too() -> None:
             pass
         float(t[0])
     assert [s.op for s in finder.sites()] == ["item"] * 2
-    assert all("test_syncs.py" in s.where and "test_bool_float" in s.where for s in finder.sites())
+    assert all("test_syncs.py" in s.where and "test_bool_and_float" in s.where for s in finder.sites())
 
 
 def test_a_librarys_own_reads_are_not_the_loops() -> None:
