@@ -1,0 +1,164 @@
+"""What the profiler sees inside a step's phases: the share of autocast's casts, and how many small ops the optimizer runs.
+
+:class:`PhaseRanges` is a step hook that opens a ``torch.profiler.record_function`` range around each phase the
+engine runs (``ampkit::forward``, ``ampkit::backward``, ``ampkit::optimizer``), so a ``torch.profiler.profile`` of
+the loop can say which phase each op ran in. :func:`op_breakdown` reads such a profile:
+
+* **casts**: the time of ``aten::_to_copy`` (what autocast and ``.to(dtype)`` dispatch) in the forward and backward,
+  against those phases' time: the work a 16-bit-weights policy or ``torch.compile`` would remove or fuse;
+* **optimizer ops**: the ops the optimizer step dispatches per step, and their mean time: a per-parameter loop
+  (``foreach=False``) runs one small op per parameter and operation, which ``foreach``/``fused`` collapse.
+
+    >>> import torch
+    >>> from torch import nn
+    >>> from torch.profiler import ProfilerActivity, profile
+    >>> from ampkit import Engine
+    >>> engine = Engine("bf16-mixed", hooks=[PhaseRanges()])
+    >>> model = nn.Linear(8, 1); model, opt = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    >>> with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+    ...     for _ in range(2):
+    ...         with engine.autocast():
+    ...             loss = model(torch.ones(4, 8)).float().sum()
+    ...         engine.backward(loss); _ = engine.step()
+    >>> b = op_breakdown(prof); b.steps, b.cast_s > 0
+    (2, True)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.profiler import record_function
+
+from ..training.hooks import StepHook
+
+if TYPE_CHECKING:
+    from ..training.engine import Engine
+
+__all__ = ["PhaseRanges", "OpBreakdown", "op_breakdown", "RANGE_PREFIX"]
+
+RANGE_PREFIX = "ampkit::"
+_CAST = "aten::_to_copy"
+
+
+class PhaseRanges(StepHook):
+    """Opens a profiler range around each engine phase (see the module's docstring). Costs nothing unprofiled
+    beyond the range objects: ``record_function`` records only while a profiler runs."""
+
+    def __init__(self) -> None:
+        self._open: dict[str, Any] = {}
+
+    def wrap_forward(self, engine: Engine, forward: AbstractContextManager[Any]) -> AbstractContextManager[Any]:
+        return self._ranged(forward)
+
+    @contextlib.contextmanager
+    def _ranged(self, forward: AbstractContextManager[Any]) -> Iterator[None]:
+        with record_function(RANGE_PREFIX + "forward"), forward:
+            yield
+
+    def _enter(self, phase: str) -> None:
+        r = record_function(RANGE_PREFIX + phase)
+        r.__enter__()
+        self._open[phase] = r
+
+    def _exit(self, phase: str) -> None:
+        r = self._open.pop(phase, None)
+        if r is not None:
+            r.__exit__(None, None, None)
+
+    def before_backward(self, engine: Engine, loss: torch.Tensor) -> None:
+        self._enter("backward")
+
+    def after_backward(self, engine: Engine) -> None:
+        self._exit("backward")
+
+    def before_optimizer_step(self, engine: Engine) -> None:
+        self._enter("optimizer")
+
+    def after_optimizer_step(self, engine: Engine) -> None:
+        self._exit("optimizer")
+
+
+@dataclass(frozen=True)
+class OpBreakdown:
+    """What one profile of ``steps`` optimizer steps shows (host times, seconds)."""
+
+    steps: int
+    phase_s: dict[str, float]
+    """Each phase's range time, summed over the profile."""
+    cast_s: float
+    """Time in ``aten::_to_copy`` inside the forward and backward ranges."""
+    casts: int
+    optimizer_ops: int
+    """Ops the optimizer step dispatched itself (not those other ops dispatch), over all steps."""
+    optimizer_op_s: float
+
+    @property
+    def cast_share(self) -> float:
+        """Casts' share of the forward and backward time."""
+        compute = self.phase_s.get("forward", 0.0) + self.phase_s.get("backward", 0.0)
+        return self.cast_s / compute if compute else 0.0
+
+    @property
+    def optimizer_ops_per_step(self) -> float:
+        return self.optimizer_ops / self.steps if self.steps else 0.0
+
+
+def _phase_of(event: Any) -> str | None:
+    parent = event.cpu_parent
+    while parent is not None:
+        if parent.name.startswith(RANGE_PREFIX):
+            return parent.name[len(RANGE_PREFIX):]
+        parent = parent.cpu_parent
+    return None
+
+
+def _inside(event: Any, name: str) -> bool:
+    parent = event.cpu_parent
+    while parent is not None:
+        if parent.name == name:
+            return True
+        parent = parent.cpu_parent
+    return False
+
+
+def _dispatched_by_another_op(event: Any) -> bool:
+    parent = event.cpu_parent
+    while parent is not None:
+        if parent.name.startswith("aten::"):
+            return True
+        parent = parent.cpu_parent
+    return False
+
+
+def op_breakdown(prof: torch.profiler.profile) -> OpBreakdown:
+    """Read a profile of a loop run with :class:`PhaseRanges`, taken with ``record_shapes=True`` (see the module)."""
+    events = prof.events()
+    casts = [e for e in events if e.name == _CAST]
+    if casts and not any(e.input_shapes for e in casts):
+        raise ValueError("op_breakdown() tells a cast of a tensor from a scalar's by its shape: profile with record_shapes=True.")
+    phase_s: dict[str, float] = {}
+    steps = cast_n = opt_n = 0
+    cast_us = opt_us = 0.0
+    for e in events:
+        if e.name.startswith(RANGE_PREFIX):
+            phase = e.name[len(RANGE_PREFIX):]
+            phase_s[phase] = phase_s.get(phase, 0.0) + e.cpu_time_total / 1e6
+            steps += phase == "optimizer"
+            continue
+        phase = _phase_of(e)
+        if e.name == _CAST and phase in ("forward", "backward") and not _inside(e, _CAST) and e.input_shapes[0]:
+            # A 0-dim input is a Python scalar wrapped for an op (``x / 2``), not a tensor changing dtype.
+            cast_n += 1
+            cast_us += e.cpu_time_total
+        elif phase == "optimizer" and e.name.startswith("aten::") and not _dispatched_by_another_op(e):
+            # The ops the optimizer itself dispatches: on a GPU each is a kernel launch at least (a CPU's foreach
+            # ops loop over per-tensor ops inside; those are not launches of their own).
+            opt_n += 1
+            opt_us += e.cpu_time_total
+    return OpBreakdown(steps, phase_s, cast_us / 1e6, cast_n, opt_n, opt_us / 1e6)

@@ -1,0 +1,59 @@
+"""op_breakdown against controls: casts appear under autocast and not in fp32; a per-parameter optimizer loop runs
+more, smaller ops than its foreach twin."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.profiler import ProfilerActivity, profile
+
+from ampkit import Engine
+from ampkit.profile import PhaseRanges, op_breakdown
+
+
+def _profile(precision: str, optimizer: dict, steps: int = 3, layers: int = 6):
+    torch.manual_seed(0)
+    engine = Engine(precision, hooks=[PhaseRanges()])
+    model = nn.Sequential(*[nn.Linear(64, 64) for _ in range(layers)])
+    model, _ = engine.setup(model, torch.optim.AdamW(model.parameters(), **optimizer))
+    x = torch.randn(16, 64)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        for _ in range(steps):
+            with engine.autocast():
+                loss = model(x).float().pow(2).mean()
+            engine.backward(loss)
+            engine.step()
+    return op_breakdown(prof)
+
+
+def test_autocast_casts_are_counted_and_fp32_has_none() -> None:
+    mixed, full = _profile("bf16-mixed", {"foreach": True}), _profile("32-true", {"foreach": True})
+    assert mixed.steps == full.steps == 3
+    assert mixed.casts > 0 and 0 < mixed.cast_share < 1
+    assert full.casts == 0 and full.cast_s == 0.0
+    assert set(mixed.phase_s) == {"forward", "backward", "optimizer"}
+
+
+def test_a_per_parameter_optimizer_runs_ops_in_proportion_to_the_parameters_and_foreach_fewer() -> None:
+    def ops(foreach: bool, layers: int) -> float:
+        return _profile("32-true", {"foreach": foreach}, layers=layers).optimizer_ops_per_step
+
+    loop6, loop12, each6, each12 = ops(False, 6), ops(False, 12), ops(True, 6), ops(True, 12)
+    assert loop12 == 2 * loop6  # one op per parameter and operation: twice the parameters, twice the ops
+    # foreach dispatches one op per operation for the whole group (on this CPU a few per-parameter ops remain).
+    assert each6 < loop6 and each12 - each6 < (loop12 - loop6) / 2
+
+
+def test_a_profile_without_shapes_is_refused_naming_the_flag() -> None:
+    import pytest
+
+    engine = Engine("bf16-mixed", hooks=[PhaseRanges()])
+    model = nn.Linear(8, 1)
+    model, _ = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with engine.autocast():
+            loss = model(torch.ones(2, 8)).float().sum()
+        engine.backward(loss)
+        engine.step()
+    with pytest.raises(ValueError, match="record_shapes=True"):
+        op_breakdown(prof)
