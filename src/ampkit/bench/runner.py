@@ -56,10 +56,11 @@ import torch.distributed as dist
 
 from .. import __version__
 from ..distributed.agreement import agree_max
+from ..errors import one_line
 from ..training.micro_batching import batch_rows, split_batch
 from ..memory.fp8_layers import Fp8Plan, fp8_layer_plan, planned_policy
 from ..policy import get_policy
-from ..policy.fp8 import FP8Policy
+from ..policy.fp8 import DEFAULT_TOKENS, FP8Policy
 from ..policy.device import as_device, cpu_bf16_native, cpu_fp16_native, cpu_name
 from .flops import peak_flops
 from .policy_run import PolicyRun
@@ -258,10 +259,17 @@ def _rows(batch: Batch) -> int | None:
 def _fp8_plans(workload: Workload, runs: Sequence[PolicyRun]) -> dict[str, Fp8Plan]:
     """Plan each fp8 policy's layers at the workload's rows per batch, and have its runs convert what the plan says."""
     plans: dict[str, Fp8Plan] = {}
+    unplanned: set[str] = set()
     for run in runs:
-        if run.result.status != "unsupported" and isinstance(get_policy(run.precision), FP8Policy):
+        if run.result.status != "unsupported" and isinstance(get_policy(run.precision), FP8Policy) and run.precision not in unplanned:
             if run.precision not in plans:
-                plans[run.precision] = fp8_layer_plan(workload.model, workload.train_batches[0], run.precision)
+                try:
+                    plans[run.precision] = fp8_layer_plan(workload.model, workload.train_batches[0], run.precision)
+                except Exception as exc:  # a forward fake tensors cannot run: the run goes on with the policy's defaults
+                    log.warning("could not plan %s's layers from the batch (%s); it converts the layers its filter picks at "
+                                "%d rows", run.precision, one_line(exc, with_type=True), DEFAULT_TOKENS)
+                    unplanned.add(run.precision)
+                    continue
             run.policy = planned_policy(plans[run.precision])
     return plans
 

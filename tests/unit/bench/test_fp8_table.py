@@ -80,3 +80,30 @@ def test_fp8_is_left_out_of_the_default_bench_on_a_gpu_with_the_reason(monkeypat
     chosen, left_out = default_precisions(torch.device("cuda", 0))
     assert "bf16-mixed" in chosen and not {"fp8-tensorwise", "fp8-rowwise"} & set(chosen)
     assert "--compile" in left_out["fp8-tensorwise"] and "--compile" in left_out["fp8-rowwise"]
+
+
+def test_a_model_fake_tensors_cannot_run_is_benched_without_a_plan(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """The plan needs a forward on fake tensors; a model whose shapes depend on its data (a boolean mask) cannot give
+    one. The fp8 run goes on with the policy's own filter, and the log says so."""
+    import dataclasses
+    import logging
+
+    monkeypatch.setitem(POLICIES, "fp8-tensorwise", EmulatedTensorwise)
+
+    class MaskedRows(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(16, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(x[x.sum(1) > -1e9])  # rows kept by a mask: a shape only real values know
+
+    from ampkit.bench.workload import Workload
+
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)) for _ in range(3)]  # every row kept
+    w = Workload(name="masked", model=MaskedRows(), train_batches=batches, items_per_batch=8, steps=3, warmup=1)
+    with caplog.at_level(logging.WARNING, logger="ampkit"):
+        result = run_bench(dataclasses.replace(w), ["32-true", "fp8-tensorwise"], "cpu", rounds=1, count_flops=False)
+    assert result.run("fp8-tensorwise").status == "ok" and result.fp8_layers == {}
+    assert "could not plan fp8-tensorwise's layers" in caplog.text
