@@ -23,9 +23,8 @@ from torch import nn
 from .._util.model_io import batch_parts, call_model
 from ..errors import PolicyError
 from ..policy import get_policy
-from ..policy.fp8 import PLANNING_GPU, ChosenLayers, Fp8LayerPlan, FP8Policy
+from ..policy.fp8 import ChosenLayers, Fp8LayerPlan, FP8Policy
 from ..policy.fp8_roofline import LinearCost, measure_linear_tokens
-from ..policy.gpu_specs import fp8_gpus, gpu_spec
 from .fake import FakeCopies
 
 __all__ = ["Fp8Plan", "LayerGroup", "fp8_layer_plan", "group_layers", "linear_tokens", "planned_policy"]
@@ -116,10 +115,8 @@ def fp8_layer_plan(model: nn.Module, example_batch: Any, policy: str | FP8Policy
     resolved = get_policy(policy)
     if not isinstance(resolved, FP8Policy):
         raise PolicyError(f"fp8_layer_plan() plans an fp8 policy (fp8-tensorwise, fp8-rowwise), not {resolved.name!r}.")
-    target = gpu or resolved.target or _this_gpu()
-    spec = gpu_spec(target)
-    if spec is None or spec.fp8_tflops is None:
-        raise PolicyError(f"{target!r} is not a GPU with fp8 that ampkit knows; name one of {', '.join(fp8_gpus())}.")
+    # The policy checks the GPU's name and picks its own (target, else this GPU, else H100): one rule for both.
+    spec = (dataclasses.replace(resolved, target=gpu) if gpu else resolved).planning_spec("cuda")
     tokens = linear_tokens(model, example_batch)
     most = max(tokens.values(), default=0)
     planned = dataclasses.replace(resolved, target=spec.name, tokens=most or None)
@@ -138,14 +135,6 @@ def planned_policy(plan: Fp8Plan) -> FP8Policy:
     """
     chosen = ChosenLayers(frozenset(p.name for p in plan.layers if p.convert))
     return dataclasses.replace(get_policy(plan.policy), layers=chosen, tokens=plan.tokens or None, target=plan.gpu)  # type: ignore[arg-type]
-
-
-def _this_gpu() -> str:
-    if torch.cuda.is_available():
-        spec = gpu_spec(torch.cuda.get_device_name())
-        if spec is not None and spec.fp8_tflops is not None:
-            return spec.name
-    return PLANNING_GPU
 
 
 @dataclass(frozen=True)

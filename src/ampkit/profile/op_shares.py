@@ -109,31 +109,15 @@ class OpBreakdown:
         return self.optimizer_ops / self.steps if self.steps else 0.0
 
 
+def _ancestors(event: Any) -> Iterator[Any]:
+    parent = event.cpu_parent
+    while parent is not None:
+        yield parent
+        parent = parent.cpu_parent
+
+
 def _phase_of(event: Any) -> str | None:
-    parent = event.cpu_parent
-    while parent is not None:
-        if parent.name.startswith(RANGE_PREFIX):
-            return parent.name[len(RANGE_PREFIX):]
-        parent = parent.cpu_parent
-    return None
-
-
-def _inside(event: Any, name: str) -> bool:
-    parent = event.cpu_parent
-    while parent is not None:
-        if parent.name == name:
-            return True
-        parent = parent.cpu_parent
-    return False
-
-
-def _dispatched_by_another_op(event: Any) -> bool:
-    parent = event.cpu_parent
-    while parent is not None:
-        if parent.name.startswith("aten::"):
-            return True
-        parent = parent.cpu_parent
-    return False
+    return next((p.name[len(RANGE_PREFIX):] for p in _ancestors(event) if p.name.startswith(RANGE_PREFIX)), None)
 
 
 def op_breakdown(prof: torch.profiler.profile) -> OpBreakdown:
@@ -152,11 +136,11 @@ def op_breakdown(prof: torch.profiler.profile) -> OpBreakdown:
             steps += phase == "optimizer"
             continue
         phase = _phase_of(e)
-        if e.name == _CAST and phase in ("forward", "backward") and not _inside(e, _CAST) and e.input_shapes[0]:
+        if e.name == _CAST and phase in ("forward", "backward") and not any(p.name == _CAST for p in _ancestors(e)) and e.input_shapes[0]:
             # A 0-dim input is a Python scalar wrapped for an op (``x / 2``), not a tensor changing dtype.
             cast_n += 1
             cast_us += e.cpu_time_total
-        elif phase == "optimizer" and e.name.startswith("aten::") and not _dispatched_by_another_op(e):
+        elif phase == "optimizer" and e.name.startswith("aten::") and not any(p.name.startswith("aten::") for p in _ancestors(e)):
             # The ops the optimizer itself dispatches: on a GPU each is a kernel launch at least (a CPU's foreach
             # ops loop over per-tensor ops inside; those are not launches of their own).
             opt_n += 1
