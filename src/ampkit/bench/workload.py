@@ -126,6 +126,10 @@ class Workload:
     """One line for the report: model, data, sizes."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Workload facts worth recording in results.json (parameter count, sequence length, image size...)."""
+    samples: torch.utils.data.Dataset[Any] | None = None
+    """The per-sample dataset ``train_batches`` are collated from, ``items_per_batch`` samples at a time and in
+    order, where the workload has one (``ampkit profile`` then loads it through a DataLoader whose settings it
+    tries); None: the batches themselves are the data."""
 
     def __post_init__(self) -> None:
         if not self.train_batches:
@@ -134,6 +138,8 @@ class Workload:
             raise ValueError(f"workload {self.name!r}: steps={self.steps} must exceed warmup={self.warmup} so some steps are timed.")
         if self.items_per_batch < 1:
             raise ValueError(f"workload {self.name!r}: items_per_batch must be >= 1, got {self.items_per_batch}.")
+        if self.samples is not None and self.unit != "samples":
+            raise ValueError(f"workload {self.name!r}: a per-sample dataset needs unit='samples' (items_per_batch is its batch size).")
         if self.eval_batches and self.metric is None:
             raise ValueError(f"workload {self.name!r} has eval batches but no metric; pass metric= (e.g. Accuracy).")
 
