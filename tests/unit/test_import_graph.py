@@ -27,8 +27,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("training",),  # the engine, its step state, the optimizer step, masters, clipping, OOM splitting
     ("checkpoint",),  # one payload, single-file and sharded writers, the safe DCP reader
     ("report",),  # figures, markdown and tables shared by the tools: below every tool, so each can use it
-    ("memory", "numerics", "profile"),  # tools, siblings
+    ("memory", "numerics"),  # tools, siblings
     ("bench",),
+    ("profile",),  # times the bench's workloads and their loaders
     ("apex",),  # the legacy amp API, on the training layer
     ("cli",),
 )

@@ -149,20 +149,21 @@ def default_loss(output: Any, target: Any) -> torch.Tensor:
     return nn.functional.cross_entropy(pred, target)
 
 
-def to_device(value: Any, device: torch.device, channels_last: bool = False) -> Any:
+def to_device(value: Any, device: torch.device, channels_last: bool = False, *, non_blocking: bool = True) -> Any:
     """``value`` (a batch: a tensor, or tuples, lists and dicts of them) with every tensor on ``device``, 4-D
     floating tensors in channels_last when asked; other values as they are. No copy for tensors already there.
+    ``non_blocking`` is ``Tensor.to``'s: a copy from pinned memory returns before it completes.
 
     >>> to_device({"x": torch.ones(1, 2), "n": 3}, torch.device("cpu"))
     {'x': tensor([[1., 1.]]), 'n': 3}
     """
     if isinstance(value, torch.Tensor):
-        value = value.to(device, non_blocking=True)
+        value = value.to(device, non_blocking=non_blocking)
         if channels_last and value.dim() == 4 and value.is_floating_point():
             value = value.contiguous(memory_format=torch.channels_last)
         return value
     if isinstance(value, (tuple, list)):
-        return type(value)(to_device(v, device, channels_last) for v in value)
+        return type(value)(to_device(v, device, channels_last, non_blocking=non_blocking) for v in value)
     if isinstance(value, Mapping):  # a dict batch (input_ids, attention_mask, labels) or dict inputs
-        return {k: to_device(v, device, channels_last) for k, v in value.items()}
+        return {k: to_device(v, device, channels_last, non_blocking=non_blocking) for k, v in value.items()}
     return value

@@ -5,7 +5,9 @@ the forward's start and end (``wrap_forward``), the backward's (``before_backwar
 optimizer step's (``before_optimizer_step``/``after_optimizer_step``). A step's time splits into
 
 * ``data``: from the end of the previous micro-batch's work to the start of this forward: what the loop did in
-  between, which is fetching the batch (the DataLoader's wait), copying it to the device, and any logging;
+  between, which is fetching the batch (the DataLoader's wait) and any logging;
+* ``copy``: the batch's copy to the device, when the loop reads its batches through :meth:`PhaseTimer.batches`
+  (otherwise it is part of ``data``);
 * ``forward``, ``backward``, ``optimizer``: inside the engine's calls;
 * ``other``: the rest (the loss computed outside the engine's autocast context, the engine's unscale and
   overflow check before the optimizer hooks, the user's code between backward and step).
@@ -24,21 +26,22 @@ device's times when asked for them, once, at the end.
     ...     with engine.autocast():
     ...         loss = model(torch.ones(2, 4)).sum()
     ...     engine.backward(loss); _ = engine.step()
-    >>> [s.steps for s in timer.steps()], sorted(timer.steps()[0].phases)
-    ([1, 1], ['backward', 'data', 'forward', 'optimizer', 'other'])
+    >>> [s.steps for s in timer.steps()], list(timer.steps()[0].phases)
+    ([1, 1], ['data', 'copy', 'forward', 'backward', 'optimizer', 'other'])
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .._util.model_io import to_device
 from ..training.hooks import StepHook
 
 if TYPE_CHECKING:
@@ -46,7 +49,7 @@ if TYPE_CHECKING:
 
 __all__ = ["PHASES", "PhaseTimer", "StepPhases"]
 
-PHASES = ("data", "forward", "backward", "optimizer", "other")
+PHASES = ("data", "copy", "forward", "backward", "optimizer", "other")
 """The phases of a step, in the order they happen."""
 
 
@@ -72,12 +75,33 @@ class PhaseTimer(StepHook):
 
     # -- the hook side ----------------------------------------------------------------------------
     def _mark(self, what: str, engine: Engine) -> None:
-        event = None
         if engine.device.type == "cuda":
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
             self._cuda = engine.device
-        self._marks.append((what, time.perf_counter(), event))
+        self._stamp(what, self._cuda is not None)
+
+    # -- the loop side ----------------------------------------------------------------------------
+    def batches(self, loader: Iterable[Any], device: torch.device | str, *, non_blocking: bool = False, channels_last: bool = False) -> Iterator[Any]:
+        """Each batch of ``loader`` copied to ``device``, with the wait for it timed as ``data`` and the copy as
+        ``copy`` (``non_blocking`` as ``Tensor.to`` takes it: asynchronous from pinned memory).
+
+            >>> timer = PhaseTimer()
+            >>> [tuple(b.shape) for b in timer.batches([torch.ones(2, 3)], "cpu")]
+            [(2, 3)]
+        """
+        device = torch.device(device)
+        event = device.type == "cuda"
+        for batch in loader:
+            self._stamp("fetched", event)
+            on_device = to_device(batch, device, channels_last, non_blocking=non_blocking)
+            self._stamp("copied", event)
+            yield on_device
+
+    def _stamp(self, what: str, event: bool) -> None:
+        cuda_event = None
+        if event:
+            cuda_event = torch.cuda.Event(enable_timing=True)
+            cuda_event.record()
+        self._marks.append((what, time.perf_counter(), cuda_event))
 
     def wrap_forward(self, engine: Engine, forward: AbstractContextManager[Any]) -> AbstractContextManager[Any]:
         return self._timed_forward(engine, forward)
@@ -129,7 +153,9 @@ class PhaseTimer(StepHook):
 
 
 def _phase_between(before: str, after: str) -> str:
-    if after == "forward_start":
+    if before == "fetched" and after == "copied":
+        return "copy"
+    if after in ("fetched", "forward_start"):
         return "data"
     if before == "forward_start" and after == "forward_end":
         return "forward"

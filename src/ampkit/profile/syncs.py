@@ -17,9 +17,12 @@ device), but the same lines are the ones that will stall a GPU: counting them on
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 import sys
 import traceback
+import warnings
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -35,17 +38,21 @@ __all__ = ["SyncFinder", "SyncSite"]
 _SCALAR = {torch.ops.aten._local_scalar_dense.default: "item"}
 _COPIES = (torch.ops.aten._to_copy.default, torch.ops.aten.copy_.default)
 
+# What torch.cuda.set_sync_debug_mode("warn") says at each synchronising operation.
+_CUDA_SYNC_MESSAGE = r"called a synchronizing CUDA operation"
+
 _LIBRARY_DIRS = tuple(
     os.path.dirname(m.__file__) + os.sep for m in (torch, sys.modules["ampkit"]) if getattr(m, "__file__", None)
 )
 # Python frames a read passes through on its way from the user's line: this mode, the dispatch machinery that calls
-# it (dynamo's disable wrapper, the op overloads), Tensor's dunder methods and printing. A read whose first other
+# it (dynamo's disable wrapper, the op overloads), Tensor's dunder methods and printing, and on CUDA the warnings
+# machinery that reports a sync debug warning. A read whose first other
 # frame is inside torch or ampkit is the library's own (an optimizer's step counter, which lives on the CPU even in a
 # GPU run), not the loop's.
 _PASS_THROUGH = tuple(
     os.path.join(os.path.dirname(torch.__file__), *parts)
     for parts in (("_compile.py",), ("_dynamo", "eval_frame.py"), ("_ops.py",), ("utils", "_python_dispatch.py"), ("_tensor.py",), ("_tensor_str.py",))
-) + (__file__,)
+) + (__file__, warnings.__file__, functools.__file__)
 
 
 @dataclass(frozen=True)
@@ -60,23 +67,56 @@ class SyncSite:
     """The line's source, stripped (empty when unavailable)."""
 
 
-class SyncFinder(TorchDispatchMode):
-    """A dispatch mode that records each host read-back and the user's line that caused it (see the module)."""
+class SyncFinder:
+    """Records each host read-back and the user's line that caused it (see the module), as a context manager.
 
-    def __init__(self) -> None:
-        super().__init__()
+    ``device``: where the loop runs. On the CPU (the default) a dispatch mode sees the read-backs; on CUDA,
+    ``torch.cuda.set_sync_debug_mode("warn")`` reports every operation that synchronises the device (printing a
+    tensor, ``.tolist()``, ``nonzero`` and boolean-mask indexing included), and each report is counted at the
+    line that caused it.
+    """
+
+    def __init__(self, device: torch.device | str | None = None) -> None:
+        self.device = torch.device("cpu" if device is None else device)
         self._seen: Counter[tuple[str, str, str]] = Counter()
+        self._mode: _ReadBacks | None = None
+        self._cuda: tuple[Any, Any] | None = None  # (catch_warnings context, previous sync debug mode)
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        op = _SCALAR.get(func)
-        if op is None and func in _COPIES and _lands_on_cpu(func, args, kwargs):
-            op = "copy to cpu"
-        if op is not None:
-            site = _user_frame()
-            if site is not None:
-                self._seen[(site[0], op, site[1])] += 1
-        return func(*args, **kwargs)
+    def __enter__(self) -> SyncFinder:
+        if self.device.type == "cuda":
+            catcher = warnings.catch_warnings()
+            catcher.__enter__()
+            # Before pytest's or the user's "error" filters: a sync is to be counted here, not raised or shown.
+            warnings.filterwarnings("always", message=_CUDA_SYNC_MESSAGE)
+            shown = warnings.showwarning
+            warnings.showwarning = functools.partial(self._cuda_warning, shown)
+            self._cuda = (catcher, torch.cuda.get_sync_debug_mode())
+            torch.cuda.set_sync_debug_mode("warn")
+        else:
+            self._mode = _ReadBacks(self._record)
+            self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._cuda is not None:
+            catcher, previous = self._cuda
+            torch.cuda.set_sync_debug_mode(previous)
+            catcher.__exit__(*exc)  # restores the filters and showwarning
+            self._cuda = None
+        if self._mode is not None:
+            self._mode.__exit__(*exc)
+            self._mode = None
+
+    def _record(self, op: str) -> None:
+        site = _user_frame()
+        if site is not None:
+            self._seen[(site[0], op, site[1])] += 1
+
+    def _cuda_warning(self, shown: Any, message: Any, category: Any, *args: Any, **kwargs: Any) -> None:
+        if re.match(_CUDA_SYNC_MESSAGE, str(message)):
+            self._record("cuda sync")  # warnings.warn runs in the frame of the op that synced: the stack names the line
+        else:
+            shown(message, category, *args, **kwargs)
 
     def sites(self) -> list[SyncSite]:
         """Every line that synced, most frequent first."""
@@ -86,6 +126,23 @@ class SyncFinder(TorchDispatchMode):
     def total(self) -> int:
         """All read-backs recorded."""
         return sum(self._seen.values())
+
+
+class _ReadBacks(TorchDispatchMode):
+    """The dispatch mode under :class:`SyncFinder` on the CPU: calls ``record(op)`` at each read-back op."""
+
+    def __init__(self, record: Any) -> None:
+        super().__init__()
+        self._record = record
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        op = _SCALAR.get(func)
+        if op is None and func in _COPIES and _lands_on_cpu(func, args, kwargs):
+            op = "copy to cpu"
+        if op is not None:
+            self._record(op)
+        return func(*args, **kwargs)
 
 
 def _lands_on_cpu(func: Any, args: Any, kwargs: dict[str, Any]) -> bool:

@@ -1,0 +1,151 @@
+"""What to change, read from a profile: the input pipeline (backed by the trials' measured step times), the host
+syncs (where and what removes them), autocast's casts and the optimizer's small ops (with the bench command that
+confirms a change before it is adopted).
+
+Each piece of advice says what was found, the change, and what was measured of it: a measured speed-up for the
+loader settings it tried; for the others, which ampkit cannot try on the user's loop, the command that measures
+it. A profile that shows nothing worth changing gets no advice.
+
+    >>> given = {"num_workers": 0, "pin_memory": False, "non_blocking": False, "persistent_workers": False, "prefetch_factor": None}
+    >>> data = {"device": "cpu", "precision": "bf16-mixed", "phases": {"data": {"median_s": 0.12, "share": 0.6}},
+    ...         "step_s": {"median": 0.2}, "syncs": {"sites": []}, "ops": None,
+    ...         "trials": [{"name": "as given", "step_s": 0.2, "speedup": 1.0, "baseline": True, "settings": given},
+    ...                    {"name": "num_workers=2", "step_s": 0.1, "speedup": 2.0, "baseline": False,
+    ...                     "settings": {**given, "num_workers": 2}}]}
+    >>> [(a["topic"], a["change"]) for a in advise(data)]
+    [('input pipeline', 'DataLoader(..., num_workers=2)')]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["advise", "DATA_SHARE", "CAST_SHARE", "MIN_SPEEDUP", "IDLE_SHARE"]
+
+DATA_SHARE = 0.10
+"""A data phase above this share of the step is worth a look at the input pipeline."""
+MIN_SPEEDUP = 1.05
+"""A trial must beat the loader as given by this much to be advised: smaller differences are this machine's noise."""
+CAST_SHARE = 0.05
+"""Casts above this share of the forward and backward are worth removing."""
+IDLE_SHARE = 0.20
+"""A GPU idle for more than this share of the step is being fed too slowly."""
+
+_SIXTEEN_BIT_WEIGHTS = {"bf16-mixed": "bf16-true-masters", "16-mixed": "16-true-masters", "fp8-tensorwise": "bf16-true-masters", "fp8-rowwise": "bf16-true-masters"}
+"""For a mixed policy, the policy keeping 16-bit weights (and fp32 masters, so training stays exact) whose
+forward has no weight casts."""
+
+
+def advise(data: dict[str, Any], *, workload_flags: str = "") -> list[dict[str, Any]]:
+    """The advice for the profile ``data`` (the ``profile.json`` dict), most rewarding first; ``workload_flags``
+    are the command-line flags naming the workload, for the bench commands that confirm."""
+    out = [*_pipeline(data), *_syncs(data), *_casts(data, workload_flags), *_optimizer(data)]
+    idle = data.get("device_idle")
+    if idle and idle.get("share", 0.0) > IDLE_SHARE and not out:
+        out.append(_item(
+            "device idle", f"the GPU ran nothing for {idle['share']:.0%} of the step and neither data nor syncs explain it",
+            "look at the Chrome trace (trace.json, chrome://tracing or ui.perfetto.dev) for the gaps between kernels: "
+            "Python overhead between many small kernels is what torch.compile or CUDA graphs remove",
+            None, f"ampkit bench {workload_flags}--compile".strip(),
+        ))
+    return out
+
+
+def _item(topic: str, finding: str, change: str, measured: str | None, confirm: str | None) -> dict[str, Any]:
+    return {"topic": topic, "finding": finding, "change": change, "measured": measured, "confirm": confirm}
+
+
+def _loader_call(settings: dict[str, Any], base: dict[str, Any]) -> str:
+    """The DataLoader keywords that differ from the loader as given, and the copy's ``non_blocking``."""
+    keywords = [f"{k}={v}" for k, v in settings.items() if k != "non_blocking" and v != base.get(k)]
+    call = f"DataLoader(..., {', '.join(keywords)})" if keywords else "the loader as given"
+    if settings.get("non_blocking") and not base.get("non_blocking"):
+        call += " and batch.to(device, non_blocking=True)"
+    return call
+
+
+def _pipeline(data: dict[str, Any]) -> list[dict[str, Any]]:
+    phases = data.get("phases") or {}
+    wait = phases.get("data", {}).get("share", 0.0) + phases.get("copy", {}).get("share", 0.0)
+    trials = data.get("trials") or []
+    found = f"{wait:.0%} of the step is spent waiting for data" + (
+        f" ({phases['data']['median_s'] * 1e3:.1f} ms of a {data['step_s']['median'] * 1e3:.1f} ms step)" if "data" in phases else ""
+    )
+    if not trials:
+        if wait < DATA_SHARE:
+            return []
+        return [_item(
+            "input pipeline", found, "time the loader's settings on this loop: ampkit.profile.try_loader_settings(loader, step, device)",
+            None, None,
+        )]
+    base = next(t for t in trials if t.get("baseline"))
+    best = max(trials, key=lambda t: t["speedup"])
+    if best is base or best["speedup"] < MIN_SPEEDUP:
+        if wait < DATA_SHARE:
+            return []
+        return [_item(
+            "input pipeline", found + f"; no loader setting tried made the step faster (best: {best['name']}, {best['speedup']:.2f}x)",
+            "the per-sample work itself is the cost: do it once ahead of training (cache the transformed samples) or on the device",
+            f"{len(trials)} loader settings timed", None,
+        )]
+    return [_item(
+        "input pipeline", found, _loader_call(best["settings"], base["settings"]),
+        f"{best['speedup']:.2f}x faster step ({base['step_s'] * 1e3:.1f} ms -> {best['step_s'] * 1e3:.1f} ms, measured here)", None,
+    )]
+
+
+def _sync_change(site: dict[str, Any]) -> str:
+    code = site.get("code", "")
+    if site["op"] == "copy to cpu":
+        return "copy to the host less often, or into pinned memory with non_blocking=True and read it a step later"
+    if code.lstrip().startswith(("if ", "while ", "elif ", "assert ")):
+        return "a condition on a device value makes the host wait: compute it on the device (torch.where) or check it every N steps"
+    return (
+        "keep the value on the device (total += loss.detach()) and read it every N steps; "
+        "for a scheduler or a threshold pass a Python float, not a tensor"
+    )
+
+
+def _syncs(data: dict[str, Any]) -> list[dict[str, Any]]:
+    syncs = data.get("syncs") or {}
+    gpu = str(data.get("device", "cpu")).startswith("cuda")
+    cost = (
+        "each one drains the GPU's queue: the device idles until the host catches up" if gpu
+        else "nothing waits on a CPU, but on a GPU each one drains the device's queue"
+    )
+    return [
+        _item(
+            "host syncs", f"{site['per_step']:g} read-back{'s' if site['per_step'] != 1 else ''} per step at {site['where']}: {site['code']}",
+            _sync_change(site), cost, None,
+        )
+        for site in syncs.get("sites", [])[:3]
+    ]
+
+
+def _casts(data: dict[str, Any], workload_flags: str) -> list[dict[str, Any]]:
+    ops = data.get("ops")
+    if not ops or ops.get("cast_share", 0.0) < CAST_SHARE:
+        return []
+    precision = data.get("precision", "")
+    other = _SIXTEEN_BIT_WEIGHTS.get(precision)
+    changes = [] if data.get("compile") else ["compile the model (Engine(compile=True), --compile): the casts fuse into the kernels that read them"]
+    if other is not None:
+        changes.append(f"or keep the weights in 16 bits ({other}): the forward has no weight casts left")
+    if not changes:
+        return []
+    tried = ",".join(p for p in (precision, other) if p)
+    return [_item(
+        "casts", f"autocast's casts take {ops['cast_share']:.0%} of the forward and backward ({ops['casts_per_step']:.0f} per step)",
+        "; ".join(changes), None, f"ampkit bench {workload_flags}--precision {tried}{'' if data.get('compile') else ' --compile'}".replace("  ", " "),
+    )]
+
+
+def _optimizer(data: dict[str, Any]) -> list[dict[str, Any]]:
+    ops = data.get("ops")
+    tensors = data.get("parameter_tensors")
+    if not ops or not tensors or ops.get("optimizer_ops_per_step", 0.0) < 2 * tensors:
+        return []
+    return [_item(
+        "optimizer", f"the optimizer step dispatches {ops['optimizer_ops_per_step']:.0f} ops for {tensors} parameter tensors: a loop per parameter",
+        "construct the optimizer with fused=True (or foreach=True): one kernel for all parameters", None, None,
+    )]

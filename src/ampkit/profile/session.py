@@ -1,0 +1,252 @@
+"""Profile the user's own training loop: join its engine, time its steps phase by phase, find its host syncs and
+take a short torch.profiler trace, each in its own window of steps so one measurement does not distort another.
+
+The steps of a profiled loop fall into consecutive windows:
+
+1. ``warmup`` steps: not measured (kernel choice, allocator growth, optimizer state, compilation);
+2. ``timed`` steps: phases timed by a :class:`~ampkit.profile.phases.PhaseTimer` and nothing else, so the times
+   are the loop's own;
+3. ``sync_steps`` steps: every read of device values back to the host is counted at the user's line
+   (:class:`~ampkit.profile.syncs.SyncFinder`; on CUDA through ``torch.cuda.set_sync_debug_mode``);
+4. ``trace_steps`` steps under ``torch.profiler``: the casts' share, the optimizer's ops, the device's idle time,
+   and a Chrome trace.
+
+Every window's median step time is kept, so the cost of each measurement (the profiler's own overhead) is read
+against the timed window's. Steps beyond the last window run unobserved.
+
+    >>> import torch
+    >>> from torch import nn
+    >>> from ampkit import Engine
+    >>> engine = Engine()
+    >>> model = nn.Linear(8, 1); model, opt = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    >>> batches = [torch.ones(4, 8)] * 12
+    >>> with Profiler(engine, warmup=2, timed=4, sync_steps=2, trace_steps=2) as profiler:
+    ...     for x in profiler.batches(batches):
+    ...         with engine.autocast():
+    ...             loss = model(x).sum()
+    ...         engine.backward(loss); _ = engine.step()
+    ...         seen = loss.item()
+    >>> result = profiler.result()
+    >>> result["syncs"]["per_step"], len(result["per_step"]), sorted(result["overhead"])[:2]
+    (1.0, 4, ['plain_step_s', 'profiled_step_s'])
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..training.hooks import StepHook
+from .idle import device_idle
+from .op_shares import PhaseRanges, op_breakdown
+from .phases import PHASES, PhaseTimer
+from .syncs import SyncFinder
+
+if TYPE_CHECKING:
+    from ..training.engine import Engine
+
+__all__ = ["Profiler", "WINDOWS"]
+
+WINDOWS = ("warmup", "timed", "syncs", "trace")
+"""The profiler's windows of steps, in order."""
+
+
+class Profiler(StepHook):
+    """Profiles the loop of ``engine`` (see the module's docstring): use as a context around the loop, read its
+    batches through :meth:`batches`, then call :meth:`result`.
+
+    ``trace_dir``: where the Chrome trace of the trace window is written (``trace.json``); None: not written.
+    """
+
+    def __init__(
+        self, engine: Engine, *, warmup: int = 3, timed: int = 20, sync_steps: int = 5, trace_steps: int = 3,
+        trace_dir: str | Path | None = None,
+    ) -> None:
+        if warmup < 1 or timed < 2 or sync_steps < 0 or trace_steps < 0:
+            raise ValueError(
+                f"Profiler(warmup={warmup}, timed={timed}, sync_steps={sync_steps}, trace_steps={trace_steps}): the phases "
+                "need warmup >= 1 and timed >= 2 (a step's data phase starts at the previous step's end); the others >= 0."
+            )
+        self.engine = engine
+        self.sizes = {"warmup": warmup, "timed": timed, "syncs": sync_steps, "trace": trace_steps}
+        self.trace_dir = Path(trace_dir) if trace_dir is not None else None
+        self.timer = PhaseTimer()
+        self.syncs = SyncFinder(engine.device)
+        self._ranges = PhaseRanges()
+        self._torch_profile: torch.profiler.profile | None = None
+        self._trace_start: float | None = None  # perf_counter at the torch profile's start
+        self._step_ends: list[float] = []
+        self._window: str | None = None
+        self._seen = 0
+        self._breakdown: Any = None
+        self._idle: Any = None
+        self._trace_path: Path | None = None
+        engine.add_hook(self)
+
+    # -- windows ------------------------------------------------------------------------------------
+    def _window_of(self, step: int) -> str | None:
+        """The window step ``step`` (0-based, counted from entering the context) falls in."""
+        end = 0
+        for name in WINDOWS:
+            end += self.sizes[name]
+            if step < end:
+                return name
+        return None
+
+    def __enter__(self) -> Profiler:
+        self._seen, self._step_ends, self._window = 0, [time.perf_counter()], None
+        self._switch(self._window_of(0))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._switch(None)
+
+    def _switch(self, window: str | None) -> None:
+        if window == self._window:
+            return
+        if self._window == "syncs":
+            self.syncs.__exit__(None, None, None)
+        elif self._window == "trace":
+            self._stop_trace()
+        self._window = window
+        if window == "syncs":
+            self.syncs.__enter__()
+        elif window == "trace":
+            self._start_trace()
+
+    def _start_trace(self) -> None:
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if self.engine.device.type == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        self._torch_profile = torch.profiler.profile(activities=activities, record_shapes=True)
+        self._torch_profile.start()
+        self._trace_start = time.perf_counter()
+
+    def _stop_trace(self) -> None:
+        prof = self._torch_profile
+        if prof is None or self._trace_start is None:
+            return
+        if self.engine.device.type == "cuda":
+            torch.cuda.synchronize(self.engine.device)  # once, at the window's end: its kernels belong to it
+        elapsed_us = (time.perf_counter() - self._trace_start) * 1e6
+        prof.stop()
+        steps = self._steps_in("trace")
+        if steps:
+            self._breakdown = op_breakdown(prof)
+            # The events' times count from the profile's start, in microseconds.
+            self._idle = device_idle(prof, steps=steps, start_us=0.0, end_us=elapsed_us)
+        if self.trace_dir is not None:
+            self.trace_dir.mkdir(parents=True, exist_ok=True)
+            self._trace_path = self.trace_dir / "trace.json"
+            prof.export_chrome_trace(str(self._trace_path))
+        self._torch_profile = None
+
+    # -- the hook side --------------------------------------------------------------------------------
+    def wrap_forward(self, engine: Engine, forward: Any) -> Any:
+        forward = self._ranges.wrap_forward(engine, forward) if self._window == "trace" else forward
+        return self.timer.wrap_forward(engine, forward)
+
+    def before_backward(self, engine: Engine, loss: torch.Tensor) -> None:
+        self.timer.before_backward(engine, loss)
+        if self._window == "trace":
+            self._ranges.before_backward(engine, loss)
+
+    def after_backward(self, engine: Engine) -> None:
+        if self._window == "trace":
+            self._ranges.after_backward(engine)
+        self.timer.after_backward(engine)
+
+    def before_optimizer_step(self, engine: Engine) -> None:
+        self.timer.before_optimizer_step(engine)
+        if self._window == "trace":
+            self._ranges.before_optimizer_step(engine)
+
+    def after_optimizer_step(self, engine: Engine) -> None:
+        if self._window == "trace":
+            self._ranges.after_optimizer_step(engine)
+        self.timer.after_optimizer_step(engine)
+        self._step_ends.append(time.perf_counter())
+        self._seen += 1
+        self._switch(self._window_of(self._seen))
+
+    # -- the loop side -------------------------------------------------------------------------------
+    def batches(self, loader: Iterable[Any], *, non_blocking: bool = False, channels_last: bool = False) -> Iterator[Any]:
+        """``loader``'s batches on the engine's device, the wait for each timed as ``data`` and its copy as ``copy``."""
+        return self.timer.batches(loader, self.engine.device, non_blocking=non_blocking, channels_last=channels_last)
+
+    # -- the reading side ----------------------------------------------------------------------------
+    def _steps_in(self, window: str) -> int:
+        first = sum(self.sizes[w] for w in WINDOWS[: WINDOWS.index(window)])
+        return max(0, min(self._seen - first, self.sizes[window]))
+
+    def _window_step_times(self, window: str) -> list[float]:
+        first = sum(self.sizes[w] for w in WINDOWS[: WINDOWS.index(window)])
+        ends = self._step_ends[first : first + self._steps_in(window) + 1]
+        return [b - a for a, b in zip(ends, ends[1:])]
+
+    def result(self, *, plain_step_s: float | None = None) -> dict[str, Any]:
+        """What the windows measured, as the ``profile.json`` dict (see :func:`ampkit.profile.run.profile_data`
+        for the keys the command adds). ``plain_step_s``: the step time of the same loop unprofiled, when known;
+        the overhead is read against it (else against the timed window)."""
+        if self._window is not None:
+            raise RuntimeError("Profiler.result() reads a finished profile: call it after the `with Profiler(...)` block.")
+        timed = self._steps_in("timed")
+        if timed < 1:
+            raise ValueError(
+                f"the loop ran {self._seen} optimizer steps: the phases are timed from step {self.sizes['warmup'] + 1} on; "
+                "run more steps or lower warmup."
+            )
+        # PhaseTimer's steps start at the second step it saw: the first timed step is its (warmup - 1)th.
+        per_step = self.timer.steps(device_time=self.engine.device.type == "cuda")[self.sizes["warmup"] - 1 :][:timed]
+        rows = [{**s.phases, "total": s.total} for s in per_step]
+        totals = [r["total"] for r in rows]
+        median = statistics.median(totals)
+        phases = {p: {"median_s": statistics.median(r[p] for r in rows), "share": _share(sum(r[p] for r in rows), sum(totals))} for p in PHASES}
+        host_steps = self._window_step_times("timed")
+        syncs_steps = self._steps_in("syncs")
+        overhead: dict[str, Any] = {"plain_step_s": plain_step_s, "profiled_step_s": statistics.median(host_steps)}
+        for window, key in (("syncs", "sync_step_s"), ("trace", "trace_step_s")):
+            times = self._window_step_times(window)
+            overhead[key] = statistics.median(times) if times else None
+        reference = plain_step_s if plain_step_s is not None else overhead["profiled_step_s"]
+        overhead["ratio"] = overhead["profiled_step_s"] / reference if reference else None
+        b = self._breakdown
+        return {
+            "device": str(self.engine.device),
+            "precision": self.engine.policy.name,
+            "steps": len(rows),
+            "step_s": {"median": median, "p10": _quantile(totals, 0.1), "p90": _quantile(totals, 0.9)},
+            "phases": phases,
+            "per_step": rows,
+            "device_idle": self._idle.to_dict() if self._idle is not None else None,
+            "syncs": {
+                "steps": syncs_steps,
+                "per_step": self.syncs.total / syncs_steps if syncs_steps else None,
+                "sites": [
+                    {"where": s.where, "op": s.op, "count": s.count, "per_step": s.count / syncs_steps, "code": s.code}
+                    for s in self.syncs.sites()
+                ] if syncs_steps else [],
+            },
+            "ops": None if b is None else {
+                "cast_share": b.cast_share, "casts_per_step": b.casts / b.steps if b.steps else 0.0,
+                "optimizer_ops_per_step": b.optimizer_ops_per_step,
+                "optimizer_share": _share(b.optimizer_op_s, sum(b.phase_s.values())), "steps": b.steps,
+            },
+            "overhead": overhead,
+            "trace": self._trace_path.name if self._trace_path is not None else None,
+        }
+
+
+def _share(part: float, whole: float) -> float:
+    return part / whole if whole > 0 else 0.0
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+

@@ -1,0 +1,243 @@
+"""Advice that is tried before it is given: the same training step fed by variants of the loop's DataLoader, each
+timed, so the profile reports the step time each input-pipeline change really gives on this machine.
+
+The variants change only how batches are produced, never which: the same dataset, sampler (or batch sampler),
+collate function and order, with
+
+* ``num_workers``: batches made in worker processes, in parallel with the step (the cure for a slow
+  ``__getitem__``); tried at 1, 2 and 4 workers, no more than this process may use cores;
+* ``pin_memory`` with ``non_blocking`` copies: page-locked batches copied asynchronously (CUDA only: on a CPU
+  there is no copy to overlap);
+* ``persistent_workers``: the workers are kept between epochs instead of being started again for each;
+* ``prefetch_factor``: batches each worker keeps ready (DataLoader's default is 2).
+
+Each trial iterates its loader over ``epochs`` epochs of ``steps_per_epoch`` steps (a worker pool's start is paid
+at each epoch's first batch, which is what ``persistent_workers`` saves) and records every step's wall time. Its
+``step_s`` is the mean over all steps, epoch starts included, after the first epoch's ``warmup`` steps: the time
+a step costs as trained.
+
+    >>> import torch
+    >>> from torch.utils.data import DataLoader, TensorDataset
+    >>> loader = DataLoader(TensorDataset(torch.randn(64, 4)), batch_size=8)
+    >>> trials = try_loader_settings(loader, lambda batch: batch[0].sum(), "cpu",
+    ...                              settings=[LoaderSettings(), LoaderSettings(num_workers=1)], steps_per_epoch=4)
+    >>> [t.name for t in trials], trials[0].speedup
+    (['as given', 'num_workers=1'], 1.0)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset, Subset
+
+from .._util.model_io import to_device
+
+__all__ = ["LoaderSettings", "Trial", "loader_settings", "loader_variant", "candidate_settings", "try_loader_settings", "usable_cores"]
+
+log = logging.getLogger("ampkit")
+
+
+@dataclass(frozen=True)
+class LoaderSettings:
+    """The DataLoader settings a trial varies, and whether the loop copies its batches with ``non_blocking``."""
+
+    num_workers: int = 0
+    pin_memory: bool = False
+    non_blocking: bool = False
+    persistent_workers: bool = False
+    prefetch_factor: int | None = None
+    """Batches each worker keeps ready; None: DataLoader's default (2 with workers)."""
+
+    def label(self, base: LoaderSettings) -> str:
+        """What differs from ``base``, as the keyword arguments that set it ("as given" when nothing does).
+
+        >>> LoaderSettings(num_workers=2, persistent_workers=True).label(LoaderSettings())
+        'num_workers=2, persistent_workers=True'
+        """
+        changed = [
+            f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self) if getattr(self, f.name) != getattr(base, f.name)
+        ]
+        return ", ".join(changed) or "as given"
+
+    def loader_kwargs(self) -> dict[str, Any]:
+        """The DataLoader keywords of these settings (``non_blocking`` is the copy's, not the loader's)."""
+        kwargs: dict[str, Any] = {"num_workers": self.num_workers, "pin_memory": self.pin_memory}
+        if self.num_workers > 0:
+            kwargs["persistent_workers"] = self.persistent_workers
+            if self.prefetch_factor is not None:
+                kwargs["prefetch_factor"] = self.prefetch_factor
+        return kwargs
+
+
+@dataclass
+class Trial:
+    """One loader variant's measured steps."""
+
+    settings: LoaderSettings
+    name: str
+    step_s: float
+    """Mean wall time per step after the warm-up, epoch starts included."""
+    median_step_s: float
+    """Median step: the steady state, without the epoch starts."""
+    epoch_start_s: float
+    """Mean wait for each epoch's first batch (a worker pool's start)."""
+    speedup: float = 1.0
+    """The first trial's ``step_s`` over this one's."""
+    baseline: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "settings": dataclasses.asdict(self.settings), "step_s": self.step_s,
+            "median_step_s": self.median_step_s, "epoch_start_s": self.epoch_start_s, "speedup": self.speedup,
+            "baseline": self.baseline,
+        }
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity, which containers and ``taskset`` narrow)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS and Windows have no affinity call
+        return os.cpu_count() or 1
+
+
+def loader_settings(loader: DataLoader[Any]) -> LoaderSettings:
+    """The settings ``loader`` was built with (``non_blocking`` False: the loop's copy is not the loader's).
+
+    >>> from torch.utils.data import TensorDataset
+    >>> loader_settings(DataLoader(TensorDataset(torch.ones(4)), num_workers=2, persistent_workers=True))
+    LoaderSettings(num_workers=2, pin_memory=False, non_blocking=False, persistent_workers=True, prefetch_factor=2)
+    """
+    return LoaderSettings(
+        num_workers=loader.num_workers, pin_memory=loader.pin_memory, persistent_workers=loader.persistent_workers,
+        prefetch_factor=loader.prefetch_factor if loader.num_workers > 0 else None,
+    )
+
+
+def loader_variant(loader: DataLoader[Any], settings: LoaderSettings, *, samples: int | None = None) -> DataLoader[Any]:
+    """A DataLoader reading ``loader``'s dataset with the same batching, order and collation, set as ``settings``
+    says; ``samples``: only the dataset's first that many items (a map-style dataset read in order).
+
+    >>> from torch.utils.data import TensorDataset
+    >>> variant = loader_variant(DataLoader(TensorDataset(torch.arange(8.0)), batch_size=4), LoaderSettings(num_workers=1))
+    >>> [b[0].tolist() for b in variant]
+    [[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]]
+    """
+    dataset = loader.dataset
+    batching: dict[str, Any]
+    if samples is not None:
+        if isinstance(dataset, IterableDataset) or loader.batch_size is None:
+            raise ValueError("loader_variant(samples=...) reads a map-style dataset in order, in batches of batch_size.")
+        dataset = Subset(dataset, range(min(samples, len(dataset))))  # type: ignore[arg-type]
+        batching = {"batch_size": loader.batch_size, "drop_last": loader.drop_last}
+    elif isinstance(dataset, IterableDataset):
+        batching = {"batch_size": loader.batch_size, "drop_last": loader.drop_last}
+    else:
+        # The loader's own batch sampler keeps its order (a seeded shuffle stays seeded) and its batch size.
+        batching = {"batch_sampler": loader.batch_sampler}
+    return DataLoader(
+        dataset, collate_fn=loader.collate_fn, worker_init_fn=loader.worker_init_fn, timeout=loader.timeout,
+        multiprocessing_context=loader.multiprocessing_context, generator=loader.generator, **batching,
+        **settings.loader_kwargs(),
+    )
+
+
+def candidate_settings(base: LoaderSettings, device: torch.device | str, *, cores: int | None = None) -> list[LoaderSettings]:
+    """The variants worth trying from ``base`` on ``device``: the worker counts this machine's cores allow, then,
+    on top of workers, persistent workers and a deeper prefetch, and on CUDA pinned memory with non-blocking copies.
+
+    >>> [s.label(LoaderSettings()) for s in candidate_settings(LoaderSettings(), "cpu", cores=2)]
+    ['num_workers=1', 'num_workers=2', 'num_workers=2, persistent_workers=True', 'num_workers=2, persistent_workers=True, prefetch_factor=4']
+    """
+    cores = usable_cores() if cores is None else cores
+    counts = [n for n in (1, 2, 4) if n <= cores and n != base.num_workers]
+    out = [dataclasses.replace(base, num_workers=n) for n in counts]
+    workers = max([base.num_workers, *counts])
+    if workers > 0:
+        kept = dataclasses.replace(base, num_workers=workers, persistent_workers=True)
+        if not base.persistent_workers or base.num_workers != workers:
+            out.append(kept)
+        out.append(dataclasses.replace(kept, prefetch_factor=4))
+    if torch.device(device).type == "cuda" and not (base.pin_memory and base.non_blocking):
+        out.append(dataclasses.replace(base, pin_memory=True, non_blocking=True))
+    return out
+
+
+def _timed_epochs(
+    loader: DataLoader[Any], step: Callable[[Any], Any], device: torch.device, settings: LoaderSettings,
+    epochs: int, steps_per_epoch: int, channels_last: bool,
+) -> Iterator[tuple[int, float]]:
+    """Each step's (index within its epoch, wall seconds from the previous step's end, the wait for its batch
+    included); on CUDA each step ends with a synchronisation so the host's clock measures the device's work."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else None
+    for _ in range(epochs):
+        start = time.perf_counter()
+        for index, batch in enumerate(loader):
+            if index >= steps_per_epoch:
+                break
+            step(to_device(batch, device, channels_last, non_blocking=settings.non_blocking))
+            if sync is not None:
+                sync(device)  # the trial's own clock, not the profiled loop: one sync per timed step
+            end = time.perf_counter()
+            yield index, end - start
+            start = end
+
+
+def try_loader_settings(
+    loader: DataLoader[Any],
+    step: Callable[[Any], Any],
+    device: torch.device | str,
+    *,
+    settings: list[LoaderSettings] | None = None,
+    epochs: int = 2,
+    steps_per_epoch: int = 8,
+    warmup: int = 2,
+    channels_last: bool = False,
+) -> list[Trial]:
+    """Time ``step(batch)`` fed by ``loader`` as given, then by each variant in ``settings`` (default:
+    :func:`candidate_settings`), over ``epochs`` epochs of at most ``steps_per_epoch`` steps each.
+
+    ``step`` receives the batch already on ``device`` and runs one training step (forward, backward, optimizer).
+    A map-style dataset is cut to ``steps_per_epoch`` batches so an epoch ends, and starts again, within the trial.
+    The first trial is the baseline of the others' ``speedup``. A variant that fails (a dataset that cannot be
+    sent to a worker process, say) is logged and left out.
+    """
+    device = torch.device(device)
+    base = loader_settings(loader)
+    variants = [base, *(candidate_settings(base, device) if settings is None else [s for s in settings if s != base])]
+    samples = None
+    if not isinstance(loader.dataset, IterableDataset) and loader.batch_size is not None and not _shuffled(loader):
+        samples = steps_per_epoch * loader.batch_size
+    trials: list[Trial] = []
+    for variant in variants:
+        try:
+            times = list(_timed_epochs(loader_variant(loader, variant, samples=samples), step, device, variant, epochs, steps_per_epoch, channels_last))
+        except Exception as exc:  # noqa: BLE001 - one variant failing must not lose the others' measurements
+            log.warning("ampkit profile: the loader with %s failed (%s); it is left out of the trials.", variant.label(base), exc)
+            continue
+        timed = [t for i, (_, t) in enumerate(times) if i >= warmup]
+        if not timed:
+            raise ValueError(f"the loader gave {len(times)} batches: too few to time after {warmup} warm-up steps; give it more data.")
+        starts = [t for index, t in times if index == 0]
+        trials.append(Trial(
+            variant, variant.label(base), statistics.fmean(timed), statistics.median(timed), statistics.fmean(starts),
+            baseline=not trials,
+        ))
+    if trials:
+        for t in trials:
+            t.speedup = trials[0].step_s / t.step_s
+    return trials
+
+
+def _shuffled(loader: DataLoader[Any]) -> bool:
+    # A shuffling sampler reads the whole dataset in its own order: cutting it would change which batches come.
+    return not isinstance(getattr(loader, "sampler", None), torch.utils.data.SequentialSampler)
