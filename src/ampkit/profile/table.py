@@ -1,0 +1,291 @@
+"""The terminal view of a profile: what ran, where the step's time goes, the syncs, the op shares, the trials and the
+advice, each figure as the profile measured it.
+
+Everything here reads the plain dict written as profile.json, so a saved profile renders exactly like a fresh one,
+and every section is optional: a CPU run has no device idle, a user's loop may have no trials. The rows and lines
+are defined once (:func:`phase_rows`, :func:`sync_rows`, :func:`trial_rows`, :func:`advice_parts`, ...) and reused
+by report.md, so the terminal and the report never disagree.
+
+    >>> import io
+    >>> from rich.console import Console
+    >>> data = {"workload": {"name": "toy"}, "steps": 10, "step_s": {"median": 0.2},
+    ...         "phases": {"data": {"median_s": 0.15, "share": 0.75}, "forward": {"median_s": 0.05, "share": 0.25}}}
+    >>> console = Console(file=io.StringIO(), width=120)
+    >>> render(data, console)
+    >>> text = console.file.getvalue()
+    >>> "ampkit profile: toy" in text, "75.0%" in text, "waiting for the next batch" in text
+    (True, True, True)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.padding import Padding
+from rich.table import Table
+from rich.text import Text
+
+from .._util.units import MISSING, fmt_float, fmt_ratio, fmt_seconds, fmt_share, is_missing
+from ..report.tables import TableRows
+
+__all__ = [
+    "render", "header_lines", "phase_order", "phase_rows", "idle_line", "sync_line", "sync_rows", "ops_lines",
+    "trial_rows", "advice_parts", "overhead_line", "PHASE_MEANINGS", "TOP_SYNCS",
+]  # fmt: skip
+
+PHASE_MEANINGS = {
+    "data": "waiting for the next batch (DataLoader, loop code)",
+    "copy": "host-to-device copy of the batch",
+    "forward": "the forward pass",
+    "backward": "the backward pass",
+    "optimizer": "the optimizer step (unscale, clip, update)",
+    "other": "the rest (loss outside autocast, code between backward and step)",
+}
+"""The "what it is" of each phase; a phase not named here is shown without one."""
+TOP_SYNCS = 5
+"""Sync sites the terminal shows; the rest are in profile.json (and report.md shows them all)."""
+
+
+def _phase_name(name: str) -> str:
+    return name.replace("_", " ")
+
+
+def header_lines(data: dict[str, Any]) -> list[str]:
+    """What ran: the workload (and size), its description, then device, precision, steps and the median step.
+
+    >>> header_lines({"workload": {"name": "digits-aug", "size": "small"}, "device": "cpu", "precision": "bf16-mixed",
+    ...               "steps": 30, "step_s": {"median": 0.182, "p10": 0.175, "p90": 0.201}})
+    ['ampkit profile: digits-aug (size small)', 'device cpu · bf16-mixed · 30 steps measured · median step 182 ms (p10–p90 175–201)']
+    """
+    workload = data.get("workload") or {}
+    title = f"ampkit profile: {workload['name']}" if workload.get("name") else "ampkit profile"  # a user's loop may have none
+    if workload.get("size"):
+        title += f" (size {workload['size']})"
+    lines = [title] + ([str(workload["description"])] if workload.get("description") else [])
+    device = str(data.get("device") or "unknown")
+    if data.get("device_name") and data["device_name"] != device:
+        device += f" ({data['device_name']})"
+    facts = [f"device {device}"]
+    facts += [str(data["precision"])] if data.get("precision") else []
+    facts += [f"compiled ({data['compile']})" if isinstance(data["compile"], str) else "compiled"] if data.get("compile") else []
+    steps = data.get("steps")
+    facts += [f"{steps} step{'s' if steps != 1 else ''} measured"] if steps is not None else []
+    step = data.get("step_s") or {}
+    if not is_missing(step.get("median")):
+        spread = ""
+        if not is_missing(step.get("p10")) and not is_missing(step.get("p90")):
+            spread = f" (p10–p90 {fmt_seconds(step['p10'], unit=False)}–{fmt_seconds(step['p90'], unit=False)})"
+        facts.append(f"median step {fmt_seconds(step['median'])}{spread}")
+    return lines + [" · ".join(facts)]
+
+
+def phase_order(data: dict[str, Any]) -> list[str]:
+    """The phases in the order they happen: as profile.json lists them (``phases``, else the per-step keys).
+
+    >>> phase_order({"per_step": [{"data": 0.1, "forward": 0.02, "total": 0.12}]})
+    ['data', 'forward']
+    """
+    if data.get("phases"):
+        return list(data["phases"])
+    return [k for k in ((data.get("per_step") or [{}])[0] or {}) if k != "total"]
+
+
+def phase_rows(data: dict[str, Any]) -> TableRows:
+    """The phase table as plain strings, the largest share first (ties keep the step's order).
+
+    >>> rows = phase_rows({"phases": {"data": {"median_s": 0.02, "share": 0.1}, "forward": {"median_s": 0.18, "share": 0.9}}})
+    >>> [r[:3] for r in rows.rows]
+    [['forward', '180 ms', '90.0%'], ['data', '20.0 ms', '10.0%']]
+    """
+    phases = data.get("phases") or {}
+
+    def share(name: str) -> float:
+        value = (phases[name] or {}).get("share")
+        return -1.0 if is_missing(value) else float(value)
+
+    rows = []
+    for name in sorted(phases, key=lambda n: -share(n)):  # sorted() is stable: ties keep the step's order
+        phase = phases[name] or {}
+        rows.append([_phase_name(name), fmt_seconds(phase.get("median_s")), fmt_share(phase.get("share")), PHASE_MEANINGS.get(name, "")])
+    return TableRows(headers=["Phase", "Median\nper step", "Share\nof step", "What it is"], rows=rows, justify=["left", "right", "right", "left"])
+
+
+def idle_line(data: dict[str, Any]) -> str | None:
+    """The device's idle time in words; None where it was not measured (on the CPU).
+
+    >>> idle_line({"device_idle": {"share": 0.41, "seconds_per_step": 0.07}})
+    'Device idle: 41.0% of the step (70.0 ms per step) with no kernel running.'
+    >>> idle_line({"device_idle": None}) is None
+    True
+    """
+    idle = data.get("device_idle")
+    if not idle or is_missing(idle.get("share")):
+        return None
+    per_step = f" ({fmt_seconds(idle['seconds_per_step'])} per step)" if not is_missing(idle.get("seconds_per_step")) else ""
+    return f"Device idle: {fmt_share(idle['share'])} of the step{per_step} with no kernel running."
+
+
+def sync_line(data: dict[str, Any]) -> str | None:
+    """The host syncs per step and at how many places; None where syncs were not looked for.
+
+    >>> sync_line({"syncs": {"per_step": 1.0, "sites": [{"where": "train.py:42 in train"}]}})
+    'Host syncs: 1 per step, at 1 place in the code.'
+    """
+    syncs = data.get("syncs")
+    if not syncs:
+        return None
+    sites = syncs.get("sites") or []
+    where = f", at {len(sites)} place{'s' if len(sites) != 1 else ''} in the code" if sites else ""
+    return f"Host syncs: {fmt_float(syncs.get('per_step'), 3)} per step{where}."
+
+
+def sync_rows(data: dict[str, Any], top: int | None = TOP_SYNCS) -> TableRows:
+    """The sync sites as plain strings, most syncs first, at most ``top`` of them (all when None).
+
+    >>> sync_rows({"syncs": {"sites": [{"where": "train.py:42 in train", "op": "item", "count": 30,
+    ...                                 "per_step": 1.0, "code": "print(loss.item())"}]}}).rows
+    [['train.py:42 in train', 'item', '30', '1', 'print(loss.item())']]
+    """
+    sites = sorted((data.get("syncs") or {}).get("sites") or [], key=lambda s: -(s.get("count") or 0))
+    rows = [
+        [str(s.get("where") or MISSING), str(s.get("op") or MISSING), str(s.get("count", MISSING)),
+         fmt_float(s.get("per_step"), 3), str(s.get("code") or "")]
+        for s in (sites if top is None else sites[:top])
+    ]  # fmt: skip
+    return TableRows(headers=["Where", "Op", "Count", "Per step", "Code"], rows=rows, justify=["left", "left", "right", "right", "left"])
+
+
+def ops_lines(data: dict[str, Any]) -> list[str]:
+    """The casts' and the optimizer's share of the ops, read from torch.profiler; none where they were not read.
+
+    >>> ops_lines({"ops": {"cast_share": 0.08, "casts_per_step": 124, "optimizer_ops_per_step": 15, "optimizer_share": 0.05}})
+    ['Casts: 8.0% of forward + backward (124 cast ops per step).', 'Optimizer: 15 ops per step (5.0% of the step).']
+    """
+    ops = data.get("ops")
+    if not ops:
+        return []
+    lines = []
+    if not is_missing(ops.get("cast_share")):
+        count = f" ({fmt_float(ops['casts_per_step'])} cast ops per step)" if not is_missing(ops.get("casts_per_step")) else ""
+        lines.append(f"Casts: {fmt_share(ops['cast_share'])} of forward + backward{count}.")
+    if not is_missing(ops.get("optimizer_ops_per_step")):
+        share = f" ({fmt_share(ops['optimizer_share'])} of the step)" if not is_missing(ops.get("optimizer_share")) else ""
+        lines.append(f"Optimizer: {fmt_float(ops['optimizer_ops_per_step'])} ops per step{share}.")
+    return lines
+
+
+def trial_rows(data: dict[str, Any]) -> TableRows:
+    """The input-pipeline trials as plain strings, in the order they ran; the baseline is marked.
+
+    >>> trial_rows({"trials": [{"name": "as given", "step_s": 0.18, "speedup": 1.0, "phases": {"data": 0.12}, "baseline": True},
+    ...                        {"name": "num_workers=2", "step_s": 0.081, "speedup": 2.22, "phases": None}]}).rows
+    [['as given (baseline)', '180 ms', '1.00x', '120 ms'], ['num_workers=2', '81.0 ms', '2.22x', '—']]
+    """
+    rows = []
+    for trial in data.get("trials") or []:
+        name = str(trial.get("name") or MISSING) + (" (baseline)" if trial.get("baseline") else "")
+        data_s = (trial.get("phases") or {}).get("data")
+        rows.append([name, fmt_seconds(trial.get("step_s")), fmt_ratio(trial.get("speedup")), fmt_seconds(data_s)])
+    return TableRows(
+        headers=["Setting", "Median\nstep", "Speed-up\nvs baseline", "Data phase\n(median)"], rows=rows, justify=["left", "right", "right", "right"]
+    )
+
+
+def advice_parts(item: dict[str, Any]) -> list[tuple[str, str]]:
+    """One piece of advice as (label, text) pairs, the finding first; the labels of missing parts are left out.
+
+    >>> advice_parts({"topic": "casts", "finding": "8% of the step casts", "change": "compile", "measured": None,
+    ...               "confirm": "ampkit bench --compile"})
+    [('casts', '8% of the step casts'), ('change', 'compile'), ('confirm with', 'ampkit bench --compile')]
+    """
+    parts = [(str(item.get("topic") or "finding"), str(item.get("finding") or MISSING))]
+    labels = (("change", "change"), ("measured", "measured"), ("confirm", "confirm with"))
+    return parts + [(label, str(item[key])) for key, label in labels if item.get(key)]
+
+
+def overhead_line(data: dict[str, Any]) -> str | None:
+    """The profiler's own cost: the profiled step against the plain one; None when it was not measured.
+
+    >>> overhead_line({"overhead": {"plain_step_s": 0.170, "profiled_step_s": 0.182, "ratio": 1.07}})
+    'Profiler overhead: the profiled step took 1.07x the plain one (182 ms against 170 ms).'
+    """
+    overhead = data.get("overhead")
+    if not overhead or is_missing(overhead.get("ratio")):
+        return None
+    plain, profiled = overhead.get("plain_step_s"), overhead.get("profiled_step_s")
+    times = f" ({fmt_seconds(profiled)} against {fmt_seconds(plain)})" if not (is_missing(plain) or is_missing(profiled)) else ""
+    return f"Profiler overhead: the profiled step took {fmt_ratio(overhead['ratio'])} the plain one{times}."
+
+
+def _table(rows: TableRows, title: str, wraps: tuple[str, ...] = ()) -> Table:
+    table = Table(title=title, title_justify="left", title_style="bold", header_style="bold")
+    for header, justify in zip(rows.headers, rows.justify):
+        # Figures keep to one line; names, code and prose may wrap on a narrow terminal, code folded mid-word
+        # rather than cut short with an ellipsis.
+        wrap = header in wraps
+        table.add_column(header, justify=justify, no_wrap=not wrap, overflow="fold" if wrap else "ellipsis")  # type: ignore[arg-type]
+    for row in rows.rows:
+        table.add_row(*(Text(cell) for cell in row))  # Text: a "[" in code is not rich markup
+    return table
+
+
+def _indented(console: Console, text: str, style: str = "") -> None:
+    # Indented as a block, so a wrapped line still reads as part of its item.
+    console.print(Padding(Text(text, style=style), (0, 0, 0, 2), expand=False))
+
+
+def _render_advice(data: dict[str, Any], console: Console) -> None:
+    advice = data.get("advice") or []
+    if not advice:
+        return
+    console.print()
+    console.print(Text("Advice:", style="bold"))
+    for number, item in enumerate(advice, start=1):
+        (topic, finding), *rest = advice_parts(item)
+        console.print(Text(f"{number}. {topic}: {finding}"))
+        for label, text in rest:
+            if label == "measured":
+                _indented(console, f"{label}: {text}", "green")
+            else:  # code to paste or a command to run: soft-wrapped, so rich puts no newline inside it
+                console.print(Text(f"  {label}: {text}"), soft_wrap=True)
+
+
+def render(data: dict[str, Any], console: Console, top: int = TOP_SYNCS) -> None:
+    """Print the profile ``data`` (the profile.json dict) to ``console``: at most ``top`` sync sites."""
+    title, *rest = header_lines(data)
+    console.print(Text(title, style="bold"))
+    for line in rest:
+        console.print(Text(line))
+    phases = phase_rows(data)
+    if phases.rows:
+        console.print(_table(phases, "Where the step's time goes", wraps=("What it is",)))
+    else:
+        console.print(Text("No phase times were recorded.", style="dim"))
+    idle = idle_line(data)
+    if idle:
+        console.print(Text(idle))
+    syncs = sync_line(data)
+    if syncs:
+        console.print()
+        console.print(Text(syncs))
+        sites = sync_rows(data, top)
+        if sites.rows:
+            console.print(_table(sites, "", wraps=("Where", "Code")))
+        hidden = len((data.get("syncs") or {}).get("sites") or []) - len(sites.rows)
+        if hidden > 0:
+            console.print(Text(f"... {hidden} more in profile.json", style="dim"))
+    ops = ops_lines(data)
+    if ops:
+        console.print()
+        for line in ops:
+            console.print(Text(line))
+    trials = trial_rows(data)
+    if trials.rows:
+        console.print()
+        console.print(_table(trials, "Input-pipeline trials (measured)", wraps=("Setting",)))
+    _render_advice(data, console)
+    overhead = overhead_line(data)
+    if overhead:
+        console.print()
+        console.print(Text(overhead, style="dim"))
