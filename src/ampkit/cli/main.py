@@ -18,14 +18,14 @@ from typing import Any
 
 from .. import __version__
 from ..errors import AmpkitError, one_line
-from .parsers import add_bench, add_doctor, add_env, add_memory
+from .parsers import add_bench, add_doctor, add_env, add_memory, add_profile
 
 __all__ = ["main", "build_parser", "SUBCOMMANDS"]
 
 logger = logging.getLogger("ampkit")
 
 _ADD_PARSERS: dict[str, Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = {
-    "bench": add_bench, "doctor": add_doctor, "env": add_env, "memory": add_memory,
+    "bench": add_bench, "doctor": add_doctor, "env": add_env, "memory": add_memory, "profile": add_profile,
 }
 """Each subcommand, the name of its module in this package, and the function declaring its parser."""
 

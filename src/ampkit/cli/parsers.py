@@ -23,7 +23,7 @@ from pathlib import Path
 
 from .checks import memory_size, non_negative, positive
 
-__all__ = ["add_bench", "add_doctor", "add_env", "add_memory", "SIZES"]
+__all__ = ["add_bench", "add_doctor", "add_env", "add_memory", "add_profile", "SIZES"]
 
 SIZES = ("tiny", "small", "large")
 """The built-in workload sizes, as :data:`ampkit.bench.workload.SIZES` (a test holds the two equal): repeated here
@@ -191,3 +191,32 @@ def add_memory(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     _add_fp8(p)
     p.add_argument("--json", action="store_true", help="print JSON (one object per policy) instead of the table")
     p.set_defaults(func=_runs("memory"))
+
+
+def add_profile(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``profile`` subcommand to ``subparsers``."""
+    p = subparsers.add_parser(
+        "profile",
+        help="where a training step's time goes (data, copy, forward, backward, optimizer, syncs, device idle) and which change gives it back, measured",
+        description=(
+            "Train a workload through a DataLoader and split each step's time into waiting for data, the copy to the "
+            "device, forward, backward and the optimizer; find the host syncs and the lines that make them; read the "
+            "casts' and the optimizer's share from torch.profiler (and the GPU's idle time on CUDA); then time the "
+            "DataLoader settings worth trying on the same step, and advise the changes that measurably help."
+        ),
+    )
+    _add_workload(p)
+    p.add_argument("--precision", help="the policy to train under (default: bf16-mixed where it runs fast here, else 32-true)")
+    _add_device(p)
+    p.add_argument("--steps", type=positive, default=20, help="steps whose phases are timed (default: 20)")
+    p.add_argument("--warmup", type=positive, default=3, help="steps run before any measurement (default: 3)")
+    p.add_argument("--sync-steps", type=non_negative, default=5, help="steps in which host syncs are counted (default: 5)")
+    p.add_argument("--trace-steps", type=non_negative, default=3, help="steps traced by torch.profiler for the op shares and device idle (default: 3)")
+    p.add_argument("--no-trials", action="store_true", help="do not time the DataLoader's variants (num_workers, pin_memory, persistent_workers, prefetch_factor)")
+    p.add_argument(
+        "--compile", nargs="?", const="model", choices=("model", "regional"), metavar="{model,regional}",
+        help="profile the step compiled with torch.compile: the whole model, or each repeated block with 'regional' (default: model)",
+    )
+    _add_out(p, writes="profile.json, report.md and PNG plots")
+    p.add_argument("--trace", action="store_true", help="with --out: also write the traced steps as a Chrome trace (trace.json, for chrome://tracing or ui.perfetto.dev)")
+    p.set_defaults(func=_runs("profile"))

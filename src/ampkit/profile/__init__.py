@@ -1,12 +1,25 @@
-"""``ampkit profile``: where a training step's time goes, and which change would give it back.
+"""``ampkit profile``: where a training step's time goes, why the device waits, and which change gives it back.
 
-So far: :class:`PhaseTimer`, the per-phase timing of each step at the engine's step hooks, and :class:`SyncFinder`,
-the host syncs a loop makes and the lines that make them, and :func:`op_breakdown`, the casts' share and the
-optimizer's op count read from torch.profiler.
+:class:`Profiler` profiles the user's own loop through the engine's step hooks: :class:`PhaseTimer` times each
+step's phases, :class:`SyncFinder` finds the host syncs and the lines that make them, and :func:`op_breakdown`
+reads the casts' share and the optimizer's ops from torch.profiler. :func:`try_loader_settings` times a
+DataLoader's variants on the loop's own step, :func:`advise` turns a profile into advice, and
+:func:`profile_workload` is the command's whole run on a workload.
+
+    >>> from ampkit.profile import Profiler, try_loader_settings
 """
 
+from .advice import advise
+from .idle import DeviceIdle, device_idle
 from .op_shares import OpBreakdown, PhaseRanges, op_breakdown
 from .phases import PHASES, PhaseTimer, StepPhases
+from .run import profile_workload, workload_loader
+from .session import Profiler
 from .syncs import SyncFinder, SyncSite
+from .trials import LoaderSettings, Trial, candidate_settings, loader_variant, try_loader_settings
 
-__all__ = ["PHASES", "PhaseTimer", "StepPhases", "SyncFinder", "SyncSite", "PhaseRanges", "OpBreakdown", "op_breakdown"]
+__all__ = [
+    "Profiler", "PHASES", "PhaseTimer", "StepPhases", "SyncFinder", "SyncSite", "PhaseRanges", "OpBreakdown",
+    "op_breakdown", "DeviceIdle", "device_idle", "LoaderSettings", "Trial", "candidate_settings", "loader_variant",
+    "try_loader_settings", "advise", "profile_workload", "workload_loader",
+]

@@ -83,6 +83,7 @@ class Profiler(StepHook):
         self._step_ends: list[float] = []
         self._window: str | None = None
         self._seen = 0
+        self._fed = False  # whether the loop reads its batches through batches()
         self._breakdown: Any = None
         self._idle: Any = None
         self._trace_path: Path | None = None
@@ -172,12 +173,29 @@ class Profiler(StepHook):
         self.timer.after_optimizer_step(engine)
         self._step_ends.append(time.perf_counter())
         self._seen += 1
-        self._switch(self._window_of(self._seen))
+        if not self._fed:
+            self._switch(self._window_of(self._seen))
+        # Otherwise the switch waits for the next batch's fetch: what the loop does after engine.step() (logging
+        # the loss, say) belongs to the step it follows, and its window.
 
     # -- the loop side -------------------------------------------------------------------------------
     def batches(self, loader: Iterable[Any], *, non_blocking: bool = False, channels_last: bool = False) -> Iterator[Any]:
-        """``loader``'s batches on the engine's device, the wait for each timed as ``data`` and its copy as ``copy``."""
-        return self.timer.batches(loader, self.engine.device, non_blocking=non_blocking, channels_last=channels_last)
+        """``loader``'s batches on the engine's device, the wait for each timed as ``data`` and its copy as ``copy``.
+
+        A loop fed through here has its windows begin and end between its steps, as it fetches the next batch."""
+        self._fed = True
+        return self.timer.batches(self._switching(loader), self.engine.device, non_blocking=non_blocking, channels_last=channels_last)
+
+    def _switching(self, loader: Iterable[Any]) -> Iterator[Any]:
+        batches = iter(loader)
+        while True:
+            if self._window is not None:
+                self._switch(self._window_of(self._seen))  # before the fetch: a traced step's wait for data is traced
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
+            yield batch
 
     # -- the reading side ----------------------------------------------------------------------------
     def _steps_in(self, window: str) -> int:
@@ -206,7 +224,10 @@ class Profiler(StepHook):
         rows = [{**s.phases, "total": s.total} for s in per_step]
         totals = [r["total"] for r in rows]
         median = statistics.median(totals)
-        phases = {p: {"median_s": statistics.median(r[p] for r in rows), "share": _share(sum(r[p] for r in rows), sum(totals))} for p in PHASES}
+        medians = {p: statistics.median(r[p] for r in rows) for p in PHASES}
+        # Shares of the typical step, so they agree with the medians shown beside them (a sum over steps would
+        # let one slow step, a collection or a neighbour's burst on a shared machine, set every share).
+        phases = {p: {"median_s": m, "share": _share(m, sum(medians.values()))} for p, m in medians.items()}
         host_steps = self._window_step_times("timed")
         syncs_steps = self._steps_in("syncs")
         overhead: dict[str, Any] = {"plain_step_s": plain_step_s, "profiled_step_s": statistics.median(host_steps)}

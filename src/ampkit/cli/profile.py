@@ -1,0 +1,116 @@
+"""``ampkit profile``: where a training step's time goes, why the device waits, and which change gives it back.
+
+    ampkit profile                                       # digits through a slow per-sample augmentation
+    ampkit profile -w gpt --precision bf16-mixed --out prof/gpt --trace
+    ampkit profile --model mypkg.nets:build --data mypkg.data:loader --out prof/
+
+Trains the workload through a DataLoader under :class:`ampkit.profile.Profiler` (phases, host syncs, a short
+torch.profiler trace), then times the DataLoader's variants on the same step (see :mod:`ampkit.profile.trials`).
+A ``--data`` factory returning a DataLoader is profiled and varied as it is; one returning batches is read from
+memory. Prints the table and the advice (stdout); ``--out DIR`` writes profile.json, report.md, phases.png,
+trials.png and, with ``--trace``, trace.json. Exit code 0, 2 for bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from typing import Any
+
+import torch
+
+from ..bench.defaults import default_size
+from ..bench.user import load_factory
+from ..bench.workload import Workload
+from ..policy import get_policy
+from .checks import writable_dir
+from .console import stdout_console
+from .output import write_out
+from .parsers import add_profile as register  # declared apart: `ampkit --help` imports none of this module
+from .workload_args import device_arg, recorded_command, workload_from_args
+
+__all__ = ["register", "run", "DEFAULT_WORKLOAD"]
+
+log = logging.getLogger("ampkit")
+
+DEFAULT_WORKLOAD = "digits-aug"
+"""The workload profiled without ``-w``/``--model``: digits through a deliberately slow per-sample augmentation,
+an input-bound loop with something for the advice to fix."""
+
+
+def _precision(args: argparse.Namespace, device: torch.device) -> str:
+    if args.precision is not None:
+        get_policy(args.precision).check_device(device)
+        return get_policy(args.precision).name
+    support = get_policy("bf16-mixed").support(device)
+    return "bf16-mixed" if support.supported and support.fast else "32-true"
+
+
+def _user_loader(args: argparse.Namespace) -> torch.utils.data.DataLoader[Any] | None:
+    """The DataLoader a ``--data`` factory returns (profiled and varied as it is), or None for other data."""
+    if args.data is None:
+        return None
+    data = load_factory(args.data, "--data")()
+    return data if isinstance(data, torch.utils.data.DataLoader) else None
+
+
+def _workload(args: argparse.Namespace, device: torch.device, size: str, loader: Any) -> Workload:
+    if args.model is None and args.data is None and args.workload is None:
+        args.workload = DEFAULT_WORKLOAD
+    # A DataLoader is read for two batches only, to check the model runs on them; the profile then reads it itself.
+    steps = 2 if loader is not None else args.warmup + args.steps + args.sync_steps + args.trace_steps
+    return workload_from_args(args, device, size, steps=steps, warmup=1, data_use="profile it on")
+
+
+def _workload_flags(args: argparse.Namespace, size: str) -> str:
+    """The flags that name this workload, for the bench commands the advice gives."""
+    if args.model is not None:
+        return f"--model {args.model} " + (f"--data {args.data} " if args.data else f"-w {args.workload} ")
+    return f"-w {args.workload} --size {size} "
+
+
+def run(args: argparse.Namespace) -> int:
+    """Profile the workload the arguments describe; print the table; write the files asked for."""
+    from ..profile.run import profile_workload
+    from ..profile.table import render
+    from .doctor import _compile_spec
+
+    writable_dir(args.out, "--out")
+    if args.trace and args.out is None:
+        raise ValueError("--trace writes trace.json into --out DIR: add --out DIR.")
+    args.compile_backend = None
+    compile = _compile_spec(args)
+    device = device_arg(args.device, command="profile")
+    precision = _precision(args, device)
+    size = default_size(device) if args.size == "auto" else args.size
+    loader = _user_loader(args)
+    workload = _workload(args, device, size, loader)
+    console = stdout_console()
+    console.print(
+        f"[dim]ampkit profile: {workload.name} under {precision} on {device}: {args.warmup} warm-up steps, "
+        f"{args.steps} timed, {args.sync_steps} with syncs counted, {args.trace_steps} traced"
+        f"{'' if args.no_trials else ', then the DataLoader variants'}...[/dim]"
+    )
+    context = {
+        "command": recorded_command(args),
+        "workload": {"name": workload.name, "description": workload.description, "size": size if args.data is None else None},
+        "workload_flags": _workload_flags(args, size),
+    }
+    data = profile_workload(
+        workload, precision, device, compile=compile, loader=loader, warmup=args.warmup, timed=args.steps,
+        sync_steps=args.sync_steps, trace_steps=args.trace_steps, trials=not args.no_trials,
+        trace_dir=args.out if args.trace else None, seed=args.seed, context=context,
+    )
+    render(data, console)
+    if args.out is not None:
+        from ..fileio.atomic import write_text_atomic
+        from ..profile.plots import write_plots
+        from ..profile.report import write_report
+
+        def write_json(path: Any) -> Any:
+            return write_text_atomic(path, json.dumps(data, indent=2) + "\n")
+
+        results, report = write_out(args.out, "profile.json", data, write_json=write_json, write_plots=write_plots, write_report=write_report)
+        console.print(f"profile.json: {results}, report: {report}")
+    return 0

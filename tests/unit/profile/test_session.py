@@ -1,0 +1,125 @@
+"""Profiler against controls: the same loop with its slow part removed, and with its per-step read-back removed."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from ampkit import Engine
+from ampkit.profile import Profiler
+
+DELAY = 0.002  # seconds per sample: 32 ms per batch of 16, far above the phases' own few milliseconds
+
+
+class SlowSquares(Dataset):
+    """Sample i is a fixed input row; ``delay`` seconds of per-sample work in ``__getitem__`` (a slow dataset)."""
+
+    def __init__(self, n: int, delay: float) -> None:
+        self.x = torch.randn(n, 32, generator=torch.Generator().manual_seed(0))
+        self.delay = delay
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if self.delay:
+            time.sleep(self.delay)
+        return self.x[i]
+
+
+def _profile(delay: float, *, read_back: bool, steps: int = 6, batches: int | None = None, **sizes: int) -> dict:
+    torch.manual_seed(0)
+    engine = Engine()
+    model = nn.Sequential(nn.Linear(32, 128), nn.ReLU(), nn.Linear(128, 1))
+    model, _ = engine.setup(model, torch.optim.AdamW(model.parameters()))
+    windows = {"warmup": 2, "timed": steps, "sync_steps": 3, "trace_steps": 2, **sizes}
+    loader = DataLoader(SlowSquares(16 * (batches or sum(windows.values())), delay), batch_size=16)
+    with Profiler(engine, **windows) as profiler:
+        for x in profiler.batches(loader):
+            with engine.autocast():
+                loss = model(x).pow(2).mean()
+            engine.backward(loss)
+            engine.step()
+            if read_back:
+                print(f"loss {loss.item():.3f}", end="\r")  # the per-step read-back under test
+    return profiler.result()
+
+
+def test_a_slow_dataset_is_attributed_to_data_and_nothing_else() -> None:
+    slow, fast = _profile(DELAY, read_back=False), _profile(0.0, read_back=False)
+    extra = slow["phases"]["data"]["median_s"] - fast["phases"]["data"]["median_s"]
+    assert extra == pytest.approx(16 * DELAY, rel=0.4)  # the control: the same loop with the slow part removed
+    for phase in ("copy", "forward", "backward", "optimizer", "other"):
+        assert abs(slow["phases"][phase]["median_s"] - fast["phases"][phase]["median_s"]) < 0.25 * 16 * DELAY, phase
+    assert slow["phases"]["data"]["share"] > 0.5 > fast["phases"]["data"]["share"]
+    assert sum(p["share"] for p in slow["phases"].values()) == pytest.approx(1.0)
+
+
+def test_a_per_step_read_back_is_found_at_its_line_and_only_with_it() -> None:
+    with_item, without = _profile(0.0, read_back=True), _profile(0.0, read_back=False)
+    assert without["syncs"]["sites"] == [] and without["syncs"]["per_step"] == 0
+    (site,) = with_item["syncs"]["sites"]
+    assert site["op"] == "item" and site["per_step"] == 1 and site["count"] == 3  # the sync window's 3 steps
+    assert site["code"] == 'print(f"loss {loss.item():.3f}", end="\\r")  # the per-step read-back under test'
+    assert site["where"].startswith(f"{__file__}:") and site["where"].endswith("in _profile")
+
+
+def test_each_window_measures_its_own_steps() -> None:
+    data = _profile(0.0, read_back=False, steps=4)
+    assert data["steps"] == len(data["per_step"]) == 4
+    assert data["syncs"]["steps"] == 3
+    assert data["ops"] is not None and data["ops"]["steps"] == 2 and data["ops"]["optimizer_ops_per_step"] > 0
+    assert data["device_idle"] is None  # a CPU trace has no device activity
+    overhead = data["overhead"]
+    assert overhead["plain_step_s"] is None and overhead["ratio"] == 1.0
+    assert overhead["sync_step_s"] > 0 and overhead["trace_step_s"] > 0
+
+
+def test_a_loop_shorter_than_the_windows_is_read_as_far_as_it_went() -> None:
+    data = _profile(0.0, read_back=True, steps=4, batches=16, sync_steps=20, trace_steps=0)
+    assert data["steps"] == 4 and data["ops"] is None
+    assert data["syncs"]["steps"] == 16 - 2 - 4  # the loader ran out inside the sync window
+    assert data["syncs"]["sites"][0]["per_step"] == 1
+
+
+def test_a_loop_that_ends_in_the_warm_up_is_refused_with_the_fix() -> None:
+    engine = Engine()
+    model = nn.Linear(2, 1)
+    model, _ = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    with Profiler(engine, warmup=3) as profiler:
+        for x in profiler.batches([torch.ones(1, 2)] * 2):
+            engine.backward(model(x).sum())
+            engine.step()
+    with pytest.raises(ValueError, match="run more steps or lower warmup"):
+        profiler.result()
+
+
+def test_result_inside_the_block_and_bad_windows_are_refused() -> None:
+    engine = Engine()
+    with pytest.raises(ValueError, match="timed >= 2"):
+        Profiler(engine, timed=1)
+    with Profiler(engine) as profiler, pytest.raises(RuntimeError, match="after the `with Profiler"):
+        profiler.result()
+
+
+def test_the_trace_window_writes_a_chrome_trace(tmp_path) -> None:
+    engine = Engine("bf16-mixed")
+    model = nn.Linear(8, 8)
+    model, _ = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    with Profiler(engine, warmup=1, timed=2, sync_steps=0, trace_steps=2, trace_dir=tmp_path / "t") as profiler:
+        for x in profiler.batches([torch.ones(4, 8)] * 5):
+            with engine.autocast():
+                loss = model(x).float().sum()
+            engine.backward(loss)
+            engine.step()
+    data = profiler.result()
+    assert data["trace"] == "trace.json"
+    import json
+
+    events = json.loads((tmp_path / "t" / "trace.json").read_text())["traceEvents"]
+    assert any(e.get("name") == "ampkit::forward" for e in events)
+    assert data["ops"]["casts_per_step"] > 0  # bf16-mixed casts the Linear's fp32 weight and input

@@ -1,0 +1,91 @@
+"""Loader trials: the variants read the same batches in the same order, and a slow dataset's step is measurably
+faster with workers (a control: the delay sleeps, so workers overlap it with the step even on a busy 2-core machine)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+from ampkit.profile import LoaderSettings, candidate_settings, loader_variant, try_loader_settings
+from ampkit.profile.trials import loader_settings
+
+DELAY = 0.01  # seconds per batch of per-sample work, slept: a worker overlaps it whatever the CPU load
+
+
+class SleepyRows(Dataset):
+    def __init__(self, n: int, delay: float) -> None:
+        self.x = torch.arange(float(n)).unsqueeze(1)
+        self.delay = delay
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        time.sleep(self.delay)
+        return self.x[i]
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_variant_reads_the_same_batches_in_the_same_order(shuffle: bool) -> None:
+    generator = torch.Generator().manual_seed(3)
+    loader = DataLoader(TensorDataset(torch.arange(40.0)), batch_size=8, shuffle=shuffle, generator=generator)
+    variant = loader_variant(loader, LoaderSettings(num_workers=2, persistent_workers=True, prefetch_factor=4))
+    assert variant.num_workers == 2 and variant.persistent_workers and variant.prefetch_factor == 4
+    state = generator.get_state()
+    given = [b[0].tolist() for b in loader]
+    generator.set_state(state)  # a shuffling sampler draws each epoch's order from the loader's generator
+    assert [b[0].tolist() for b in variant] == given
+
+
+def test_a_variant_cut_to_some_samples_reads_the_first_ones() -> None:
+    loader = DataLoader(TensorDataset(torch.arange(40.0)), batch_size=8)
+    assert [b[0].tolist() for b in loader_variant(loader, LoaderSettings(), samples=16)] == [list(map(float, range(8))), list(map(float, range(8, 16)))]
+
+
+def test_the_candidates_respect_the_cores_and_pin_memory_only_for_cuda() -> None:
+    cpu = candidate_settings(LoaderSettings(), "cpu", cores=1)
+    assert [s.num_workers for s in cpu] == [1, 1, 1] and not any(s.pin_memory for s in cpu)
+    assert cpu[1].persistent_workers and cpu[2].prefetch_factor == 4
+    cuda = candidate_settings(LoaderSettings(), "cuda", cores=8)
+    assert [s.num_workers for s in cuda[:3]] == [1, 2, 4]
+    assert cuda[-1] == LoaderSettings(pin_memory=True, non_blocking=True)
+    # A loader already at its best is not tried again.
+    kept = LoaderSettings(num_workers=2, persistent_workers=True)
+    assert kept not in candidate_settings(kept, "cpu", cores=2)
+
+
+def test_the_loaders_settings_are_read_back() -> None:
+    loader = DataLoader(TensorDataset(torch.ones(4)), num_workers=1, prefetch_factor=3)
+    assert loader_settings(loader) == LoaderSettings(num_workers=1, prefetch_factor=3)
+
+
+def test_workers_measurably_speed_a_step_fed_by_a_slow_dataset() -> None:
+    def step(batch: torch.Tensor) -> None:
+        time.sleep(4 * DELAY)  # the step's compute, also slept so the trial's timing is the pipeline's alone
+
+    loader = DataLoader(SleepyRows(64, DELAY / 4), batch_size=4)  # DELAY of per-sample work per batch
+    trials = try_loader_settings(loader, step, "cpu", settings=[LoaderSettings(num_workers=2)], steps_per_epoch=6, warmup=2)
+    base, workers = trials
+    assert base.baseline and base.name == "as given" and workers.name == "num_workers=2"
+    # As given: step + data = 5 DELAY; with workers the data hides behind the step: 4 DELAY (+ epoch starts).
+    assert base.median_step_s == pytest.approx(5 * DELAY, rel=0.3)
+    assert workers.median_step_s == pytest.approx(4 * DELAY, rel=0.3)
+    assert workers.speedup == pytest.approx(base.step_s / workers.step_s)
+    assert workers.epoch_start_s > base.epoch_start_s  # starting two worker processes is not free
+
+
+def test_a_variant_that_fails_is_left_out_and_the_others_kept(caplog: pytest.LogCaptureFixture) -> None:
+    loader = DataLoader(TensorDataset(torch.ones(8)), batch_size=2)
+    bad = LoaderSettings(num_workers=1, prefetch_factor=-1)  # DataLoader refuses it
+    trials = try_loader_settings(loader, lambda b: None, "cpu", settings=[bad], steps_per_epoch=3, warmup=1)
+    assert [t.name for t in trials] == ["as given"]
+    assert "failed" in caplog.text and "left out" in caplog.text
+
+
+def test_too_little_data_for_the_warm_up_is_refused_with_the_fix() -> None:
+    loader = DataLoader(TensorDataset(torch.ones(2)), batch_size=2)
+    with pytest.raises(ValueError, match="too few to time"):
+        try_loader_settings(loader, lambda b: None, "cpu", settings=[], steps_per_epoch=1, epochs=1, warmup=2)
