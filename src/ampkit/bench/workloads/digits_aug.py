@@ -8,15 +8,16 @@ random affine + elastic warp of its digit (Simard et al., 2003), sampled on a gr
 8x8 and area-averaged back down (anti-aliased). The finer grid is what makes the work heavy, and it grows with
 the size (``tiny`` stays fast for tests).
 
-Measured on the 2-core CPU this was tuned on (``benchmarks``-style, ``num_workers=0``):
+Measured on a shared 2-core CPU (torch 2.13, 2 threads, ``num_workers=0``): the data work of one batch against
+the compute of one training step, and its share of a step that does both in one process:
 
-==========  ========  ================  ============================================
-size        upsample  per sample        one batch's data vs one step (fp32 / bf16-mixed)
-==========  ========  ================  ============================================
-tiny        2         ~0.2 ms           (32 samples: fast for tests)
-small       5         ~0.4 ms           ~50 ms data vs ~31 / ~16 ms compute: 62% / 76%
-large       8         ~0.75 ms          (256 samples: ~190 ms per batch; meant for a GPU)
-==========  ========  ================  ============================================
+=====  ========  ==========  =====================  ============================  ====================
+size   upsample  per sample  data per batch         compute fp32 / bf16-mixed     data share
+=====  ========  ==========  =====================  ============================  ====================
+tiny   2         ~0.2 ms     ~7 ms (32 samples)     (tests)
+small  5         ~0.4 ms     ~50 ms (128 samples)   27-36 ms / 19-27 ms           59-65% / 66-73%
+large  8         ~0.8 ms     ~205 ms (256 samples)  174 ms / 88 ms                54% / 70%
+=====  ========  ==========  =====================  ============================  ====================
 
 Deterministic whoever computes it: sample ``i`` is the digit the ``digits`` workload puts at position ``i`` of
 its training stream, warped with randomness seeded by ``(seed, i)`` alone, so a DataLoader with any number of
