@@ -61,6 +61,8 @@ def test_the_seed_sets_the_warp(tiny) -> None:
     same = digits_aug.AugmentedDigits(*digits._split()[:2], order=torch.arange(4), seed=0, upsample=2)
     moved = digits_aug.AugmentedDigits(*digits._split()[:2], order=torch.arange(4), seed=1, upsample=2)
     assert not torch.equal(same[0][0], moved[0][0]) and int(same[0][1]) == int(moved[0][1])
+    negative = digits_aug.AugmentedDigits(*digits._split()[:2], order=torch.arange(4), seed=-1, upsample=2)
+    assert not torch.equal(negative[0][0], same[0][0])  # --seed -1 is a seed like any other
 
 
 def test_augment_false_is_the_digits_workload(control) -> None:
