@@ -46,7 +46,7 @@ _TRAINING_SEED = "the weights, the data order and dropout"
 def _add_workload(p: argparse.ArgumentParser, *, seeds: str = _TRAINING_SEED) -> None:
     """What bench, doctor and memory run: a built-in workload (``-w``, ``--size``) or the user's own model and
     data (``--model``, ``--data``), and ``--seed``, whose help names what it ``seeds``."""
-    p.add_argument("-w", "--workload", help="built-in workload: digits, segment, gpt, resnet (default: the one for the device)")
+    p.add_argument("-w", "--workload", help="built-in workload: digits, digits-aug, segment, gpt, resnet (default: the one for the device)")
     p.add_argument("--size", default="auto", choices=("auto", *SIZES), help="built-in workload size (default: auto: small on CPU, large on GPU)")
     p.add_argument("--model", metavar="MODULE:FACTORY", help="your model: a no-argument callable returning an nn.Module")
     p.add_argument("--data", metavar="MODULE:FACTORY", help="your data: a no-argument callable returning batches ((inputs, targets) pairs or dicts of model keyword arguments) or a BenchData")

@@ -65,7 +65,7 @@ def test_memory_device_memory_must_be_a_positive_size(size: str, capsys: pytest.
 
 @pytest.mark.parametrize("command", ["bench", "memory", "doctor"])
 def test_an_empty_workload_name_is_refused_listing_the_valid_ones(command: str, cli_error: Callable[[list[str]], str]) -> None:
-    assert "unknown workload ''; choose one of digits, gpt, resnet, segment" in cli_error([command, "-w", ""])
+    assert "unknown workload ''; choose one of digits, digits-aug, gpt, resnet, segment" in cli_error([command, "-w", ""])
 
 
 @pytest.mark.parametrize("command", ["bench", "doctor"])

@@ -1,17 +1,17 @@
 """The built-in workloads of ``ampkit bench``, by name.
 
-Each module (``digits``, ``segment``, ``gpt``, ``resnet``) exposes ``build(size="small", seed=0, batch_size=None)
+Each module (``digits``, ``digits_aug``, ``segment``, ``gpt``, ``resnet``) exposes ``build(size="small", seed=0, batch_size=None)
 -> Workload``.
 The modules are imported on first use, so asking for ``gpt`` never imports scikit-learn.
 
     >>> workload_names()
-    ['digits', 'gpt', 'resnet', 'segment']
+    ['digits', 'digits-aug', 'gpt', 'resnet', 'segment']
     >>> get_workload("gpt", size="tiny").unit
     'tokens'
     >>> get_workload("gtp")
     Traceback (most recent call last):
     ...
-    ValueError: unknown workload 'gtp'; choose one of digits, gpt, resnet, segment (did you mean 'gpt'?).
+    ValueError: unknown workload 'gtp'; choose one of digits, digits-aug, gpt, resnet, segment (did you mean 'gpt'?).
 """
 
 from __future__ import annotations
@@ -36,7 +36,10 @@ def _lazy(module: str) -> Callable[..., Workload]:
     return build
 
 
-WORKLOADS: dict[str, Callable[..., Workload]] = {name: _lazy(name) for name in ("digits", "segment", "gpt", "resnet")}
+# A name may hold a hyphen (what users type); its module's name cannot.
+_MODULES = {"digits": "digits", "digits-aug": "digits_aug", "segment": "segment", "gpt": "gpt", "resnet": "resnet"}
+
+WORKLOADS: dict[str, Callable[..., Workload]] = {name: _lazy(module) for name, module in _MODULES.items()}
 """Workload name -> ``build(size="small", seed=0, batch_size=None) -> Workload``."""
 
 

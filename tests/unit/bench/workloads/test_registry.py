@@ -1,7 +1,7 @@
 """The workload registry, and the contract every registered builder honours at ``tiny`` size.
 
 The contract (determinism, the caller's RNG left alone, a tiny run that learns, the Workload fields the runner
-relies on) is checked here once for all four workloads; each module's own test file checks what is particular
+relies on) is checked here once for all the workloads; each module's own test file checks what is particular
 to it (shapes, the model, the data).
 """
 
@@ -18,7 +18,7 @@ import ampkit
 from ampkit.bench.workload import SIZES, Workload
 from ampkit.bench.workloads import WORKLOADS, get_workload, workload_names
 
-NAMES = ["digits", "segment", "gpt", "resnet"]
+NAMES = ["digits", "digits-aug", "segment", "gpt", "resnet"]
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +57,7 @@ def test_unknown_name_suggests_the_closest() -> None:
 
 
 def test_unknown_name_without_a_close_match() -> None:
-    with pytest.raises(ValueError, match=r"^unknown workload 'bert'; choose one of digits, gpt, resnet, segment\.$"):
+    with pytest.raises(ValueError, match=r"^unknown workload 'bert'; choose one of digits, digits-aug, gpt, resnet, segment\.$"):
         get_workload("bert")
 
 
@@ -71,7 +71,7 @@ def test_unknown_size_lists_the_sizes(name: str) -> None:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_builders_reject_an_unknown_size_too(name: str) -> None:
-    module = __import__(f"ampkit.bench.workloads.{name}", fromlist=["build"])
+    module = __import__(f"ampkit.bench.workloads.{name.replace('-', '_')}", fromlist=["build"])
     with pytest.raises(ValueError, match="tiny, small, large"):
         module.build("huge")
 
@@ -166,7 +166,7 @@ def test_tiny_run_learns(name: str, tiny) -> None:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_batch_size_replaces_the_sizes_batch_and_the_items_it_counts(name: str, tiny: dict[tuple[str, int], Workload]) -> None:
-    if name == "digits":
+    if name.startswith("digits"):
         pytest.importorskip("sklearn", reason="Requires: scikit-learn (pip install -e '.[bench]')")
     default = tiny[(name, 0)]
     rows = len(default.batch(0)[1])
