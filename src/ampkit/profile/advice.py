@@ -57,10 +57,12 @@ def _item(topic: str, finding: str, change: str, measured: str | None, confirm: 
 
 def _loader_call(settings: dict[str, Any], base: dict[str, Any]) -> str:
     """The DataLoader keywords that differ from the loader as given, and the copy's ``non_blocking``."""
-    keywords = [f"{k}={v}" for k, v in settings.items() if k != "non_blocking" and v != base.get(k)]
+    keywords = [f"{k}={v}" for k, v in settings.items() if k not in ("non_blocking", "torch_threads") and v != base.get(k)]
     call = f"DataLoader(..., {', '.join(keywords)})" if keywords else "the loader as given"
     if settings.get("non_blocking") and not base.get("non_blocking"):
         call += " and batch.to(device, non_blocking=True)"
+    if settings.get("torch_threads") is not None and settings.get("torch_threads") != base.get("torch_threads"):
+        call += f" and torch.set_num_threads({settings['torch_threads']}) (the workers need the other cores)"
     return call
 
 

@@ -9,7 +9,10 @@ collate function and order, with
 * ``pin_memory`` with ``non_blocking`` copies: page-locked batches copied asynchronously (CUDA only: on a CPU
   there is no copy to overlap);
 * ``persistent_workers``: the workers are kept between epochs instead of being started again for each;
-* ``prefetch_factor``: batches each worker keeps ready (DataLoader's default is 2).
+* ``prefetch_factor``: batches each worker keeps ready (DataLoader's default is 2);
+* ``torch_threads``: on a CPU run, workers compete with torch's own threads for the cores; each worker count is
+  also tried with torch left the cores the workers do not take (``torch.set_num_threads``), without which a
+  small machine can show workers no gain at all.
 
 Each trial iterates its loader over ``epochs`` epochs of ``steps_per_epoch`` steps (a worker pool's start is paid
 at each epoch's first batch, which is what ``persistent_workers`` saves) and records every step's wall time. Its
@@ -56,6 +59,8 @@ class LoaderSettings:
     persistent_workers: bool = False
     prefetch_factor: int | None = None
     """Batches each worker keeps ready; None: DataLoader's default (2 with workers)."""
+    torch_threads: int | None = None
+    """``torch.set_num_threads`` for the training process while the loader runs; None: as it is."""
 
     def label(self, base: LoaderSettings) -> str:
         """What differs from ``base``, as the keyword arguments that set it ("as given" when nothing does).
@@ -69,7 +74,7 @@ class LoaderSettings:
         return ", ".join(changed) or "as given"
 
     def loader_kwargs(self) -> dict[str, Any]:
-        """The DataLoader keywords of these settings (``non_blocking`` is the copy's, not the loader's)."""
+        """The DataLoader keywords of these settings (``non_blocking`` is the copy's, ``torch_threads`` the process's)."""
         kwargs: dict[str, Any] = {"num_workers": self.num_workers, "pin_memory": self.pin_memory}
         if self.num_workers > 0:
             kwargs["persistent_workers"] = self.persistent_workers
@@ -115,7 +120,7 @@ def loader_settings(loader: DataLoader[Any]) -> LoaderSettings:
 
     >>> from torch.utils.data import TensorDataset
     >>> loader_settings(DataLoader(TensorDataset(torch.ones(4)), num_workers=2, persistent_workers=True))
-    LoaderSettings(num_workers=2, pin_memory=False, non_blocking=False, persistent_workers=True, prefetch_factor=2)
+    LoaderSettings(num_workers=2, pin_memory=False, non_blocking=False, persistent_workers=True, prefetch_factor=2, torch_threads=None)
     """
     return LoaderSettings(
         num_workers=loader.num_workers, pin_memory=loader.pin_memory, persistent_workers=loader.persistent_workers,
@@ -152,22 +157,29 @@ def loader_variant(loader: DataLoader[Any], settings: LoaderSettings, *, samples
 
 
 def candidate_settings(base: LoaderSettings, device: torch.device | str, *, cores: int | None = None) -> list[LoaderSettings]:
-    """The variants worth trying from ``base`` on ``device``: the worker counts this machine's cores allow, then,
-    on top of workers, persistent workers and a deeper prefetch, and on CUDA pinned memory with non-blocking copies.
+    """The variants worth trying from ``base`` on ``device``: the worker counts this machine's cores allow (on a
+    CPU run each also with torch's threads cut to the cores left), then, on top of the most workers, persistent
+    workers and a deeper prefetch, and on CUDA pinned memory with non-blocking copies.
 
-    >>> [s.label(LoaderSettings()) for s in candidate_settings(LoaderSettings(), "cpu", cores=2)]
-    ['num_workers=1', 'num_workers=2', 'num_workers=2, persistent_workers=True', 'num_workers=2, persistent_workers=True, prefetch_factor=4']
+    >>> [s.label(LoaderSettings()) for s in candidate_settings(LoaderSettings(), "cpu", cores=2)]  # doctest: +NORMALIZE_WHITESPACE
+    ['num_workers=1', 'num_workers=1, torch_threads=1', 'num_workers=2', 'num_workers=2, torch_threads=1',
+     'num_workers=2, persistent_workers=True', 'num_workers=2, persistent_workers=True, prefetch_factor=4']
     """
     cores = usable_cores() if cores is None else cores
+    on_cpu = torch.device(device).type == "cpu"
     counts = [n for n in (1, 2, 4) if n <= cores and n != base.num_workers]
-    out = [dataclasses.replace(base, num_workers=n) for n in counts]
+    out = []
+    for n in counts:
+        out.append(dataclasses.replace(base, num_workers=n))
+        if on_cpu and cores > 1:
+            out.append(dataclasses.replace(base, num_workers=n, torch_threads=max(1, cores - n)))
     workers = max([base.num_workers, *counts])
     if workers > 0:
         kept = dataclasses.replace(base, num_workers=workers, persistent_workers=True)
         if not base.persistent_workers or base.num_workers != workers:
             out.append(kept)
         out.append(dataclasses.replace(kept, prefetch_factor=4))
-    if torch.device(device).type == "cuda" and not (base.pin_memory and base.non_blocking):
+    if not on_cpu and not (base.pin_memory and base.non_blocking):
         out.append(dataclasses.replace(base, pin_memory=True, non_blocking=True))
     return out
 
@@ -218,12 +230,17 @@ def try_loader_settings(
     if not isinstance(loader.dataset, IterableDataset) and loader.batch_size is not None and not _shuffled(loader):
         samples = steps_per_epoch * loader.batch_size
     trials: list[Trial] = []
+    threads = torch.get_num_threads()
     for variant in variants:
         try:
+            if variant.torch_threads is not None:
+                torch.set_num_threads(variant.torch_threads)
             times = list(_timed_epochs(loader_variant(loader, variant, samples=samples), step, device, variant, epochs, steps_per_epoch, channels_last))
         except Exception as exc:  # noqa: BLE001 - one variant failing must not lose the others' measurements
             log.warning("ampkit profile: the loader with %s failed (%s); it is left out of the trials.", variant.label(base), exc)
             continue
+        finally:
+            torch.set_num_threads(threads)
         timed = [t for i, (_, t) in enumerate(times) if i >= warmup]
         if not timed:
             raise ValueError(f"the loader gave {len(times)} batches: too few to time after {warmup} warm-up steps; give it more data.")

@@ -7,7 +7,7 @@ from typing import Any
 from ampkit.profile import advise
 from ampkit.profile.advice import CAST_SHARE, DATA_SHARE, MIN_SPEEDUP
 
-GIVEN = {"num_workers": 0, "pin_memory": False, "non_blocking": False, "persistent_workers": False, "prefetch_factor": None}
+GIVEN = {"num_workers": 0, "pin_memory": False, "non_blocking": False, "persistent_workers": False, "prefetch_factor": None, "torch_threads": None}
 
 
 def _profile(data_share: float = 0.05, trials: list[dict[str, Any]] | None = None, sites: list[dict[str, Any]] | None = None,
@@ -81,3 +81,9 @@ def test_a_per_parameter_optimizer_loop_is_named() -> None:
     (item,) = advise(_profile(ops=ops, parameter_tensors=10))
     assert item["topic"] == "optimizer" and "fused=True" in item["change"]
     assert advise(_profile(ops={**ops, "optimizer_ops_per_step": 12}, parameter_tensors=10)) == []
+
+
+def test_fewer_torch_threads_are_advised_beside_the_workers() -> None:
+    trials = [_trial("as given", 0.2, 1.0), _trial("num_workers=1, torch_threads=1", 0.1, 2.0, num_workers=1, torch_threads=1)]
+    (item,) = advise(_profile(0.6, trials))
+    assert item["change"] == "DataLoader(..., num_workers=1) and torch.set_num_threads(1) (the workers need the other cores)"

@@ -49,8 +49,11 @@ def test_the_candidates_respect_the_cores_and_pin_memory_only_for_cuda() -> None
     cpu = candidate_settings(LoaderSettings(), "cpu", cores=1)
     assert [s.num_workers for s in cpu] == [1, 1, 1] and not any(s.pin_memory for s in cpu)
     assert cpu[1].persistent_workers and cpu[2].prefetch_factor == 4
+    # On a CPU run the workers share the cores with torch's threads: each count is also tried with fewer threads.
+    two = candidate_settings(LoaderSettings(), "cpu", cores=2)
+    assert [(s.num_workers, s.torch_threads) for s in two[:4]] == [(1, None), (1, 1), (2, None), (2, 1)]
     cuda = candidate_settings(LoaderSettings(), "cuda", cores=8)
-    assert [s.num_workers for s in cuda[:3]] == [1, 2, 4]
+    assert [s.num_workers for s in cuda[:3]] == [1, 2, 4] and all(s.torch_threads is None for s in cuda)
     assert cuda[-1] == LoaderSettings(pin_memory=True, non_blocking=True)
     # A loader already at its best is not tried again.
     kept = LoaderSettings(num_workers=2, persistent_workers=True)
@@ -89,3 +92,11 @@ def test_too_little_data_for_the_warm_up_is_refused_with_the_fix() -> None:
     loader = DataLoader(TensorDataset(torch.ones(2)), batch_size=2)
     with pytest.raises(ValueError, match="too few to time"):
         try_loader_settings(loader, lambda b: None, "cpu", settings=[], steps_per_epoch=1, epochs=1, warmup=2)
+
+
+def test_a_trial_with_fewer_torch_threads_runs_with_them_and_restores_them() -> None:
+    seen: list[int] = []
+    loader = DataLoader(TensorDataset(torch.ones(8)), batch_size=2)
+    before = torch.get_num_threads()
+    try_loader_settings(loader, lambda b: seen.append(torch.get_num_threads()), "cpu", settings=[LoaderSettings(torch_threads=1)], steps_per_epoch=2, epochs=1, warmup=0)
+    assert seen == [before, before, 1, 1] and torch.get_num_threads() == before
