@@ -59,7 +59,7 @@ def _workload(args: argparse.Namespace, device: torch.device, size: str, loader:
     if args.model is None and args.data is None and args.workload is None:
         args.workload = DEFAULT_WORKLOAD
     # A DataLoader is read for two batches only, to check the model runs on them; the profile then reads it itself.
-    steps = 2 if loader is not None else args.warmup + args.steps + args.sync_steps + args.trace_steps
+    steps = 2 if loader is not None else args.warmup + args.plain_steps + args.steps + args.sync_steps + args.trace_steps
     return workload_from_args(args, device, size, steps=steps, warmup=1, data_use="profile it on")
 
 
@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     console = stdout_console()
     console.print(
         f"[dim]ampkit profile: {workload.name} under {precision} on {device}: {args.warmup} warm-up steps, "
-        f"{args.steps} timed, {args.sync_steps} with syncs counted, {args.trace_steps} traced"
+        f"{args.plain_steps} plain, {args.steps} timed, {args.sync_steps} with syncs counted, {args.trace_steps} traced"
         f"{'' if args.no_trials else ', then the DataLoader variants'}...[/dim]"
     )
     context = {
@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         "workload_flags": _workload_flags(args, size),
     }
     data = profile_workload(
-        workload, precision, device, compile=compile, loader=loader, warmup=args.warmup, timed=args.steps,
+        workload, precision, device, compile=compile, loader=loader, warmup=args.warmup, plain_steps=args.plain_steps, timed=args.steps,
         sync_steps=args.sync_steps, trace_steps=args.trace_steps, trials=not args.no_trials,
         trace_dir=args.out if args.trace else None, seed=args.seed, context=context,
     )

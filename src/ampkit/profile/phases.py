@@ -72,6 +72,24 @@ class PhaseTimer(StepHook):
     def __init__(self) -> None:
         self._marks: list[tuple[str, float, Any]] = []  # (what, host time, CUDA event or None)
         self._cuda: torch.device | None = None
+        self.paused = False
+        """While paused nothing is recorded (see :meth:`pause`)."""
+
+    def pause(self) -> None:
+        """Stop recording: the steps from here until :meth:`resume` are not timed (nor kept in memory)."""
+        self.paused = True
+
+    def resume(self, device: torch.device | str = "cpu") -> None:
+        """Record again, from a step boundary: call it between two steps (``device``: the loop's, for CUDA events).
+
+            >>> timer = PhaseTimer(); timer.pause(); timer.resume()
+            >>> timer.paused
+            False
+        """
+        self.paused = False
+        if torch.device(device).type == "cuda":
+            self._cuda = torch.device(device)
+        self._stamp("resumed", self._cuda is not None)
 
     # -- the hook side ----------------------------------------------------------------------------
     def _mark(self, what: str, engine: Engine) -> None:
@@ -97,6 +115,8 @@ class PhaseTimer(StepHook):
             yield on_device
 
     def _stamp(self, what: str, event: bool) -> None:
+        if self.paused:
+            return
         cuda_event = None
         if event:
             cuda_event = torch.cuda.Event(enable_timing=True)
@@ -127,7 +147,7 @@ class PhaseTimer(StepHook):
 
     # -- the reading side -------------------------------------------------------------------------
     def steps(self, device_time: bool = False) -> list[StepPhases]:
-        """Each complete optimizer step after the first, its phases in seconds of host time, or of device time
+        """Each complete optimizer step after the first (and after each :meth:`resume`), its phases in seconds of host time, or of device time
         (CUDA events; one synchronisation) with ``device_time=True``."""
         if device_time:
             if self._cuda is None:
@@ -138,7 +158,9 @@ class PhaseTimer(StepHook):
         previous: tuple[str, float, Any] | None = None
         for mark in self._marks:
             what = mark[0]
-            if previous is not None and (current is not None or previous[0] == "optimizer_end"):
+            if what == "resumed":
+                current = None  # a step cut by a pause is not whole: timing starts again from here
+            elif previous is not None and (current is not None or previous[0] in ("optimizer_end", "resumed")):
                 if current is None:
                     current = StepPhases(1, {p: 0.0 for p in PHASES})
                 phase = _phase_between(previous[0], what)

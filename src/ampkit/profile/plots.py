@@ -31,7 +31,7 @@ __all__ = ["write_plots", "phases_figure", "trials_figure", "PHASES_PLOT", "TRIA
 
 PHASES_PLOT = "phases.png"
 TRIALS_PLOT = "trials.png"
-UNATTRIBUTED = "not split by phase"
+UNATTRIBUTED = "rest of the step"
 """The segment that makes a bar its step's total when the phases recorded add up to less (a trial timed as a whole)."""
 _WHAT = "the profile plots"
 """What the error names when matplotlib is missing."""
@@ -116,7 +116,7 @@ def _trial_total(trial: dict[str, Any]) -> float | None:
 
 
 def trials_figure(data: dict[str, Any]) -> Figure:
-    """Each input-pipeline trial's median step as a horizontal bar (stacked by phase where the trial has them),
+    """Each input-pipeline trial's step (the mean over its epochs, their starts included) as a horizontal bar (stacked by phase where the trial has them),
     its speed-up over the baseline at the bar's end, the baseline marked by a dotted line.
 
     >>> fig = trials_figure({"trials": [{"name": "as given", "step_s": 0.2, "speedup": 1.0, "baseline": True},
@@ -127,7 +127,7 @@ def trials_figure(data: dict[str, Any]) -> Figure:
     trials = [t for t in data.get("trials") or [] if _trial_total(t) is not None]
     fig = new_figure(8, max(2.5, 0.55 * len(trials) + 1.5), what=_WHAT)
     ax = fig.add_subplot()
-    ax.set_title("input-pipeline trials: median step (label: speed-up vs baseline)", fontsize="medium")
+    ax.set_title("input-pipeline trials: step time, epoch starts included (label: speed-up vs baseline)", fontsize="medium")
     if not trials:
         no_data(ax, "no trials")
         return fig
@@ -145,7 +145,7 @@ def trials_figure(data: dict[str, Any]) -> Figure:
     if baseline is not None:
         ax.axvline(_trial_total(baseline) * _MS, color="black", linestyle=":", linewidth=1)  # type: ignore[operator]
     ax.set_xlim(0, float(ends.max()) * 1.18)  # room for the speed-up labels
-    ax.set_xlabel("median step time (ms)")
+    ax.set_xlabel("step time (ms): waiting for data, then the rest of the step")
     if any(t.get("phases") for t in trials):
         ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.grid(True, axis="x", alpha=0.3)

@@ -2,7 +2,7 @@
 time the loader's variants on the same step, and put it all, with the advice, in one ``profile.json`` dict.
 
     >>> from ampkit.bench.workloads import get_workload
-    >>> data = profile_workload(get_workload("gpt", size="tiny"), "32-true", "cpu", timed=3, sync_steps=1, trace_steps=1)
+    >>> data = profile_workload(get_workload("gpt", size="tiny"), "32-true", "cpu", plain_steps=2, timed=3, sync_steps=1, trace_steps=1)
     >>> data["workload"]["name"], sorted(data["phases"])[:3], data["trials"]
     ('gpt', ['backward', 'copy', 'data'], [])
 """
@@ -83,6 +83,7 @@ def profile_workload(
     compile: Any = None,
     loader: DataLoader[Any] | None = None,
     warmup: int = 3,
+    plain_steps: int = 10,
     timed: int = 20,
     sync_steps: int = 5,
     trace_steps: int = 3,
@@ -114,15 +115,16 @@ def profile_workload(
         engine.backward(loss)
         engine.step()  # updates the weights at the accumulation window's last micro-batch
 
-    profiler = Profiler(engine, warmup=warmup, timed=timed, sync_steps=sync_steps, trace_steps=trace_steps, trace_dir=trace_dir)
-    total = (warmup + timed + sync_steps + trace_steps) * workload.accumulate
+    profiler = Profiler(
+        engine, warmup=warmup, plain_steps=plain_steps, timed=timed, sync_steps=sync_steps, trace_steps=trace_steps, trace_dir=trace_dir
+    )
+    total = (warmup + plain_steps + timed + sync_steps + trace_steps) * workload.accumulate
     with profiler:
         for batch in profiler.batches(_cycled(loader, total), channels_last=workload.channels_last):
             micro_step(batch)
     measured: list[Any] = []
     if trials and (given_loader or workload.samples is not None):
         measured = try_loader_settings(loader, micro_step, device, channels_last=workload.channels_last)
-    plain = measured[0].median_step_s * workload.accumulate if measured else None
     data: dict[str, Any] = {
         "ampkit_version": __version__,
         "torch": torch.__version__,
@@ -132,7 +134,7 @@ def profile_workload(
         "compile": compile is not None and compile is not False,
         "parameter_tensors": sum(1 for p in model.parameters() if p.requires_grad),
         **(context or {}),
-        **profiler.result(plain_step_s=plain),
+        **profiler.result(),
         "trials": [t.to_dict() for t in measured],
     }
     data["device_name"] = data["device_info"].get("name", data["device"])

@@ -4,23 +4,25 @@ take a short torch.profiler trace, each in its own window of steps so one measur
 The steps of a profiled loop fall into consecutive windows:
 
 1. ``warmup`` steps: not measured (kernel choice, allocator growth, optimizer state, compilation);
-2. ``timed`` steps: phases timed by a :class:`~ampkit.profile.phases.PhaseTimer` and nothing else, so the times
+2. ``plain_steps`` steps: only each step's end is stamped, the loop's plain step time, which the other windows'
+   are read against (the profiler's own overhead);
+3. ``timed`` steps: phases timed by a :class:`~ampkit.profile.phases.PhaseTimer` and nothing else, so the times
    are the loop's own;
-3. ``sync_steps`` steps: every read of device values back to the host is counted at the user's line
+4. ``sync_steps`` steps: every read of device values back to the host is counted at the user's line
    (:class:`~ampkit.profile.syncs.SyncFinder`; on CUDA through ``torch.cuda.set_sync_debug_mode``);
-4. ``trace_steps`` steps under ``torch.profiler``: the casts' share, the optimizer's ops, the device's idle time,
+5. ``trace_steps`` steps under ``torch.profiler``: the casts' share, the optimizer's ops, the device's idle time,
    and a Chrome trace.
 
 Every window's median step time is kept, so the cost of each measurement (the profiler's own overhead) is read
-against the timed window's. Steps beyond the last window run unobserved.
+against the plain window's. Steps beyond the last window run unobserved, and nothing of them is kept.
 
     >>> import torch
     >>> from torch import nn
     >>> from ampkit import Engine
     >>> engine = Engine()
     >>> model = nn.Linear(8, 1); model, opt = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
-    >>> batches = [torch.ones(4, 8)] * 12
-    >>> with Profiler(engine, warmup=2, timed=4, sync_steps=2, trace_steps=2) as profiler:
+    >>> batches = [torch.ones(4, 8)] * 14
+    >>> with Profiler(engine, warmup=2, plain_steps=2, timed=4, sync_steps=2, trace_steps=2) as profiler:
     ...     for x in profiler.batches(batches):
     ...         with engine.autocast():
     ...             loss = model(x).sum()
@@ -52,7 +54,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Profiler", "WINDOWS"]
 
-WINDOWS = ("warmup", "timed", "syncs", "trace")
+WINDOWS = ("warmup", "plain", "timed", "syncs", "trace")
 """The profiler's windows of steps, in order."""
 
 
@@ -64,18 +66,19 @@ class Profiler(StepHook):
     """
 
     def __init__(
-        self, engine: Engine, *, warmup: int = 3, timed: int = 20, sync_steps: int = 5, trace_steps: int = 3,
-        trace_dir: str | Path | None = None,
+        self, engine: Engine, *, warmup: int = 3, plain_steps: int = 10, timed: int = 20, sync_steps: int = 5,
+        trace_steps: int = 3, trace_dir: str | Path | None = None,
     ) -> None:
-        if warmup < 1 or timed < 2 or sync_steps < 0 or trace_steps < 0:
+        if warmup < 1 or timed < 1 or min(plain_steps, sync_steps, trace_steps) < 0:
             raise ValueError(
-                f"Profiler(warmup={warmup}, timed={timed}, sync_steps={sync_steps}, trace_steps={trace_steps}): the phases "
-                "need warmup >= 1 and timed >= 2 (a step's data phase starts at the previous step's end); the others >= 0."
+                f"Profiler(warmup={warmup}, plain_steps={plain_steps}, timed={timed}, sync_steps={sync_steps}, trace_steps={trace_steps}): "
+                "the phases need warmup >= 1 and timed >= 1; the other windows >= 0."
             )
         self.engine = engine
-        self.sizes = {"warmup": warmup, "timed": timed, "syncs": sync_steps, "trace": trace_steps}
+        self.sizes = {"warmup": warmup, "plain": plain_steps, "timed": timed, "syncs": sync_steps, "trace": trace_steps}
         self.trace_dir = Path(trace_dir) if trace_dir is not None else None
         self.timer = PhaseTimer()
+        self.timer.pause()  # it times the timed window only
         self.syncs = SyncFinder(engine.device)
         self._ranges = PhaseRanges()
         self._torch_profile: torch.profiler.profile | None = None
@@ -110,12 +113,16 @@ class Profiler(StepHook):
     def _switch(self, window: str | None) -> None:
         if window == self._window:
             return
-        if self._window == "syncs":
+        if self._window == "timed":
+            self.timer.pause()
+        elif self._window == "syncs":
             self.syncs.__exit__(None, None, None)
         elif self._window == "trace":
             self._stop_trace()
         self._window = window
-        if window == "syncs":
+        if window == "timed":
+            self.timer.resume(self.engine.device)
+        elif window == "syncs":
             self.syncs.__enter__()
         elif window == "trace":
             self._start_trace()
@@ -207,20 +214,18 @@ class Profiler(StepHook):
         ends = self._step_ends[first : first + self._steps_in(window) + 1]
         return [b - a for a, b in zip(ends, ends[1:])]
 
-    def result(self, *, plain_step_s: float | None = None) -> dict[str, Any]:
-        """What the windows measured, as the ``profile.json`` dict (see :func:`ampkit.profile.run.profile_data`
-        for the keys the command adds). ``plain_step_s``: the step time of the same loop unprofiled, when known;
-        the overhead is read against it (else against the timed window)."""
+    def result(self) -> dict[str, Any]:
+        """What the windows measured, as the ``profile.json`` dict (:func:`ampkit.profile.run.profile_workload`
+        adds what the command knows besides: the workload, the machine, the trials and the advice)."""
         if self._window is not None:
             raise RuntimeError("Profiler.result() reads a finished profile: call it after the `with Profiler(...)` block.")
-        timed = self._steps_in("timed")
-        if timed < 1:
+        per_step = self.timer.steps(device_time=self.engine.device.type == "cuda") if self._steps_in("timed") else []
+        if not per_step:
+            first = self.sizes["warmup"] + self.sizes["plain"] + 1
             raise ValueError(
-                f"the loop ran {self._seen} optimizer steps: the phases are timed from step {self.sizes['warmup'] + 1} on; "
-                "run more steps or lower warmup."
+                f"the loop ran {self._seen} optimizer steps: the phases are timed from step {first} on; run more steps, "
+                "or lower warmup and plain_steps."
             )
-        # PhaseTimer's steps start at the second step it saw: the first timed step is its (warmup - 1)th.
-        per_step = self.timer.steps(device_time=self.engine.device.type == "cuda")[self.sizes["warmup"] - 1 :][:timed]
         rows = [{**s.phases, "total": s.total} for s in per_step]
         totals = [r["total"] for r in rows]
         median = statistics.median(totals)
@@ -228,14 +233,13 @@ class Profiler(StepHook):
         # Shares of the typical step, so they agree with the medians shown beside them (a sum over steps would
         # let one slow step, a collection or a neighbour's burst on a shared machine, set every share).
         phases = {p: {"median_s": m, "share": _share(m, sum(medians.values()))} for p, m in medians.items()}
-        host_steps = self._window_step_times("timed")
         syncs_steps = self._steps_in("syncs")
-        overhead: dict[str, Any] = {"plain_step_s": plain_step_s, "profiled_step_s": statistics.median(host_steps)}
-        for window, key in (("syncs", "sync_step_s"), ("trace", "trace_step_s")):
+        overhead: dict[str, Any] = {}
+        for window, key in (("plain", "plain_step_s"), ("timed", "profiled_step_s"), ("syncs", "sync_step_s"), ("trace", "trace_step_s")):
             times = self._window_step_times(window)
             overhead[key] = statistics.median(times) if times else None
-        reference = plain_step_s if plain_step_s is not None else overhead["profiled_step_s"]
-        overhead["ratio"] = overhead["profiled_step_s"] / reference if reference else None
+        plain = overhead["plain_step_s"]
+        overhead["ratio"] = overhead["profiled_step_s"] / plain if plain else None
         b = self._breakdown
         return {
             "device": str(self.engine.device),

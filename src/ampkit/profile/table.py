@@ -176,19 +176,24 @@ def ops_lines(data: dict[str, Any]) -> list[str]:
 
 
 def trial_rows(data: dict[str, Any]) -> TableRows:
-    """The input-pipeline trials as plain strings, in the order they ran; the baseline is marked.
+    """The input-pipeline trials as plain strings, in the order they ran; the baseline is marked. ``step`` is the
+    mean step over the trial's epochs, their starts included (what a worker pool's start costs), ``steady`` the
+    median step, ``epoch start`` the wait for an epoch's first batch.
 
-    >>> trial_rows({"trials": [{"name": "as given", "step_s": 0.18, "speedup": 1.0, "phases": {"data": 0.12}, "baseline": True},
-    ...                        {"name": "num_workers=2", "step_s": 0.081, "speedup": 2.22, "phases": None}]}).rows
-    [['as given (baseline)', '180 ms', '1.00x', '120 ms'], ['num_workers=2', '81.0 ms', '2.22x', '—']]
+    >>> trial_rows({"trials": [{"name": "as given", "step_s": 0.18, "median_step_s": 0.17, "epoch_start_s": 0.05, "speedup": 1.0, "baseline": True},
+    ...                        {"name": "num_workers=2", "step_s": 0.081, "speedup": 2.22}]}).rows
+    [['as given (baseline)', '180 ms', '170 ms', '50.0 ms', '1.00x'], ['num_workers=2', '81.0 ms', '—', '—', '2.22x']]
     """
     rows = []
     for trial in data.get("trials") or []:
         name = str(trial.get("name") or MISSING) + (" (baseline)" if trial.get("baseline") else "")
-        data_s = (trial.get("phases") or {}).get("data")
-        rows.append([name, fmt_seconds(trial.get("step_s")), fmt_ratio(trial.get("speedup")), fmt_seconds(data_s)])
+        rows.append([
+            name, fmt_seconds(trial.get("step_s")), fmt_seconds(trial.get("median_step_s")), fmt_seconds(trial.get("epoch_start_s")),
+            fmt_ratio(trial.get("speedup")),
+        ])
     return TableRows(
-        headers=["Setting", "Median\nstep", "Speed-up\nvs baseline", "Data phase\n(median)"], rows=rows, justify=["left", "right", "right", "right"]
+        headers=["Setting", "Step\n(mean)", "Steady\nstep", "Epoch\nstart", "Speed-up\nvs baseline"], rows=rows,
+        justify=["left", "right", "right", "right", "right"],
     )
 
 
@@ -205,17 +210,21 @@ def advice_parts(item: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def overhead_line(data: dict[str, Any]) -> str | None:
-    """The profiler's own cost: the profiled step against the plain one; None when it was not measured.
+    """The profiler's own cost: each measuring window's median step against the plain window's; None when the
+    plain step was not measured.
 
-    >>> overhead_line({"overhead": {"plain_step_s": 0.170, "profiled_step_s": 0.182, "ratio": 1.07}})
-    'Profiler overhead: the profiled step took 1.07x the plain one (182 ms against 170 ms).'
+    >>> overhead_line({"overhead": {"plain_step_s": 0.170, "profiled_step_s": 0.172, "sync_step_s": 0.2, "trace_step_s": None}})
+    'Profiler overhead, median step against the plain 170 ms: phases timed 1.01x, syncs counted 1.18x.'
     """
-    overhead = data.get("overhead")
-    if not overhead or is_missing(overhead.get("ratio")):
+    overhead = data.get("overhead") or {}
+    plain = overhead.get("plain_step_s")
+    if is_missing(plain) or not plain:
         return None
-    plain, profiled = overhead.get("plain_step_s"), overhead.get("profiled_step_s")
-    times = f" ({fmt_seconds(profiled)} against {fmt_seconds(plain)})" if not (is_missing(plain) or is_missing(profiled)) else ""
-    return f"Profiler overhead: the profiled step took {fmt_ratio(overhead['ratio'])} the plain one{times}."
+    windows = (("profiled_step_s", "phases timed"), ("sync_step_s", "syncs counted"), ("trace_step_s", "torch.profiler"))
+    parts = [f"{name} {fmt_ratio(overhead[key] / plain)}" for key, name in windows if not is_missing(overhead.get(key))]
+    if not parts:
+        return None
+    return f"Profiler overhead, median step against the plain {fmt_seconds(plain)}: {', '.join(parts)}."
 
 
 def _table(rows: TableRows, title: str, wraps: tuple[str, ...] = ()) -> Table:

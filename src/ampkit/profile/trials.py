@@ -95,6 +95,8 @@ class Trial:
     """Median step: the steady state, without the epoch starts."""
     epoch_start_s: float
     """Mean wait for each epoch's first batch (a worker pool's start)."""
+    data_s: float = 0.0
+    """Mean wait for a batch per step (the ``step_s`` steps'): what the step still spends waiting for data."""
     speedup: float = 1.0
     """The first trial's ``step_s`` over this one's."""
     baseline: bool = False
@@ -103,7 +105,7 @@ class Trial:
         return {
             "name": self.name, "settings": dataclasses.asdict(self.settings), "step_s": self.step_s,
             "median_step_s": self.median_step_s, "epoch_start_s": self.epoch_start_s, "speedup": self.speedup,
-            "baseline": self.baseline,
+            "baseline": self.baseline, "phases": {"data": self.data_s},
         }
 
 
@@ -187,20 +189,21 @@ def candidate_settings(base: LoaderSettings, device: torch.device | str, *, core
 def _timed_epochs(
     loader: DataLoader[Any], step: Callable[[Any], Any], device: torch.device, settings: LoaderSettings,
     epochs: int, steps_per_epoch: int, channels_last: bool,
-) -> Iterator[tuple[int, float]]:
-    """Each step's (index within its epoch, wall seconds from the previous step's end, the wait for its batch
-    included); on CUDA each step ends with a synchronisation so the host's clock measures the device's work."""
+) -> Iterator[tuple[int, float, float]]:
+    """Each step's (index within its epoch, wall seconds from the previous step's end, of which waiting for its
+    batch); on CUDA each step ends with a synchronisation so the host's clock measures the device's work."""
     sync = torch.cuda.synchronize if device.type == "cuda" else None
     for _ in range(epochs):
         start = time.perf_counter()
         for index, batch in enumerate(loader):
             if index >= steps_per_epoch:
                 break
+            fetched = time.perf_counter()
             step(to_device(batch, device, channels_last, non_blocking=settings.non_blocking))
             if sync is not None:
                 sync(device)  # the trial's own clock, not the profiled loop: one sync per timed step
             end = time.perf_counter()
-            yield index, end - start
+            yield index, end - start, fetched - start
             start = end
 
 
@@ -241,12 +244,13 @@ def try_loader_settings(
             continue
         finally:
             torch.set_num_threads(threads)
-        timed = [t for i, (_, t) in enumerate(times) if i >= warmup]
+        timed = times[warmup:]
         if not timed:
             raise ValueError(f"the loader gave {len(times)} batches: too few to time after {warmup} warm-up steps; give it more data.")
-        starts = [t for index, t in times if index == 0]
+        steps = [t for _, t, _ in timed]
         trials.append(Trial(
-            variant, variant.label(base), statistics.fmean(timed), statistics.median(timed), statistics.fmean(starts),
+            variant, variant.label(base), statistics.fmean(steps), statistics.median(steps),
+            statistics.fmean(wait for index, _, wait in times if index == 0), statistics.fmean(wait for _, _, wait in timed),
             baseline=not trials,
         ))
     if trials:

@@ -80,7 +80,7 @@ def test_a_per_parameter_optimizer_loop_is_named() -> None:
     ops = {"cast_share": 0.0, "casts_per_step": 0, "optimizer_ops_per_step": 120}
     (item,) = advise(_profile(ops=ops, parameter_tensors=10))
     assert item["topic"] == "optimizer" and "fused=True" in item["change"]
-    assert advise(_profile(ops={**ops, "optimizer_ops_per_step": 12}, parameter_tensors=10)) == []
+    assert advise(_profile(ops={**ops, "optimizer_ops_per_step": 45}, parameter_tensors=10)) == []  # foreach: 4-5 per tensor
 
 
 def test_fewer_torch_threads_are_advised_beside_the_workers() -> None:

@@ -36,7 +36,7 @@ def _profile(delay: float, *, read_back: bool, steps: int = 6, batches: int | No
     engine = Engine()
     model = nn.Sequential(nn.Linear(32, 128), nn.ReLU(), nn.Linear(128, 1))
     model, _ = engine.setup(model, torch.optim.AdamW(model.parameters()))
-    windows = {"warmup": 2, "timed": steps, "sync_steps": 3, "trace_steps": 2, **sizes}
+    windows = {"warmup": 2, "plain_steps": 3, "timed": steps, "sync_steps": 3, "trace_steps": 2, **sizes}
     loader = DataLoader(SlowSquares(16 * (batches or sum(windows.values())), delay), batch_size=16)
     with Profiler(engine, **windows) as profiler:
         for x in profiler.batches(loader):
@@ -75,14 +75,14 @@ def test_each_window_measures_its_own_steps() -> None:
     assert data["ops"] is not None and data["ops"]["steps"] == 2 and data["ops"]["optimizer_ops_per_step"] > 0
     assert data["device_idle"] is None  # a CPU trace has no device activity
     overhead = data["overhead"]
-    assert overhead["plain_step_s"] is None and overhead["ratio"] == 1.0
-    assert overhead["sync_step_s"] > 0 and overhead["trace_step_s"] > 0
+    assert all(overhead[k] > 0 for k in ("plain_step_s", "profiled_step_s", "sync_step_s", "trace_step_s"))
+    assert overhead["ratio"] == pytest.approx(overhead["profiled_step_s"] / overhead["plain_step_s"])
 
 
 def test_a_loop_shorter_than_the_windows_is_read_as_far_as_it_went() -> None:
     data = _profile(0.0, read_back=True, steps=4, batches=16, sync_steps=20, trace_steps=0)
     assert data["steps"] == 4 and data["ops"] is None
-    assert data["syncs"]["steps"] == 16 - 2 - 4  # the loader ran out inside the sync window
+    assert data["syncs"]["steps"] == 16 - 2 - 3 - 4  # the loader ran out inside the sync window
     assert data["syncs"]["sites"][0]["per_step"] == 1
 
 
@@ -94,14 +94,14 @@ def test_a_loop_that_ends_in_the_warm_up_is_refused_with_the_fix() -> None:
         for x in profiler.batches([torch.ones(1, 2)] * 2):
             engine.backward(model(x).sum())
             engine.step()
-    with pytest.raises(ValueError, match="run more steps or lower warmup"):
+    with pytest.raises(ValueError, match="run more steps, or lower warmup and plain_steps"):
         profiler.result()
 
 
 def test_result_inside_the_block_and_bad_windows_are_refused() -> None:
     engine = Engine()
-    with pytest.raises(ValueError, match="timed >= 2"):
-        Profiler(engine, timed=1)
+    with pytest.raises(ValueError, match="timed >= 1"):
+        Profiler(engine, timed=0)
     with Profiler(engine) as profiler, pytest.raises(RuntimeError, match="after the `with Profiler"):
         profiler.result()
 
@@ -110,7 +110,7 @@ def test_the_trace_window_writes_a_chrome_trace(tmp_path) -> None:
     engine = Engine("bf16-mixed")
     model = nn.Linear(8, 8)
     model, _ = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
-    with Profiler(engine, warmup=1, timed=2, sync_steps=0, trace_steps=2, trace_dir=tmp_path / "t") as profiler:
+    with Profiler(engine, warmup=1, plain_steps=0, timed=2, sync_steps=0, trace_steps=2, trace_dir=tmp_path / "t") as profiler:
         for x in profiler.batches([torch.ones(4, 8)] * 5):
             with engine.autocast():
                 loss = model(x).float().sum()
@@ -123,3 +123,19 @@ def test_the_trace_window_writes_a_chrome_trace(tmp_path) -> None:
     events = json.loads((tmp_path / "t" / "trace.json").read_text())["traceEvents"]
     assert any(e.get("name") == "ampkit::forward" for e in events)
     assert data["ops"]["casts_per_step"] > 0  # bf16-mixed casts the Linear's fp32 weight and input
+
+
+def test_only_the_timed_window_is_timed_and_nothing_is_kept_after_the_windows() -> None:
+    engine = Engine()
+    model = nn.Linear(4, 1)
+    model, _ = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    with Profiler(engine, warmup=1, plain_steps=2, timed=3, sync_steps=0, trace_steps=0) as profiler:
+        for i, x in enumerate(profiler.batches([torch.ones(2, 4)] * 30)):
+            if i == 2:  # a slow step in the plain window: it must not reach the timed steps
+                time.sleep(0.05)
+            engine.backward(model(x).sum())
+            engine.step()
+    marks = len(profiler.timer._marks)
+    data = profiler.result()
+    assert data["steps"] == 3 and max(r["total"] for r in data["per_step"]) < 0.05
+    assert marks <= 1 + 3 * 8  # the resume, then the timed steps' stamps: none of the 24 steps after them
