@@ -94,7 +94,8 @@ def finite_or_none(value: Any) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--workloads", "--workload", default=",".join(workload_names()))
+    # digits-aug is digits behind a slow DataLoader (the profile's workload): the same model, nothing new here.
+    p.add_argument("--workloads", "--workload", default=",".join(n for n in workload_names() if n != "digits-aug"))
     p.add_argument("--size", default="small")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--precision", default="16-mixed")

@@ -96,7 +96,7 @@ STEPS: tuple[Step, ...] = (
         "ampkit bench, default workload and policies (gpt large on a GPU): step time, tokens/s, MFU",
         ("-m", "ampkit", "bench", "--no-progress"),
         ("-m", "ampkit", "bench", "--no-progress", "-w", "gpt", "--size", "tiny", "--precision", "bf16", "--steps", "4", "--warmup", "1", "--rounds", "1"),
-        budget_s=120,
+        budget_s=110,
         writes_json=False,
     ),
     Step(
@@ -157,13 +157,20 @@ STEPS: tuple[Step, ...] = (
         budget_s=20,
     ),
     Step(
+        "profile",
+        "ampkit profile against controls on digits-aug: attribution, the advised DataLoader applied, a per-step .item(), device idle, overhead",
+        _script("profile_advice.py", "--size", "small", "--ab-steps", "40"),
+        _script("profile_advice.py", "--smoke"),
+        budget_s=30,
+    ),
+    Step(
         "fp8",
         "bf16-mixed vs fp8-tensorwise/-rowwise on a 1B GPT and gpt large (tokens/s, loss), per layer predicted vs measured",
         _script("fp8_training.py"),
         _script("fp8_training.py", "--smoke", "--backend", "eager"),
         # Last: it takes whatever the steps before it saved, and stops starting work at its limit (a 1B policy,
         # compile included, is the longest unit).
-        budget_s=95,
+        budget_s=75,
         tables=2,
         time_limit_margin_s=30,
     ),

@@ -24,11 +24,13 @@ Four measurements on ``digits-aug`` (the digits CNN fed through a CPU-heavy per-
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -70,7 +72,7 @@ def augmentation_cost(size: str, seed: int, batches: int) -> dict[str, float]:
 
 
 def attribution(args: argparse.Namespace, device: torch.device, precision: str) -> dict[str, Any]:
-    sizes = {"warmup": args.warmup, "timed": args.steps, "sync_steps": 0, "trace_steps": 0}
+    sizes = {"warmup": args.warmup, "plain_steps": 0, "timed": args.steps, "sync_steps": 0, "trace_steps": 0}
     slow = profile_workload(build(args.size, seed=args.seed), precision, device, trials=False, **sizes)
     control = profile_workload(build(args.size, seed=args.seed, augment=False), precision, device, trials=False, **sizes)
     alone = augmentation_cost(args.size, args.seed, max(3, args.steps // 2))
@@ -98,20 +100,24 @@ def _epoch_step_s(loader: DataLoader[Any], settings: LoaderSettings, step: Any, 
 
 def advice_applied(args: argparse.Namespace, device: torch.device, precision: str) -> dict[str, Any]:
     w = build(args.size, seed=args.seed)
-    profile = profile_workload(w, precision, device, warmup=args.warmup, timed=args.steps, sync_steps=args.sync_steps, trace_steps=args.trace_steps)
+    profile = profile_workload(
+        w, precision, device, warmup=args.warmup, plain_steps=args.plain_steps, timed=args.steps, sync_steps=args.sync_steps, trace_steps=args.trace_steps
+    )
     trials = profile["trials"]
     best = max(trials, key=lambda t: t["speedup"])
     given, advised = LoaderSettings(**trials[0]["settings"]), LoaderSettings(**best["settings"])
     engine, model, step = _trainer(w, precision, device)
     loader = workload_loader(w)
-    samples = args.ab_steps * w.items_per_batch
+    samples = None if args.ab_steps is None else args.ab_steps * w.items_per_batch  # None: whole epochs, as trained
+    steps = len(loader) if args.ab_steps is None else args.ab_steps
     loaders = {"as given": loader_variant(loader, given, samples=samples), "advised": loader_variant(loader, advised, samples=samples)}
     settings = {"as given": given, "advised": advised}
     _epoch_step_s(loaders["as given"], given, step, device, args.warmup, w.channels_last)  # warm the model up
     times: dict[str, list[float]] = {k: [] for k in loaders}
     for r in range(args.rounds):
         for name in (list(loaders) if r % 2 == 0 else list(loaders)[::-1]):
-            times[name].append(_epoch_step_s(loaders[name], settings[name], step, device, args.ab_steps, w.channels_last))
+            with _threads(settings[name].torch_threads):
+                times[name].append(_epoch_step_s(loaders[name], settings[name], step, device, steps, w.channels_last))
     medians = {k: statistics.median(v) for k, v in times.items()}
     return {
         "profile": {k: profile[k] for k in ("phases", "step_s", "trials", "advice", "overhead", "syncs", "ops", "device_idle")},
@@ -119,6 +125,18 @@ def advice_applied(args: argparse.Namespace, device: torch.device, precision: st
         "ab_step_s": medians,
         "ab_speedup": medians["as given"] / medians["advised"],
     }
+
+
+@contextlib.contextmanager
+def _threads(count: int | None) -> Iterator[None]:
+    """torch's intra-op threads set to ``count`` (None: as they are) for the block, as the trial that chose them."""
+    before = torch.get_num_threads()
+    if count is not None:
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _trainer(w: Any, precision: str, device: torch.device) -> tuple[Engine, torch.nn.Module, Any]:
@@ -144,7 +162,7 @@ def syncs(args: argparse.Namespace, device: torch.device, precision: str) -> dic
     w = build(args.size, seed=args.seed, augment=False)  # the data out of the way: the read-back is the subject
     engine, model, step = _trainer(w, precision, device)
     batches = [to_device(w.batch(i), device, w.channels_last) for i in range(8)]
-    with Profiler(engine, warmup=args.warmup, timed=2, sync_steps=args.sync_steps, trace_steps=0) as profiler:
+    with Profiler(engine, warmup=args.warmup, plain_steps=0, timed=2, sync_steps=args.sync_steps, trace_steps=0) as profiler:
         for i in range(args.warmup + 2 + args.sync_steps):
             loss = step(batches[i % len(batches)])
             logged = loss.item()  # the per-step read-back the profile must find
@@ -153,12 +171,12 @@ def syncs(args: argparse.Namespace, device: torch.device, precision: str) -> dic
     def run(read_back: bool) -> float:
         _sync(device)
         start = time.perf_counter()
-        for i in range(args.ab_steps):
+        for i in range(args.ab_steps or 20):
             loss = step(batches[i % len(batches)])
             if read_back:
                 logged = loss.item()  # noqa: F841
         _sync(device)
-        return (time.perf_counter() - start) / args.ab_steps
+        return (time.perf_counter() - start) / (args.ab_steps or 20)
 
     run(False)
     times: dict[str, list[float]] = {"with .item()": [], "without": []}
@@ -216,16 +234,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--precision", help="default: bf16-mixed where it runs fast, else 32-true")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--plain-steps", type=int, default=10, help="unprofiled steps, the overhead's reference")
     parser.add_argument("--steps", type=int, default=15, help="steps whose phases are timed")
     parser.add_argument("--sync-steps", type=int, default=5)
     parser.add_argument("--trace-steps", type=int, default=3)
-    parser.add_argument("--ab-steps", type=int, default=12, help="steps per round of each A/B side")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--ab-steps", type=int, help="steps per round of each A/B side (default: a whole epoch)")
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes and few steps: checks the script runs")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     if args.smoke:
-        args.size, args.warmup, args.steps, args.sync_steps, args.trace_steps, args.ab_steps, args.rounds = "tiny", 1, 3, 1, 1, 3, 1
+        args.size, args.warmup, args.plain_steps, args.steps, args.sync_steps, args.trace_steps, args.ab_steps, args.rounds = "tiny", 1, 2, 3, 1, 1, 3, 1
     return args
 
 

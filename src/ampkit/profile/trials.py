@@ -16,8 +16,9 @@ collate function and order, with
 
 Each trial iterates its loader over ``epochs`` epochs of ``steps_per_epoch`` steps (a worker pool's start is paid
 at each epoch's first batch, which is what ``persistent_workers`` saves) and records every step's wall time. Its
-``step_s`` is the mean over all steps, epoch starts included, after the first epoch's ``warmup`` steps: the time
-a step costs as trained.
+``step_s`` is what a step costs as trained: the mean step after the warm-up, epoch starts left out, plus the
+mean epoch start spread over the loader's real epoch (``len(loader)`` steps), not over the trial's short ones,
+which would overweight it.
 
     >>> import torch
     >>> from torch.utils.data import DataLoader, TensorDataset
@@ -90,13 +91,13 @@ class Trial:
     settings: LoaderSettings
     name: str
     step_s: float
-    """Mean wall time per step after the warm-up, epoch starts included."""
+    """A step as trained: the mean steady step plus the epoch start spread over the loader's epoch."""
     median_step_s: float
     """Median step: the steady state, without the epoch starts."""
     epoch_start_s: float
     """Mean wait for each epoch's first batch (a worker pool's start)."""
     data_s: float = 0.0
-    """Mean wait for a batch per step (the ``step_s`` steps'): what the step still spends waiting for data."""
+    """Mean wait for a batch per steady step: what the step still spends waiting for data."""
     speedup: float = 1.0
     """The first trial's ``step_s`` over this one's."""
     baseline: bool = False
@@ -232,6 +233,10 @@ def try_loader_settings(
     samples = None
     if not isinstance(loader.dataset, IterableDataset) and loader.batch_size is not None and not _shuffled(loader):
         samples = steps_per_epoch * loader.batch_size
+    try:
+        epoch_steps = max(1, len(loader))  # the real epoch, over which an epoch's start is paid once
+    except TypeError:  # an iterable dataset without a length
+        epoch_steps = steps_per_epoch
     trials: list[Trial] = []
     threads = torch.get_num_threads()
     for variant in variants:
@@ -244,13 +249,14 @@ def try_loader_settings(
             continue
         finally:
             torch.set_num_threads(threads)
-        timed = times[warmup:]
-        if not timed:
+        steady = [(t, wait) for i, (index, t, wait) in enumerate(times) if i >= warmup and index > 0]
+        if not steady:
             raise ValueError(f"the loader gave {len(times)} batches: too few to time after {warmup} warm-up steps; give it more data.")
-        steps = [t for _, t, _ in timed]
+        start = statistics.fmean(t for index, t, _ in times if index == 0)
+        mean = statistics.fmean(t for t, _ in steady)
         trials.append(Trial(
-            variant, variant.label(base), statistics.fmean(steps), statistics.median(steps),
-            statistics.fmean(wait for index, _, wait in times if index == 0), statistics.fmean(wait for _, _, wait in timed),
+            variant, variant.label(base), mean + (start - mean) / epoch_steps, statistics.median(t for t, _ in steady),
+            statistics.fmean(wait for index, _, wait in times if index == 0), statistics.fmean(wait for _, wait in steady),
             baseline=not trials,
         ))
     if trials:
