@@ -178,6 +178,8 @@ class Profiler(StepHook):
         if self._window == "trace":
             self._ranges.after_optimizer_step(engine)
         self.timer.after_optimizer_step(engine)
+        if self._window is None:
+            return  # past the last window (or outside the block): nothing more is kept
         self._step_ends.append(time.perf_counter())
         self._seen += 1
         if not self._fed:

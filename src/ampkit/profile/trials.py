@@ -45,7 +45,10 @@ from torch.utils.data import DataLoader, IterableDataset, Subset
 
 from .._util.model_io import to_device
 
-__all__ = ["LoaderSettings", "Trial", "loader_settings", "loader_variant", "candidate_settings", "try_loader_settings", "usable_cores"]
+__all__ = [
+    "LoaderSettings", "Trial", "loader_settings", "loader_variant", "candidate_settings", "refinements", "try_loader_settings",
+    "usable_cores", "MIN_GAIN",
+]
 
 log = logging.getLogger("ampkit")
 
@@ -160,52 +163,130 @@ def loader_variant(loader: DataLoader[Any], settings: LoaderSettings, *, samples
 
 
 def candidate_settings(base: LoaderSettings, device: torch.device | str, *, cores: int | None = None) -> list[LoaderSettings]:
-    """The variants worth trying from ``base`` on ``device``: the worker counts this machine's cores allow (on a
-    CPU run each also with torch's threads cut to the cores left), then, on top of the most workers, persistent
-    workers and a deeper prefetch, and on CUDA pinned memory with non-blocking copies.
+    """The worker counts worth trying from ``base`` on ``device``: 1, 2 and 4, as this machine's cores allow, and
+    on a CPU run each also with torch's threads cut to the cores the workers leave.
 
-    >>> [s.label(LoaderSettings()) for s in candidate_settings(LoaderSettings(), "cpu", cores=2)]  # doctest: +NORMALIZE_WHITESPACE
-    ['num_workers=1', 'num_workers=1, torch_threads=1', 'num_workers=2', 'num_workers=2, torch_threads=1',
-     'num_workers=2, persistent_workers=True', 'num_workers=2, persistent_workers=True, prefetch_factor=4']
+    >>> [s.label(LoaderSettings()) for s in candidate_settings(LoaderSettings(), "cpu", cores=2)]
+    ['num_workers=1', 'num_workers=1, torch_threads=1', 'num_workers=2', 'num_workers=2, torch_threads=1']
     """
     cores = usable_cores() if cores is None else cores
     on_cpu = torch.device(device).type == "cpu"
-    counts = [n for n in (1, 2, 4) if n <= cores and n != base.num_workers]
     out = []
-    for n in counts:
+    for n in (1, 2, 4):
+        if n > cores or n == base.num_workers:
+            continue
         out.append(dataclasses.replace(base, num_workers=n))
         if on_cpu and cores > 1:
             out.append(dataclasses.replace(base, num_workers=n, torch_threads=max(1, cores - n)))
-    workers = max([base.num_workers, *counts])
-    if workers > 0:
-        kept = dataclasses.replace(base, num_workers=workers, persistent_workers=True)
-        if not base.persistent_workers or base.num_workers != workers:
-            out.append(kept)
-        out.append(dataclasses.replace(kept, prefetch_factor=4))
-    if not on_cpu and not (base.pin_memory and base.non_blocking):
-        out.append(dataclasses.replace(base, pin_memory=True, non_blocking=True))
     return out
+
+
+def _persistent(best: LoaderSettings, device: torch.device) -> LoaderSettings | None:
+    return dataclasses.replace(best, persistent_workers=True) if best.num_workers > 0 and not best.persistent_workers else None
+
+
+def _prefetch(best: LoaderSettings, device: torch.device) -> LoaderSettings | None:
+    return dataclasses.replace(best, prefetch_factor=4) if best.num_workers > 0 and (best.prefetch_factor or 2) < 4 else None
+
+
+def _pinned(best: LoaderSettings, device: torch.device) -> LoaderSettings | None:
+    if device.type != "cuda" or (best.pin_memory and best.non_blocking):
+        return None
+    return dataclasses.replace(best, pin_memory=True, non_blocking=True)
+
+
+_REFINEMENTS = (_persistent, _prefetch, _pinned)
+"""The changes tried, in turn, on top of the best setting so far."""
+
+
+def refinements(best: LoaderSettings, device: torch.device | str) -> list[LoaderSettings]:
+    """What is tried on top of ``best``, one change at a time (the search keeps each that measurably helps and
+    builds the next on it): persistent workers and a deeper prefetch (with workers), pinned memory with
+    non-blocking copies (CUDA).
+
+    >>> [s.label(LoaderSettings()) for s in refinements(LoaderSettings(num_workers=2), "cuda")]
+    ['num_workers=2, persistent_workers=True', 'num_workers=2, prefetch_factor=4', 'num_workers=2, pin_memory=True, non_blocking=True']
+    """
+    device = torch.device(device)
+    return [v for v in (change(best, device) for change in _REFINEMENTS) if v is not None]
+
+
+def _depth(settings: LoaderSettings) -> int:
+    """Batches a loader with ``settings`` can have made ahead: what an epoch's start lets it stock."""
+    return settings.num_workers * (settings.prefetch_factor or 2) if settings.num_workers else 1
 
 
 def _timed_epochs(
     loader: DataLoader[Any], step: Callable[[Any], Any], device: torch.device, settings: LoaderSettings,
     epochs: int, steps_per_epoch: int, channels_last: bool,
-) -> Iterator[tuple[int, float, float]]:
-    """Each step's (index within its epoch, wall seconds from the previous step's end, of which waiting for its
-    batch); on CUDA each step ends with a synchronisation so the host's clock measures the device's work."""
-    sync = torch.cuda.synchronize if device.type == "cuda" else None
+) -> list[list[tuple[float, float]]]:
+    """Per epoch, each step's (seconds from the previous step's end, of which the host waited for its batch).
+
+    On CUDA a step's time is the device's, between events recorded at the steps' ends (read once per epoch): the
+    host may run ahead of the device as in training, and a step the device idles in, waiting for its batch, shows.
+    """
+    cuda = device.type == "cuda"
+    out = []
     for _ in range(epochs):
+        ends, waits = [], []
         start = time.perf_counter()
+        ends.append(_event() if cuda else start)
         for index, batch in enumerate(loader):
             if index >= steps_per_epoch:
                 break
             fetched = time.perf_counter()
             step(to_device(batch, device, channels_last, non_blocking=settings.non_blocking))
-            if sync is not None:
-                sync(device)  # the trial's own clock, not the profiled loop: one sync per timed step
-            end = time.perf_counter()
-            yield index, end - start, fetched - start
-            start = end
+            now = time.perf_counter()
+            ends.append(_event() if cuda else now)
+            waits.append(fetched - start)
+            start = now
+        if cuda:
+            torch.cuda.synchronize(device)  # once per epoch: the events' times are then known
+            seconds = [a.elapsed_time(b) / 1e3 for a, b in zip(ends, ends[1:])]
+        else:
+            seconds = [b - a for a, b in zip(ends, ends[1:])]
+        out.append(list(zip(seconds, waits)))
+    return out
+
+
+def _event() -> Any:
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
+
+
+def _measure(
+    loader: DataLoader[Any], variant: LoaderSettings, step: Callable[[Any], Any], device: torch.device, *,
+    epochs: int, steps_per_epoch: int, epoch_steps: int, channels_last: bool, label: str,
+) -> Trial:
+    # Steady steps come after twice the loader's depth: the batches stocked during an epoch's start would
+    # otherwise count as fast steps, and favour deep prefetching in a trial's short epochs.
+    skip = 2 * _depth(variant)
+    per_epoch = max(steps_per_epoch, skip + 8)
+    samples = None
+    if not isinstance(loader.dataset, IterableDataset) and loader.batch_size is not None and not _shuffled(loader):
+        samples = per_epoch * loader.batch_size  # an epoch ends, and starts again, within the trial
+    threads = torch.get_num_threads()
+    try:
+        if variant.torch_threads is not None:
+            torch.set_num_threads(variant.torch_threads)
+        runs = _timed_epochs(loader_variant(loader, variant, samples=samples), step, device, variant, epochs, per_epoch, channels_last)
+    finally:
+        torch.set_num_threads(threads)
+    steady = [t for run in runs for t in run[skip:]]
+    if not steady:
+        raise ValueError(
+            f"the loader gave {max(len(r) for r in runs)} batches an epoch: too few to time its steady steps after the "
+            f"first {skip}; give it more data."
+        )
+    mean = statistics.fmean(t for t, _ in steady)
+    # What an epoch costs beyond its steps at the steady pace (the workers' start, the stocking), paid once per
+    # real epoch: spread over the loader's own epoch, not the trial's short one.
+    excess = statistics.fmean(sum(t for t, _ in run) - len(run) * mean for run in runs)
+    return Trial(
+        variant, label, mean + excess / max(epoch_steps, per_epoch), statistics.median(t for t, _ in steady),
+        statistics.fmean(run[0][1] for run in runs if run), statistics.fmean(w for _, w in steady),
+    )
 
 
 def try_loader_settings(
@@ -216,54 +297,61 @@ def try_loader_settings(
     settings: list[LoaderSettings] | None = None,
     epochs: int = 2,
     steps_per_epoch: int = 8,
-    warmup: int = 2,
     channels_last: bool = False,
 ) -> list[Trial]:
-    """Time ``step(batch)`` fed by ``loader`` as given, then by each variant in ``settings`` (default:
-    :func:`candidate_settings`), over ``epochs`` epochs of at most ``steps_per_epoch`` steps each.
+    """Time ``step(batch)`` fed by ``loader`` as given, then by variants of it, over ``epochs`` epochs each.
 
+    ``settings``: the variants to time; None searches: the worker counts of :func:`candidate_settings`, then, on
+    top of the fastest of them, each of :func:`refinements` in turn, kept when it beats it by :data:`MIN_GAIN`.
     ``step`` receives the batch already on ``device`` and runs one training step (forward, backward, optimizer).
-    A map-style dataset is cut to ``steps_per_epoch`` batches so an epoch ends, and starts again, within the trial.
-    The first trial is the baseline of the others' ``speedup``. A variant that fails (a dataset that cannot be
-    sent to a worker process, say) is logged and left out.
+    A map-style dataset read in order is cut to each trial's epoch (at least ``steps_per_epoch`` steps, more for a
+    deep prefetch) so that epochs end and start again within the trial. The first trial is the baseline of the
+    others' ``speedup``. A variant that fails (a dataset that cannot be sent to a worker process, say) is logged and
+    left out; the loader as given failing raises.
     """
     device = torch.device(device)
     base = loader_settings(loader)
-    variants = [base, *(candidate_settings(base, device) if settings is None else [s for s in settings if s != base])]
-    samples = None
-    if not isinstance(loader.dataset, IterableDataset) and loader.batch_size is not None and not _shuffled(loader):
-        samples = steps_per_epoch * loader.batch_size
     try:
         epoch_steps = max(1, len(loader))  # the real epoch, over which an epoch's start is paid once
     except TypeError:  # an iterable dataset without a length
         epoch_steps = steps_per_epoch
-    trials: list[Trial] = []
-    threads = torch.get_num_threads()
-    for variant in variants:
+
+    def measure(variant: LoaderSettings) -> Trial | None:
         try:
-            if variant.torch_threads is not None:
-                torch.set_num_threads(variant.torch_threads)
-            times = list(_timed_epochs(loader_variant(loader, variant, samples=samples), step, device, variant, epochs, steps_per_epoch, channels_last))
-        except Exception as exc:  # noqa: BLE001 - one variant failing must not lose the others' measurements
+            return _measure(loader, variant, step, device, epochs=epochs, steps_per_epoch=steps_per_epoch, epoch_steps=epoch_steps,
+                            channels_last=channels_last, label=variant.label(base))
+        except Exception as exc:
+            if variant == base:
+                raise
             log.warning("ampkit profile: the loader with %s failed (%s); it is left out of the trials.", variant.label(base), exc)
-            continue
-        finally:
-            torch.set_num_threads(threads)
-        steady = [(t, wait) for i, (index, t, wait) in enumerate(times) if i >= warmup and index > 0]
-        if not steady:
-            raise ValueError(f"the loader gave {len(times)} batches: too few to time after {warmup} warm-up steps; give it more data.")
-        start = statistics.fmean(t for index, t, _ in times if index == 0)
-        mean = statistics.fmean(t for t, _ in steady)
-        trials.append(Trial(
-            variant, variant.label(base), mean + (start - mean) / epoch_steps, statistics.median(t for t, _ in steady),
-            statistics.fmean(wait for index, _, wait in times if index == 0), statistics.fmean(wait for _, wait in steady),
-            baseline=not trials,
-        ))
-    if trials:
-        for t in trials:
-            t.speedup = trials[0].step_s / t.step_s
+            return None
+
+    baseline = measure(base)
+    assert baseline is not None  # the loader as given raises rather than fail quietly
+    baseline.baseline = True
+    trials = [baseline]
+    if settings is not None:
+        trials += [t for t in (measure(s) for s in settings if s != base) if t is not None]
+    else:
+        trials += [t for t in (measure(s) for s in candidate_settings(base, device)) if t is not None]
+        # Refinements build on the fastest setting with workers: persistent workers can rescue a worker count that
+        # lost on its start cost alone.
+        best = min([t for t in trials if t.settings.num_workers > 0] or trials, key=lambda t: t.step_s)
+        for change in _REFINEMENTS:
+            variant = change(best.settings, device)
+            trial = measure(variant) if variant is not None else None
+            if trial is None:
+                continue
+            trials.append(trial)
+            if trial.step_s * MIN_GAIN < best.step_s:
+                best = trial
+    for t in trials:
+        t.speedup = baseline.step_s / t.step_s
     return trials
 
+
+MIN_GAIN = 1.03
+"""A refinement is kept (and the next built on it) when it makes the step this much faster."""
 
 def _shuffled(loader: DataLoader[Any]) -> bool:
     # A shuffling sampler reads the whole dataset in its own order: cutting it would change which batches come.

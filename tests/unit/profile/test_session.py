@@ -135,7 +135,11 @@ def test_only_the_timed_window_is_timed_and_nothing_is_kept_after_the_windows() 
                 time.sleep(0.05)
             engine.backward(model(x).sum())
             engine.step()
-    marks = len(profiler.timer._marks)
+    marks, ends = len(profiler.timer._marks), len(profiler._step_ends)
+    for _ in range(5):  # after the block: not counted, nothing kept
+        engine.backward(model(torch.ones(2, 4)).sum())
+        engine.step()
     data = profiler.result()
     assert data["steps"] == 3 and max(r["total"] for r in data["per_step"]) < 0.05
     assert marks <= 1 + 3 * 8  # the resume, then the timed steps' stamps: none of the 24 steps after them
+    assert len(profiler.timer._marks) == marks and len(profiler._step_ends) == ends == 1 + 1 + 2 + 3

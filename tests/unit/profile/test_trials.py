@@ -10,6 +10,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from ampkit.profile import LoaderSettings, candidate_settings, loader_variant, try_loader_settings
+from ampkit.profile.trials import refinements
 from ampkit.profile.trials import loader_settings
 
 DELAY = 0.01  # seconds per batch of per-sample work, slept: a worker overlaps it whatever the CPU load
@@ -45,19 +46,17 @@ def test_a_variant_cut_to_some_samples_reads_the_first_ones() -> None:
     assert [b[0].tolist() for b in loader_variant(loader, LoaderSettings(), samples=16)] == [list(map(float, range(8))), list(map(float, range(8, 16)))]
 
 
-def test_the_candidates_respect_the_cores_and_pin_memory_only_for_cuda() -> None:
-    cpu = candidate_settings(LoaderSettings(), "cpu", cores=1)
-    assert [s.num_workers for s in cpu] == [1, 1, 1] and not any(s.pin_memory for s in cpu)
-    assert cpu[1].persistent_workers and cpu[2].prefetch_factor == 4
+def test_the_candidates_respect_the_cores_and_the_refinements_pin_memory_only_for_cuda() -> None:
+    assert candidate_settings(LoaderSettings(), "cpu", cores=1) == [LoaderSettings(num_workers=1)]
     # On a CPU run the workers share the cores with torch's threads: each count is also tried with fewer threads.
     two = candidate_settings(LoaderSettings(), "cpu", cores=2)
-    assert [(s.num_workers, s.torch_threads) for s in two[:4]] == [(1, None), (1, 1), (2, None), (2, 1)]
+    assert [(s.num_workers, s.torch_threads) for s in two] == [(1, None), (1, 1), (2, None), (2, 1)]
     cuda = candidate_settings(LoaderSettings(), "cuda", cores=8)
-    assert [s.num_workers for s in cuda[:3]] == [1, 2, 4] and all(s.torch_threads is None for s in cuda)
-    assert cuda[-1] == LoaderSettings(pin_memory=True, non_blocking=True)
-    # A loader already at its best is not tried again.
-    kept = LoaderSettings(num_workers=2, persistent_workers=True)
-    assert kept not in candidate_settings(kept, "cpu", cores=2)
+    assert [s.num_workers for s in cuda] == [1, 2, 4] and all(s.torch_threads is None for s in cuda)
+    workers = LoaderSettings(num_workers=2)
+    assert not any(s.pin_memory for s in refinements(workers, "cpu"))
+    assert refinements(workers, "cuda")[-1] == LoaderSettings(num_workers=2, pin_memory=True, non_blocking=True)
+    assert refinements(LoaderSettings(), "cpu") == []  # persistence and prefetch need workers
 
 
 def test_the_loaders_settings_are_read_back() -> None:
@@ -70,7 +69,7 @@ def test_workers_measurably_speed_a_step_fed_by_a_slow_dataset() -> None:
         time.sleep(4 * DELAY)  # the step's compute, also slept so the trial's timing is the pipeline's alone
 
     loader = DataLoader(SleepyRows(64, DELAY / 4), batch_size=4)  # DELAY of per-sample work per batch
-    trials = try_loader_settings(loader, step, "cpu", settings=[LoaderSettings(num_workers=2)], steps_per_epoch=6, warmup=2)
+    trials = try_loader_settings(loader, step, "cpu", settings=[LoaderSettings(num_workers=2)], steps_per_epoch=6)
     base, workers = trials
     assert base.baseline and base.name == "as given" and workers.name == "num_workers=2"
     # As given: step + data = 5 DELAY; with workers the data hides behind the step: 4 DELAY (+ epoch starts).
@@ -83,20 +82,36 @@ def test_workers_measurably_speed_a_step_fed_by_a_slow_dataset() -> None:
 def test_a_variant_that_fails_is_left_out_and_the_others_kept(caplog: pytest.LogCaptureFixture) -> None:
     loader = DataLoader(TensorDataset(torch.ones(8)), batch_size=2)
     bad = LoaderSettings(num_workers=1, prefetch_factor=-1)  # DataLoader refuses it
-    trials = try_loader_settings(loader, lambda b: None, "cpu", settings=[bad], steps_per_epoch=3, warmup=1)
+    trials = try_loader_settings(loader, lambda b: None, "cpu", settings=[bad], steps_per_epoch=3)
     assert [t.name for t in trials] == ["as given"]
     assert "failed" in caplog.text and "left out" in caplog.text
 
 
-def test_too_little_data_for_the_warm_up_is_refused_with_the_fix() -> None:
+def test_too_little_data_for_the_steady_steps_is_refused_with_the_fix() -> None:
     loader = DataLoader(TensorDataset(torch.ones(2)), batch_size=2)
-    with pytest.raises(ValueError, match="too few to time"):
-        try_loader_settings(loader, lambda b: None, "cpu", settings=[], steps_per_epoch=1, epochs=1, warmup=2)
+    with pytest.raises(ValueError, match="too few to time its steady steps"):
+        try_loader_settings(loader, lambda b: None, "cpu", settings=[], steps_per_epoch=1, epochs=1)
+
+
+def _slow_start(worker_id: int) -> None:
+    time.sleep(0.15)  # a worker that takes long to start (imports, opening files): what persistent workers save
+
+
+def test_the_search_keeps_a_refinement_that_helps_and_builds_the_next_on_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("ampkit.profile.trials.usable_cores", lambda: 1)
+    loader = DataLoader(SleepyRows(40, DELAY / 4), batch_size=4, worker_init_fn=_slow_start)  # an epoch: 10 steps
+    trials = try_loader_settings(loader, lambda b: time.sleep(2 * DELAY), "cpu", steps_per_epoch=4, epochs=3)
+    names = [t.name for t in trials]
+    assert names == ["as given", "num_workers=1", "num_workers=1, persistent_workers=True", "num_workers=1, persistent_workers=True, prefetch_factor=4"]
+    by_name = {t.name: t for t in trials}
+    # Three epochs of 10 steps: restarting the slow worker each epoch costs more than the steps it overlaps.
+    assert by_name["num_workers=1, persistent_workers=True"].step_s < by_name["num_workers=1"].step_s
+    assert by_name["num_workers=1, persistent_workers=True"].epoch_start_s < by_name["num_workers=1"].epoch_start_s
 
 
 def test_a_trial_with_fewer_torch_threads_runs_with_them_and_restores_them() -> None:
     seen: list[int] = []
     loader = DataLoader(TensorDataset(torch.ones(8)), batch_size=2)
     before = torch.get_num_threads()
-    try_loader_settings(loader, lambda b: seen.append(torch.get_num_threads()), "cpu", settings=[LoaderSettings(torch_threads=1)], steps_per_epoch=2, epochs=1, warmup=0)
-    assert seen == [before, before, 1, 1] and torch.get_num_threads() == before
+    try_loader_settings(loader, lambda b: seen.append(torch.get_num_threads()), "cpu", settings=[LoaderSettings(torch_threads=1)], steps_per_epoch=2, epochs=1)
+    assert seen == [before] * 4 + [1] * 4 and torch.get_num_threads() == before  # 4 steps each: its whole epoch
