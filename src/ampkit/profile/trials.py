@@ -14,11 +14,12 @@ collate function and order, with
   also tried with torch left the cores the workers do not take (``torch.set_num_threads``), without which a
   small machine can show workers no gain at all.
 
-Each trial iterates its loader over ``epochs`` epochs of ``steps_per_epoch`` steps (a worker pool's start is paid
-at each epoch's first batch, which is what ``persistent_workers`` saves) and records every step's wall time. Its
-``step_s`` is what a step costs as trained: the mean step after the warm-up, epoch starts left out, plus the
-mean epoch start spread over the loader's real epoch (``len(loader)`` steps), not over the trial's short ones,
-which would overweight it.
+Each trial runs whole epochs of a short cut of the dataset (a worker pool's start is paid at each epoch's first
+batch, which is what ``persistent_workers`` saves) and records every step's time. Its ``step_s`` is what a step
+costs as trained: the mean of the steady steps (past the epoch's start and the stock the workers build then,
+before its last steps, which that stock serves while the workers sit idle), plus what the epoch cost beyond them
+spread over the loader's real epoch (``len(loader)`` steps), not over the trial's short one, which would
+overweight it.
 
     >>> import torch
     >>> from torch.utils.data import DataLoader, TensorDataset
@@ -98,7 +99,7 @@ class Trial:
     median_step_s: float
     """Median step: the steady state, without the epoch starts."""
     epoch_start_s: float
-    """Mean wait for each epoch's first batch (a worker pool's start)."""
+    """The wait for an epoch's first batch (a worker pool's start), of the last epoch timed."""
     data_s: float = 0.0
     """Mean wait for a batch per steady step: what the step still spends waiting for data."""
     speedup: float = 1.0
@@ -259,33 +260,39 @@ def _measure(
     loader: DataLoader[Any], variant: LoaderSettings, step: Callable[[Any], Any], device: torch.device, *,
     epochs: int, steps_per_epoch: int, epoch_steps: int, channels_last: bool, label: str,
 ) -> Trial:
-    # Steady steps come after twice the loader's depth: the batches stocked during an epoch's start would
-    # otherwise count as fast steps, and favour deep prefetching in a trial's short epochs.
-    skip = 2 * _depth(variant)
-    per_epoch = max(steps_per_epoch, skip + 8)
+    # An epoch's steps are not alike: at its start the workers are starting and stock batches, and its last
+    # ``depth`` steps are served from that stock while the workers sit idle, so the step runs alone on the cores.
+    # Steady steps are those between: after twice the depth, before the last depth.
+    depth = _depth(variant)
+    head, tail = 2 * depth, depth
+    per_epoch = max(steps_per_epoch, head + tail + 8)
     samples = None
     if not isinstance(loader.dataset, IterableDataset) and loader.batch_size is not None and not _shuffled(loader):
         samples = per_epoch * loader.batch_size  # an epoch ends, and starts again, within the trial
+    # Every epoch of a loader without persistent workers starts alike, so one tells; persistent workers start
+    # once, and the epochs after the first show what they save.
+    runs_wanted = epochs if variant.persistent_workers else 1
     threads = torch.get_num_threads()
     try:
         if variant.torch_threads is not None:
             torch.set_num_threads(variant.torch_threads)
-        runs = _timed_epochs(loader_variant(loader, variant, samples=samples), step, device, variant, epochs, per_epoch, channels_last)
+        runs = _timed_epochs(loader_variant(loader, variant, samples=samples), step, device, variant, runs_wanted, per_epoch, channels_last)
     finally:
         torch.set_num_threads(threads)
-    steady = [t for run in runs for t in run[skip:]]
+    steady = [t for run in runs for t in run[head : len(run) - tail]]
     if not steady:
         raise ValueError(
-            f"the loader gave {max(len(r) for r in runs)} batches an epoch: too few to time its steady steps after the "
-            f"first {skip}; give it more data."
+            f"the loader gave {max(len(r) for r in runs)} batches an epoch: too few to time its steady steps between the "
+            f"first {head} and the last {tail}; give it more data."
         )
     mean = statistics.fmean(t for t, _ in steady)
-    # What an epoch costs beyond its steps at the steady pace (the workers' start, the stocking), paid once per
-    # real epoch: spread over the loader's own epoch, not the trial's short one.
-    excess = statistics.fmean(sum(t for t, _ in run) - len(run) * mean for run in runs)
+    # What an epoch as it repeats costs beyond its steps at the steady pace (the workers' start and stocking, less
+    # the fast end), paid once per real epoch: spread over the loader's own epoch, not the trial's short one.
+    last = runs[-1]
+    excess = sum(t for t, _ in last) - len(last) * mean
     return Trial(
         variant, label, mean + excess / max(epoch_steps, per_epoch), statistics.median(t for t, _ in steady),
-        statistics.fmean(run[0][1] for run in runs if run), statistics.fmean(w for _, w in steady),
+        last[0][1], statistics.fmean(w for _, w in steady),
     )
 
 
@@ -299,13 +306,14 @@ def try_loader_settings(
     steps_per_epoch: int = 8,
     channels_last: bool = False,
 ) -> list[Trial]:
-    """Time ``step(batch)`` fed by ``loader`` as given, then by variants of it, over ``epochs`` epochs each.
+    """Time ``step(batch)`` fed by ``loader`` as given, then by variants of it: one epoch each, ``epochs`` for
+    persistent workers (whose later epochs start differently from the first).
 
     ``settings``: the variants to time; None searches: the worker counts of :func:`candidate_settings`, then, on
     top of the fastest of them, each of :func:`refinements` in turn, kept when it beats it by :data:`MIN_GAIN`.
     ``step`` receives the batch already on ``device`` and runs one training step (forward, backward, optimizer).
     A map-style dataset read in order is cut to each trial's epoch (at least ``steps_per_epoch`` steps, more for a
-    deep prefetch) so that epochs end and start again within the trial. The first trial is the baseline of the
+    deep prefetch, whose start and end take longer to pass) so that epochs end and start again within the trial. The first trial is the baseline of the
     others' ``speedup``. A variant that fails (a dataset that cannot be sent to a worker process, say) is logged and
     left out; the loader as given failing raises.
     """

@@ -99,12 +99,12 @@ def _slow_start(worker_id: int) -> None:
 
 def test_the_search_keeps_a_refinement_that_helps_and_builds_the_next_on_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("ampkit.profile.trials.usable_cores", lambda: 1)
-    loader = DataLoader(SleepyRows(40, DELAY / 4), batch_size=4, worker_init_fn=_slow_start)  # an epoch: 10 steps
+    loader = DataLoader(SleepyRows(80, DELAY / 4), batch_size=4, worker_init_fn=_slow_start)  # an epoch: 20 steps
     trials = try_loader_settings(loader, lambda b: time.sleep(2 * DELAY), "cpu", steps_per_epoch=4, epochs=3)
     names = [t.name for t in trials]
     assert names == ["as given", "num_workers=1", "num_workers=1, persistent_workers=True", "num_workers=1, persistent_workers=True, prefetch_factor=4"]
     by_name = {t.name: t for t in trials}
-    # Three epochs of 10 steps: restarting the slow worker each epoch costs more than the steps it overlaps.
+    # Restarting the slow worker every epoch costs more than the data it overlaps in an epoch of 20 steps.
     assert by_name["num_workers=1, persistent_workers=True"].step_s < by_name["num_workers=1"].step_s
     assert by_name["num_workers=1, persistent_workers=True"].epoch_start_s < by_name["num_workers=1"].epoch_start_s
 
