@@ -104,6 +104,7 @@ def phases_figure(data: dict[str, Any]) -> Figure:
     median_ms = float(np.median(ends)) if is_missing(median) else median * _MS
     ax.axhline(median_ms, color="black", linestyle="--", linewidth=1, label=f"median step ({fmt_seconds(median_ms / _MS)})")
     ax.set_xlabel("measured step")
+    ax.xaxis.get_major_locator().set_params(integer=True)  # steps are whole
     ax.set_ylabel("time (ms)")
     ax.set_xlim(0.4, len(steps) + 0.6)
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
@@ -127,7 +128,7 @@ def trials_figure(data: dict[str, Any]) -> Figure:
     trials = [t for t in data.get("trials") or [] if _trial_total(t) is not None]
     fig = new_figure(8, max(2.5, 0.55 * len(trials) + 1.5), what=_WHAT)
     ax = fig.add_subplot()
-    ax.set_title("input-pipeline trials: step time, epoch starts included (label: speed-up vs baseline)", fontsize="medium")
+    ax.set_title("input-pipeline trials: step as trained, speed-up vs baseline", fontsize="medium")
     if not trials:
         no_data(ax, "no trials")
         return fig

@@ -48,9 +48,11 @@ HOW_TO_READ = """\
   On a GPU each one waits for every queued kernel to finish; on a CPU it is still the place a GPU run would stall.
 - The **cast share** is the share of forward and backward time spent in autocast's casts, read from torch.profiler;
   compile or a policy with 16-bit weights can remove them (bench measures by how much).
-- Each **trial** re-ran the loop with the input-pipeline settings its name gives; its speed-up is the baseline's
-  median step over its own.
-- The **profiler overhead** is the profiled step against the same step without the profiler.
+- Each **trial** re-ran the same step fed by the DataLoader with the settings its name gives (the data, order and
+  batches unchanged). Its step is the step as trained: the steady steps' mean, plus what an epoch's start costs
+  beyond them spread over the loader's epoch; its speed-up is the baseline's step over its own.
+- The **profiler overhead** is each measuring window's median step (phases timed; syncs counted; torch.profiler)
+  against the plain window's, steps of the same run with nothing measured but their end.
 """
 
 
