@@ -17,6 +17,7 @@ device), but the same lines are the ones that will stall a GPU: counting them on
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
@@ -70,7 +71,8 @@ class SyncSite:
 class SyncFinder:
     """Records each host read-back and the user's line that caused it (see the module), as a context manager.
 
-    ``device``: where the loop runs. On the CPU (the default) a dispatch mode sees the read-backs; on CUDA,
+    ``device``: where the loop runs. On the CPU (the default) a dispatch mode sees the read-backs, and compiled
+    code runs eagerly meanwhile (torch.compile would otherwise give up on it for good); on CUDA,
     ``torch.cuda.set_sync_debug_mode("warn")`` reports every operation that synchronises the device (printing a
     tensor, ``.tolist()``, ``nonzero`` and boolean-mask indexing included), and each report is counted at the
     line that caused it.
@@ -81,6 +83,7 @@ class SyncFinder:
         self._seen: Counter[tuple[str, str, str]] = Counter()
         self._mode: _ReadBacks | None = None
         self._cuda: tuple[Any, Any] | None = None  # (catch_warnings context, previous sync debug mode)
+        self._stance: Any = None
 
     def __enter__(self) -> SyncFinder:
         if self.device.type == "cuda":
@@ -93,6 +96,10 @@ class SyncFinder:
             self._cuda = (catcher, torch.cuda.get_sync_debug_mode())
             torch.cuda.set_sync_debug_mode("warn")
         else:
+            # torch.compile skips for good a frame it first meets under a dispatch mode: its compiled code would not
+            # run again after this window. Eager for the window's steps, the compiled code is kept for the others.
+            self._stance = _eager_stance()
+            self._stance.__enter__()
             self._mode = _ReadBacks(self._record)
             self._mode.__enter__()
         return self
@@ -106,6 +113,7 @@ class SyncFinder:
         if self._mode is not None:
             self._mode.__exit__(*exc)
             self._mode = None
+            self._stance.__exit__(*exc)
 
     def _record(self, op: str) -> None:
         site = _user_frame()
@@ -126,6 +134,12 @@ class SyncFinder:
     def total(self) -> int:
         """All read-backs recorded."""
         return sum(self._seen.values())
+
+
+def _eager_stance() -> Any:
+    """A context in which torch.compile'd code runs eagerly (``set_stance("force_eager")``; torch 2.6+)."""
+    set_stance = getattr(torch.compiler, "set_stance", None)
+    return set_stance("force_eager") if set_stance is not None else contextlib.nullcontext()
 
 
 class _ReadBacks(TorchDispatchMode):

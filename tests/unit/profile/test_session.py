@@ -143,3 +143,29 @@ def test_only_the_timed_window_is_timed_and_nothing_is_kept_after_the_windows() 
     assert data["steps"] == 3 and max(r["total"] for r in data["per_step"]) < 0.05
     assert marks <= 1 + 3 * 8  # the resume, then the timed steps' stamps: none of the 24 steps after them
     assert len(profiler.timer._marks) == marks and len(profiler._step_ends) == ends == 1 + 1 + 2 + 3
+
+
+def test_a_compiled_model_keeps_its_compiled_code_through_the_sync_window() -> None:
+    # torch.compile gives up for good on a frame first met under a dispatch mode: the window must not cause that.
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    engine = Engine("bf16-mixed", compile={"backend": "eager"})
+    model = nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 1))
+    model, _ = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    with Profiler(engine, warmup=1, plain_steps=0, timed=1, sync_steps=2, trace_steps=2) as profiler:
+        for x in profiler.batches([torch.ones(4, 8)] * 8):
+            with engine.autocast():
+                loss = model(x).float().sum()
+            engine.backward(loss)
+            engine.step()
+    compiled_frames = counters["frames"]["ok"]
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with engine.autocast():
+            loss = model(torch.ones(4, 8)).float().sum()
+        engine.backward(loss)
+        engine.step()
+    assert any(e.name.startswith("Torch-Compiled Region") for e in prof.events())  # the compiled code still runs
+    assert counters["frames"]["ok"] == compiled_frames  # and nothing was compiled again
