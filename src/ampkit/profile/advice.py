@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["advise", "DATA_SHARE", "CAST_SHARE", "MIN_SPEEDUP", "IDLE_SHARE"]
+__all__ = ["advise", "DATA_SHARE", "CAST_SHARE", "HOST_SHARE", "MIN_SPEEDUP", "IDLE_SHARE", "PER_PARAMETER_OPS"]
 
 DATA_SHARE = 0.10
 """A data phase above this share of the step is worth a look at the input pipeline."""
@@ -32,6 +32,8 @@ PER_PARAMETER_OPS = 8
 """Optimizer ops per parameter tensor per step from which the step is a per-parameter loop: torch 2.13's Adam
 dispatches about 12 per tensor in its loop, 4-5 with ``foreach`` (on a CPU), about 1 fused, beside a constant few
 of the engine's (unscale, clip)."""
+HOST_SHARE = 0.30
+"""Above this share of the phases spent outside any op, the loop is bound by its own Python."""
 IDLE_SHARE = 0.20
 """A GPU idle for more than this share of the step is being fed too slowly."""
 
@@ -43,7 +45,7 @@ forward has no weight casts."""
 def advise(data: dict[str, Any], *, workload_flags: str = "") -> list[dict[str, Any]]:
     """The advice for the profile ``data`` (the ``profile.json`` dict), most rewarding first; ``workload_flags``
     are the command-line flags naming the workload, for the bench commands that confirm."""
-    out = [*_pipeline(data), *_syncs(data), *_casts(data, workload_flags), *_optimizer(data)]
+    out = [*_pipeline(data), *_syncs(data), *_host(data, workload_flags), *_casts(data, workload_flags), *_optimizer(data)]
     idle = data.get("device_idle")
     if idle and idle.get("share", 0.0) > IDLE_SHARE and not out:
         out.append(_item(
@@ -154,4 +156,18 @@ def _optimizer(data: dict[str, Any]) -> list[dict[str, Any]]:
     return [_item(
         "optimizer", f"the optimizer step dispatches {ops['optimizer_ops_per_step']:.0f} ops for {tensors} parameter tensors: a loop per parameter",
         "construct the optimizer with fused=True (or foreach=True): one kernel for all parameters", None, None,
+    )]
+
+
+def _host(data: dict[str, Any], workload_flags: str) -> list[dict[str, Any]]:
+    ops = data.get("ops")
+    if not ops or ops.get("host_share", 0.0) < HOST_SHARE:
+        return []
+    gpu = str(data.get("device", "cpu")).startswith("cuda")
+    idle = data.get("device_idle")
+    cost = f"the GPU idles {idle['share']:.0%} of the step" if gpu and idle else None
+    change = "a larger batch amortizes it" if data.get("compile") else "compile the model (--compile): fewer, larger kernels and no Python between them; or a larger batch"
+    return [_item(
+        "host overhead", f"{ops['host_share']:.0%} of forward, backward and optimizer runs outside any op (Python, module calls, autograd)",
+        change, cost, None if data.get("compile") else f"ampkit bench {workload_flags}--precision {data.get('precision', '')} --compile".replace("  ", " "),
     )]

@@ -7,7 +7,10 @@ the loop can say which phase each op ran in. :func:`op_breakdown` reads such a p
 * **casts**: the time of ``aten::_to_copy`` (what autocast and ``.to(dtype)`` dispatch) in the forward and backward,
   against those phases' time: the work a 16-bit-weights policy or ``torch.compile`` would remove or fuse;
 * **optimizer ops**: the ops the optimizer step dispatches per step, and their mean time: a per-parameter loop
-  (``foreach=False``) runs one small op per parameter and operation, which ``foreach``/``fused`` collapse.
+  (``foreach=False``) runs one small op per parameter and operation, which ``foreach``/``fused`` collapse;
+* **host overhead**: the share of the phases' time spent outside any op (Python, module calls, autograd's
+  bookkeeping): large when a model runs many small ops, which compile (fewer, larger kernels) or a larger batch
+  amortize.
 
     >>> import torch
     >>> from torch import nn
@@ -97,12 +100,21 @@ class OpBreakdown:
     optimizer_ops: int
     """Ops the optimizer step dispatched itself (not those other ops dispatch), over all steps."""
     optimizer_op_s: float
+    op_s: float = 0.0
+    """Time inside the outermost ops of the three phases: what is left of their time is the host's own work
+    around the ops (Python, module calls, autograd's bookkeeping, hooks)."""
 
     @property
     def cast_share(self) -> float:
         """Casts' share of the forward and backward time."""
         compute = self.phase_s.get("forward", 0.0) + self.phase_s.get("backward", 0.0)
         return self.cast_s / compute if compute else 0.0
+
+    @property
+    def host_share(self) -> float:
+        """The share of the three phases' time spent outside any op: the loop's own overhead on the host."""
+        total = sum(self.phase_s.values())
+        return max(0.0, 1.0 - self.op_s / total) if total else 0.0
 
     @property
     def optimizer_ops_per_step(self) -> float:
@@ -128,7 +140,7 @@ def op_breakdown(prof: torch.profiler.profile) -> OpBreakdown:
         raise ValueError("op_breakdown() tells a cast of a tensor from a scalar's by its shape: profile with record_shapes=True.")
     phase_s: dict[str, float] = {}
     steps = cast_n = opt_n = 0
-    cast_us = opt_us = 0.0
+    cast_us = opt_us = op_us = 0.0
     for e in events:
         if e.name.startswith(RANGE_PREFIX):
             phase = e.name[len(RANGE_PREFIX):]
@@ -136,13 +148,16 @@ def op_breakdown(prof: torch.profiler.profile) -> OpBreakdown:
             steps += phase == "optimizer"
             continue
         phase = _phase_of(e)
+        outermost = e.name.startswith("aten::") and not any(p.name.startswith("aten::") for p in _ancestors(e))
+        if phase is not None and outermost:
+            op_us += e.cpu_time_total
         if e.name == _CAST and phase in ("forward", "backward") and not any(p.name == _CAST for p in _ancestors(e)) and e.input_shapes[0]:
             # A 0-dim input is a Python scalar wrapped for an op (``x / 2``), not a tensor changing dtype.
             cast_n += 1
             cast_us += e.cpu_time_total
-        elif phase == "optimizer" and e.name.startswith("aten::") and not any(p.name.startswith("aten::") for p in _ancestors(e)):
+        elif phase == "optimizer" and outermost:
             # The ops the optimizer itself dispatches: on a GPU each is a kernel launch at least (a CPU's foreach
             # ops loop over per-tensor ops inside; those are not launches of their own).
             opt_n += 1
             opt_us += e.cpu_time_total
-    return OpBreakdown(steps, phase_s, cast_us / 1e6, cast_n, opt_n, opt_us / 1e6)
+    return OpBreakdown(steps, phase_s, cast_us / 1e6, cast_n, opt_n, opt_us / 1e6, op_us / 1e6)

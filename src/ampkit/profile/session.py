@@ -262,7 +262,7 @@ class Profiler(StepHook):
             "ops": None if b is None else {
                 "cast_share": b.cast_share, "casts_per_step": b.casts / b.steps if b.steps else 0.0,
                 "optimizer_ops_per_step": b.optimizer_ops_per_step,
-                "optimizer_share": _share(b.optimizer_op_s, sum(b.phase_s.values())), "steps": b.steps,
+                "optimizer_share": _share(b.optimizer_op_s, sum(b.phase_s.values())), "host_share": b.host_share, "steps": b.steps,
             },
             "overhead": overhead,
             "trace": self._trace_path.name if self._trace_path is not None else None,

@@ -157,7 +157,8 @@ def sync_rows(data: dict[str, Any], top: int | None = TOP_SYNCS) -> TableRows:
 
 
 def ops_lines(data: dict[str, Any]) -> list[str]:
-    """The casts' and the optimizer's share of the ops, read from torch.profiler; none where they were not read.
+    """The casts' and the optimizer's share of the ops and the host's own overhead, read from torch.profiler; none
+    where they were not read.
 
     >>> ops_lines({"ops": {"cast_share": 0.08, "casts_per_step": 124, "optimizer_ops_per_step": 15, "optimizer_share": 0.05}})
     ['Casts: 8.0% of forward + backward (124 cast ops per step).', 'Optimizer: 15 ops per step (5.0% of the step).']
@@ -172,6 +173,8 @@ def ops_lines(data: dict[str, Any]) -> list[str]:
     if not is_missing(ops.get("optimizer_ops_per_step")):
         share = f" ({fmt_share(ops['optimizer_share'])} of the step)" if not is_missing(ops.get("optimizer_share")) else ""
         lines.append(f"Optimizer: {fmt_float(ops['optimizer_ops_per_step'])} ops per step{share}.")
+    if not is_missing(ops.get("host_share")):
+        lines.append(f"Host overhead: {fmt_share(ops['host_share'])} of forward, backward and optimizer ran outside any op (Python, module calls, autograd).")
     return lines
 
 

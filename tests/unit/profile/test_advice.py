@@ -87,3 +87,11 @@ def test_fewer_torch_threads_are_advised_beside_the_workers() -> None:
     trials = [_trial("as given", 0.2, 1.0), _trial("num_workers=1, torch_threads=1", 0.1, 2.0, num_workers=1, torch_threads=1)]
     (item,) = advise(_profile(0.6, trials))
     assert item["change"] == "DataLoader(..., num_workers=1) and torch.set_num_threads(1) (the workers need the other cores)"
+
+
+def test_a_host_bound_loop_is_pointed_at_compile_with_the_bench_that_confirms() -> None:
+    ops = {"cast_share": 0.0, "casts_per_step": 0, "optimizer_ops_per_step": 1, "host_share": 0.6}
+    (item,) = advise(_profile(ops=ops), workload_flags="-w gpt ")
+    assert item["topic"] == "host overhead" and "60%" in item["finding"] and "--compile" in item["change"]
+    assert item["confirm"] == "ampkit bench -w gpt --precision bf16-mixed --compile"
+    assert advise(_profile(ops={**ops, "host_share": 0.1})) == []

@@ -57,3 +57,37 @@ def test_a_profile_without_shapes_is_refused_naming_the_flag() -> None:
         engine.step()
     with pytest.raises(ValueError, match="record_shapes=True"):
         op_breakdown(prof)
+
+
+class _SlowPython(nn.Module):
+    """A linear layer whose forward also spends host time outside any op: Python overhead, on purpose."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__()
+        self.linear, self.delay = nn.Linear(512, 512), delay
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.delay:
+            import time
+
+            time.sleep(self.delay)
+        return self.linear(x)
+
+
+def test_host_time_outside_the_ops_is_the_host_share_and_the_ops_time_is_not() -> None:
+    def share(delay: float) -> float:
+        torch.manual_seed(0)
+        engine = Engine(hooks=[PhaseRanges()])
+        model = _SlowPython(delay)
+        model, _ = engine.setup(model, torch.optim.AdamW(model.parameters(), foreach=True))
+        x = torch.randn(1024, 512)
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            for _ in range(3):
+                with engine.autocast():
+                    loss = model(x).pow(2).mean()
+                engine.backward(loss)
+                engine.step()
+        return op_breakdown(prof).host_share
+
+    plain, slow = share(0.0), share(0.05)
+    assert plain < 0.25 and slow > 0.5  # 50 ms of Python per forward against ~10 ms of ops
