@@ -131,7 +131,8 @@ class Profiler(StepHook):
         activities = [torch.profiler.ProfilerActivity.CPU]
         if self.engine.device.type == "cuda":
             activities.append(torch.profiler.ProfilerActivity.CUDA)
-        self._torch_profile = torch.profiler.profile(activities=activities, record_shapes=True)
+        # One profile per window, one cycle each: acc_events only keeps torch 2.11 from warning at its first cycle.
+        self._torch_profile = torch.profiler.profile(activities=activities, record_shapes=True, acc_events=True)
         self._torch_profile.start()
         self._trace_start = time.perf_counter()
 
