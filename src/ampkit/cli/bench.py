@@ -39,7 +39,7 @@ from ..bench.verdict import check_tolerance
 from ..bench.workload import Workload
 from .checks import writable_dir
 from .console import stdout_console
-from .output import write_out
+from ..report.out_dir import write_out
 from .parsers import add_bench as register  # declared apart: `ampkit --help` imports none of this module
 from .workload_args import device_arg, recorded_command, typed_argv, workload_from_args, workload_size
 

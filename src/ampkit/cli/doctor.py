@@ -21,7 +21,7 @@ import torch
 
 from .checks import writable_dir
 from .console import stdout_console
-from .output import write_out
+from ..report.out_dir import write_out
 from .parsers import add_doctor as register  # declared apart: `ampkit --help` imports none of this module
 from .workload_args import device_arg, recorded_command, workload_from_args, workload_size
 

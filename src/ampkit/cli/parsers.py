@@ -59,7 +59,7 @@ def _add_device(p: argparse.ArgumentParser, help: str = _DEVICE_HELP) -> None:
 
 
 def _add_out(p: argparse.ArgumentParser, *, writes: str) -> None:
-    """``--out DIR``: the folder the command ``writes`` its files to (laid out by :func:`ampkit.cli.output.write_out`)."""
+    """``--out DIR``: the folder the command ``writes`` its files to (laid out by :func:`ampkit.report.out_dir.write_out`)."""
     p.add_argument("--out", type=Path, metavar="DIR", help=f"write {writes} here")
 
 

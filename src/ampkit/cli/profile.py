@@ -14,7 +14,6 @@ trials.png and, with ``--trace``, trace.json. Exit code 0, 2 for bad input.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 from typing import Any
 
@@ -26,7 +25,6 @@ from ..bench.workload import Workload
 from ..policy import get_policy
 from .checks import writable_dir
 from .console import stdout_console
-from .output import write_out
 from .parsers import add_profile as register  # declared apart: `ampkit --help` imports none of this module
 from .workload_args import device_arg, recorded_command, workload_from_args
 
@@ -104,13 +102,8 @@ def run(args: argparse.Namespace) -> int:
     )
     render(data, console)
     if args.out is not None:
-        from ..fileio.atomic import write_text_atomic
-        from ..profile.plots import write_plots
-        from ..profile.report import write_report
+        from ..profile.files import save_profile
 
-        def write_json(path: Any) -> Any:
-            return write_text_atomic(path, json.dumps(data, indent=2) + "\n")
-
-        results, report = write_out(args.out, "profile.json", data, write_json=write_json, write_plots=write_plots, write_report=write_report)
+        results, report = save_profile(data, args.out)
         console.print(f"profile.json: {results}, report: {report}")
     return 0

@@ -10,6 +10,7 @@ DataLoader's variants on the loop's own step, :func:`advise` turns a profile int
 """
 
 from .advice import advise
+from .files import save_profile, show_profile
 from .idle import DeviceIdle, device_idle
 from .op_shares import OpBreakdown, PhaseRanges, op_breakdown
 from .phases import PHASES, PhaseTimer, StepPhases
@@ -21,5 +22,5 @@ from .trials import LoaderSettings, Trial, candidate_settings, loader_variant, t
 __all__ = [
     "Profiler", "PHASES", "PhaseTimer", "StepPhases", "SyncFinder", "SyncSite", "PhaseRanges", "OpBreakdown",
     "op_breakdown", "DeviceIdle", "device_idle", "LoaderSettings", "Trial", "candidate_settings", "loader_variant",
-    "try_loader_settings", "advise", "profile_workload", "workload_loader",
+    "try_loader_settings", "advise", "profile_workload", "workload_loader", "save_profile", "show_profile",
 ]

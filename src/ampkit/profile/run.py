@@ -126,16 +126,13 @@ def profile_workload(
     if trials and (given_loader or workload.samples is not None):
         measured = try_loader_settings(loader, micro_step, device, channels_last=workload.channels_last)
     data: dict[str, Any] = {
+        **profiler.result(trials=measured),
         "ampkit_version": __version__,
         "torch": torch.__version__,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device_info": device_info(device),
         "workload": {"name": workload.name, "description": workload.description},
-        "compile": compile is not None and compile is not False,
-        "parameter_tensors": sum(1 for p in model.parameters() if p.requires_grad),
         **(context or {}),
-        **profiler.result(),
-        "trials": [t.to_dict() for t in measured],
     }
     data["device_name"] = data["device_info"].get("name", data["device"])
     flags = context.get("workload_flags", "") if context else ""

@@ -37,17 +37,19 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..training.hooks import StepHook
+from .advice import advise
 from .idle import device_idle
 from .op_shares import PhaseRanges, op_breakdown
 from .phases import PHASES, PhaseTimer
 from .syncs import SyncFinder
+from .trials import Trial
 
 if TYPE_CHECKING:
     from ..training.engine import Engine
@@ -217,9 +219,11 @@ class Profiler(StepHook):
         ends = self._step_ends[first : first + self._steps_in(window) + 1]
         return [b - a for a, b in zip(ends, ends[1:])]
 
-    def result(self) -> dict[str, Any]:
-        """What the windows measured, as the ``profile.json`` dict (:func:`ampkit.profile.run.profile_workload`
-        adds what the command knows besides: the workload, the machine, the trials and the advice)."""
+    def result(self, *, trials: Sequence[Trial] = ()) -> dict[str, Any]:
+        """What the windows measured, with ``trials`` (:func:`~ampkit.profile.trials.try_loader_settings` on this
+        loop's loader and step) and the advice, as the ``profile.json`` dict that
+        :func:`~ampkit.profile.files.save_profile` writes (:func:`~ampkit.profile.run.profile_workload` adds what
+        the command knows besides: the workload and the machine)."""
         if self._window is not None:
             raise RuntimeError("Profiler.result() reads a finished profile: call it after the `with Profiler(...)` block.")
         per_step = self.timer.steps(device_time=self.engine.device.type == "cuda") if self._steps_in("timed") else []
@@ -244,9 +248,10 @@ class Profiler(StepHook):
         plain = overhead["plain_step_s"]
         overhead["ratio"] = overhead["profiled_step_s"] / plain if plain else None
         b = self._breakdown
-        return {
+        data: dict[str, Any] = {
             "device": str(self.engine.device),
             "precision": self.engine.policy.name,
+            "compile": bool(self.engine.compiled),
             "steps": len(rows),
             "step_s": {"median": median, "p10": _quantile(totals, 0.1), "p90": _quantile(totals, 0.9)},
             "phases": phases,
@@ -267,7 +272,11 @@ class Profiler(StepHook):
             },
             "overhead": overhead,
             "trace": self._trace_path.name if self._trace_path is not None else None,
+            "parameter_tensors": sum(1 for m in self.engine.models for q in m.parameters() if q.requires_grad),
+            "trials": [t.to_dict() for t in trials],
         }
+        data["advice"] = advise(data)
+        return data
 
 
 def _share(part: float, whole: float) -> float:

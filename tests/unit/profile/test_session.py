@@ -169,3 +169,31 @@ def test_a_compiled_model_keeps_its_compiled_code_through_the_sync_window() -> N
         engine.step()
     assert any(e.name.startswith("Torch-Compiled Region") for e in prof.events())  # the compiled code still runs
     assert counters["frames"]["ok"] == compiled_frames  # and nothing was compiled again
+
+
+def test_the_api_round_trip_trials_advice_and_files(tmp_path) -> None:
+    from ampkit.profile import LoaderSettings, save_profile, try_loader_settings
+
+    torch.manual_seed(0)
+    engine = Engine()
+    model = nn.Linear(32, 1)
+    model, _ = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    loader = DataLoader(SlowSquares(16 * 40, DELAY), batch_size=16)  # a sleeping dataset: workers overlap it
+
+    def step(x: torch.Tensor) -> None:
+        time.sleep(16 * DELAY)  # as long as the data: a worker hides it whole
+        engine.backward(model(x).pow(2).mean())
+        engine.step()
+
+    with Profiler(engine, warmup=1, plain_steps=1, timed=3, sync_steps=0, trace_steps=0) as profiler:
+        for x in profiler.batches(loader):
+            step(x)
+    trials = try_loader_settings(loader, step, engine.device, settings=[LoaderSettings(num_workers=1)])
+    data = profiler.result(trials=trials)
+    assert [t["name"] for t in data["trials"]] == ["as given", "num_workers=1"] and data["parameter_tensors"] == 2
+    (advice,) = data["advice"]
+    assert advice["topic"] == "input pipeline" and advice["change"] == "DataLoader(..., num_workers=1)"
+    assert data["compile"] is False
+    json_path, report = save_profile(data, tmp_path / "prof")
+    assert json_path.name == "profile.json" and "num\\_workers=1" in report.read_text()
+    assert (tmp_path / "prof" / "trials.png").exists()

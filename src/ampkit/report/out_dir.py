@@ -1,8 +1,9 @@
-"""The ``--out DIR`` folder of bench and doctor: one JSON file of results, PNG figures, and a markdown report
-that embeds them, written in that order so the report links only figures that exist.
+"""The ``--out DIR`` folder of bench, doctor and profile: one JSON file of results, PNG figures, and a markdown
+report that embeds them, written in that order so the report links only figures that exist.
 
 Each tool brings its own writers (:mod:`ampkit.bench` for a bench result, :mod:`ampkit.numerics` for a
-diagnosis); this module only fixes the layout and the order, so the two commands cannot drift apart.
+diagnosis, :mod:`ampkit.profile` for a profile); this module only fixes the layout and the order, so the commands
+(and the profile's Python API) cannot drift apart.
 
     >>> import json, tempfile
     >>> from pathlib import Path
