@@ -4,13 +4,13 @@ A :class:`PhaseTimer` joins an :class:`~ampkit.Engine` as a step hook and stamps
 the forward's start and end (``wrap_forward``), the backward's (``before_backward``/``after_backward``) and the
 optimizer step's (``before_optimizer_step``/``after_optimizer_step``). A step's time splits into
 
-* ``data``: from the end of the previous micro-batch's work to the start of this forward: what the loop did in
-  between, which is fetching the batch (the DataLoader's wait) and any logging;
-* ``copy``: the batch's copy to the device, when the loop reads its batches through :meth:`PhaseTimer.batches`
-  (otherwise it is part of ``data``);
+* ``data``: the wait for the batch (the DataLoader's). A loop that reads its batches through
+  :meth:`PhaseTimer.batches` has it timed alone; otherwise it is all the time from the end of the previous
+  micro-batch's work to the start of this forward, the loop's own code in between included;
+* ``copy``: the batch's copy to the device (read through :meth:`PhaseTimer.batches`; otherwise part of ``data``);
 * ``forward``, ``backward``, ``optimizer``: inside the engine's calls;
-* ``other``: the rest (the loss computed outside the engine's autocast context, the engine's unscale and
-  overflow check before the optimizer hooks, the user's code between backward and step).
+* ``other``: the rest: the loop's own code (logging, a read-back, the loss computed outside the engine's autocast
+  context, code between backward and step) and the engine's unscale and overflow check before the optimizer hooks.
 
 On the CPU every op runs before the call returns, so host stamps are the phases' times. On CUDA the host only
 queues kernels: the timer also records a CUDA event at each stamp (no synchronisation in the step) and reads the
@@ -108,7 +108,14 @@ class PhaseTimer(StepHook):
         """
         device = torch.device(device)
         event = device.type == "cuda"
-        for batch in loader:
+        batches = iter(loader)
+        while True:
+            # The loop asks for its next batch here: what it did since the step (logging, a read-back) is its own.
+            self._stamp("fetching", event)
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
             self._stamp("fetched", event)
             on_device = to_device(batch, device, channels_last, non_blocking=non_blocking)
             self._stamp("copied", event)
@@ -177,8 +184,10 @@ class PhaseTimer(StepHook):
 def _phase_between(before: str, after: str) -> str:
     if before == "fetched" and after == "copied":
         return "copy"
-    if after in ("fetched", "forward_start"):
+    if before == "fetching" and after == "fetched":
         return "data"
+    if after == "forward_start" and before not in ("fetched", "copied"):
+        return "data"  # a loop that does not read through batches(): its wait and its own code are one
     if before == "forward_start" and after == "forward_end":
         return "forward"
     if before == "backward_start" and after == "backward_end":

@@ -35,12 +35,12 @@ __all__ = [
 ]  # fmt: skip
 
 PHASE_MEANINGS = {
-    "data": "waiting for the next batch (DataLoader, loop code)",
+    "data": "waiting for the next batch (the DataLoader)",
     "copy": "host-to-device copy of the batch",
     "forward": "the forward pass",
     "backward": "the backward pass",
     "optimizer": "the optimizer step (unscale, clip, update)",
-    "other": "the rest (loss outside autocast, code between backward and step)",
+    "other": "the loop's own code (logging, read-backs, loss outside autocast) and the rest",
 }
 """The "what it is" of each phase; a phase not named here is shown without one."""
 TOP_SYNCS = 5

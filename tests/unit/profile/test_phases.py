@@ -70,3 +70,49 @@ def test_a_window_of_micro_batches_is_one_step() -> None:
 def test_device_time_needs_a_cuda_run() -> None:
     with pytest.raises(ValueError, match="CUDA run"):
         _loop(2).steps(device_time=True)
+
+
+def test_fed_through_batches_the_loaders_wait_is_data_and_the_loops_own_code_is_other() -> None:
+    def run(*, loader_delay: float, loop_delay: float) -> PhaseTimer:
+        timer = PhaseTimer()
+        engine = Engine(hooks=[timer])
+        model = nn.Linear(64, 1)
+        model, _ = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+
+        def loader():
+            for _ in range(6):
+                time.sleep(loader_delay)  # the DataLoader's wait
+                yield torch.randn(32, 64)
+
+        for x in timer.batches(loader(), "cpu"):
+            with engine.autocast():
+                loss = model(x).pow(2).mean()
+            engine.backward(loss)
+            engine.step()
+            time.sleep(loop_delay)  # the loop's own code after the step: logging, a read-back
+        return timer
+
+    plain, late, busy = run(loader_delay=0, loop_delay=0), run(loader_delay=DELAY, loop_delay=0), run(loader_delay=0, loop_delay=DELAY)
+    assert _median(late, "data") - _median(plain, "data") == pytest.approx(DELAY, abs=0.4 * DELAY)
+    assert abs(_median(late, "other") - _median(plain, "other")) < 0.3 * DELAY
+    assert _median(busy, "other") - _median(plain, "other") == pytest.approx(DELAY, abs=0.4 * DELAY)
+    assert abs(_median(busy, "data") - _median(plain, "data")) < 0.3 * DELAY
+
+
+def test_the_copy_is_its_own_phase(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ampkit.profile import phases
+
+    def slow_copy(batch, device, channels_last=False, *, non_blocking=False):
+        time.sleep(DELAY)  # a copy that takes time, as a host-to-device copy of a large batch does
+        return batch
+
+    monkeypatch.setattr(phases, "to_device", slow_copy)
+    timer = PhaseTimer()
+    engine = Engine(hooks=[timer])
+    model = nn.Linear(8, 1)
+    model, _ = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    for x in timer.batches([torch.ones(2, 8)] * 5, "cpu"):
+        engine.backward(model(x).sum())  # no autocast: the phase up to the backward is "other"
+        engine.step()
+    assert _median(timer, "copy") == pytest.approx(DELAY, abs=0.4 * DELAY)
+    assert _median(timer, "data") < 0.3 * DELAY
