@@ -48,6 +48,17 @@ def run(*args: str) -> str:
     return done.stdout
 
 
+def test_profile_example_finds_its_read_back_and_times_the_loader(tmp_path: Path) -> None:
+    out = tmp_path / "prof"
+    printed = run("examples/profile_my_loop.py", "--samples", "1280", "--work", "2", "--timed", "4", "--out", str(out))
+    data = json.loads((out / "profile.json").read_text())
+    (site,) = data["syncs"]["sites"]
+    assert "examples/profile_my_loop.py:" in site["where"] and "loss.item()" in site["code"] and site["per_step"] == 1
+    assert data["trials"][0]["name"] == "as given" and len(data["trials"]) > 1
+    assert any(a["topic"] == "host syncs" for a in data["advice"]) and "Advice:" in printed
+    assert (out / "report.md").exists() and (out / "trace.json").exists()
+
+
 def test_example_trains_and_resumes(tmp_path: Path) -> None:
     pytest.importorskip("sklearn", reason="Requires: scikit-learn (pip install -e '.[examples]')")
     ckpt = str(tmp_path / "digits.pt")
