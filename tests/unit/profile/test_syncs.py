@@ -57,3 +57,16 @@ def test_a_librarys_own_reads_are_not_the_loops() -> None:
     with SyncFinder() as finder:
         opt.step()
     assert finder.total == 0
+
+
+def test_on_cuda_a_sync_warning_is_counted_at_the_line_and_other_warnings_still_shown() -> None:
+    # The CUDA path's routing, without a GPU: torch.cuda.set_sync_debug_mode("warn") reports each sync as this
+    # warning, shown from the frame of the op that synced (test_cuda_paths.py runs it for real on a GPU).
+    finder = SyncFinder("cuda")
+    shown: list[str] = []
+    report = lambda message, category, *rest: shown.append(str(message))  # noqa: E731
+    finder._cuda_warning(report, UserWarning("called a synchronizing CUDA operation"), UserWarning, "x.py", 1)  # the line
+    finder._cuda_warning(report, UserWarning("something else"), UserWarning, "x.py", 1)
+    (site,) = finder.sites()
+    assert site.op == "cuda sync" and site.where.startswith(f"{__file__}:") and site.code.endswith("# the line")
+    assert shown == ["something else"]
