@@ -23,25 +23,11 @@ from .checks import writable_dir
 from .console import stdout_console
 from ..report.out_dir import write_out
 from .parsers import add_doctor as register  # declared apart: `ampkit --help` imports none of this module
-from .workload_args import device_arg, recorded_command, workload_from_args, workload_size
+from .workload_args import compile_arg, device_arg, recorded_command, workload_from_args, workload_size
 
 __all__ = ["register", "run"]
 
 log = logging.getLogger("ampkit")
-
-
-def _compile_spec(args: argparse.Namespace) -> bool | str | dict[str, object] | None:
-    """``Engine(compile=...)``'s argument from ``--compile`` and ``--compile-backend``; None without ``--compile``."""
-    if args.compile is None:
-        if args.compile_backend is not None:
-            raise ValueError(f"--compile-backend {args.compile_backend} without --compile: add --compile (or --compile regional).")
-        return None
-    if args.compile_backend is None:
-        return True if args.compile == "model" else "regional"
-    known = torch.compiler.list_backends(exclude_tags=())  # aot_eager and eager are tagged debug: listed too
-    if args.compile_backend not in known:
-        raise ValueError(f"--compile-backend {args.compile_backend} is not a torch.compile backend; pick one of {', '.join(known)}.")
-    return {"backend": args.compile_backend, "regional": args.compile == "regional"}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -51,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     from ..policy import get_policy
 
     writable_dir(args.out, "--out")
-    compile = _compile_spec(args)  # bad flags are refused before the workload is built
+    compile = compile_arg(args.compile, args.compile_backend)  # bad flags are refused before the workload is built
     device = device_arg(args.device, command="doctor")
     if args.precision is not None:
         get_policy(args.precision).check_device(device)

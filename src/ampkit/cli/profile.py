@@ -26,7 +26,7 @@ from ..policy import get_policy
 from .checks import writable_dir
 from .console import stdout_console
 from .parsers import add_profile as register  # declared apart: `ampkit --help` imports none of this module
-from .workload_args import device_arg, recorded_command, workload_from_args
+from .workload_args import compile_arg, device_arg, recorded_command, workload_from_args
 
 __all__ = ["register", "run", "DEFAULT_WORKLOAD"]
 
@@ -72,13 +72,11 @@ def run(args: argparse.Namespace) -> int:
     """Profile the workload the arguments describe; print the table; write the files asked for."""
     from ..profile.run import profile_workload
     from ..profile.table import render
-    from .doctor import _compile_spec
 
     writable_dir(args.out, "--out")
     if args.trace and args.out is None:
         raise ValueError("--trace writes trace.json into --out DIR: add --out DIR.")
-    args.compile_backend = None
-    compile = _compile_spec(args)
+    compile = compile_arg(args.compile)
     device = device_arg(args.device, command="profile")
     precision = _precision(args, device)
     size = default_size(device) if args.size == "auto" else args.size

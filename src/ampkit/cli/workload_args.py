@@ -23,7 +23,7 @@ from ..bench.defaults import default_device, default_size, default_workload
 from ..bench.workload import Workload
 from ..policy.device import as_device
 
-__all__ = ["device_arg", "workload_size", "workload_from_args", "typed_argv", "recorded_command"]
+__all__ = ["device_arg", "compile_arg", "workload_size", "workload_from_args", "typed_argv", "recorded_command"]
 
 
 def device_arg(text: str | None, *, command: str, predicts: bool = False) -> torch.device:
@@ -50,6 +50,25 @@ def device_arg(text: str | None, *, command: str, predicts: bool = False) -> tor
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"--device {text}: ampkit {command} {'predicts for' if predicts else 'runs on'} cpu or cuda.")
     return device
+
+
+def compile_arg(compile: str | None, backend: str | None = None) -> bool | str | dict[str, object] | None:
+    """``Engine(compile=...)``'s argument from ``--compile`` (``model``/``regional``) and ``--compile-backend``;
+    None without ``--compile``. Raises ValueError naming the fix.
+
+    >>> compile_arg("regional"), compile_arg(None), compile_arg("model", "eager")
+    ('regional', None, {'backend': 'eager', 'regional': False})
+    """
+    if compile is None:
+        if backend is not None:
+            raise ValueError(f"--compile-backend {backend} without --compile: add --compile (or --compile regional).")
+        return None
+    if backend is None:
+        return True if compile == "model" else "regional"
+    known = torch.compiler.list_backends(exclude_tags=())  # aot_eager and eager are tagged debug: listed too
+    if backend not in known:
+        raise ValueError(f"--compile-backend {backend} is not a torch.compile backend; pick one of {', '.join(known)}.")
+    return {"backend": backend, "regional": compile == "regional"}
 
 
 def workload_size(args: argparse.Namespace, device: torch.device) -> str:

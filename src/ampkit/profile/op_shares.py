@@ -29,6 +29,7 @@ the loop can say which phase each op ran in. :func:`op_breakdown` reads such a p
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
@@ -128,8 +129,24 @@ def _ancestors(event: Any) -> Iterator[Any]:
         parent = parent.cpu_parent
 
 
-def _phase_of(event: Any) -> str | None:
-    return next((p.name[len(RANGE_PREFIX):] for p in _ancestors(event) if p.name.startswith(RANGE_PREFIX)), None)
+class _PhaseSpans:
+    """The phase ranges' spans, sorted: an op's phase is the span its start falls in. By time, not by parent:
+    on CUDA the backward's ops run on the autograd engine's device thread, outside the range the main thread
+    opened, and would otherwise belong to no phase."""
+
+    def __init__(self, events: Any) -> None:
+        spans = sorted(
+            (e.time_range.start, e.time_range.end, e.name[len(RANGE_PREFIX):]) for e in events if e.name.startswith(RANGE_PREFIX)
+        )
+        self.starts = [start for start, _, _ in spans]
+        self.spans = spans
+
+    def phase_of(self, event: Any) -> str | None:
+        at = event.time_range.start
+        i = bisect.bisect_right(self.starts, at) - 1
+        if i >= 0 and at <= self.spans[i][1]:
+            return self.spans[i][2]
+        return None
 
 
 def op_breakdown(prof: torch.profiler.profile) -> OpBreakdown:
@@ -138,6 +155,7 @@ def op_breakdown(prof: torch.profiler.profile) -> OpBreakdown:
     casts = [e for e in events if e.name == _CAST]
     if casts and not any(e.input_shapes for e in casts):
         raise ValueError("op_breakdown() tells a cast of a tensor from a scalar's by its shape: profile with record_shapes=True.")
+    spans = _PhaseSpans(events)
     phase_s: dict[str, float] = {}
     steps = cast_n = opt_n = 0
     cast_us = opt_us = op_us = 0.0
@@ -147,7 +165,7 @@ def op_breakdown(prof: torch.profiler.profile) -> OpBreakdown:
             phase_s[phase] = phase_s.get(phase, 0.0) + e.cpu_time_total / 1e6
             steps += phase == "optimizer"
             continue
-        phase = _phase_of(e)
+        phase = spans.phase_of(e)
         outermost = e.name.startswith("aten::") and not any(p.name.startswith("aten::") for p in _ancestors(e))
         if phase is not None and outermost:
             op_us += e.cpu_time_total

@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import datetime
 import itertools
-import logging
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,8 +30,6 @@ from .session import Profiler
 from .trials import try_loader_settings
 
 __all__ = ["profile_workload", "workload_loader"]
-
-log = logging.getLogger("ampkit")
 
 
 class _Batches(Dataset[Batch]):

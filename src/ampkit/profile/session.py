@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..bench.timing import summarize
 from ..training.hooks import StepHook
 from .advice import advise
 from .idle import device_idle
@@ -235,7 +236,6 @@ class Profiler(StepHook):
             )
         rows = [{**s.phases, "total": s.total} for s in per_step]
         totals = [r["total"] for r in rows]
-        median = statistics.median(totals)
         medians = {p: statistics.median(r[p] for r in rows) for p in PHASES}
         # Shares of the typical step, so they agree with the medians shown beside them (a sum over steps would
         # let one slow step, a collection or a neighbour's burst on a shared machine, set every share).
@@ -253,7 +253,7 @@ class Profiler(StepHook):
             "precision": self.engine.policy.name,
             "compile": bool(self.engine.compiled),
             "steps": len(rows),
-            "step_s": {"median": median, "p10": _quantile(totals, 0.1), "p90": _quantile(totals, 0.9)},
+            "step_s": summarize(totals),
             "phases": phases,
             "per_step": rows,
             "device_idle": self._idle.to_dict() if self._idle is not None else None,
@@ -281,9 +281,3 @@ class Profiler(StepHook):
 
 def _share(part: float, whole: float) -> float:
     return part / whole if whole > 0 else 0.0
-
-
-def _quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-

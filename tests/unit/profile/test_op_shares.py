@@ -91,3 +91,21 @@ def test_host_time_outside_the_ops_is_the_host_share_and_the_ops_time_is_not() -
 
     plain, slow = share(0.0), share(0.05)
     assert plain < 0.25 and slow > 0.5  # 50 ms of Python per forward against ~10 ms of ops
+
+
+def test_an_op_with_no_parent_counts_in_the_phase_its_time_falls_in() -> None:
+    # On CUDA the backward's ops run on the autograd engine's device thread: their parents are not the range the
+    # main thread opened. They must still count in the phase whose span their start falls in.
+    from types import SimpleNamespace
+
+    def event(name: str, start: float, end: float, shapes: list | None = None) -> SimpleNamespace:
+        return SimpleNamespace(name=name, time_range=SimpleNamespace(start=start, end=end), cpu_parent=None,
+                               cpu_time_total=end - start, input_shapes=shapes or [])
+
+    events = [
+        event("ampkit::forward", 0, 100), event("ampkit::backward", 100, 300), event("ampkit::optimizer", 300, 320),
+        event("aten::_to_copy", 150, 190, [[16, 64], []]),  # on the device thread, inside the backward's span
+        event("aten::_to_copy", 400, 410, [[16, 64], []]),  # after every phase: none of theirs
+    ]
+    b = op_breakdown(SimpleNamespace(events=lambda: events))
+    assert b.casts == 1 and b.cast_s == 40e-6 and b.op_s == 40e-6
