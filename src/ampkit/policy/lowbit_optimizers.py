@@ -176,10 +176,9 @@ def _sgd_groups(method: LowbitMethod, opt: torch.optim.Optimizer) -> list[dict[s
 
 
 def _optimi(cls: Any, groups: list[dict[str, Any]], lib: ModuleType) -> torch.optim.Optimizer:
-    # optimi picks Triton where it can; elsewhere, unless told foreach=True, it loops over the tensors in Python.
-    # foreach=True warns that Triton is preferred, which these weights cannot use: the warning has no fix here.
-    speed = {} if lib.utils.HAS_TRITON and all(p.is_cuda for g in groups for p in g["params"]) else {"foreach": True}
+    speed = _optimi_kernels([p for g in groups for p in g["params"]], lib)
     with warnings.catch_warnings():
+        # foreach=True (an accelerator without Triton) warns that Triton is preferred, which these weights cannot use.
         warnings.filterwarnings("ignore", message="Parameter `foreach` is deprecated", category=DeprecationWarning)
         twin = cls(groups, lr=groups[0]["lr"], kahan_sum=True, **speed)
     # optimi's Adam adds its step counter to each group on the first step; a checkpoint loaded before then would
@@ -189,6 +188,25 @@ def _optimi(cls: Any, groups: list[dict[str, Any]], lib: ModuleType) -> torch.op
         for group in twin.param_groups:
             group.setdefault("step", torch.tensor(0, dtype=torch.int32))
     return twin
+
+
+def _optimi_kernels(params: list[torch.Tensor], lib: ModuleType) -> dict[str, bool]:
+    """Which of optimi's implementations steps ``params``: the fastest that computes optimi's arithmetic on their device.
+
+    - CUDA with Triton: optimi's default, one fused Triton kernel per tensor (each value read and written once,
+      the arithmetic in fp32 between loads and stores).
+    - Another accelerator: ``foreach=True``, a dozen multi-tensor launches instead of a dozen launches per tensor.
+    - The CPU: the for-loop (optimi's own CPU default, which ampkit used to override with foreach). A CPU foreach op
+      is a loop of per-tensor ops anyway, and torch's CPU ``_foreach_mul_`` rounds its scalar to the tensors'
+      dtype (torch 2.13): with bf16 weights, optimi's foreach path multiplied by a decay factor of 0.98828125 for
+      0.99, and by beta2 rounded alike. The for-loop's per-tensor ``mul_`` keeps them in fp32, and it runs all of
+      one tensor's ops while that tensor is in cache (benchmarks/lowbit_step.py).
+    """
+    if all(p.is_cuda for p in params) and lib.utils.HAS_TRITON:
+        return {}
+    if any(p.device.type == "cpu" for p in params):
+        return {"foreach": False, "triton": False}
+    return {"foreach": True}
 
 
 def _already(method: LowbitMethod, opt: torch.optim.Optimizer) -> bool | None:

@@ -69,6 +69,19 @@ def test_the_sr_twin_steps_fp32_weights_as_the_torch_optimizer_does(kind: str) -
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
 
 
+def test_on_the_cpu_the_kahan_twin_decays_bf16_weights_by_the_fp32_factor() -> None:
+    # optimi's foreach path multiplies by the decay factor (1 - lr * wd) and by beta2 through torch._foreach_mul_,
+    # which on the CPU rounds the scalar to the tensors' dtype (torch 2.13): 0.99 becomes 0.98828125 for bf16 weights.
+    # The twin runs optimi's for-loop there, whose per-tensor mul_ keeps the factor in fp32, as the Triton kernel does.
+    weights = torch.tensor([1.5, -2.25, 3.0, 0.7], dtype=torch.bfloat16)
+    param = nn.Parameter(weights.clone())
+    twin = lowbit_twin(torch.optim.AdamW([param], lr=0.1, weight_decay=0.1), "kahan")
+    assert twin.param_groups[0]["foreach"] is False
+    param.grad = torch.zeros_like(param)  # no Adam update: the step is the decay alone
+    twin.step()
+    assert torch.equal(param.detach(), (weights.float() * (1 - 0.1 * 0.1)).bfloat16())
+
+
 def test_settings_of_each_group_are_carried_over() -> None:
     twin = lowbit_twin(KAHAN_KINDS["adamw"](_groups(_params())), "kahan")
     first, second = twin.param_groups
