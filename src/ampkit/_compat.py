@@ -281,6 +281,21 @@ def set_step_supports_amp_scaling(optimizer: torch.optim.Optimizer, value: bool)
     optimizer._step_supports_amp_scaling = value  # type: ignore[attr-defined]
 
 
+def compile_errors() -> tuple[type[BaseException], ...]:
+    """The exceptions torch.compile raises when it cannot trace or compile a function (dynamo's private base class).
+
+    Tracing, the backend and inductor's C++/Triton builds all raise subclasses of it (an unsupported construct, a
+    failed compiler), before the compiled code has run; errors of the running code itself (an out-of-memory error)
+    are not among them.
+
+    >>> issubclass(compile_errors()[0], RuntimeError)
+    True
+    """
+    from torch._dynamo.exc import TorchDynamoException
+
+    return (TorchDynamoException,)
+
+
 def optimizer_has_step_hooks(optimizer: torch.optim.Optimizer) -> bool:
     """Whether a step pre- or post-hook applies to ``optimizer`` (its own or a global one; private dicts since 2.0).
 

@@ -6,7 +6,9 @@ carries what rounding dropped into the next step); ``bf16-true-sr`` with torchao
 updates land on average). Both libraries' steps are the torch optimizers' arithmetic, reordered, so a plain
 ``torch.optim.AdamW`` is rebuilt as its twin over the same groups with the same settings; only settings with
 an exact equivalent are mapped, the rest are refused, naming the fix. Nothing here is written that the
-libraries provide: this module only translates settings and checks that the translation is exact.
+libraries provide: this module translates settings, checks that the translation is exact, and gives the engine
+torchao's step in a form torch.compile can trace as one region (:func:`region_step`; torchao's own step compiles
+one call per parameter, see there).
 
 The libraries are optional (``pip install 'ampkit[lowbit]'``) and imported only when such a policy is set up.
 
@@ -22,17 +24,18 @@ The libraries are optional (``pip install 'ampkit[lowbit]'``) and imported only 
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import importlib.util
 import logging
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any, Literal
 
 import torch
 
-__all__ = ["LowbitMethod", "lowbit_twin", "missing_library", "quiet_library_logs", "EXTRA"]
+__all__ = ["LowbitMethod", "lowbit_twin", "region_step", "missing_library", "quiet_library_logs", "EXTRA"]
 
 LowbitMethod = Literal["kahan", "sr"]
 
@@ -207,6 +210,53 @@ def _optimi_kernels(params: list[torch.Tensor], lib: ModuleType) -> dict[str, bo
     if any(p.device.type == "cpu" for p in params):
         return {"foreach": False, "triton": False}
     return {"foreach": True}
+
+
+def region_step(opt: torch.optim.Optimizer) -> Callable[[torch.optim.Optimizer], None] | None:
+    """The function torch.compile traces as one region in place of ``opt.step()``, or None where ``opt``'s own step
+    is already its library's fast path.
+
+    torchao's ``_AdamW.step`` calls ``torch.compile(single_param_adam, fullgraph=True, dynamic=False)`` once per
+    parameter, from a Python loop: every step builds a compile wrapper and checks its guards once per tensor (and
+    it compiles once per distinct shape), so a 76-tensor GPT pays 76 dispatches of a compiled function per step.
+    Its loop runs inside ``torch._dynamo.utils.disable_cache_limit()``, a context manager dynamo cannot trace, so
+    the step itself cannot be compiled whole. The function returned is that loop without the two: torchao's own
+    ``single_param_adam`` (its fp32 update and its stochastic rounding, ``_fp32_to_bf16_sr``) for every parameter,
+    on torchao's state, so that a single compiled call updates them all. optimi's optimizers get None: their step
+    runs optimi's fused Triton kernels on CUDA (see :func:`_optimi_kernels`).
+
+    >>> region_step(torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))])) is None
+    True
+    """
+    if not type(opt).__module__.startswith("torchao."):
+        return None
+    adam = importlib.import_module("torchao.optim.adam")
+    # _AdamW only: the quantized Adams keep their moments in tensor subclasses, which torchao compiles as it must.
+    if not isinstance(opt, adam._AdamW):
+        return None
+    return functools.partial(_torchao_adam_step, adam.single_param_adam)
+
+
+def _torchao_adam_step(single_param_adam: Callable[..., None], opt: Any) -> None:
+    """torchao's ``_AdamBase.step`` (0.17, 0.18) line for line, less its per-parameter ``torch.compile`` and
+    ``disable_cache_limit``; run under no_grad. The caller checks what torchao checks first (a tensor ``lr``)."""
+    for group in opt.param_groups:
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            state = opt.state[p]
+            if len(state) == 0:  # a parameter without state yet (its first gradient came late): torchao's own start
+                state["step"] = torch.tensor(0.0)
+                state["exp_avg"] = opt._new_buffer(p, True)
+                state["exp_avg_sq"] = opt._new_buffer(p, False)
+                if group["amsgrad"]:
+                    state["max_exp_avg_sq"] = opt._new_buffer(p, False)
+            state["step"] += 1
+            single_param_adam(
+                p.detach(), p.grad, state["step"], state["exp_avg"], state["exp_avg_sq"], state.get("max_exp_avg_sq", None),
+                group["lr"], group["betas"][0], group["betas"][1], group["weight_decay"], group["eps"],
+                opt.is_adamw, opt.bf16_stochastic_round and p.dtype is torch.bfloat16,
+            )
 
 
 def _already(method: LowbitMethod, opt: torch.optim.Optimizer) -> bool | None:

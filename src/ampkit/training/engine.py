@@ -35,6 +35,7 @@ from .masters import MasterWeights
 from .model_setup import prepare_models
 from .optimizer_step import optimizer_step, resolve_outcome
 from .compile import apply_compile, check_compile_plan, compile_plan, unwrap_user_compiled
+from .fused_library_step import FusedLibraryStep, build_library_step, check_library_step
 from .fused_master_step import FusedMasterStep, build_fused_step, check_fused_step, check_fused_step_spec
 from .step_state import StepState
 
@@ -75,10 +76,12 @@ class Engine:
             :mod:`ampkit.training.compile`). In place: checkpoint keys stay plain. A model the user compiled
             before setup is recognised: the engine trains the module inside it and compiles that in place.
             Default: off.
-        fused_step: master-weight policies only: the unscale, inf check, clipping, fp32 update and 16-bit
+        fused_step: master-weight policies: the unscale, inf check, clipping, fp32 update and 16-bit
             copy-back as one compiled region (see :mod:`ampkit.training.fused_master_step`). Default: on when
             ``compile`` is, where the optimizer allows; ``True`` (or a dict of torch.compile options) insists,
-            ``False`` keeps the unfused step.
+            ``False`` keeps the unfused step. ``bf16-true-sr``: torchao's update of every parameter as one
+            compiled region instead of one compiled call per parameter (see
+            :mod:`ampkit.training.fused_library_step`). Default: on; ``False`` keeps torchao's own step.
 
     >>> model = nn.Linear(4, 1); opt = torch.optim.SGD(model.parameters(), lr=0.1)
     >>> engine = Engine(precision="bf16-mixed", accumulate=2)
@@ -129,6 +132,7 @@ class Engine:
         check_fused_step_spec(fused_step)
         self._fused_step_spec = fused_step
         self.fused_step: FusedMasterStep | None = None  # built at setup, where the policy keeps masters
+        self.library_step: FusedLibraryStep | None = None  # built at setup, where a library optimizer steps (bf16-true-sr)
 
         self.device = torch.device("cpu")
         self.models: list[nn.Module] = []  # the modules themselves (inside any DDP wrapper): names, state, params
@@ -156,7 +160,11 @@ class Engine:
         given, plan = unwrap_user_compiled(check_setup_args(models, optimizers), self.compile_plan)
         optimizers = tuple(self.policy.convert_optimizers(optimizers))  # bf16-true-kahan/-sr: the libraries' twins
         check_compile_plan(given, plan)  # before the policy and the strategy change the models
-        check_fused_step(self._fused_step_spec, optimizers, self.policy.master_weights, remainders=self.policy.master_remainders)
+        library = not self.policy.master_weights  # no master step to fuse: the library's step may be (bf16-true-sr's)
+        if library:
+            check_library_step(self._fused_step_spec, optimizers)
+        else:
+            check_fused_step(self._fused_step_spec, optimizers, self.policy.master_weights, remainders=self.policy.master_remainders)
         prepared = prepare_models(given, optimizers, self.policy, self.strategy)
         self.strategy, self._parallel, self.device = prepared.strategy, prepared.parallel, prepared.device
         self.masters, self.wrappers, self._named = prepared.masters, prepared.wrappers, prepared.named
@@ -173,7 +181,11 @@ class Engine:
         self.schedulers = adopt_schedulers(schedulers, optimizers)
         # FSDP's ranks each check their own shards; the fused step does not combine their flags.
         sharded = "each rank's overflow flag must be combined with the others' (FSDP)" if self.reduce_found_flags else None
-        self.fused_step = build_fused_step(self._fused_step_spec, plan.options if plan is not None else None, optimizers, self.masters, sharded)
+        compile_options = plan.options if plan is not None else None
+        if library:
+            self.library_step = build_library_step(self._fused_step_spec, compile_options, optimizers, self.device)
+        else:
+            self.fused_step = build_fused_step(self._fused_step_spec, compile_options, optimizers, self.masters, sharded)
         if self.scaler is not None:
             self.scaler.to(self.device)
         self._state.skipped = torch.zeros((), dtype=torch.int64, device=self.device)

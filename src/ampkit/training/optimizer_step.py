@@ -91,7 +91,10 @@ def optimizer_step(engine: Engine, opts: list[torch.optim.Optimizer]) -> None:
             finally:
                 del opt.grad_scale, opt.found_inf  # type: ignore[attr-defined]
         elif host_found is None or not host_found[i]:
-            opt.step()
+            if engine.library_step is not None:
+                engine.library_step.step(opt)  # bf16-true-sr: torchao's update of every parameter as one compiled region
+            else:
+                opt.step()
     _finish(engine, opts, found, host_found, late_collapse, copied_back=False)
 
 

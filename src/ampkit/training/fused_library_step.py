@@ -1,0 +1,167 @@
+"""The library optimizer's step as one compiled region: torchao's stochastically rounded AdamW over every parameter.
+
+``bf16-true-sr`` steps with torchao's ``_AdamW``, whose ``step`` compiles ``single_param_adam`` and calls it once per
+parameter from a Python loop: per step, a compile wrapper built and its guards checked for each tensor, one
+compiled call each (on a GPU, launches from 76 separate calls for a 76-tensor GPT; on the H200 that step made
+``bf16-true-sr`` slower than fp32). Here the same update - torchao's code, through
+:func:`ampkit.policy.lowbit_optimizers.region_step` - is traced once over all parameters, as the master-weight
+step is in :mod:`ampkit.training.fused_master_step`, and from the same pieces:
+
+- **Its own code object** (:func:`ampkit._compat.own_code`), so each engine's region has a compile cache of its own.
+- **The first step unfused.** torchao builds its state (moments, step counts) in its first step; it runs eagerly
+  (``torch.compiler.set_stance("force_eager")``), so torchao's per-shape compiles are not paid on top of the region's.
+- **No recompilation when the learning rate changes.** torchao keeps each group's ``lr`` as a 0-d tensor, which
+  schedulers fill in place: the region reads it as an input, as the master step reads the 0-d tensors it makes.
+
+What differs from the master step: the region replaces only ``optimizer.step()``, so skipping, clipping and loss
+scaling stay where they are (:mod:`ampkit.training.optimizer_step`), and a region that cannot be compiled (an
+unsupported torch, a failed C++ or Triton build) logs one warning and leaves the optimizer on its own step: a
+region ampkit chose to compile never stops a run.
+
+Random bits: on a GPU, inductor draws the stochastic rounding's bits inside the fused kernel (philox, seeded from
+torch's generator), as in torchao's own compiled step. On the CPU, inductor's in-kernel generator is a scalar loop,
+1.7x slower than aten's ``randint`` on gpt small (benchmarks/lowbit_step.py), so the region calls aten's
+(``fallback_random``): the same bits torchao's step would draw under eager execution. Either way the bits come
+from torch's generator, which checkpoints save: a resumed run rounds as the uninterrupted one.
+
+    >>> import ampkit
+    >>> from torch import nn
+    >>> from ampkit.policy.lowbit_optimizers import missing_library
+    >>> def compiled_steps(steps: int) -> int:
+    ...     model = nn.Linear(8, 8)
+    ...     engine = ampkit.Engine("bf16-true-sr", fused_step={"backend": "aot_eager"})  # inductor by default
+    ...     model, opt = engine.setup(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+    ...     for _ in range(steps):
+    ...         engine.backward(model(torch.randn(4, 8, dtype=torch.bfloat16)).float().square().mean()); _ = engine.step()
+    ...     return engine.library_step.calls
+    >>> compiled_steps(3) if missing_library("sr") is None else 2  # the first step builds torchao's state unfused
+    2
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from .._compat import compile_errors, optimizer_has_step_hooks, own_code
+from ..errors import one_line
+from ..policy.lowbit_optimizers import region_step
+
+__all__ = ["FusedLibraryStep", "uses_library_step", "library_step_problem", "check_library_step", "build_library_step"]
+
+log = logging.getLogger("ampkit")
+
+
+def uses_library_step(optimizers: Sequence[torch.optim.Optimizer]) -> bool:
+    """Whether any of the optimizers has a library step to compile (torchao's ``_AdamW``, under ``bf16-true-sr``).
+
+    >>> from torch import nn
+    >>> uses_library_step([torch.optim.AdamW(nn.Linear(1, 1).parameters())])
+    False
+    """
+    return any(region_step(opt) is not None for opt in optimizers)
+
+
+def library_step_problem(optimizers: Sequence[torch.optim.Optimizer]) -> str | None:
+    """Why the optimizers' library step cannot run as one compiled region, naming the fix; None when it can.
+
+    >>> from torch import nn
+    >>> print(library_step_problem([torch.optim.AdamW(nn.Linear(1, 1).parameters())]))
+    only the master-weight policies ('bf16-true-masters', '16-true-masters') have a master step to fuse, and 'bf16-true-sr' a library step (bf16-true-kahan's optimi runs its own fused kernels); use fused_step=False
+    """
+    if not uses_library_step(optimizers):
+        return ("only the master-weight policies ('bf16-true-masters', '16-true-masters') have a master step to fuse, and 'bf16-true-sr' "
+                "a library step (bf16-true-kahan's optimi runs its own fused kernels); use fused_step=False")
+    for opt in optimizers:
+        if optimizer_has_step_hooks(opt):
+            return f"{type(opt).__name__} has step hooks, which the compiled step would bypass; remove them or use fused_step=False"
+    return None
+
+
+def _maker(opt: torch.optim.Optimizer) -> str:
+    return type(opt).__module__.split(".")[0]
+
+
+def check_library_step(spec: bool | dict[str, Any] | None, optimizers: Sequence[torch.optim.Optimizer]) -> None:
+    """Refuse, before setup changes anything, a compiled library step that is insisted on and cannot run."""
+    if spec is True or isinstance(spec, dict):
+        problem = library_step_problem(optimizers)
+        if problem is not None:
+            raise ValueError(f"fused_step: {problem}.")
+
+
+def build_library_step(
+    spec: bool | dict[str, Any] | None, compile_options: dict[str, Any] | None, optimizers: Sequence[torch.optim.Optimizer], device: torch.device
+) -> FusedLibraryStep | None:
+    """The compiled library step ``Engine(fused_step=spec)`` asks for at setup, or None for the library's own step.
+
+    ``spec=None`` turns it on wherever it can run - torchao compiles its step anyway, and one region costs one
+    compile instead of one per parameter shape - with ``compile_options`` (``Engine(compile=...)``'s torch.compile
+    options) when set. ``False`` keeps the library's step; ``True`` or a dict of torch.compile options insists
+    (see :func:`check_library_step`).
+    """
+    if spec is False or library_step_problem(optimizers) is not None:
+        return None
+    options = spec if isinstance(spec, dict) else compile_options or {}
+    return FusedLibraryStep(options, device)
+
+
+class FusedLibraryStep:
+    """Steps library optimizers (torchao's ``_AdamW``) through one compiled region each (see the module docstring).
+
+    ``options`` go to ``torch.compile`` (default: inductor); ``device`` is the parameters' (it picks the random
+    bits' source). :attr:`calls` counts the compiled steps taken; :attr:`failed` says why compiling failed, after
+    which every step is the library's own.
+    """
+
+    def __init__(self, options: dict[str, Any] | None = None, device: torch.device | str = "cpu") -> None:
+        self.options = _with_cpu_random(dict(options or {}), torch.device(device))
+        self.calls = 0
+        self.failed: str | None = None
+        self._updates: dict[int, Callable[[torch.optim.Optimizer], None] | None] = {}  # one per optimizer, kept:
+        # the region guards on the function it is given, and a new one per step would recompile it every step
+        self._compiled: Callable[..., None] = torch.compile(own_code(_region), **self.options)
+
+    def step(self, opt: torch.optim.Optimizer) -> None:
+        """One step of ``opt``: through the region, or the library's own step where the region cannot run."""
+        if id(opt) not in self._updates:
+            self._updates[id(opt)] = region_step(opt)
+        update = self._updates[id(opt)]
+        if not opt.state:
+            # The first step builds torchao's state, eagerly: its per-shape compiles would come on top of the region's.
+            with torch.compiler.set_stance("force_eager"):
+                opt.step()
+            return
+        # Hooks would be bypassed by the region; a float lr (a scheduler that assigned one) torchao itself refuses,
+        # naming the fix. One check per group, not per tensor.
+        if update is None or self.failed is not None or optimizer_has_step_hooks(opt) or not all(isinstance(g["lr"], torch.Tensor) for g in opt.param_groups):
+            opt.step()
+            return
+        try:
+            self._compiled(update, opt)
+        except compile_errors() as exc:
+            # Raised while tracing or compiling, before the region ran: nothing was updated, the library steps instead.
+            self.failed = one_line(exc, with_type=True)[:400]
+            log.warning("%s: ampkit's compiled optimizer step failed to compile (%s); %s's own step takes over. "
+                        "Engine(fused_step=False) skips the attempt.", type(opt).__name__, self.failed, _maker(opt))
+            opt.step()
+            return
+        self.calls += 1
+
+
+def _region(update: Callable[[torch.optim.Optimizer], None], opt: torch.optim.Optimizer) -> None:
+    """What torch.compile is given (a copy with its own code, see :func:`ampkit._compat.own_code`)."""
+    with torch.no_grad():
+        update(opt)
+
+
+def _with_cpu_random(options: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """Inductor on the CPU draws random bits with aten (``fallback_random``): see the module docstring."""
+    inductor = options.get("backend", "inductor") == "inductor"
+    if device.type != "cpu" or not inductor or "mode" in options:  # torch.compile takes mode or options, not both
+        return options
+    options["options"] = {"fallback_random": True, **options.get("options", {})}
+    return options
