@@ -183,7 +183,7 @@ class Engine:
         sharded = "each rank's overflow flag must be combined with the others' (FSDP)" if self.reduce_found_flags else None
         compile_options = plan.options if plan is not None else None
         if library:
-            self.library_step = build_library_step(self._fused_step_spec, compile_options, optimizers, self.device)
+            self.library_step = build_library_step(self._fused_step_spec, compile_options, optimizers)
         else:
             self.fused_step = build_fused_step(self._fused_step_spec, compile_options, optimizers, self.masters, sharded)
         if self.scaler is not None:

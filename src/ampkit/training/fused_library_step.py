@@ -18,11 +18,13 @@ scaling stay where they are (:mod:`ampkit.training.optimizer_step`), and a regio
 unsupported torch, a failed C++ or Triton build) logs one warning and leaves the optimizer on its own step: a
 region ampkit chose to compile never stops a run.
 
-Random bits: on a GPU, inductor draws the stochastic rounding's bits inside the fused kernel (philox, seeded from
-torch's generator), as in torchao's own compiled step. On the CPU, inductor's in-kernel generator is a scalar loop,
-1.7x slower than aten's ``randint`` on gpt small (benchmarks/lowbit_step.py), so the region calls aten's
-(``fallback_random``): the same bits torchao's step would draw under eager execution. Either way the bits come
-from torch's generator, which checkpoints save: a resumed run rounds as the uninterrupted one.
+Random bits: inductor draws the stochastic rounding's bits inside the fused kernels (philox, seeded from torch's
+generator), as in torchao's own compiled step, so a checkpoint (which saves the generator) resumes the rounding
+exactly. On the CPU drawing them is most of the step: aten's ``randint`` over gpt small's weights alone takes 4x
+the whole master-weight update (benchmarks/lowbit_step.py). Inductor's CPU philox is a scalar loop on every thread,
+aten's generator vectorised but serial (``options={"fallback_random": True}`` picks it): on this project's 2-core
+CPU, aten's was 1.6x faster on one thread and level on two, and only philox gains from more threads, so the default
+is kept.
 
     >>> import ampkit
     >>> from torch import nn
@@ -94,7 +96,7 @@ def check_library_step(spec: bool | dict[str, Any] | None, optimizers: Sequence[
 
 
 def build_library_step(
-    spec: bool | dict[str, Any] | None, compile_options: dict[str, Any] | None, optimizers: Sequence[torch.optim.Optimizer], device: torch.device
+    spec: bool | dict[str, Any] | None, compile_options: dict[str, Any] | None, optimizers: Sequence[torch.optim.Optimizer]
 ) -> FusedLibraryStep | None:
     """The compiled library step ``Engine(fused_step=spec)`` asks for at setup, or None for the library's own step.
 
@@ -106,19 +108,18 @@ def build_library_step(
     if spec is False or library_step_problem(optimizers) is not None:
         return None
     options = spec if isinstance(spec, dict) else compile_options or {}
-    return FusedLibraryStep(options, device)
+    return FusedLibraryStep(options)
 
 
 class FusedLibraryStep:
     """Steps library optimizers (torchao's ``_AdamW``) through one compiled region each (see the module docstring).
 
-    ``options`` go to ``torch.compile`` (default: inductor); ``device`` is the parameters' (it picks the random
-    bits' source). :attr:`calls` counts the compiled steps taken; :attr:`failed` says why compiling failed, after
-    which every step is the library's own.
+    ``options`` go to ``torch.compile`` (default: inductor). :attr:`calls` counts the compiled steps taken;
+    :attr:`failed` says why compiling failed, after which every step is the library's own.
     """
 
-    def __init__(self, options: dict[str, Any] | None = None, device: torch.device | str = "cpu") -> None:
-        self.options = _with_cpu_random(dict(options or {}), torch.device(device))
+    def __init__(self, options: dict[str, Any] | None = None) -> None:
+        self.options = dict(options or {})
         self.calls = 0
         self.failed: str | None = None
         self._updates: dict[int, Callable[[torch.optim.Optimizer], None] | None] = {}  # one per optimizer, kept:
@@ -156,12 +157,3 @@ def _region(update: Callable[[torch.optim.Optimizer], None], opt: torch.optim.Op
     """What torch.compile is given (a copy with its own code, see :func:`ampkit._compat.own_code`)."""
     with torch.no_grad():
         update(opt)
-
-
-def _with_cpu_random(options: dict[str, Any], device: torch.device) -> dict[str, Any]:
-    """Inductor on the CPU draws random bits with aten (``fallback_random``): see the module docstring."""
-    inductor = options.get("backend", "inductor") == "inductor"
-    if device.type != "cpu" or not inductor or "mode" in options:  # torch.compile takes mode or options, not both
-        return options
-    options["options"] = {"fallback_random": True, **options.get("options", {})}
-    return options

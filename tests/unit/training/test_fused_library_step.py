@@ -23,7 +23,7 @@ from ampkit.training.fused_library_step import FusedLibraryStep, build_library_s
 ao = pytest.importorskip("torchao.optim", reason="Requires: torchao (pip install -e '.[lowbit]')")
 
 SHAPES = ((24, 16), (16,), (8, 24), (24, 16))  # a repeated shape, a 1-d one, and (index 1) an fp32 parameter
-SAME_BITS = {"options": {"fallback_random": True}}  # the region's inductor draws with aten, as the patched twin does
+SAME_BITS = {"options": {"fallback_random": True}}  # the region draws its bits with aten, as the patched twin does
 
 
 def _params(device: torch.device) -> list[nn.Parameter]:
@@ -77,7 +77,7 @@ def test_the_region_steps_bit_for_bit_as_torchaos_own_step_given_the_same_bits(d
     ref_opt, my_opt = _optimizer(ref), _optimizer(mine)
     with torch._inductor.config.patch(fallback_random=True):
         _train(_torchaos_own, ref, ref_opt, device, late=late)
-    region = FusedLibraryStep(SAME_BITS, device)
+    region = FusedLibraryStep(SAME_BITS)
     _train(region.step, mine, my_opt, device, late=late)
     assert region.calls == 4 and region.failed is None  # the first step built the state, unfused
     start = _params(device)
@@ -100,7 +100,7 @@ def test_one_compilation_serves_every_step_across_learning_rate_changes_and_a_re
     counting = _Counting()
     params = _params(device)
     opt = _optimizer(params)
-    region = FusedLibraryStep({"backend": counting}, device)
+    region = FusedLibraryStep({"backend": counting})
     _train(region.step, params, opt, device)
     opt.load_state_dict(opt.state_dict())  # a checkpoint load: new state tensors of the same kind
     _train(region.step, params, opt, device, steps=2)
@@ -114,7 +114,7 @@ def test_a_region_that_fails_to_compile_warns_once_and_torchao_steps_instead(dev
     ref, mine = _params(device), _params(device)
     ref_opt, my_opt = _optimizer(ref), _optimizer(mine)
     _train(_torchaos_own, ref, ref_opt, device)
-    region = FusedLibraryStep({"backend": broken}, device)
+    region = FusedLibraryStep({"backend": broken})
     with caplog.at_level(logging.WARNING, logger="ampkit"):
         _train(region.step, mine, my_opt, device)
     warnings = [r for r in caplog.records if "failed to compile" in r.getMessage()]
@@ -213,4 +213,4 @@ def test_insisting_on_a_compiled_step_that_has_nothing_to_compile_is_refused() -
     opt.register_step_post_hook(lambda *args: None)
     with pytest.raises(ValueError, match="step hooks.*fused_step=False"):
         Engine("bf16-true-sr", fused_step=True).setup(model, opt)
-    assert build_library_step(None, None, [opt], torch.device("cpu")) is None  # by default: torchao's own step, which runs the hooks
+    assert build_library_step(None, None, [opt]) is None  # by default: torchao's own step, which runs the hooks
