@@ -157,6 +157,15 @@ STEPS: tuple[Step, ...] = (
         budget_s=20,
     ),
     Step(
+        "lowbit_step",
+        "The optimizer step of bf16-true-sr and bf16-true-kahan, before and now, against the masters' step, gpt large",
+        # The compiled masters' row is left to the fused_step step: its compile would take this step's time.
+        _script("lowbit_step.py", "--sizes", "large", "--rows", "bf16-true-sr,bf16-true-kahan,bf16-true", "--rounds", "4", "--steps", "10"),
+        _script("lowbit_step.py", "--smoke"),
+        budget_s=45,
+        time_limit_margin_s=10,
+    ),
+    Step(
         "profile",
         "ampkit profile against controls on digits-aug: attribution, the advised DataLoader applied, a per-step .item(), device idle, overhead",
         _script("profile_advice.py", "--size", "small", "--ab-steps", "40"),

@@ -1,0 +1,340 @@
+"""The optimizer step alone under the 16-bit-weight remedies: bf16-true-kahan and bf16-true-sr against the masters'.
+
+``bf16-true-kahan`` (optimi, ``kahan_sum=True``) and ``bf16-true-sr`` (torchao's ``_AdamW``,
+``bf16_stochastic_round=True``) exist to give the masters' accuracy for less memory; their step must not cost more
+than ``bf16-true-masters``'. This script times ``engine.step()`` alone - unscale-free bf16 gradients, clipping at the
+workload's norm, the update, zero_grad - with the parameters of a built-in workload's model (gpt by default, its
+AdamW settings), each engine given the same saved gradients before every timed step. Engines take turns in
+interleaved rounds; medians are compared side by side.
+
+Rows (each an ``ampkit.Engine`` over its own copy of the model):
+
+- ``bf16-true``: torch's fused AdamW on the bf16 weights: the floor, what no remedy can beat.
+- ``bf16-true-masters`` and ``... fused``: fp32 masters, unfused (foreach copies, fused AdamW on the masters) and
+  as one compiled region (``fused_step=True``). The remedies are measured against both.
+- ``bf16-true-kahan, optimi foreach``: the path ampkit chose on the CPU before (it forced ``foreach=True`` off CUDA).
+  ``bf16-true-kahan, optimi <path>``: what it runs now: the for-loop on the CPU, optimi's Triton kernels on CUDA.
+- ``bf16-true-sr, torchao's step``: torchao's own step, one compiled call per parameter (``fused_step=False``): before.
+  ``bf16-true-sr, one region``: ampkit's compiled region over every parameter (the default now).
+
+Per row: median step time (CUDA events on a GPU, through :class:`ampkit.bench.timing.StepTimer`), the host time of
+the call (on a GPU, how long the CPU took to enqueue it: a host time near the step time means launch-bound), the
+ratio to each masters' step, and the compile time of a compiled row (its first compiled step less a median step).
+Control: the weights after the run against the row's twin (same gradients, same number of steps).
+
+Each size's rows are printed as soon as its rounds are done; ``--time-limit S`` stops starting new engines or rounds
+after S seconds (the first round of the engines built always runs) and reports what was not started as skipped.
+
+    python benchmarks/lowbit_step.py --sizes small
+    python benchmarks/lowbit_step.py --device cuda --sizes large --json lowbit_step.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import json
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from datetime import date
+from typing import Any
+
+import torch
+
+import ampkit
+from ampkit.bench.runner import to_device
+from ampkit.bench.timing import StepTimer
+from ampkit.bench.workload import call_model, output_as_float
+from ampkit.bench.workloads import get_workload
+from ampkit.policy.device import cpu_name
+from ampkit.policy.lowbit_optimizers import lowbit_twin, missing_library, quiet_library_logs
+
+DEFAULTS = {"sizes": None, "rounds": 6, "steps": 10, "warmup": 3, "backend": None}
+SMOKE = {"sizes": "tiny", "rounds": 2, "steps": 2, "warmup": 2, "backend": "aot_eager"}
+"""What ``--smoke`` runs unless told otherwise: seconds on a CPU, every row's code path (aot_eager: no C++
+compilation; torchao's own step runs eagerly, as its per-shape inductor compiles would take longer than the rest of
+the run). Timings mean nothing."""
+
+
+class Deadline:
+    """The script's own time limit: work not started before it is reported as skipped, not cut mid-way."""
+
+    def __init__(self, seconds: float | None) -> None:
+        self.at = None if seconds is None else time.perf_counter() + seconds
+        self.seconds = seconds
+
+    def passed(self) -> str | None:
+        if self.at is not None and time.perf_counter() > self.at:
+            return f"not started: the script's time limit ({self.seconds:.0f} s) was reached"
+        return None
+
+
+class StepOnly:
+    """One engine whose ``engine.step()`` is timed on gradients restored from a saved copy before each step."""
+
+    def __init__(self, label: str, twin: str | None, policy: str, fused_step: Any, workload: Any, model: torch.nn.Module,
+                 batch: Any, device: torch.device, optimizer: Callable[[torch.nn.Module], torch.optim.Optimizer] | None = None,
+                 eager: bool = False) -> None:
+        self.label, self.twin, self.policy = label, twin, policy
+        self.engine = ampkit.Engine(policy, clip_grad_norm=workload.clip_grad_norm, fused_step=fused_step)
+        opt = optimizer(model) if optimizer is not None else workload.optimizer(model.parameters())
+        with quiet_library_logs("torchao", "torch.utils._pytree"):
+            self.model, self.opt = self.engine.setup(model, opt)
+        self.eager = eager  # torchao's own step without its per-shape compiles (the smoke run only)
+        with self.engine.autocast():
+            loss = workload.loss_fn(output_as_float(call_model(self.model, batch[0])), batch[1])
+        self.engine.backward(loss)
+        self.params = [p for p in self.model.parameters() if p.grad is not None]
+        self.grads = [p.grad.detach().clone() for p in self.params]  # optimi uses the gradients as scratch: restored each step
+        self.timer = StepTimer(device)
+        self.sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+        self.times: list[float] = []
+        self.host: list[float] = []
+        self.first_compiled_s: float | None = None
+
+    def step(self, timed: bool = True) -> float:
+        """One step on the saved gradients; returns its host time (seconds)."""
+        for p, g in zip(self.params, self.grads):
+            p.grad = g.clone()
+        with self._stance(), (self.timer.step() if timed else contextlib.nullcontext()):
+            start = time.perf_counter()
+            self.engine.step()
+            host = time.perf_counter() - start
+        if timed:
+            self.host.append(host)
+        return host
+
+    def warm_up(self, steps: int) -> None:
+        """The first step builds the optimizer state (unfused everywhere); the next compiles a compiled row."""
+        self.step(timed=False)
+        self.sync()
+        start = time.perf_counter()
+        self.step(timed=False)
+        self.sync()
+        if self.compiled_calls() > 0:
+            self.first_compiled_s = time.perf_counter() - start
+        for _ in range(max(0, steps - 2)):
+            self.step(timed=False)
+        self.sync()
+
+    def flush(self) -> None:
+        self.times.extend(self.timer.flush())
+
+    def compiled_calls(self) -> int:
+        region = self.engine.fused_step or self.engine.library_step
+        return region.calls if region is not None else 0
+
+    def weights(self) -> list[torch.Tensor]:
+        return [p.detach() for p in self.model.parameters()]
+
+    def _stance(self) -> contextlib.AbstractContextManager[Any]:
+        return torch.compiler.set_stance("force_eager") if self.eager else contextlib.nullcontext()
+
+
+def _kahan_foreach(workload: Any) -> Callable[[torch.nn.Module], torch.optim.Optimizer]:
+    """ampkit's Kahan twin of the workload's optimizer, on optimi's foreach path (what ampkit ran off CUDA before)."""
+
+    def build(model: torch.nn.Module) -> torch.optim.Optimizer:
+        twin = lowbit_twin(workload.optimizer(model.parameters()), "kahan")
+        for group in twin.param_groups:
+            group["foreach"], group["triton"] = True, False
+        return twin
+
+    return build
+
+
+def variants(device: torch.device, spec: Any, smoke: bool, only: list[str] | None = None) -> list[dict[str, Any]]:
+    """The rows, most telling first (should the time limit cut the rest): the masters' step, then each remedy's
+    before and now, then the compiled masters and the floor. With ``only``: the masters' step, and the rows named
+    there in full or by the policy before their comma (``bf16-true-sr`` names both of its rows)."""
+    kahan_now = "optimi Triton" if device.type == "cuda" else "optimi for-loop"
+    rows: list[dict[str, Any]] = [{"label": "bf16-true-masters", "policy": "bf16-true-masters", "fused_step": False}]
+    if missing_library("sr") is None:
+        rows += [
+            {"label": "bf16-true-sr, torchao's step", "policy": "bf16-true-sr", "fused_step": False, "eager": smoke, "twin": "bf16-true-sr, one region"},
+            {"label": "bf16-true-sr, one region", "policy": "bf16-true-sr", "fused_step": spec},
+        ]
+    if missing_library("kahan") is None:
+        rows += [
+            {"label": "bf16-true-kahan, optimi foreach", "policy": "bf16-true-kahan", "fused_step": None, "optimizer": "kahan-foreach", "twin": f"bf16-true-kahan, {kahan_now}"},
+            {"label": f"bf16-true-kahan, {kahan_now}", "policy": "bf16-true-kahan", "fused_step": None},
+        ]
+    rows += [
+        {"label": "bf16-true-masters fused", "policy": "bf16-true-masters", "fused_step": spec, "twin": "bf16-true-masters"},
+        {"label": "bf16-true", "policy": "bf16-true", "fused_step": None},
+    ]
+    if only:
+        rows = [r for r in rows if r["label"] == "bf16-true-masters" or any(r["label"] == o or r["label"].startswith(f"{o},") for o in only)]
+    return rows
+
+
+def run_size(workload_name: str, size: str, args: argparse.Namespace, device: torch.device, deadline: Deadline,
+             emit: Callable[[dict[str, Any]], None]) -> list[dict[str, Any]]:
+    """Every row of one workload size: build (and compile) each engine, time them in interleaved rounds, emit the rows."""
+    spec: Any = {"backend": args.backend} if args.backend else True
+    late = deadline.passed()
+    if late:
+        rows = [{"size": size, "engine": v["label"], "status": "skipped", "reason": late} for v in variants(device, spec, args.smoke, args.only)]
+        for row in rows:
+            emit(row)
+        return rows
+    w = get_workload(workload_name, size=size)
+    batch = to_device(w.train_batches[0], device, w.channels_last)
+    base = w.model.to(device)
+    engines: list[StepOnly] = []
+    skipped: list[dict[str, Any]] = []
+    for v in variants(device, spec, args.smoke, args.only):
+        late = deadline.passed()
+        if late:
+            skipped.append({"size": size, "engine": v["label"], "status": "skipped", "reason": late})
+            continue
+        optimizer = _kahan_foreach(w) if v.get("optimizer") == "kahan-foreach" else None
+        e = StepOnly(v["label"], v.get("twin"), v["policy"], v["fused_step"], w, copy.deepcopy(base), batch, device, optimizer, v.get("eager", False))
+        e.warm_up(args.warmup)
+        engines.append(e)
+    for r in range(args.rounds):
+        late = deadline.passed() if r > 0 else None  # the first round of what was built always runs
+        if late:
+            break
+        for e in engines if r % 2 == 0 else reversed(engines):
+            for _ in range(args.steps):
+                e.step()
+            e.flush()
+    rows = _rows(size, w, engines, device) + skipped
+    for row in rows:
+        emit(row)
+    return rows
+
+
+def _rows(size: str, w: Any, engines: list[StepOnly], device: torch.device) -> list[dict[str, Any]]:
+    medians = {e.label: statistics.median(e.times) for e in engines}
+    by_label = {e.label: e for e in engines}
+    masters, fused = medians.get("bf16-true-masters"), medians.get("bf16-true-masters fused")
+    params = sum(p.numel() for p in w.model.parameters())
+    rows = []
+    for e in engines:
+        m = medians[e.label]
+        row: dict[str, Any] = {
+            "size": size, "engine": e.label, "status": "ok", "params": params, "tensors": len(e.params), "steps": len(e.times),
+            "step_s": m, "host_s": statistics.median(e.host), "vs_masters": m / masters if masters else None,
+            "vs_masters_fused": m / fused if fused else None, "compiled_calls": e.compiled_calls(),
+        }
+        if e.first_compiled_s is not None:
+            row["compile_s"] = max(0.0, e.first_compiled_s - m)
+        twin = by_label.get(e.twin) if e.twin else None
+        if twin is not None and len(twin.times) == len(e.times):
+            row["control"] = _control(e, twin)
+        rows.append(row)
+    return rows
+
+
+def _control(e: StepOnly, twin: StepOnly) -> dict[str, Any]:
+    """How the row's weights differ from its twin's after the same steps on the same gradients."""
+    a, b = e.weights(), twin.weights()
+    differing = sum(int((x != y).sum()) for x, y in zip(a, b))
+    total = sum(x.numel() for x in a)
+    scale = max(float(y.float().abs().max()) for y in b)
+    return {"twin": twin.label, "differing_share": differing / total, "max_abs_diff": max(float((x.float() - y.float()).abs().max()) for x, y in zip(a, b)),
+            "weight_scale": scale, "stochastic": "sr" in e.policy}
+
+
+HEAD = ("| size | optimizer step | median | host | / masters | / masters fused | compile | weights vs twin |\n"
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |")
+
+
+def line(r: dict[str, Any]) -> str:
+    if r["status"] != "ok":
+        return f"| {r['size']} | {r['engine']} | {r['status']}: {r['reason']} | | | | | |"
+    ratio = lambda v: f"{v:.2f}x" if v is not None else "—"  # noqa: E731
+    control = ""
+    if "control" in r:
+        c = r["control"]
+        if c["stochastic"]:
+            control = f"{c['differing_share']:.0%} differ (other random bits, by design)"
+        else:
+            control = f"{c['differing_share']:.1%} differ, max {c['max_abs_diff']:.2g}"
+    compile_s = f"{r['compile_s']:.1f} s" if "compile_s" in r else ""
+    return (f"| {r['size']} | {r['engine']} | {r['step_s'] * 1e3:.2f} ms | {r['host_s'] * 1e3:.2f} ms | {ratio(r['vs_masters'])} | "
+            f"{ratio(r['vs_masters_fused'])} | {compile_s} | {control} |")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--workload", default="gpt")
+    p.add_argument("--sizes", default=None, help="comma-separated workload sizes (default: small on the CPU, large on CUDA)")
+    p.add_argument("--backend", default=None, help="torch.compile backend of the compiled rows (default: inductor)")
+    p.add_argument("--rounds", type=int, default=None, help=f"interleaved rounds (default {DEFAULTS['rounds']})")
+    p.add_argument("--steps", type=int, default=None, help=f"timed steps per round per engine (default {DEFAULTS['steps']})")
+    p.add_argument("--warmup", type=int, default=None,
+                   help=f"untimed steps per engine first, at least 2: the state, the compile (default {DEFAULTS['warmup']})")
+    p.add_argument("--rows", default=None, help="rows to run, by label or by the policy before a label's comma, e.g. bf16-true-sr,bf16-true (the masters' step always runs)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads (torch.set_num_threads; default: torch's)")
+    p.add_argument("--time-limit", type=float, default=None, help="seconds; later engines and rounds are not started")
+    p.add_argument("--smoke", action="store_true", help=f"a tiny run that checks the script works: {SMOKE}")
+    p.add_argument("--json", help="also write the run's facts and every row here")
+    args = p.parse_args(argv)
+    args.only = [r.strip() for r in args.rows.split(",") if r.strip()] if args.rows else None
+    for name, value in (SMOKE if args.smoke else DEFAULTS).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print(f"lowbit_step: --device {args.device}: torch {torch.__version__} sees no CUDA device; on a CPU run --smoke.", file=sys.stderr)
+        return 2
+    sizes = [s.strip() for s in (args.sizes or ("large" if device.type == "cuda" else "small")).split(",") if s.strip()]
+    where = cpu_name() if device.type == "cpu" else torch.cuda.get_device_name(device)
+    command = f"python benchmarks/lowbit_step.py {' '.join(argv if argv is not None else sys.argv[1:])}"
+    libraries = {name: _version(name) for name in ("torchao", "torch-optimi")}
+    print(f"# lowbit optimizer step  {date.today()}  torch {torch.__version__}  {libraries}  device {device} ({where}), {torch.get_num_threads()} threads")
+    print(f"# command: {command}")
+    print(f"# {args.workload} {','.join(sizes)}; {args.warmup} warm-up steps, then {args.rounds} interleaved rounds of {args.steps} steps per engine; "
+          f"compiled rows: {args.backend or 'inductor'}" + ("; smoke: the timings mean nothing" if args.smoke else ""))
+    for name, lib in (("bf16-true-sr", "sr"), ("bf16-true-kahan", "kahan")):
+        if missing_library(lib):  # type: ignore[arg-type]
+            print(f"# {name}: no rows, it {missing_library(lib)}")  # type: ignore[arg-type]
+    print(HEAD, flush=True)
+    deadline = Deadline(args.time_limit)
+    rows: list[dict[str, Any]] = []
+    with _quiet():
+        for size in sizes:
+            rows += run_size(args.workload, size, args, device, deadline, lambda r: print(line(r), flush=True))
+    if args.json:
+        facts = {"device": str(device), "device_name": where, "torch": torch.__version__, **libraries, "command": command,
+                 "workload": args.workload, "smoke": args.smoke, "backend": args.backend or "inductor", "rounds": args.rounds,
+                 "steps": args.steps, "warmup": args.warmup, "threads": torch.get_num_threads()}
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({**facts, "rows": rows}, f, indent=1)
+    return 0
+
+
+def _version(name: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    # The foreach row asks optimi for its deprecated path on purpose: its deprecation warning is no news here.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Parameter `foreach` is deprecated", category=DeprecationWarning)
+        yield
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
