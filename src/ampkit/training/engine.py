@@ -176,7 +176,6 @@ class Engine:
         self.fused_step = build_fused_step(self._fused_step_spec, plan.options if plan is not None else None, optimizers, self.masters, sharded)
         if self.scaler is not None:
             self.scaler.to(self.device)
-        self._state.skipped = torch.zeros((), dtype=torch.int64, device=self.device)
         self.models, self.optimizers = model_list, list(optimizers)
         self.compiled = apply_compile(model_list, plan) if plan is not None else []
         if self.policy.needs_compile and plan is None and self.device.type == "cuda":
@@ -360,8 +359,9 @@ class Engine:
 
     @property
     def skipped_steps(self) -> int:
-        """Optimizer steps skipped so far. Syncs."""
-        return int(self._state.skipped.item()) if self._state.skipped is not None else 0
+        """Optimizer steps skipped so far. Syncs (waits for the outcomes still on their way)."""
+        resolve_outcome(self)
+        return self._state.skipped
 
     @property
     def grad_norm(self) -> float | None:
