@@ -8,9 +8,17 @@ host-bound step shows as one) and the table reports medians over all rounds and 
 An overhead is a fixed cost per step, so its ratio depends on the step's length. ``--step-ms 2,20`` measures
 at a 2 ms and at a 20 ms step: for each target and precision a few short timed probes of the hand-written
 loop scale the MLP's width (and the batch with it, keeping their ratio) until its step lands within 10% of
-the target on this device; the table gives the size found and the step time achieved. With the defaults a row
-runs at most 8 probes of 9 steps, then 2 sides x 10 rounds x 20 timed steps: about 10 s at 20 ms and 1 s at
-2 ms, so ``--step-ms 2,20`` over the three default policies takes some 35 s of device time.
+the target on this device; the table gives the size found and the step time achieved. Each probe is printed as it
+ends, ``--calibrate-s`` bounds the search, and the MLPs are built on the device: the first GPU run spent more than
+55 s calibrating before measuring anything, most of it initialising 10k-wide MLPs (300 M parameters) on the host
+for each probe of the 20 ms bf16 and fp16 rows. With the defaults a row runs at most 8 probes of 7 steps, then 2
+sides x 10 rounds x 20 timed steps: about 10 s at 20 ms and 1 s at 2 ms. The GPU suite runs 6 rounds of 15 with a
+3 s calibration budget, within its 25 s.
+
+Beside the times, each row counts one step of each side: its aten ops (what a GPU launches, one kernel or a few
+each) and its host syncs (``ampkit.profile.count_step``). Counts are deterministic, so the CPU gives a GPU's
+figures, and an overhead in the times can be traced to the ops that make it. Each row is printed the moment it is
+measured, and ``--time-limit`` skips the rows not started by then.
 
     python benchmarks/engine_overhead.py                       # CPU: 32-true, bf16-mixed, 16-mixed
     python benchmarks/engine_overhead.py --device cuda --step-ms 2,20
@@ -37,6 +45,7 @@ from torch import nn
 
 import ampkit
 from ampkit.bench.timing import StepTimer
+from ampkit.profile.op_count import count_step
 from ampkit.policy.device import cpu_name
 from measured_rows import Deadline, Printer, add_time_limit, attempt
 
@@ -189,13 +198,17 @@ def measure(policy: ampkit.Policy, width: int, batch: int, args: argparse.Namesp
     timer = StepTimer(device)
     for step in steps.values():  # warm-up: first calls build kernels and allocate optimizer state
         time_steps(step, data[: args.warmup], timer)
+    # One more step each, untimed, counting its aten ops and host syncs: deterministic, so the CPU shows a GPU's
+    # counts, and an overhead found in the times below can be traced to the ops that make it.
+    counts = {name: count_step(step, *data[0], warmup=0, device=device) for name, step in steps.items()}
     times: dict[str, list[float]] = {"hand": [], "engine": []}
     for r in range(args.rounds):
         order = ["hand", "engine"] if r % 2 == 0 else ["engine", "hand"]
         for name in order:
             times[name] += time_steps(steps[name], data, timer)
     hand, eng = statistics.median(times["hand"]), statistics.median(times["engine"])
-    return {"width": width, "batch": batch, "hand_ms": 1e3 * hand, "engine_ms": 1e3 * eng, "ratio": eng / hand, "steps_each": len(times["hand"])}
+    return {"width": width, "batch": batch, "hand_ms": 1e3 * hand, "engine_ms": 1e3 * eng, "ratio": eng / hand, "steps_each": len(times["hand"]),
+            "ops_hand": counts["hand"].ops, "ops_engine": counts["engine"].ops, "syncs_hand": counts["hand"].syncs, "syncs_engine": counts["engine"].syncs}
 
 
 def sized_measure(policy: ampkit.Policy, target_ms: float | None, args: argparse.Namespace, device: torch.device, deadline: Deadline) -> dict[str, float | int]:
@@ -204,14 +217,20 @@ def sized_measure(policy: ampkit.Policy, target_ms: float | None, args: argparse
     return measure(policy, width, batch, args, device)
 
 
-HEAD = "| precision | target (ms) | MLP width | batch | hand-written torch.amp (ms) | ampkit Engine (ms) | ratio | steps each |\n|---|---:|---:|---:|---:|---:|---:|---:|"
+HEAD = (
+    "| precision | target (ms) | MLP width | batch | hand-written torch.amp (ms) | ampkit Engine (ms) | ratio | steps each | "
+    "ops/step hand | ops/step engine | syncs/step hand / engine |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+)
 
 
 def row_line(r: dict[str, object]) -> str:
     target = "-" if r["target_ms"] is None else f"{r['target_ms']:g}"
     if r["status"] != "ok":
-        return f"| {r['precision']} | {target} | {r['status']}: {r['reason']} | | | | | |"
-    return f"| {r['precision']} | {target} | {r['width']} | {r['batch']} | {r['hand_ms']:.3f} | {r['engine_ms']:.3f} | {r['ratio']:.3f} | {r['steps_each']} |"
+        return f"| {r['precision']} | {target} | {r['status']}: {r['reason']} | | | | | | | | |"
+    return (
+        f"| {r['precision']} | {target} | {r['width']} | {r['batch']} | {r['hand_ms']:.3f} | {r['engine_ms']:.3f} | {r['ratio']:.3f} | {r['steps_each']} "
+        f"| {r['ops_hand']} | {r['ops_engine']} | {r['syncs_hand']} / {r['syncs_engine']} |"
+    )
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -42,6 +42,9 @@ def test_smoke_run_at_two_step_times_prints_and_writes_the_same_rows(script: Mod
         assert r["ratio"] == pytest.approx(r["engine_ms"] / r["hand_ms"])
         assert r["steps_each"] == data["args"]["rounds"] * data["args"]["steps"]
         assert r["width"] >= 8 and r["batch"] >= 1
+        # one step of each side counted: the engine's ops are the hand loop's (tests/unit/training/test_optimizer_step.py
+        # holds the exact allowance) and neither side syncs with the host
+        assert 0 < r["ops_hand"] <= r["ops_engine"] <= r["ops_hand"] + 3 and r["syncs_hand"] == r["syncs_engine"] == 0
     printed = capsys.readouterr().out.strip().splitlines()
     table = [line for line in printed if line.startswith(("| 32-true", f"| {mixed_policy}"))]
     assert len(table) == len(rows) and printed[-1] == table[-1]
@@ -52,6 +55,7 @@ def test_smoke_run_at_two_step_times_prints_and_writes_the_same_rows(script: Mod
         cells = [c.strip() for c in line.strip("|").split("|")]
         assert cells[:4] == [r["precision"], f"{r['target_ms']:g}", str(r["width"]), str(r["batch"])]
         assert cells[4:7] == [f"{r['hand_ms']:.3f}", f"{r['engine_ms']:.3f}", f"{r['ratio']:.3f}"]
+        assert cells[8:] == [str(r["ops_hand"]), str(r["ops_engine"]), "0 / 0"]
 
 
 def test_without_step_ms_the_given_size_is_measured(script: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
