@@ -35,7 +35,6 @@ Three things make the traced step correct and stable:
 from __future__ import annotations
 
 import contextlib
-import inspect
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -43,6 +42,7 @@ from typing import Any
 import torch
 
 from .._compat import optimizer_has_step_hooks, own_code
+from .fused_step_region import step_region
 from .masters import MasterWeights
 from .remainder_masters import RemainderMasters
 
@@ -147,7 +147,7 @@ class FusedMasterStep:
         self.calls = 0
         self._index = {id(m): i for i, m in enumerate(masters.masters)}
         self._lr: dict[int, torch.Tensor] = {}  # one persistent 0-d tensor per param group: same object, new value
-        self._compiled: Callable[..., tuple[list[torch.Tensor], torch.Tensor | None]] = torch.compile(own_code(_step_region), **self.options)
+        self._compiled: Callable[..., tuple[list[torch.Tensor], torch.Tensor | None]] = torch.compile(own_code(step_region), **self.options)
 
     def ready(self, opts: Sequence[torch.optim.Optimizer]) -> bool:
         """Whether every parameter about to step has optimizer state and a dense gradient (else: the unfused step)."""
@@ -233,56 +233,6 @@ class FusedMasterStep:
                     g["capturable"] = capturable
 
 
-def _step_region(*args: Any) -> tuple[list[torch.Tensor], torch.Tensor | None]:
-    """What torch.compile is given (a copy with its own code, see :func:`ampkit._compat.own_code`): the traced
-    step under no_grad, entered here rather than by a decorator, whose wrapper's code every copy would share."""
-    with torch.no_grad():
-        return _traced_step(*args)
-
-
-def _traced_step(
-    sources: list[list[torch.Tensor]],
-    stepped: list[list[torch.Tensor]],
-    opts: list[torch.optim.Optimizer],
-    model_params: list[torch.Tensor],
-    masters: list[torch.Tensor],
-    inv_scale: torch.Tensor | None,
-    clip_grad_norm: float | None,
-    clip_grad_value: float | None,
-    skip_nonfinite: bool,
-) -> tuple[list[torch.Tensor], torch.Tensor | None]:
-    """The traced step. Per optimizer: fp32 gradients, unscaled; a found-inf flag; one norm over all of them; the
-    update, undone where the flag is set; then the 16-bit copy of every master."""
-    # Unscaled after the cast to fp32, so gradients that fp16 held only while scaled are not flushed to zero.
-    grads = [[p.grad.to(torch.float32) for p in ps] for ps in sources]
-    if inv_scale is not None:
-        grads = [[g * inv_scale for g in gs] for gs in grads]
-    found = [_any_nonfinite(gs) for gs in grads] if skip_nonfinite else []
-    norm = None
-    flat = [g for gs in grads for g in gs]
-    if clip_grad_norm is not None and flat:
-        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in flat]))
-        coef = (clip_grad_norm / (norm + 1e-6)).clamp(max=1.0)
-        if found:
-            # An overflow anywhere poisons the norm, so every optimizer skips (as the unfused step does); the
-            # gradients are then left as they are, for the diagnosis of which parameters overflowed.
-            found = [torch.stack(found).any()] * len(found)
-            coef = torch.where(found[0], 1.0, coef)
-        grads = [[g * coef for g in gs] for gs in grads]
-    elif clip_grad_value is not None:
-        grads = [[g.clamp(-clip_grad_value, clip_grad_value) for g in gs] for gs in grads]
-    for i, (ps, gs, opt) in enumerate(zip(stepped, grads, opts)):
-        torch._foreach_copy_([p.grad for p in ps], gs)
-        # What the update writes: the parameters and every tensor of their state (moments, step counts, buffers).
-        written = [*ps, *(t for p in ps for t in opt.state[p].values() if isinstance(t, torch.Tensor))]
-        before = [t.clone() for t in written] if found else []
-        inspect.unwrap(type(opt).step)(opt)  # torch's update, traced; the wrapper only graph-breaks and runs hooks
-        for t, old in zip(written, before):
-            t.copy_(torch.where(found[i], old, t))
-    torch._foreach_copy_(model_params, masters)
-    return [f.to(torch.float32) for f in found], norm
-
-
 def _steps_on_device(opt: torch.optim.Optimizer, first: torch.Tensor) -> None:
     """Put the optimizer's step counts on its parameters' device, where a capturable update expects them.
 
@@ -297,7 +247,3 @@ def _steps_on_device(opt: torch.optim.Optimizer, first: torch.Tensor) -> None:
         state = opt.state.get(p)
         if state and isinstance(state.get("step"), torch.Tensor):
             state["step"] = state["step"].to(p.device)
-
-
-def _any_nonfinite(grads: list[torch.Tensor]) -> torch.Tensor:
-    return torch.stack([~torch.isfinite(g).all() for g in grads]).any()
