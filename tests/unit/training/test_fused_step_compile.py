@@ -208,13 +208,15 @@ def test_inductor_failing_in_its_scheduler_falls_back_and_the_region_compiles_wi
     # A cached graph would skip the scheduler: no caches.
     caches = {"enable_autograd_cache": False} if hasattr(functorch_config, "enable_autograd_cache") else {}
     with inductor_config.patch(loop_ordering_after_fusion=True, fx_graph_cache=False), functorch_config.patch(caches):
-        with pytest.warns(UserWarning, match="InductorError: AssertionError at .*in fuse_nodes") as caught:
+        # InductorError on recent torch (2.11, 2.13); older releases leave an uncached compile's error to dynamo's
+        # BackendCompilerFailed.
+        with pytest.warns(UserWarning, match="(InductorError|BackendCompilerFailed): AssertionError at .*in fuse_nodes") as caught:
             for batch in batches(3):
                 backward(engine, net, batch)
                 engine.step()
         assert inductor_config.loop_ordering_after_fusion is True  # the user's setting, untouched outside the region
     assert len(seen) == 1 and seen[0] is not torch_asserts  # off for the region only where this torch asserts
-    assert engine.fused_step.calls == 0 and engine.fused_step.failure.startswith("InductorError: AssertionError")
+    assert engine.fused_step.calls == 0 and "AssertionError at" in engine.fused_step.failure
     assert len([w for w in caught if "ampkit" in str(w.message)]) == 1
 
 
