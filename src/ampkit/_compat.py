@@ -236,7 +236,8 @@ def with_inductor_config(kwargs: dict[str, Any], config: dict[str, Any]) -> dict
     other compiled function is untouched. Within the region, a key the caller set in ``kwargs["options"]`` wins;
     the same key set process-wide (``torch._inductor.config.X = ...``, or an environment variable) is overridden.
     torch.compile takes ``mode`` or ``options``, not both: a ``mode`` is turned into the options it stands for, as
-    torch does itself. Another backend than inductor gets ``kwargs`` unchanged.
+    torch does itself. Another backend than inductor gets ``kwargs`` unchanged, and so do a ``mode`` and ``options``
+    given together, for torch.compile to refuse as it always does.
 
     >>> with_inductor_config({"mode": "default"}, {"loop_ordering_after_fusion": False})
     {'options': {'loop_ordering_after_fusion': False}}
@@ -245,7 +246,8 @@ def with_inductor_config(kwargs: dict[str, Any], config: dict[str, Any]) -> dict
     >>> with_inductor_config({"backend": "aot_eager"}, {"loop_ordering_after_fusion": False})
     {'backend': 'aot_eager'}
     """
-    if not config or kwargs.get("backend", "inductor") != "inductor":
+    both = kwargs.get("mode") is not None and kwargs.get("options") is not None
+    if not config or both or kwargs.get("backend", "inductor") != "inductor":
         return dict(kwargs)
     out = dict(kwargs)
     mode = out.pop("mode", None)

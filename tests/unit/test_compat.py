@@ -161,6 +161,11 @@ def test_the_loop_reordering_switch_is_an_inductor_option_of_this_torch() -> Non
     torch.compile(lambda x: x + 1, **kwargs)
     with pytest.raises(RuntimeError, match="no_such_switch"):
         torch.compile(lambda x: x + 1, **_compat.with_inductor_config({}, {"no_such_switch": False}))
+    # A mode and options together stay the error torch.compile makes of them, whatever the region needs.
+    both = {"mode": "max-autotune", "options": {"max_autotune": True}}
+    assert _compat.with_inductor_config(both, {"loop_ordering_after_fusion": False}) == both
+    with pytest.raises(RuntimeError, match="Either mode or options"):
+        torch.compile(lambda x: x + 1, **both)
 
 
 def test_compiler_error_tells_the_compilers_errors_from_the_programs() -> None:
