@@ -104,8 +104,9 @@ def _user_stacklevel() -> int:
 
 def steps_to_host(opts: Sequence[torch.optim.Optimizer]) -> None:
     """Put each step count back where the optimizer's own step keeps it: on the host, unless its group is
-    capturable or fused (a load puts them there too). The fused step moves them to the device (and dynamo does,
-    tracing a capturable update); left there, torch's unfused Adam would read each one with a sync.
+    capturable or fused (a load puts them there too). The fused step moves them to the device, and so does dynamo
+    while it traces an optimizer; left there, torch's unfused Adam would read each one with a sync. Once, on a
+    failure: not a per-step path.
     """
     for opt in opts:
         for group in opt.param_groups:
