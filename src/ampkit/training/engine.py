@@ -78,7 +78,8 @@ class Engine:
         fused_step: master-weight policies only: the unscale, inf check, clipping, fp32 update and 16-bit
             copy-back as one compiled region (see :mod:`ampkit.training.fused_master_step`). Default: on when
             ``compile`` is, where the optimizer allows; ``True`` (or a dict of torch.compile options) insists,
-            ``False`` keeps the unfused step.
+            ``False`` keeps the unfused step. A region that fails to compile is never fatal: the run goes on
+            unfused after one warning (``engine.fused_step.failure`` says why).
 
     >>> model = nn.Linear(4, 1); opt = torch.optim.SGD(model.parameters(), lr=0.1)
     >>> engine = Engine(precision="bf16-mixed", accumulate=2)

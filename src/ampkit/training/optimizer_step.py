@@ -21,8 +21,10 @@ import torch
 from .._compat import step_supports_amp_scaling
 
 from ..distributed.agreement import any_rank
+from ..errors import LossScaleCollapseError
 from ..scaling.kernels import grads_of, unscale_grads_
 from .clipping import clip_grad_norm, clip_grad_value
+from .fused_step_compile import FusedStepFailed
 from .kernel_guards import first_step_pending
 
 if TYPE_CHECKING:
@@ -49,11 +51,28 @@ def optimizer_step(engine: Engine, opts: list[torch.optim.Optimizer]) -> None:
     fused_step = engine.fused_step
     if fused_step is not None and fused_step.ready(opts):
         inv_scale = scaler.inv_scale() if scaler is not None else None
-        found, state.norm = fused_step.step(opts, inv_scale, engine.clip_grad_norm, engine.clip_grad_value, engine.skip_nonfinite)
+        try:
+            found, state.norm = fused_step.step(opts, inv_scale, engine.clip_grad_norm, engine.clip_grad_value, engine.skip_nonfinite)
+        except FusedStepFailed as failed:
+            # Nothing of the step was taken: take it unfused. Should that fail too, the error is the training's own
+            # (a state of the wrong shape, say, which tracing reports wrapped) and propagates, the region left on.
+            try:
+                _unfused_step(engine, opts, late_collapse)
+            except LossScaleCollapseError:
+                fused_step.turn_off(failed)  # raised once the step is complete: the unfused step did succeed
+                raise
+            fused_step.turn_off(failed)
+            return
         # The region skipped what overflowed without asking the host; only schedulers need the answer now.
         host_found = _read_flags(found) if engine.schedulers else None
         _finish(engine, opts, found, host_found, late_collapse, copied_back=True)
         return
+    _unfused_step(engine, opts, late_collapse)
+
+
+def _unfused_step(engine: Engine, opts: list[torch.optim.Optimizer], late_collapse: str | None) -> None:
+    """The step as separate foreach passes: gradients to the masters, unscale and check, clip, step or skip."""
+    state, scaler, dev = engine.step_state, engine.scaler, engine.device
     if engine.masters is not None:
         engine.masters.copy_grads_to_masters()
     params = [[p for g in o.param_groups for p in g["params"]] for o in opts]
