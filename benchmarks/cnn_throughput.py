@@ -4,28 +4,35 @@ NVIDIA's published figure for this model is AMP at 2.63x TF32 on an A100. Every 
 ResNet-50 (torchvision's when it is installed, else the same network defined below) from the same initial
 weights on the same synthetic batch, with SGD and momentum, model and inputs in channels_last:
 
-    FP32              fp32, TF32 off for matmuls and cuDNN
-    TF32              fp32, TF32 on for both (CUDA sm80+; n/a elsewhere)
-    AMP fp16          torch.autocast(float16) + torch.amp.GradScaler, the loop torch documents
     AMP bf16          torch.autocast(bfloat16)
-    Engine 16-mixed   ampkit.Engine("16-mixed"), which should reach the hand-written AMP fp16 figure
-    Engine bf16-mixed ampkit.Engine("bf16-mixed")
+    AMP fp16          torch.autocast(float16) + torch.amp.GradScaler, the loop torch documents
+    Engine bf16-mixed ampkit.Engine("bf16-mixed"), which should reach the hand-written AMP bf16 figure
+    Engine 16-mixed   ampkit.Engine("16-mixed"), likewise against AMP fp16
+    TF32              fp32, TF32 on for both matmuls and cuDNN (CUDA sm80+; n/a elsewhere)
+    FP32              fp32, TF32 off for matmuls and cuDNN
 
 The AMP and Engine rows run with TF32 on, as NVIDIA's AMP runs do, so an fp32 op left outside autocast takes
-the fastest fp32 path. cudnn.benchmark is on; each contender warms up (cuDNN picks its algorithms per dtype
-and TF32 setting), then the contenders run interleaved in rounds, the order flipping every round, and each
-step is timed with CUDA events (wall clock on CPU). The table gives the median step, images/s and the
-speed-ups over TF32 and over FP32. Every global switch changed (TF32, cudnn.benchmark) is restored on exit.
+the fastest fp32 path. Each contender warms up (its first step carries cuDNN's algorithm search, its
+optimizer state and the loss scale settling), then the contenders run interleaved in rounds, the order flipping
+every round, and each step is timed with CUDA events (wall clock on CPU). The table gives the median step,
+images/s, the speed-ups over TF32 and over FP32, and each contender's first step (what its warm-up cost).
 
-    python benchmarks/cnn_throughput.py --device cuda                   # batch 256, 224 px: < 90 s on an H100
-    python benchmarks/cnn_throughput.py --device cpu --smoke            # tiny batch, image and width: the CI check
-    python benchmarks/cnn_throughput.py --device cuda --batch 128 --json out.json
+**cuDNN's algorithm search** (``cudnn.benchmark``) times every candidate algorithm of every new convolution
+shape, forward and both backwards. In fp16/bf16 the candidates are fast; in true fp32 on a GPU (TF32 off) some
+are very slow, and the first GPU run spent more than 65 s in the FP32 contender's first backward at batch 256
+(``benchmarks/results/h200-2026-11-27/rerun-cnn-faulthandler.log``). So the search is on for every contender
+but FP32, which takes cuDNN's heuristic choice (``--fp32-search`` turns the search on for it too), and FP32 runs
+last, should the time limit (``--time-limit``) stop the run before it. Every row is printed the moment it is
+measured: a contender's warm-up as a comment line, then the table after the last round. Every global switch
+changed (TF32, cudnn.benchmark) is restored on exit.
 
-Default CUDA schedule: 5 warm-up steps, then 3 rounds of 12 timed steps per contender (36 each). From
-published ResNet-50 rates (not yet measured with this script) an H100 step at batch 256 should take about
-0.1 s under AMP, 0.15 s in TF32 and 0.2-0.35 s in FP32: about 8-12 s a round, 25-35 s timed, plus cuDNN's
-autotuning and the warm-up (10-20 s), inside the 90 s budget with room for a slower H100 (PCIe). GPU step
-times vary little from step to step, so 36 steps give a steady median.
+    python benchmarks/cnn_throughput.py --device cuda --batch 128     # the GPU suite's run
+    python benchmarks/cnn_throughput.py --device cpu --smoke          # tiny batch, image and width: the CI check
+    python benchmarks/cnn_throughput.py --device cuda --json out.json --time-limit 40
+
+Default CUDA schedule: 3 warm-up steps, then 3 rounds of 8 timed steps per contender (24 each). An H100/H200 step
+at batch 128 takes about 0.05 s under AMP, 0.08 s in TF32 and 0.1-0.2 s in FP32: about 3 s a round and 10 s
+timed, plus the warm-ups.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ import copy
 import json
 import statistics
 import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import date
@@ -48,6 +56,7 @@ from torch.nn import functional as F
 import ampkit
 from ampkit.bench.timing import StepTimer
 from ampkit.policy.device import cpu_name
+from measured_rows import Deadline, add_time_limit
 
 Step = Callable[[], None]
 NUM_CLASSES = 1000
@@ -134,15 +143,16 @@ class Contender:
     tf32: bool
     autocast: torch.dtype | None = None
     engine: str | None = None  # an ampkit policy: the step runs through ampkit.Engine
+    search: bool = True  # cuDNN's algorithm search (cudnn.benchmark) during its steps
 
 
-CONTENDERS = (
-    Contender("FP32", needs="32-true", tf32=False),
-    Contender("TF32", needs="tf32", tf32=True),
-    Contender("AMP fp16", needs="16-mixed", tf32=True, autocast=torch.float16),
+CONTENDERS = (  # most telling first; FP32 last: its warm-up is the slowest (see the module notes)
     Contender("AMP bf16", needs="bf16-mixed", tf32=True, autocast=torch.bfloat16),
-    Contender("Engine 16-mixed", needs="16-mixed", tf32=True, engine="16-mixed"),
+    Contender("AMP fp16", needs="16-mixed", tf32=True, autocast=torch.float16),
     Contender("Engine bf16-mixed", needs="bf16-mixed", tf32=True, engine="bf16-mixed"),
+    Contender("Engine 16-mixed", needs="16-mixed", tf32=True, engine="16-mixed"),
+    Contender("TF32", needs="tf32", tf32=True),
+    Contender("FP32", needs="32-true", tf32=False, search=False),
 )
 
 
@@ -203,8 +213,12 @@ def set_tf32(enabled: bool) -> None:
 
 
 # --------------------------------------------------------------------------------------------- measuring
-def measure(args: argparse.Namespace, device: torch.device) -> tuple[dict[str, dict[str, object]], str]:
+def measure(args: argparse.Namespace, device: torch.device, deadline: Deadline | None = None) -> tuple[dict[str, dict[str, object]], str]:
+    """Every contender's row: warm-ups printed as they finish, then interleaved timed rounds until the last round or
+    the deadline (at least one round once a contender is warm)."""
+    deadline = deadline or Deadline(None)
     base, source = resnet50(seed=0, width=args.width)
+    print(f"# {source}; batch {args.batch}, {args.image}x{args.image} px", flush=True)
     g = torch.Generator(device=device).manual_seed(1)
     # One synthetic ImageNet-shaped batch, made on the device: no host-to-device copy in the timed loop.
     x = torch.randn(args.batch, 3, args.image, args.image, generator=g, device=device).contiguous(memory_format=torch.channels_last)
@@ -212,32 +226,44 @@ def measure(args: argparse.Namespace, device: torch.device) -> tuple[dict[str, d
 
     results: dict[str, dict[str, object]] = {}
     steps: dict[str, tuple[Contender, Step]] = {}
-    for c in CONTENDERS:
-        support = ampkit.get_policy(c.needs).support(device)
-        if not support.supported:
-            results[c.name] = {"status": "n/a", "reason": support.reason}
-            continue
-        model = copy.deepcopy(base).to(device=device, memory_format=torch.channels_last)  # same initial weights
-        steps[c.name] = (c, make_step(c, model, x, y, device))
-        results[c.name] = {"status": "ok", "tf32": c.tf32 and device.type == "cuda"}
-
     timer = StepTimer(device)
-    times: dict[str, list[float]] = {name: [] for name in steps}
 
-    def run(name: str, n: int) -> list[float]:
-        c, step = steps[name]
+    def run(c: Contender, step: Step, n: int) -> list[float]:
         set_tf32(c.tf32 and device.type == "cuda")  # TF32 is a CUDA mode; on CPU every row computes in plain fp32
+        torch.backends.cudnn.benchmark = c.search or args.fp32_search
         for _ in range(n):
             with timer.step():
                 step()
         return timer.flush()
 
-    for name in steps:  # warm-up: cuDNN autotuning, optimizer state, the loss scale settling
-        run(name, args.warmup)
+    for c in CONTENDERS:
+        support = ampkit.get_policy(c.needs).support(device)
+        if not support.supported:
+            results[c.name] = {"status": "n/a", "reason": support.reason}
+            continue
+        late = deadline.passed()
+        if late:
+            results[c.name] = {"status": "skipped", "reason": late}
+            continue
+        model = copy.deepcopy(base).to(device=device, memory_format=torch.channels_last)  # same initial weights
+        step = make_step(c, model, x, y, device)
+        search = c.search or args.fp32_search
+        results[c.name] = {"status": "ok", "tf32": c.tf32 and device.type == "cuda", "cudnn_search": search and device.type == "cuda"}
+        start = time.perf_counter()
+        warm = run(c, step, max(args.warmup, 1))  # the first step: cuDNN's search, optimizer state, the scale settling
+        results[c.name].update(first_step_s=warm[0], warmup_s=time.perf_counter() - start)
+        steps[c.name] = (c, step)
+        print(f"# warm-up {c.name}: first step {warm[0]:.2f} s, {len(warm)} steps in {time.perf_counter() - start:.2f} s"
+              f" (cuDNN search {'on' if search else 'off'})", flush=True)
+
+    times: dict[str, list[float]] = {name: [] for name in steps}
     order = list(steps)
     for r in range(args.rounds):
+        if r and deadline.passed():
+            print(f"# rounds: {r} of {args.rounds} done when the time limit was reached", flush=True)
+            break
         for name in order if r % 2 == 0 else order[::-1]:
-            times[name] += run(name, args.steps)
+            times[name] += run(*steps[name], args.steps)
 
     for name, t in times.items():
         median = statistics.median(t)
@@ -253,13 +279,17 @@ def table(results: dict[str, dict[str, object]]) -> list[str]:
     def speedup(r: dict[str, object], key: str) -> str:
         return f"{r[key]:.2f}x" if key in r else "n/a"
 
-    lines = ["| contender | TF32 | step (ms) | images/s | vs TF32 | vs FP32 |", "|---|---|---:|---:|---:|---:|"]
+    lines = ["| contender | TF32 | cuDNN search | step (ms) | images/s | vs TF32 | vs FP32 | first step (s) |", "|---|---|---|---:|---:|---:|---:|---:|"]
     for name, r in results.items():
         if r["status"] != "ok":
-            lines.append(f"| {name} | n/a | n/a | n/a | n/a | n/a |")
+            lines.append(f"| {name} | {r['status']}: {str(r['reason']).replace('|', '/')} | | | | | | |")
             continue
         tf32 = "on" if r["tf32"] else "off"
-        lines.append(f"| {name} | {tf32} | {r['step_ms']:.1f} | {r['images_per_s']:.1f} | {speedup(r, 'vs_tf32')} | {speedup(r, 'vs_fp32')} |")
+        search = "on" if r["cudnn_search"] else "off"
+        lines.append(
+            f"| {name} | {tf32} | {search} | {r['step_ms']:.1f} | {r['images_per_s']:.1f} | {speedup(r, 'vs_tf32')} | "
+            f"{speedup(r, 'vs_fp32')} | {r['first_step_s']:.2f} |"
+        )
     return lines
 
 
@@ -269,43 +299,41 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, help="images per step (default 256; 2 with --smoke)")
     parser.add_argument("--image", type=int, help="image side in pixels (default 224; 32 with --smoke)")
     parser.add_argument("--width", type=int, help="stem channels: 64 is ResNet-50 (default; 8 with --smoke)")
-    parser.add_argument("--steps", type=int, help="timed steps per contender per round (default 12 on CUDA, 2 on CPU, 1 with --smoke)")
+    parser.add_argument("--steps", type=int, help="timed steps per contender per round (default 8 on CUDA, 2 on CPU, 1 with --smoke)")
     parser.add_argument("--rounds", type=int, help="interleaved rounds (default 3; 2 with --smoke)")
-    parser.add_argument("--warmup", type=int, help="untimed steps per contender first (default 5 on CUDA, 1 on CPU or with --smoke)")
+    parser.add_argument("--warmup", type=int, help="untimed steps per contender first, at least 1 (default 3 on CUDA, 1 on CPU or with --smoke)")
+    parser.add_argument("--fp32-search", action="store_true", help="cuDNN's algorithm search for the FP32 row too (slow on a GPU: see the notes)")
     parser.add_argument("--smoke", action="store_true", help="a tiny run that checks the script works (CI), not a measurement")
+    add_time_limit(parser)
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args(argv)
     cuda = torch.device(args.device).type == "cuda"
     if cuda and not torch.cuda.is_available():
         parser.error(f"--device {args.device}: torch {torch.__version__} sees no CUDA device; run on a GPU machine or pass --device cpu.")
     defaults = {"batch": 2, "image": 32, "width": 8, "steps": 1, "rounds": 2, "warmup": 1} if args.smoke else {
-        "batch": 256, "image": 224, "width": 64, "steps": 12 if cuda else 2, "rounds": 3, "warmup": 5 if cuda else 1
+        "batch": 256, "image": 224, "width": 64, "steps": 8 if cuda else 2, "rounds": 3, "warmup": 3 if cuda else 1
     }
     for key, value in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
     for key in defaults:
-        if getattr(args, key) < (0 if key == "warmup" else 1):
-            parser.error(f"--{key} {getattr(args, key)}: must be at least {0 if key == 'warmup' else 1}.")
+        if getattr(args, key) < 1:
+            parser.error(f"--{key} {getattr(args, key)}: must be at least 1.")
     return args
 
 
 def main(argv: list[str] | None = None) -> dict[str, object]:
     args = parse_args(argv)
     device = torch.device(args.device)
-    on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
-    with restored_switches(), on_device:  # events and streams of the chosen GPU, not of GPU 0
-        torch.backends.cudnn.benchmark = True
-        results, source = measure(args, device)
     machine = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
     print(f"# cnn_throughput  {date.today()}  torch {torch.__version__}  device {device} ({machine}), {torch.get_num_threads()} threads")
     print(f"# command: python {' '.join(sys.argv if argv is None else ['benchmarks/cnn_throughput.py', *argv])}")
-    print(f"# {source}; batch {args.batch}, {args.image}x{args.image} px, channels_last, SGD momentum 0.9, cudnn.benchmark on")
-    print(f"# {args.warmup} warm-up steps, then {args.rounds} interleaved rounds of {args.steps} timed steps per contender; medians")
-    for name, r in results.items():
-        if r["status"] != "ok":
-            print(f"# {name}: n/a: {r['reason']}")
-    print("\n".join(table(results)))
+    print(f"# channels_last, SGD momentum 0.9; {args.warmup} warm-up steps, then {args.rounds} interleaved rounds of {args.steps} "
+          "timed steps per contender; medians", flush=True)
+    on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    with restored_switches(), on_device:  # events and streams of the chosen GPU, not of GPU 0
+        results, source = measure(args, device, Deadline(args.time_limit))
+    print("\n".join(table(results)), flush=True)
     report = {"torch": torch.__version__, "device": str(device), "machine": machine, "model": source, "args": vars(args), "results": results}
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2), encoding="utf-8")

@@ -1,4 +1,11 @@
-"""fp8 against bf16-mixed: end to end on gpt large and a 1B-class GPT, and per Linear shape, predicted vs measured.
+"""fp8 against bf16-mixed: per Linear shape, predicted vs measured, then end to end on a 1B-class GPT and gpt large.
+
+Per layer (first: it says which layers pay, and each shape is a short measurement): every distinct
+``(tokens, in, out)`` Linear shape of both models, forward and backward of one compiled Linear under bf16 autocast
+against torchao's ``Float8Linear`` (tensorwise for every shape, rowwise where the filter converts), medians over
+repetitions, beside the roofline's prediction (:func:`ampkit.policy.fp8_roofline.predict_linear` with this GPU's
+spec): which shapes the ``"auto"`` filter converts, and whether the measurement agrees (pays / does not pay). The
+table may take :data:`LAYER_SHARE` of ``--time-limit``.
 
 End to end: each model trains under ``bf16-mixed``, ``fp8-tensorwise`` and ``fp8-rowwise`` (the policies' default
 ``layers="auto"``, with ``tokens`` set to the rows each Linear really multiplies per micro-batch; for gpt large also
@@ -7,14 +14,14 @@ End to end: each model trains under ``bf16-mixed``, ``fp8-tensorwise`` and ``fp8
 whole-model compile per policy would not fit the GPU suite's time), the embedding and the head eager. Same
 weights, same batches (the gpt workload's stdlib text) for every policy; the policies run back to back in one
 process. Per row: median step time after warm-up (CUDA events, one synchronize after the timed steps), tokens/s,
-speed-up over bf16-mixed, the loss after the last step and its difference from bf16-mixed's (the control), peak
-memory, and how many Linear layers run in fp8. An ``"auto"`` policy that converts no layer trains exactly as
-bf16-mixed: it is reported as such, not run again.
+speed-up over bf16-mixed, the loss averaged over the last third of the timed steps, the **gap** to bf16-mixed's (the
+control, step by step on the same batches) with its noise (2 standard errors of the per-step differences: a gap
+inside it is not told apart from rounding at this length) and the same gap over the first steps (whether the runs
+drift apart or come together), peak memory, and how many Linear layers run in fp8. An ``"auto"`` policy that
+converts no layer trains exactly as bf16-mixed: it is reported as such, not run again.
 
-Per layer: every distinct ``(tokens, in, out)`` Linear shape of both models, forward and backward of one compiled
-Linear under bf16 autocast against torchao's ``Float8Linear`` (each recipe), medians over repetitions, beside the
-roofline's prediction (:func:`ampkit.policy.fp8_roofline.predict_linear` with this GPU's spec): which shapes the
-``"auto"`` filter converts, and whether the measurement agrees (pays / does not pay).
+Last, where the end-to-end gain goes (:func:`gain_accounting`): what the converted layers save per step by the
+roofline, measured one layer at a time, and in the whole step; the rest is what converting costs around them.
 
 A recipe the device cannot run (rowwise below sm90) is reported as skipped with the reason. Without torchao the
 script says how to bring it and exits 3. ``--smoke`` runs tiny models on the CPU in torchao's emulation (seconds;
@@ -28,12 +35,11 @@ from __future__ import annotations
 
 import argparse
 import copy
-import gc
 import json
+import math
 import statistics
 import sys
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date
@@ -49,6 +55,7 @@ from ampkit.policy.device import cpu_name
 from ampkit.policy.fp8 import FP8Rowwise, FP8Tensorwise, missing_torchao
 from ampkit.policy.fp8_roofline import measure_linear_tokens, predict_linear
 from ampkit.policy.lowbit_optimizers import quiet_library_logs
+from measured_rows import Deadline, Printer, add_time_limit, attempt
 
 SMOKE = {"steps": 2, "warmup": 1, "reps": 2}
 """What ``--smoke`` changes: tiny models (below), 1 warm-up and 2 timed steps, no compile unless ``--backend`` names
@@ -153,42 +160,6 @@ class Timer:
         return [start.elapsed_time(end) / 1e3 for start, end in events], results
 
 
-class Deadline:
-    """The script's own time limit: work not started before it is reported as skipped, not cut mid-way."""
-
-    def __init__(self, seconds: float | None) -> None:
-        self.at = None if seconds is None else time.perf_counter() + seconds
-        self.seconds = seconds
-
-    def passed(self) -> str | None:
-        if self.at is not None and time.perf_counter() > self.at:
-            return f"not started: the script's time limit ({self.seconds:.0f} s) was reached"
-        return None
-
-
-def attempt(work: Callable[[], dict[str, Any]], device: torch.device) -> dict[str, Any]:
-    """``work()``'s row with status ok, or, when it raises (out of memory, a kernel or compiler error), a failed row
-    naming the error (its traceback on stderr), so that the other rows are still measured."""
-    try:
-        return {"status": "ok", **work()}
-    except Exception as error:  # noqa: BLE001 - any failure of one row is that row's result
-        traceback.print_exc()
-        first = (str(error).strip().splitlines() or [""])[0][:300]
-        return {"status": "failed", "reason": f"{type(error).__name__}: {first}".replace("|", "/")}
-    finally:
-        release(device)
-
-
-def release(device: torch.device) -> None:
-    """Free what a finished row held before the next starts (a 1B model's weights, gradients and AdamW state are
-    20 GB): compiled modules and engines hold each other in cycles, and dynamo's caches hold the compiled modules."""
-    if "torch._dynamo" in sys.modules:
-        torch._dynamo.reset()
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-
-
 # ---------------------------------------------------------------------------------------------- end to end
 
 
@@ -204,6 +175,36 @@ def policies_for(spec: ModelSpec, emulate: bool) -> list[tuple[str, ampkit.Polic
 
 def compile_options(args: argparse.Namespace) -> dict[str, Any]:
     return {"backend": args.backend} if args.backend else {}
+
+
+def loss_window(steps: int) -> int:
+    """How many of the last timed steps a row's loss is averaged over: a third of them, 5 to 20."""
+    return max(1, min(20, max(5, steps // 3), steps))
+
+
+def loss_gap(losses: list[float], control: list[float], window: int) -> dict[str, Any]:
+    """The loss gap to the control (same weights, same batches, step by step) and its noise.
+
+    The gap is the mean of the per-step differences over the last ``window`` steps; its noise is their standard
+    error (the differences' standard deviation over sqrt(window)), so a gap within 2 standard errors of zero is
+    not told apart from rounding at this length. The same gap over the first ``window`` steps says whether the
+    runs drift apart or come together as training goes on.
+
+    >>> g = loss_gap([3.0, 2.6, 2.2, 2.1, 2.08, 1.92], [3.0, 2.5, 2.2, 2.0, 2.0, 1.8], window=3)
+    >>> round(g["loss_diff_vs_bf16"], 4), round(2 * g["loss_diff_se"], 4), g["gap_within_noise"], round(g["loss_diff_early"], 4)
+    (0.1, 0.0231, False, 0.0333)
+    """
+    diffs = [a - b for a, b in zip(losses, control)]
+    late, early = diffs[-window:], diffs[:window]
+    se = statistics.stdev(late) / math.sqrt(len(late)) if len(late) > 1 else math.nan
+    gap = statistics.fmean(late)
+    return {
+        "loss_diff_vs_bf16": gap,
+        "loss_diff_se": se,
+        "gap_within_noise": bool(abs(gap) <= 2 * se) if math.isfinite(se) else None,
+        "loss_diff_early": statistics.fmean(early),
+        "loss_window": len(late),
+    }
 
 
 def count_fp8(model: nn.Module) -> int:
@@ -231,13 +232,15 @@ def train_case(base: nn.Module, policy: ampkit.Policy, spec: ModelSpec, batches:
         return loss.detach()
 
     timer = Timer(device)
-    warm_s, _ = timer.run(step, args.warmup)
+    warm_s, warm_losses = timer.run(step, args.warmup)
     step_s, losses = timer.run(step, args.steps)
     median = statistics.median(step_s)
+    curve = [float(v) for v in torch.stack([*warm_losses, *losses]).cpu()]  # one read-back, after the timed steps
     row = {
         "step_s": median,
         "tokens_per_s": spec.tokens / median,
-        "loss": float(losses[-1]),
+        "losses": curve,
+        "loss": statistics.fmean(curve[-loss_window(args.steps):]),
         "compile_s": max(0.0, warm_s[0] - median),
         "peak_memory_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
         "fp8_layers": count_fp8(model),
@@ -271,7 +274,8 @@ def run_model(spec: ModelSpec, args: argparse.Namespace, device: torch.device, d
             reference = row  # bf16-mixed: the control
         if row["status"] == "ok" and reference is not None:
             row["speedup_vs_bf16"] = reference["step_s"] / row["step_s"]
-            row["loss_diff_vs_bf16"] = row["loss"] - reference["loss"]
+            if row is not reference:
+                row |= loss_gap(row["losses"], reference["losses"], loss_window(args.steps))
         rows.append(row)
         emit(row)
     return rows
@@ -342,15 +346,17 @@ def measure_layers(models: tuple[ModelSpec, ...], args: argparse.Namespace, devi
     target = tensorwise.planning_spec(device.type)
     recipes = [(cls.name, cls(emulate=args.emulate)) for cls in FP8_POLICIES]
     shapes: dict[tuple[int, int, int], list[str]] = {}
+    by_model: dict[tuple[int, int, int], dict[str, int]] = {}
     for spec in models:
         for key, names in linear_shapes(spec).items():
             shapes.setdefault(key, []).extend(f"{spec.name}: {n}" for n in names)
+            by_model.setdefault(key, {})[spec.name] = len(names)
     rows = []
     for (tokens, k, n), names in shapes.items():
         cost = predict_linear(target, tokens, k, n)
         plan = FP8Tensorwise(tokens=tokens, emulate=args.emulate).plan_layers(nn.Sequential(nn.Linear(k, n, device="meta")), device.type)[0]
         row: dict[str, Any] = {
-            "tokens": tokens, "in": k, "out": n, "layers": len(names), "examples": names[:3],
+            "tokens": tokens, "in": k, "out": n, "layers": len(names), "layers_by_model": by_model[(tokens, k, n)], "examples": names[:3],
             "planned_for": target.name, "predicted_bf16_s": cost.bf16_s, "predicted_fp8_s": cost.fp8_s,
             "predicted_speedup": cost.speedup, "filter_converts": plan.convert, "filter_reason": plan.reason,
         }
@@ -360,7 +366,12 @@ def measure_layers(models: tuple[ModelSpec, ...], args: argparse.Namespace, devi
             rows.append(row)
             emit(row)
             continue
-        row |= attempt(lambda: measure_shape(tokens, k, n, recipes, args, device), device)
+        # Rowwise only where the filter converts: a shape it keeps in bf16 is the filter's call to check, and
+        # tensorwise (the cheaper recipe) checks it; each measured recipe is one more compile.
+        chosen = [(name, policy) for name, policy in recipes if plan.convert or name == "fp8-tensorwise"]
+        row |= attempt(lambda: measure_shape(tokens, k, n, chosen, args, device), device)
+        if not plan.convert:
+            row["fp8-rowwise_skipped"] = "not measured: the filter keeps this shape in bf16"
         measured = row.get("measured_fp8-tensorwise_speedup")
         if measured is not None:
             row["measured_pays"] = measured > 1.0
@@ -370,6 +381,47 @@ def measure_layers(models: tuple[ModelSpec, ...], args: argparse.Namespace, devi
     return rows
 
 
+LAYER_SHARE = 0.4
+"""The share of ``--time-limit`` the per-layer table may take before the end-to-end runs start."""
+
+
+def gain_accounting(model: str, policy: str, runs: list[dict[str, Any]], layers: list[dict[str, Any]]) -> dict[str, Any]:
+    """Where ``policy``'s end-to-end gain on ``model`` goes: what the roofline predicted the converted layers would
+    save per step, what they saved measured one at a time, and what the whole step saved. The difference between
+    the last two is what converting costs outside the layers' own forward and backward (the casts and scale
+    reductions around them inside the compiled blocks, the weights' fp8 copies) or what the layers lose inside a
+    block. Shapes measured slower than predicted are named.
+
+    >>> runs = [{"model": "m", "policy": "bf16-mixed", "status": "ok", "step_s": 0.2}, {"model": "m", "policy": "fp8-tensorwise", "status": "ok", "step_s": 0.18}]
+    >>> layers = [{"status": "ok", "filter_converts": True, "layers_by_model": {"m": 10}, "tokens": 8, "in": 4, "out": 4, "predicted_bf16_s": 0.004,
+    ...            "predicted_fp8_s": 0.003, "predicted_speedup": 1.33, "measured_bf16_s": 0.004, "measured_fp8-tensorwise_s": 0.0035, "measured_fp8-tensorwise_speedup": 1.14}]
+    >>> a = gain_accounting("m", "fp8-tensorwise", runs, layers)
+    >>> round(a["predicted_saving_s"], 4), round(a["layers_saving_s"], 4), round(a["step_saving_s"], 4)
+    (0.01, 0.005, 0.02)
+    """
+    rows = {r["policy"]: r for r in runs if r["model"] == model and r["status"] == "ok"}
+    converted = [r for r in layers if r.get("filter_converts") and r.get("layers_by_model", {}).get(model)]
+    measured = [r for r in converted if r["status"] == "ok" and f"measured_{policy}_s" in r]
+    out: dict[str, Any] = {"model": model, "policy": policy}
+    if "bf16-mixed" not in rows or policy not in rows or not converted:
+        out["text"] = f"{policy} on {model}: nothing to account for (no layer converted, or no end-to-end row beside bf16-mixed's)."
+        return out
+    n = {id(r): r["layers_by_model"][model] for r in converted}
+    out["predicted_saving_s"] = sum(n[id(r)] * (r["predicted_bf16_s"] - r["predicted_fp8_s"]) for r in converted)
+    out["layers_saving_s"] = sum(n[id(r)] * (r["measured_bf16_s"] - r[f"measured_{policy}_s"]) for r in measured) if len(measured) == len(converted) else None
+    out["step_saving_s"] = rows["bf16-mixed"]["step_s"] - rows[policy]["step_s"]
+    slow = [f"{r['tokens']}x{r['in']}x{r['out']} ({r[f'measured_{policy}_speedup']:.2f}x measured, {r['predicted_speedup']:.2f}x predicted)"
+            for r in measured if r[f"measured_{policy}_speedup"] < r["predicted_speedup"]]
+    layers_text = "not measured for every converted shape" if out["layers_saving_s"] is None else f"{1e3 * out['layers_saving_s']:.2f} ms measured one layer at a time"
+    out["text"] = (
+        f"{policy} on {model}: the converted layers' forward and backward save {1e3 * out['predicted_saving_s']:.2f} ms a step by the roofline, "
+        f"{layers_text}; the whole step saves {1e3 * out['step_saving_s']:.2f} ms "
+        f"({rows['bf16-mixed']['step_s'] / rows[policy]['step_s']:.2f}x). "
+        + (f"Slower than predicted: {'; '.join(slow)}." if slow else "No converted shape measured slower than predicted.")
+    )
+    return out
+
+
 # ---------------------------------------------------------------------------------------------- output
 
 
@@ -377,7 +429,10 @@ def _f(value: Any, pattern: str, scale: float = 1.0) -> str:
     return pattern.format(value * scale) if isinstance(value, (int, float)) and not isinstance(value, bool) else "—"
 
 
-RUN_HEAD = "| model | policy | status | step (ms) | tokens/s | vs bf16-mixed | loss | loss - bf16's | peak memory (GiB) | fp8 layers | note |\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|"
+RUN_HEAD = (
+    "| model | policy | status | step (ms) | tokens/s | vs bf16-mixed | loss (last steps) | gap to bf16 ± 2 SE | gap, first steps | "
+    "peak memory (GiB) | fp8 layers | note |\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+)
 LAYER_HEAD = (
     "| tokens x in x out | layers | predicted bf16 / fp8 (ms) | predicted speed-up | filter | measured bf16 (ms) | "
     "measured tensorwise (ms) | measured speed-up tw / rw | tensorwise, measured | filter agrees |\n|---|---:|---:|---:|---|---:|---:|---:|---|---|"
@@ -388,9 +443,17 @@ def run_line(r: dict[str, Any]) -> str:
     fp8 = f"{r['fp8_layers']} / {r['linear_layers']}" if "linear_layers" in r else "—"
     return (
         f"| {r['model']} | {r['policy']} | {r['status']} | {_f(r.get('step_s'), '{:.2f}', 1e3)} | {_f(r.get('tokens_per_s'), '{:,.0f}')} | "
-        f"{_f(r.get('speedup_vs_bf16'), '{:.2f}x')} | {_f(r.get('loss'), '{:.4f}')} | {_f(r.get('loss_diff_vs_bf16'), '{:+.4f}')} | "
+        f"{_f(r.get('speedup_vs_bf16'), '{:.2f}x')} | {_f(r.get('loss'), '{:.4f}')} | {_gap(r)} | {_f(r.get('loss_diff_early'), '{:+.4f}')} | "
         f"{_f(r.get('peak_memory_bytes'), '{:.1f}', 2**-30)} | {fp8} | {r['reason'].replace('|', '/')} |"
     )
+
+
+def _gap(r: dict[str, Any]) -> str:
+    if "loss_diff_vs_bf16" not in r:
+        return "—"
+    noise = "" if not math.isfinite(r["loss_diff_se"]) else f" ± {2 * r['loss_diff_se']:.4f}"
+    within = {True: " (within noise)", False: "", None: ""}[r["gap_within_noise"]]
+    return f"{r['loss_diff_vs_bf16']:+.4f}{noise}{within}"
 
 
 def layer_line(r: dict[str, Any]) -> str:
@@ -407,30 +470,14 @@ def layer_line(r: dict[str, Any]) -> str:
     )
 
 
-class Printer:
-    """Prints each row as it is done, under its table's head (a run killed at its limit still shows its rows)."""
-
-    def __init__(self) -> None:
-        self.head = ""
-
-    def table(self, head: str, line: Callable[[dict[str, Any]], str]) -> Callable[[dict[str, Any]], None]:
-        def emit(row: dict[str, Any]) -> None:
-            if self.head != head:
-                print(f"\n{head}", flush=True)
-                self.head = head
-            print(line(row), flush=True)
-
-        return emit
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda")
-    p.add_argument("--steps", type=int, default=10, help="timed training steps per policy (after the warm-up)")
+    p.add_argument("--steps", type=int, default=30, help="timed training steps per policy (after the warm-up); the loss gap is read over the last third")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first (the first compiles)")
     p.add_argument("--reps", type=int, default=20, help="timed forward+backward calls per layer shape and variant")
     p.add_argument("--backend", default=None, help="torch.compile backend (default: inductor; 'none': no compile, the smoke's default)")
-    p.add_argument("--time-limit", type=float, default=None, help="seconds; later rows are reported skipped, not cut")
+    add_time_limit(p)
     p.add_argument("--smoke", action="store_true", help="tiny models on the CPU in torchao's emulation: checks the script works")
     p.add_argument("--json", help="also write the run's facts and every row here")
     args = p.parse_args(argv)
@@ -467,24 +514,29 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# end to end: {compiled}, AdamW, {args.warmup} warm-up + {args.steps} timed steps per policy, same weights and batches")
     print(f"# per layer: {'' if args.backend == 'none' else 'compiled '}nn.Linear under bf16 autocast vs Float8Linear, forward + backward, median of {args.reps}")
     deadline = Deadline(args.time_limit)
+    # The per-layer table first: it is what says which layers pay, and each shape is a short measurement. Its own
+    # share of the limit keeps its compiles (one per shape and recipe) from starving the end-to-end runs.
+    layer_deadline = Deadline(None if args.time_limit is None else LAYER_SHARE * args.time_limit)
     printer = Printer()
     emit_run, emit_layer = printer.table(RUN_HEAD, run_line), printer.table(LAYER_HEAD, layer_line)
     first, second = SMOKE_MODELS if args.smoke else FULL_MODELS
-    # Most telling first, should the time limit cut the rest: the 1B model (where fp8 should pay), then the
-    # per-layer check of the filter, then gpt large (where it converts nothing).
+    # Then the 1B model end to end (where fp8 should pay), then gpt large (where the filter converts nothing).
+    layers = measure_layers((first, second), args, device, layer_deadline, emit_layer)
     runs = run_model(first, args, device, deadline, emit_run)
-    layers = measure_layers((first, second), args, device, deadline, emit_layer)
     runs += run_model(second, args, device, deadline, emit_run)
     print("\n## End to end\n")
     print(RUN_HEAD, *map(run_line, runs), sep="\n")
     print("\n## Per Linear shape: the roofline's prediction against the measurement\n")
     print(LAYER_HEAD, *map(layer_line, layers), sep="\n")
+    print("\n## Where the end-to-end gain goes\n")
+    accounting = [gain_accounting(first.name, label, runs, layers) for label in ("fp8-tensorwise", "fp8-rowwise")]
+    print(*(a["text"] for a in accounting), sep="\n\n")
     failed = [r for r in runs + layers if r["status"] == "failed"]
     if args.json:
         facts = {"device": str(device), "device_name": where, "torch": torch.__version__, "torchao": version("torchao"),
                  "command": command, "smoke": args.smoke, "backend": args.backend or "inductor", "steps": args.steps, "warmup": args.warmup, "reps": args.reps}
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({**facts, "runs": runs, "layers": layers}, f, indent=1)
+            json.dump({**facts, "runs": runs, "layers": layers, "accounting": accounting}, f, indent=1)
     if failed:
         print(f"\nfp8_training: {len(failed)} row(s) failed (their errors are above)", file=sys.stderr)
     return 1 if failed else 0

@@ -102,6 +102,8 @@ def run(workload_name: str, size: str, policies: list[str], rounds: int, steps: 
                 float(((a - b).abs().max() / b.abs().max().clamp(min=1e-12))) for a, b in zip(e.masters(), twin.masters())
             )
             row["fused_calls"] = e.engine.fused_step.calls if e.engine.fused_step is not None else 0
+            # A region that failed to compile leaves the run on the unfused step: then this row times that.
+            row["fused_failure"] = e.engine.fused_step.failure if e.engine.fused_step is not None else None
         rows.append(row)
     n_params = sum(p.numel() for p in base.parameters())
     return {"workload": workload_name, "size": size, "params": n_params, "tensors": len(list(base.parameters())), "rows": rows, "steps_each": rounds * steps}
@@ -134,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
         facts = {"device": str(device), "device_name": where, "torch": torch.__version__, "command": command}
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({**facts, **result}, f, indent=1)
+    for r in result["rows"]:
+        if r.get("fused_failure"):
+            print(f"# {r['engine']}: the region failed to compile ({r['fused_failure']}); its row times the unfused step")
     print("| optimizer step | median | time / bf16-mixed's | fused vs unfused | compile time | masters, max rel. diff fused/unfused |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for r in result["rows"]:

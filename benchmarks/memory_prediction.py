@@ -4,7 +4,8 @@ For each built-in workload and policy: one `estimate` (fake tensors, nothing all
 (the same two engine steps on real tensors), and on CUDA the allocator's own peak
 (torch.cuda.max_memory_allocated). Prints the prediction error of the total and of the peak, and the saved-
 activation ratio of each policy to 32-true (the physical limit for 16-bit activations is 0.5). The Markdown table
-comes last; --json writes its rows.
+is printed a row at a time, each the moment it is measured; --json writes its rows. ``--time-limit S``: rows not started
+by then are reported skipped (the GPU suite's step).
 
     python benchmarks/memory_prediction.py                                  # CPU: every CPU policy, small sizes
     python benchmarks/memory_prediction.py --device cuda --size large       # on a GPU: against the allocator too
@@ -27,6 +28,7 @@ from ampkit.bench.workloads import get_workload
 from ampkit.cli.env import collect_env
 from ampkit.memory import estimate, measure
 from ampkit.policy import get_policy, policy_names
+from measured_rows import Deadline, Printer, add_time_limit, attempt
 
 MiB = 2**20
 
@@ -61,20 +63,37 @@ def _row(name: str, e: Any, m: Any, reference: int | None, seconds: tuple[float,
     }
 
 
-def _markdown(rows: list[dict[str, Any]], cuda: bool) -> list[str]:
+def _head(cuda: bool) -> str:
     head = "| workload | policy | batch | activations MiB | activ. vs 32-true | total MiB est. | total err | peak MiB est. | peak err |"
     if cuda:
         head += " allocator peak MiB | est. peak vs allocator |"
     head += " estimate s | measure s |"
-    lines = [head, "|" + "---|" * (head.count("|") - 1)]
-    for r in rows:
-        ratio = f"{r['activations_vs_32_true']:.3f}" if r["activations_vs_32_true"] is not None else "-"
-        line = (f"| {r['workload']} | {r['policy']} | {r['batch']} | {r['activations'] / MiB:.2f} | {ratio} | "
-                f"{r['total_estimate'] / MiB:.2f} | {r['total_error']:+.2%} | {r['peak_estimate'] / MiB:.2f} | {r['peak_error']:+.2%} |")
-        if cuda:
-            line += f" {r['allocator_peak'] / MiB:.2f} | {r['peak_vs_allocator']:+.2%} |"
-        lines.append(line + f" {r['estimate_s']:.2f} | {r['measure_s']:.2f} |")
-    return lines
+    return head + "\n|" + "---|" * (head.count("|") - 1)
+
+
+def _line(r: dict[str, Any], cuda: bool) -> str:
+    if r["status"] != "ok":
+        return f"| {r['workload']} | {r['policy']} | {r['status']}: {r['reason']} |" + " |" * (_head(cuda).count("|") // 2 - 4)
+    ratio = f"{r['activations_vs_32_true']:.3f}" if r["activations_vs_32_true"] is not None else "-"
+    line = (f"| {r['workload']} | {r['policy']} | {r['batch']} | {r['activations'] / MiB:.2f} | {ratio} | "
+            f"{r['total_estimate'] / MiB:.2f} | {r['total_error']:+.2%} | {r['peak_estimate'] / MiB:.2f} | {r['peak_error']:+.2%} |")
+    if cuda:
+        line += f" {r['allocator_peak'] / MiB:.2f} | {r['peak_vs_allocator']:+.2%} |"
+    return line + f" {r['estimate_s']:.2f} | {r['measure_s']:.2f} |"
+
+
+def _markdown(rows: list[dict[str, Any]], cuda: bool) -> list[str]:
+    return [_head(cuda), *(_line(r, cuda) for r in rows)]
+
+
+def _prepared(name: str, size: str) -> tuple[Any, Any, Any]:
+    """The workload's model and first batch, in channels_last where the workload trains so."""
+    w = get_workload(name, size=size, seed=0)
+    model = w.model.to(memory_format=torch.channels_last) if w.channels_last else w.model
+    batch = w.batch(0)
+    if w.channels_last:
+        batch = tuple(t.contiguous(memory_format=torch.channels_last) if isinstance(t, torch.Tensor) and t.dim() == 4 else t for t in batch)
+    return model, batch, w
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--precision", help="comma-separated policies (default: every policy the device runs)")
     p.add_argument("--smoke", action="store_true", help="tiny sizes, 32-true and the device's mixed policy, no resnet: seconds, for CI")
     p.add_argument("--json", type=Path, metavar="PATH", help="also write the rows (bytes, errors as fractions) to PATH")
+    add_time_limit(p)
     args = p.parse_args(argv)
     device = torch.device(args.device)
     size = args.size or ("tiny" if args.smoke else "small")
@@ -102,30 +122,37 @@ def main(argv: list[str] | None = None) -> int:
         print("# allocator: torch.cuda.max_memory_allocated over the measured steps, above what was allocated before "
               "(cuBLAS workspaces created beforehand, so no row carries them).")
     _warm_up(device)
+    deadline = Deadline(args.time_limit)
+    emit = Printer().table(_head(cuda), lambda r: _line(r, cuda))
     rows: list[dict[str, Any]] = []
     for name in workloads:
-        w = get_workload(name, size=size, seed=0)
-        model = w.model.to(memory_format=torch.channels_last) if w.channels_last else w.model
-        batch = w.batch(0)
-        if w.channels_last:
-            batch = tuple(t.contiguous(memory_format=torch.channels_last) if isinstance(t, torch.Tensor) and t.dim() == 4 else t for t in batch)
-        options = {"loss_fn": w.loss_fn, "clip_grad_norm": w.clip_grad_norm}
         reference = None
-        for policy in policies:
+        workload: list[Any] = []  # built at its first row that starts, once
+
+        def one(policy: str) -> dict[str, Any]:
+            if not workload:
+                workload.append(_prepared(name, size))
+            model, batch, w = workload[0]
+            options = {"loss_fn": w.loss_fn, "clip_grad_norm": w.clip_grad_norm}
             t0 = time.perf_counter()
             e = estimate(model, batch, w.optimizer, policy, device, **options)
             t1 = time.perf_counter()
             m = measure(model, batch, w.optimizer, policy, device, **options)
             t2 = time.perf_counter()
-            if reference is None and e.precision == "32-true":
-                reference = m.activations
-            rows.append(_row(name, e, m, reference, (t1 - t0, t2 - t1)))
-            print(f"# {name} {e.precision}: total err {rows[-1]['total_error']:+.2%}, peak err {rows[-1]['peak_error']:+.2%}", flush=True)
+            return _row(name, e, m, reference, (t1 - t0, t2 - t1))
+
+        for policy in policies:
+            late = deadline.passed()
+            row = {"workload": name, "policy": policy, "status": "skipped", "reason": late} if late else attempt(lambda: one(policy), device)
+            row.setdefault("workload", name)
+            row.setdefault("policy", policy)
+            if reference is None and row["status"] == "ok" and row["policy"] == "32-true":
+                reference = row["activations"]
+            rows.append(row)
+            emit(row)
     if args.json:
         args.json.write_text(json.dumps({"device": str(device), "name": dev["name"], "size": size, "torch": torch.__version__, "rows": rows}, indent=1))
-    print()
-    print("\n".join(_markdown(rows, cuda)))
-    return 0
+    return 0 if all(r["status"] != "failed" for r in rows) else 1
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ activation, one device-to-host transfer), and the amortized overhead over N step
     python benchmarks/numerics_sampler.py --smoke --json rows.json   # tiny gpt, a few steps: checks the script runs
 
 The precision defaults to the mixed policy a user picks on the device: ``16-mixed`` (fp16, loss scaling) on CUDA,
-``bf16-mixed`` on the CPU. ``--json`` writes the run's facts and the rows; the Markdown table is printed last.
+``bf16-mixed`` on the CPU. ``--json`` writes the run's facts and the rows; each row of the Markdown table is printed when it is measured, and
+``--time-limit S`` ends the rounds early (after one at least) and skips the workloads not started.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from ampkit.bench.workload import call_model, output_as_float
 from ampkit.bench.workloads import get_workload
 from ampkit.numerics.sampler import NumericsSampler
 from ampkit.policy.device import cpu_name
+from measured_rows import Deadline, Printer, add_time_limit, attempt
 
 SMOKE = {"size": "tiny", "workloads": "gpt", "every": 4, "rounds": 2}
 """What ``--smoke`` runs: seconds on a CPU, every code path of the script."""
@@ -65,7 +67,9 @@ def trainer(workload: Any, model: torch.nn.Module, precision: str, sampler: Nume
     return step
 
 
-def one(name: str, size: str, precision: str, every: int, rounds: int, device: torch.device) -> dict[str, Any]:
+def one(name: str, size: str, precision: str, every: int, rounds: int, device: torch.device, deadline: Deadline | None = None) -> dict[str, Any]:
+    """One workload's row: both engines warmed up, then interleaved rounds until the last or the deadline (one at
+    least: each round samples once)."""
     w = get_workload(name, size=size)
     batches = [to_device(b, device, w.channels_last) for b in w.train_batches[:every]]
     base = w.model.to(device)
@@ -80,6 +84,9 @@ def one(name: str, size: str, precision: str, every: int, rounds: int, device: t
     order = ["off", "on"]
     counter = 3  # optimizer steps taken so far by each engine
     for r in range(rounds):
+        if r and deadline is not None and deadline.passed():
+            print(f"# {name}: {r} of {rounds} rounds done when the time limit was reached", flush=True)
+            break
         for key in order if r % 2 == 0 else order[::-1]:
             for i in range(every):
                 t = steps[key](*batches[i % len(batches)])
@@ -88,7 +95,7 @@ def one(name: str, size: str, precision: str, every: int, rounds: int, device: t
         counter += every
     off, on = statistics.median(times["off"]), statistics.median(times["on"])
     cost = statistics.median(sampled) if sampled else float("nan")
-    return {"workload": name, "off": off, "on": on, "sampled": cost, "amortized": (off * (every - 1) + cost) / (every * off), "n_sampled": len(sampled)}
+    return {"workload": name, "status": "ok", "off": off, "on": on, "sampled": cost, "amortized": (off * (every - 1) + cost) / (every * off), "n_sampled": len(sampled)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cpu")
     p.add_argument("--smoke", action="store_true", help=f"a tiny run that checks the script works: {SMOKE}")
     p.add_argument("--json", help="also write the run's facts and the rows here")
+    add_time_limit(p)
     args = p.parse_args(argv)
     if args.smoke:
         vars(args).update(SMOKE)
@@ -113,22 +121,34 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# numerics sampler  {date.today()}  torch {torch.__version__}  device {device} ({where}), {torch.get_num_threads()} threads")
     print(f"# command: {command}")
     print(f"# size {args.size}, {precision}, sample every {args.every} steps, {args.rounds} interleaved rounds of {args.every} steps per engine")
-    rows = [one(n.strip(), args.size, precision, args.every, args.rounds, device) for n in args.workloads.split(",") if n.strip()]
+    deadline = Deadline(args.time_limit)
+    emit = Printer().table(HEAD, row_line)
+    rows = []
+    for name in (n.strip() for n in args.workloads.split(",") if n.strip()):
+        late = deadline.passed()
+        row = {"workload": name, "status": "skipped", "reason": late} if late else attempt(lambda: one(name, args.size, precision, args.every, args.rounds, device, deadline), device)
+        row.setdefault("workload", name)
+        rows.append(row)
+        emit(row)
     if args.json:
         facts = {"device": str(device), "device_name": where, "torch": torch.__version__, "command": command, "size": args.size,
                  "precision": precision, "every": args.every, "rounds": args.rounds}  # fmt: skip
         rows_out = [{k: v if not (isinstance(v, float) and not math.isfinite(v)) else None for k, v in r.items()} for r in rows]
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({**facts, "rows": rows_out}, f, indent=1, allow_nan=False)
-    print("| workload | step, no sampler | step not sampled | sampled step | sampled / plain | amortized over N |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
-    for r in rows:
-        name = r["workload"]
-        print(
-            f"| {name} | {r['off'] * 1e3:.2f} ms | {r['on'] * 1e3:.2f} ms | {r['sampled'] * 1e3:.1f} ms ({r['n_sampled']} samples) "
-            f"| {r['sampled'] / r['off']:.1f}x | {r['amortized']:.3f}x |"
-        )
-    return 0
+    return 0 if all(r["status"] != "failed" for r in rows) else 1
+
+
+HEAD = "| workload | step, no sampler | step not sampled | sampled step | sampled / plain | amortized over N |\n| --- | ---: | ---: | ---: | ---: | ---: |"
+
+
+def row_line(r: dict[str, Any]) -> str:
+    if r["status"] != "ok":
+        return f"| {r['workload']} | {r['status']}: {r['reason']} | | | | |"
+    return (
+        f"| {r['workload']} | {r['off'] * 1e3:.2f} ms | {r['on'] * 1e3:.2f} ms | {r['sampled'] * 1e3:.1f} ms ({r['n_sampled']} samples) "
+        f"| {r['sampled'] / r['off']:.1f}x | {r['amortized']:.3f}x |"
+    )
 
 
 if __name__ == "__main__":

@@ -46,6 +46,7 @@ from ampkit.bench.workloads.digits_aug import build
 from ampkit.policy.device import cpu_name
 from ampkit.profile import LoaderSettings, Profiler, loader_variant, profile_workload
 from ampkit.profile.run import workload_loader
+from measured_rows import Deadline, add_time_limit, attempt
 
 PHASE_ORDER = ("data", "copy", "forward", "backward", "optimizer", "other")
 
@@ -192,10 +193,9 @@ def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1e3:.2f}"
 
 
-def markdown(result: dict[str, Any]) -> str:
-    a, b, s = result["attribution"], result["advice"], result["syncs"]
+def attribution_markdown(a: dict[str, Any], size: str, precision: str) -> str:
     lines = [
-        f"Attribution against the control (augmentation removed), {result['size']}, {result['precision']}, median per step:",
+        f"Attribution against the control (augmentation removed), {size}, {precision}, median per step:",
         "", "| phase | slow dataset (ms) | control (ms) | difference (ms) |", "|---|---|---|---|",
     ]
     for p in PHASE_ORDER:
@@ -204,7 +204,13 @@ def markdown(result: dict[str, Any]) -> str:
     lines += [
         f"| **step** | {_ms(a['step']['slow_s'])} | {_ms(a['step']['control_s'])} | {_ms(a['step']['slow_s'] - a['step']['control_s'])} |",
         f"| augmentation timed alone (per batch) | | | {_ms(a['augmentation_alone_s'])} |",
-        "", "The advice, applied (interleaved rounds, each a fresh epoch, loader start included):", "",
+    ]
+    return "\n".join(lines)
+
+
+def advice_markdown(b: dict[str, Any]) -> str:
+    lines = [
+        "The advice, applied (interleaved rounds, each a fresh epoch, loader start included):", "",
         "| loader | step (ms) | speed-up |", "|---|---|---|",
         f"| as given | {_ms(b['ab_step_s']['as given'])} | 1.00x |",
         f"| advised: {b['advised']} | {_ms(b['ab_step_s']['advised'])} | {b['ab_speedup']:.2f}x |",
@@ -212,19 +218,22 @@ def markdown(result: dict[str, Any]) -> str:
     ]
     for t in b["profile"]["trials"]:
         lines.append(f"| {t['name']} | {_ms(t['step_s'])} | {_ms(t['median_step_s'])} | {_ms(t['epoch_start_s'])} | {t['speedup']:.2f}x |")
-    site = s["sites"][0] if s["sites"] else None
-    lines += [
-        "", "A per-step `loss.item()`:", "",
-        "- found: " + ("none" if site is None else f"{site['per_step']:g} per step at {Path(site['where']).name}: `{site['code']}`"),
-        f"- step with it {_ms(s['ab_step_s']['with .item()'])} ms, without {_ms(s['ab_step_s']['without'])} ms: {s['cost']:.2f}x",
-        "", "The profiler's own overhead (median step per window):", "", "| window | step (ms) | vs plain |", "|---|---|---|",
-    ]
+    lines += ["", "The profiler's own overhead (median step per window):", "", "| window | step (ms) | vs plain |", "|---|---|---|"]
     o = b["profile"]["overhead"]
     plain = o["plain_step_s"]
     for key, name in (("plain_step_s", "plain (unprofiled)"), ("profiled_step_s", "phases timed"), ("sync_step_s", "syncs counted"), ("trace_step_s", "torch.profiler")):
         value = o.get(key)
         lines.append(f"| {name} | {_ms(value)} | {'-' if value is None or not plain else f'{value / plain:.2f}x'} |")
     return "\n".join(lines)
+
+
+def syncs_markdown(s: dict[str, Any]) -> str:
+    site = s["sites"][0] if s["sites"] else None
+    return "\n".join([
+        "A per-step `loss.item()`:", "",
+        "- found: " + ("none" if site is None else f"{site['per_step']:g} per step at {Path(site['where']).name}: `{site['code']}`"),
+        f"- step with it {_ms(s['ab_step_s']['with .item()'])} ms, without {_ms(s['ab_step_s']['without'])} ms: {s['cost']:.2f}x",
+    ])
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -242,6 +251,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes and few steps: checks the script runs")
     parser.add_argument("--json", type=Path)
+    add_time_limit(parser)
     args = parser.parse_args(argv)
     if args.smoke:
         args.size, args.warmup, args.plain_steps, args.steps, args.sync_steps, args.trace_steps, args.ab_steps, args.rounds = "tiny", 1, 2, 3, 1, 1, 3, 1
@@ -254,20 +264,28 @@ def main(argv: list[str] | None = None) -> int:
     if args.precision is None:
         support = ampkit.get_policy("bf16-mixed").support(device)
         args.precision = "bf16-mixed" if support.supported and support.fast else "32-true"
-    result = {
+    result: dict[str, Any] = {
         "date": date.today().isoformat(), "torch": torch.__version__, "ampkit": ampkit.__version__,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"{cpu_name()} ({torch.get_num_threads()} threads)",
         "size": args.size, "precision": args.precision,
-        "attribution": attribution(args, device, args.precision),
-        "advice": advice_applied(args, device, args.precision),
-        "syncs": syncs(args, device, args.precision),
     }
-    print(f"ampkit profile against controls: digits-aug {args.size}, {args.precision}, {result['device']}, torch {torch.__version__}, {result['date']}\n")
-    print(markdown(result))
+    print(f"ampkit profile against controls: digits-aug {args.size}, {args.precision}, {result['device']}, torch {torch.__version__}, {result['date']}", flush=True)
+    # Each part printed the moment it is measured, most telling first; a part not started by the time limit says so.
+    deadline = Deadline(args.time_limit)
+    parts = (
+        ("attribution", lambda: attribution(args, device, args.precision), lambda r: attribution_markdown(r, args.size, args.precision)),
+        ("syncs", lambda: syncs(args, device, args.precision), syncs_markdown),
+        ("advice", lambda: advice_applied(args, device, args.precision), advice_markdown),
+    )
+    for key, work, show in parts:
+        late = deadline.passed()
+        result[key] = {"status": "skipped", "reason": late} if late else attempt(work, device)
+        part = result[key]
+        print("\n" + (show(part) if part["status"] == "ok" else f"{key}: {part['status']}: {part['reason']}"), flush=True)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2) + "\n")
-    return 0
+    return 0 if all(result[k]["status"] != "failed" for k in ("attribution", "syncs", "advice")) else 1
 
 
 if __name__ == "__main__":

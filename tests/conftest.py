@@ -11,6 +11,7 @@ out of the next.
 from __future__ import annotations
 
 import multiprocessing
+import os
 from pathlib import Path
 
 import pytest
@@ -35,7 +36,29 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+# An xdist worker starts with COLUMNS=80 and LINES=24 in its environment (set while execnet starts it, whatever the
+# controller has), so every subprocess a test started there printed its rich tables squeezed to 80 columns, which the
+# tests that read those tables then failed to parse (seen with pytest-xdist 3.8, execnet 2.1). The controller hands
+# its own values to each worker, which puts them back.
+_TERMINAL_VARIABLES = ("COLUMNS", "LINES")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: object) -> None:
+    """xdist, in the controller: give the worker this process's terminal variables (None: unset)."""
+    node.workerinput["terminal_variables"] = {name: os.environ.get(name) for name in _TERMINAL_VARIABLES}  # type: ignore[attr-defined]
+
+
+def _restore_terminal_variables(config: pytest.Config) -> None:
+    for name, value in getattr(config, "workerinput", {}).get("terminal_variables", {}).items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    _restore_terminal_variables(config)
     config.test_device = _parse_device(config.getoption("--device"))  # type: ignore[attr-defined]
     # Every sparse tensor a test builds is validated. Opting in globally also silences torch's "invariant checks
     # are implicitly disabled" warning (an error here), which torch 2.11 emits even for check_invariants=True.

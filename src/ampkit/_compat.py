@@ -58,6 +58,10 @@ __all__ = [
     "compile_template",
     "own_code",
     "compiled_original",
+    "INDUCTOR_FOREACH_REORDER_ASSERTS",
+    "foreach_region_inductor_config",
+    "with_inductor_config",
+    "compiler_error",
     "GLOO_REDUCE_SCATTER_AVERAGES",
     "fsdp_problem",
     "autograd_sequence_nr",
@@ -199,6 +203,86 @@ def compiled_original(model: object) -> torch.nn.Module | None:
     return None
 
 
+# Inductor's loop reordering after fusion (config.loop_ordering_after_fusion) asserts on a foreach kernel from
+# torch 2.7 to 2.11: FusedSchedulerNode.reorder_loops_by_dep_pair asserts that each part of the node is a plain
+# SchedulerNode, and a ForeachKernelSchedulerNode (a FusedSchedulerNode) holds FusedSchedulerNodes once its parts
+# have fused with another foreach kernel's or with a consumer. A reduction that shares a buffer with such a kernel
+# (a gradient's norm or inf check beside the optimizer's foreach update) asks it to reorder in the last fusion
+# round: the fused master step crashed so on an H200 with torch 2.11 (issue 34). torch 2.12 returns False
+# there instead (pytorch/pytorch#176849). The switch is off by default up to 2.9 and on from 2.10 (unless
+# TORCHINDUCTOR_LOOP_ORDERING_AFTER_FUSION=0); only GPU kernels are affected: CPU kernels group no foreach ops
+# and skip the reordering (Scheduler.shared_data_after_reordering_loop returns at once for a CPU node).
+INDUCTOR_FOREACH_REORDER_ASSERTS = TORCH_VERSION < "2.12"
+
+
+def foreach_region_inductor_config(asserts: bool | None = None) -> dict[str, Any]:
+    """The inductor settings a compiled region of foreach ops needs on this torch (``asserts``: whether the loop
+    reordering defect above is present; default :data:`INDUCTOR_FOREACH_REORDER_ASSERTS`); empty where none.
+
+    Loop reordering helps where two kernels walk one buffer in different orders (a transpose); an optimizer step
+    walks every tensor in storage order, with little to reorder. Off is inductor's default up to 2.9; on the CPU
+    the generated code is the same either way (torch 2.13, the fused master step of gpt small).
+
+    >>> foreach_region_inductor_config(asserts=True), foreach_region_inductor_config(asserts=False)
+    ({'loop_ordering_after_fusion': False}, {})
+    """
+    asserts = INDUCTOR_FOREACH_REORDER_ASSERTS if asserts is None else asserts
+    return {"loop_ordering_after_fusion": False} if asserts else {}
+
+
+def with_inductor_config(kwargs: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+    """``torch.compile`` keyword arguments ``kwargs`` with inductor ``config`` applied to that compilation alone.
+
+    torch.compile hands ``options`` to inductor as a config patch around each compilation of the function (its
+    recompilations included), so the process-wide ``torch._inductor.config`` keeps the user's settings and every
+    other compiled function is untouched. Within the region, a key the caller set in ``kwargs["options"]`` wins;
+    the same key set process-wide (``torch._inductor.config.X = ...``, or an environment variable) is overridden.
+    torch.compile takes ``mode`` or ``options``, not both: a ``mode`` is turned into the options it stands for, as
+    torch does itself. Another backend than inductor gets ``kwargs`` unchanged, and so do a ``mode`` and ``options``
+    given together, for torch.compile to refuse as it always does.
+
+    >>> with_inductor_config({"mode": "default"}, {"loop_ordering_after_fusion": False})
+    {'options': {'loop_ordering_after_fusion': False}}
+    >>> with_inductor_config({"options": {"loop_ordering_after_fusion": True}}, {"loop_ordering_after_fusion": False})
+    {'options': {'loop_ordering_after_fusion': True}}
+    >>> with_inductor_config({"backend": "aot_eager"}, {"loop_ordering_after_fusion": False})
+    {'backend': 'aot_eager'}
+    """
+    both = kwargs.get("mode") is not None and kwargs.get("options") is not None
+    if not config or both or kwargs.get("backend", "inductor") != "inductor":
+        return dict(kwargs)
+    out = dict(kwargs)
+    mode = out.pop("mode", None)
+    # torch.compile's own translation of a mode (torch._inductor.list_mode_options, private; present since 2.0).
+    from torch._inductor import list_mode_options
+
+    from_mode = list_mode_options(mode, out.get("dynamic")) if mode not in (None, "default") else {}
+    out["options"] = {**config, **from_mode, **(out.get("options") or {})}
+    return out
+
+
+def compiler_error(error: BaseException) -> bool:
+    """Whether ``error`` came from torch.compile compiling (dynamo tracing, a backend, inductor, the recompile
+    limit under ``fullgraph``), rather than from running compiled code or from Python.
+
+    torch.compile compiles on a function's first call (and on a recompilation), so its errors surface there. An
+    error of the traced code's own ops also comes wrapped (``TorchRuntimeError``, from tracing with fake tensors):
+    whether it is the compiler's or the program's, only running the same code uncompiled can tell.
+
+    >>> compiler_error(RuntimeError("CUDA out of memory"))
+    False
+    """
+    # Looked up, not imported: without dynamo loaded, nothing has compiled, and importing it costs a second.
+    dynamo_exc = sys.modules.get("torch._dynamo.exc")
+    if dynamo_exc is None:
+        return False
+    # TorchDynamoException: the base of BackendCompilerFailed (and of inductor's InductorError, which derives
+    # from it), Unsupported (a graph break under fullgraph), TorchRuntimeError and InternalTorchDynamoError;
+    # FailOnRecompileLimitHit derives from Exception alone. All present under these names from 2.7 to 2.13.
+    kinds = tuple(k for k in (getattr(dynamo_exc, "TorchDynamoException", None), getattr(dynamo_exc, "FailOnRecompileLimitHit", None)) if k)
+    return isinstance(error, kinds)
+
+
 def dcp_metadata_path(reader: Any, rank: int | None = None) -> Any:
     """The metadata file a ``torch.distributed.checkpoint.FileSystemReader`` reads (``<dir>/.metadata``).
 
@@ -279,21 +363,6 @@ def set_step_supports_amp_scaling(optimizer: torch.optim.Optimizer, value: bool)
     False
     """
     optimizer._step_supports_amp_scaling = value  # type: ignore[attr-defined]
-
-
-def compile_errors() -> tuple[type[BaseException], ...]:
-    """The exceptions torch.compile raises when it cannot trace or compile a function (dynamo's private base class).
-
-    Tracing, the backend and inductor's C++/Triton builds all raise subclasses of it (an unsupported construct, a
-    failed compiler), before the compiled code has run; errors of the running code itself (an out-of-memory error)
-    are not among them.
-
-    >>> issubclass(compile_errors()[0], RuntimeError)
-    True
-    """
-    from torch._dynamo.exc import TorchDynamoException
-
-    return (TorchDynamoException,)
 
 
 def optimizer_has_step_hooks(optimizer: torch.optim.Optimizer) -> bool:

@@ -136,3 +136,49 @@ def test_fsdp_is_refused_on_the_cpu_only_where_gloo_cannot_average(monkeypatch: 
     assert _compat.fsdp_problem("cuda", 2) is None  # NCCL averages
     monkeypatch.setattr(_compat, "GLOO_REDUCE_SCATTER_AVERAGES", True)
     assert _compat.fsdp_problem("cpu", 2) is None
+
+
+def test_the_loop_reordering_flag_says_what_inductors_source_does() -> None:
+    # Up to 2.11 the first loop over a fused node's parts asserts each is a SchedulerNode (a foreach kernel's may
+    # be fused nodes); 2.12 returns False there (pytorch/pytorch#176849). Read from the running torch's source, so
+    # a release that changes it, either way, fails here rather than on a GPU.
+    import inspect
+
+    from torch._inductor.scheduler import FusedSchedulerNode
+
+    source = inspect.getsource(FusedSchedulerNode.reorder_loops_by_dep_pair)
+    first_loop = source[source.index("for snode in self.snodes"):source.index("new_order = None")]
+    assert ("assert isinstance(snode, SchedulerNode)" in first_loop) == _compat.INDUCTOR_FOREACH_REORDER_ASSERTS
+    assert _compat.INDUCTOR_FOREACH_REORDER_ASSERTS == (_compat.TORCH_VERSION < "2.12")
+    want = {"loop_ordering_after_fusion": False} if _compat.INDUCTOR_FOREACH_REORDER_ASSERTS else {}
+    assert _compat.foreach_region_inductor_config() == want
+
+
+def test_the_loop_reordering_switch_is_an_inductor_option_of_this_torch() -> None:
+    # torch.compile checks each option's name against inductor's config when it is called: a release that renamed
+    # the switch would fail every fused step's compile, here it fails at once.
+    kwargs = _compat.with_inductor_config({}, _compat.foreach_region_inductor_config(asserts=True))
+    torch.compile(lambda x: x + 1, **kwargs)
+    with pytest.raises(RuntimeError, match="no_such_switch"):
+        torch.compile(lambda x: x + 1, **_compat.with_inductor_config({}, {"no_such_switch": False}))
+    # A mode and options together stay the error torch.compile makes of them, whatever the region needs.
+    both = {"mode": "max-autotune", "options": {"max_autotune": True}}
+    assert _compat.with_inductor_config(both, {"loop_ordering_after_fusion": False}) == both
+    with pytest.raises(RuntimeError, match="Either mode or options"):
+        torch.compile(lambda x: x + 1, **both)
+
+
+def test_compiler_error_tells_the_compilers_errors_from_the_programs() -> None:
+    def failing(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> object:
+        raise ValueError("the backend gave up")
+
+    with pytest.raises(Exception) as raised:
+        torch.compile(lambda x: x * 2, backend=failing)(torch.ones(2))
+    assert _compat.compiler_error(raised.value)  # BackendCompilerFailed, wrapping the backend's error
+    inner = raised.value.inner_exception
+    assert isinstance(inner, ValueError) and not _compat.compiler_error(inner)
+    assert not _compat.compiler_error(torch.OutOfMemoryError("out of memory"))
+    from torch._dynamo.exc import FailOnRecompileLimitHit, TorchRuntimeError
+
+    assert _compat.compiler_error(FailOnRecompileLimitHit("recompile limit hit under fullgraph"))
+    assert _compat.compiler_error(TorchRuntimeError("a shape error, found while tracing"))

@@ -24,5 +24,6 @@ def test_smoke_run_times_each_step_and_the_fused_masters_match_the_unfused(tmp_p
     assert all(r["step_s"] > 0 for r in rows.values())
     fused = rows["bf16-true-masters fused"]
     assert fused["fused_calls"] == 1 + 4  # the compiling step, then 2 rounds of 2
+    assert fused["fused_failure"] is None  # the region compiled: the row times the fused step
     assert fused["masters_max_rel_diff"] < 1e-5
     assert "| bf16-true-masters fused |" in done.stdout

@@ -30,3 +30,14 @@ def test_smoke_run_reports_attribution_advice_syncs_and_overhead(tmp_path: Path)
     overhead = result["advice"]["profile"]["overhead"]
     assert all(overhead[k] > 0 for k in ("plain_step_s", "profiled_step_s", "sync_step_s", "trace_step_s"))
     assert "| data |" in done.stdout and "The profiler's own overhead" in done.stdout
+    # each part is printed the moment it is measured, most telling first
+    assert done.stdout.index("| data |") < done.stdout.index("A per-step `loss.item()`") < done.stdout.index("The advice, applied")
+
+
+def test_parts_not_started_by_the_time_limit_are_reported_skipped(tmp_path: Path) -> None:
+    out = tmp_path / "profile.json"
+    done = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--time-limit", "0", "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(out.read_text(encoding="utf-8"))
+    assert [result[k]["status"] for k in ("attribution", "syncs", "advice")] == ["skipped"] * 3
+    assert done.stdout.count("not started: the script's time limit") == 3

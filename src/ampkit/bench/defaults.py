@@ -8,8 +8,8 @@ The default is chosen per machine, from what the policies report about it (:meth
   less activation memory, against 1.44x for ``gpt``, whose CPU attention kernel is slower in bf16, and 1.24x
   for ``segment``; ``resnet`` has no eval metric). On a GPU it is ``gpt``: transformer matmuls are what tensor
   cores accelerate most;
-- size: ``small`` on CPU (<= 2 minutes on 2 cores), ``large`` on a GPU, where a small model would only measure
-  kernel-launch latency;
+- size: ``small`` on CPU (<= 2 minutes on 2 cores), ``large`` on a GPU: for ``gpt``, GPT-2 small's transformer
+  at 8 x 1024 tokens a step, the shape GPU users train; a small model would only measure kernel-launch latency;
 - policies: ``32-true`` (the reference) and every other policy the device runs *fast*. Policies the device
   runs only slowly (fp16 on a CPU: no faster than fp32, ~170x slower for convolution backward) are left out
   of the default so it stays within its time budget; naming them in ``--precision`` runs them. So are the fp8

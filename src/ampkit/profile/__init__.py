@@ -2,7 +2,8 @@
 
 :class:`Profiler` profiles the user's own loop through the engine's step hooks: :class:`PhaseTimer` times each
 step's phases, :class:`SyncFinder` finds the host syncs and the lines that make them, and :func:`op_breakdown`
-reads the casts' share and the optimizer's ops from torch.profiler. :func:`try_loader_settings` times a
+reads the casts' share and the optimizer's ops from torch.profiler, :func:`count_step` counts a step's aten ops and
+syncs (to compare two loops exactly, without a clock). :func:`try_loader_settings` times a
 DataLoader's variants on the loop's own step, :func:`advise` turns a profile into advice, and
 :func:`profile_workload` is the command's whole run on a workload.
 
@@ -12,6 +13,7 @@ DataLoader's variants on the loop's own step, :func:`advise` turns a profile int
 from .advice import advise
 from .files import save_profile, show_profile
 from .idle import DeviceIdle, device_idle
+from .op_count import StepCounts, count_step
 from .op_shares import OpBreakdown, PhaseRanges, op_breakdown
 from .phases import PHASES, PhaseTimer, StepPhases
 from .run import profile_workload, workload_loader
@@ -23,4 +25,5 @@ __all__ = [
     "Profiler", "PHASES", "PhaseTimer", "StepPhases", "SyncFinder", "SyncSite", "PhaseRanges", "OpBreakdown",
     "op_breakdown", "DeviceIdle", "device_idle", "LoaderSettings", "Trial", "candidate_settings", "loader_variant",
     "try_loader_settings", "advise", "profile_workload", "workload_loader", "save_profile", "show_profile",
+    "StepCounts", "count_step",
 ]

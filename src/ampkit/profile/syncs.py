@@ -76,10 +76,15 @@ class SyncFinder:
     ``torch.cuda.set_sync_debug_mode("warn")`` reports every operation that synchronises the device (printing a
     tensor, ``.tolist()``, ``nonzero`` and boolean-mask indexing included), and each report is counted at the
     line that caused it.
+
+    ``library``: count the reads torch and ampkit make themselves too (each at the library's line), which are left
+    out by default since the user cannot change them. :func:`~ampkit.profile.op_count.count_step` sets it to
+    compare two loops whole, the engine's own reads included.
     """
 
-    def __init__(self, device: torch.device | str | None = None) -> None:
+    def __init__(self, device: torch.device | str | None = None, *, library: bool = False) -> None:
         self.device = torch.device("cpu" if device is None else device)
+        self.library = library
         self._seen: Counter[tuple[str, str, str]] = Counter()
         self._mode: _ReadBacks | None = None
         self._cuda: tuple[Any, Any] | None = None  # (catch_warnings context, previous sync debug mode)
@@ -116,7 +121,7 @@ class SyncFinder:
             self._stance.__exit__(*exc)
 
     def _record(self, op: str) -> None:
-        site = _user_frame()
+        site = _user_frame(self.library)
         if site is not None:
             self._seen[(site[0], op, site[1])] += 1
 
@@ -167,12 +172,13 @@ def _lands_on_cpu(func: Any, args: Any, kwargs: dict[str, Any]) -> bool:
     return destination.device.type == "cpu" and isinstance(source, torch.Tensor) and source.device.type != "cpu"
 
 
-def _user_frame() -> tuple[str, str] | None:
-    """The user's line that read a value back, or None when the read is a library's own."""
+def _user_frame(library: bool = False) -> tuple[str, str] | None:
+    """The user's line that read a value back, or None when the read is a library's own (with ``library``: the
+    library's line then)."""
     for frame in reversed(traceback.extract_stack()):
         if frame.filename.startswith(_PASS_THROUGH):
             continue
-        if frame.filename.startswith(_LIBRARY_DIRS):
+        if frame.filename.startswith(_LIBRARY_DIRS) and not library:
             return None
         return f"{frame.filename}:{frame.lineno} in {frame.name}", (frame.line or "").strip()
     return None

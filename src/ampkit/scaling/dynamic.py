@@ -33,23 +33,40 @@ class DynamicLossScaler(LossScaler):
         super().__init__(self.config.init_scale, device)
         self._growth_tracker = torch.zeros((), dtype=torch.int32, device=self.device)
         self._hysteresis_left = torch.full((), self.config.hysteresis, dtype=torch.int32, device=self.device)
-        self._consecutive_skips = torch.zeros((), dtype=torch.int32, device=self.device)
-        # 1 when the last update wanted to back off but the scale already sat at the floor.
-        self._blocked_at_floor = torch.zeros((), dtype=torch.int32, device=self.device)
+        # The skipped steps in a row, and 1 when the last update wanted to back off but the scale already sat at
+        # the floor: two elements of one tensor, so that one multiply by the step's flag keeps or clears both.
+        self._skip_flags = torch.zeros(2, dtype=torch.float32, device=self.device)
+        self._bind_skip_flags()
+
+    def _bind_skip_flags(self) -> None:
+        self._consecutive_skips, self._blocked_at_floor = self._skip_flags.unbind()  # views, made once
+
+    def to(self, device: torch.device | str) -> DynamicLossScaler:
+        super().to(device)
+        self._bind_skip_flags()  # the views moved one by one are copies: bind them to the moved tensor again
+        return self
 
     def update(self, found_inf: torch.Tensor) -> None:
-        """Apply one step's outcome. A handful of 0-dim device ops; no host-device sync."""
+        """Apply one step's outcome (``found_inf`` > 0: the step's gradients were not finite); no host-device sync.
+
+        Without hysteresis six 0-dim device ops: torch's fused update kernel, as GradScaler's ``update``; the
+        clamp to the floor and ceiling; and four that keep the collapse counters (skips in a row, an overflow at
+        the floor). About 20 with hysteresis.
+        """
         c = self.config
         found_f = found_inf.to(self.device, dtype=torch.float32, non_blocking=True)
         found = found_f > 0
-        self._consecutive_skips.copy_((self._consecutive_skips + 1) * found)
         if c.hysteresis == 1:
-            # Without hysteresis the rules are GradScaler's plus a clamp, so torch's own fused update kernel
-            # does the work: 5 small ops instead of 20, which shows on steps of a millisecond or two.
-            self._blocked_at_floor.copy_(found & (self._scale <= c.min_scale))
+            # Without hysteresis the rules are GradScaler's plus a clamp, so torch's own fused update kernel does
+            # the work, and the counters take three in-place ops after the flag: each op dispatched is a launch,
+            # which shows on steps of a millisecond or two (tests/unit/training/test_optimizer_step.py counts them).
+            torch.le(self._scale, c.min_scale, out=self._blocked_at_floor)  # at the floor before this update
+            self._consecutive_skips.add_(1)
+            self._skip_flags.mul_(found)  # an overflow keeps both; a clean step clears both
             amp_update_scale_(self._scale, self._growth_tracker, found_f, c.growth_factor, c.backoff_factor, c.growth_interval)
             self._scale.clamp_(c.min_scale, c.max_scale)
             return
+        self._consecutive_skips.copy_((self._consecutive_skips + 1) * found)
         budget = torch.where(found, self._hysteresis_left - 1, self._hysteresis_left)
         back_off = found & (budget <= 0)
         budget = budget.clamp(min=0)  # a spent budget stays spent: every further overflow backs off

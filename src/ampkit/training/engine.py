@@ -79,8 +79,9 @@ class Engine:
         fused_step: master-weight policies: the unscale, inf check, clipping, fp32 update and 16-bit
             copy-back as one compiled region (see :mod:`ampkit.training.fused_master_step`). Default: on when
             ``compile`` is, where the optimizer allows; ``True`` (or a dict of torch.compile options) insists,
-            ``False`` keeps the unfused step. ``bf16-true-sr``: torchao's update of every parameter as one
-            compiled region instead of one compiled call per parameter (see
+            ``False`` keeps the unfused step. A region that fails to compile is never fatal: the run goes on
+            unfused after one warning (``engine.fused_step.failure`` says why). ``bf16-true-sr``: torchao's
+            update of every parameter as one compiled region instead of one compiled call per parameter (see
             :mod:`ampkit.training.fused_library_step`). Default: on; ``False`` keeps torchao's own step.
 
     >>> model = nn.Linear(4, 1); opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -188,7 +189,6 @@ class Engine:
             self.fused_step = build_fused_step(self._fused_step_spec, compile_options, optimizers, self.masters, sharded)
         if self.scaler is not None:
             self.scaler.to(self.device)
-        self._state.skipped = torch.zeros((), dtype=torch.int64, device=self.device)
         self.models, self.optimizers = model_list, list(optimizers)
         self.compiled = apply_compile(model_list, plan) if plan is not None else []
         if self.policy.needs_compile and plan is None and self.device.type == "cuda":
@@ -372,8 +372,9 @@ class Engine:
 
     @property
     def skipped_steps(self) -> int:
-        """Optimizer steps skipped so far. Syncs."""
-        return int(self._state.skipped.item()) if self._state.skipped is not None else 0
+        """Optimizer steps skipped so far. Syncs (waits for the outcomes still on their way)."""
+        resolve_outcome(self)
+        return self._state.skipped
 
     @property
     def grad_norm(self) -> float | None:

@@ -15,8 +15,9 @@ step is in :mod:`ampkit.training.fused_master_step`, and from the same pieces:
 
 What differs from the master step: the region replaces only ``optimizer.step()``, so skipping, clipping and loss
 scaling stay where they are (:mod:`ampkit.training.optimizer_step`), and a region that cannot be compiled (an
-unsupported torch, a failed C++ or Triton build) logs one warning and leaves the optimizer on its own step: a
-region ampkit chose to compile never stops a run.
+unsupported torch, a failed C++ or Triton build) warns once (as the master step's region does,
+:mod:`ampkit.training.fused_step_compile`) and leaves the optimizer on its own step: a region ampkit chose to compile
+never stops a run.
 
 Random bits: inductor draws the stochastic rounding's bits inside the fused kernels (philox, seeded from torch's
 generator), as in torchao's own compiled step, so a checkpoint (which saves the generator) resumes the rounding
@@ -42,20 +43,16 @@ is kept.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-from .._compat import compile_errors, optimizer_has_step_hooks, own_code
-from ..errors import one_line
+from .._compat import compiler_error, optimizer_has_step_hooks, own_code
+from .fused_step_compile import describe_failure, region_compile_kwargs, warn_fallback
 from ..policy.lowbit_optimizers import region_step
 
 __all__ = ["FusedLibraryStep", "uses_library_step", "library_step_problem", "check_library_step", "build_library_step"]
-
-log = logging.getLogger("ampkit")
-
 
 def uses_library_step(optimizers: Sequence[torch.optim.Optimizer]) -> bool:
     """Whether any of the optimizers has a library step to compile (torchao's ``_AdamW``, under ``bf16-true-sr``).
@@ -124,7 +121,9 @@ class FusedLibraryStep:
         self.failed: str | None = None
         self._updates: dict[int, Callable[[torch.optim.Optimizer], None] | None] = {}  # one per optimizer, kept:
         # the region guards on the function it is given, and a new one per step would recompile it every step
-        self._compiled: Callable[..., None] = torch.compile(own_code(_region), **self.options)
+        # One graph (fullgraph=True, as the master step's region): a graph break would run part of the update and
+        # then fail to compile the rest, leaving the step half taken.
+        self._compiled: Callable[..., None] = torch.compile(own_code(_region), **region_compile_kwargs(self.options))
 
     def step(self, opt: torch.optim.Optimizer) -> None:
         """One step of ``opt``: through the region, or the library's own step where the region cannot run."""
@@ -143,12 +142,15 @@ class FusedLibraryStep:
             return
         try:
             self._compiled(update, opt)
-        except compile_errors() as exc:
-            # Raised while tracing or compiling, before the region ran: nothing was updated, the library steps instead.
-            self.failed = one_line(exc, with_type=True)[:400]
-            log.warning("%s: ampkit's compiled optimizer step failed to compile (%s); %s's own step takes over. "
-                        "Engine(fused_step=False) skips the attempt.", type(opt).__name__, self.failed, _maker(opt))
+        except Exception as exc:
+            if not compiler_error(exc):
+                raise  # the compiled code's own failure (out of memory): the library's step would meet it too
+            # Raised while tracing or compiling, before the region ran (one graph: all of it or nothing), so nothing
+            # was updated: the library's own step takes this step and every later one. An error of the update's own
+            # ops comes wrapped like a compiler error, and then the library's step raises it again, unwrapped.
+            self.failed = describe_failure(exc)[:400]
             opt.step()
+            warn_fallback(self.failed, region="ampkit's compiled optimizer step", instead=f"{_maker(opt)}'s own step")
             return
         self.calls += 1
 

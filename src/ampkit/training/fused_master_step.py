@@ -21,6 +21,9 @@ Three things make the traced step correct and stable:
 - **The optimizer's own code.** Supported: :data:`SUPPORTED` (the optimizers torch compiles with tensor
   learning rates). Step hooks registered on an optimizer would be bypassed, so such an optimizer is refused.
 
+A region that fails to compile does not end the run: that step and every later one are taken unfused, after one
+warning (:mod:`~ampkit.training.fused_step_compile`, which also holds the torch.compile arguments it gets).
+
     >>> from torch import nn
     >>> from ampkit import Engine
     >>> model = nn.Linear(8, 8); opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -35,14 +38,15 @@ Three things make the traced step correct and stable:
 from __future__ import annotations
 
 import contextlib
-import inspect
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 
-from .._compat import optimizer_has_step_hooks, own_code
+from .._compat import compiler_error, optimizer_has_step_hooks, own_code
+from .fused_step_compile import FusedStepFailed, region_compile_kwargs, steps_to_host, warn_fallback
+from .fused_step_region import step_region
 from .masters import MasterWeights
 from .remainder_masters import RemainderMasters
 
@@ -138,19 +142,25 @@ def build_fused_step(
 class FusedMasterStep:
     """Steps master-weight optimizers through one compiled region (see the module docstring).
 
-    ``options`` go to ``torch.compile`` (default: inductor). :attr:`calls` counts the fused steps taken.
+    ``options`` go to ``torch.compile`` (default: inductor; see :func:`region_compile_kwargs`). :attr:`calls`
+    counts the fused steps taken; :attr:`failure` says why the region was turned off, if it was.
     """
 
     def __init__(self, masters: MasterWeights, options: dict[str, Any] | None = None) -> None:
         self.masters = masters
         self.options = dict(options or {})
         self.calls = 0
+        self.failure: str | None = None
+        """Why the region failed to compile (the error's type and first line): every step since is unfused. None while it runs."""
         self._index = {id(m): i for i, m in enumerate(masters.masters)}
         self._lr: dict[int, torch.Tensor] = {}  # one persistent 0-d tensor per param group: same object, new value
-        self._compiled: Callable[..., tuple[list[torch.Tensor], torch.Tensor | None]] = torch.compile(own_code(_step_region), **self.options)
+        self._compiled: Callable[..., tuple[list[torch.Tensor], torch.Tensor | None]] = torch.compile(own_code(step_region), **region_compile_kwargs(self.options))
 
     def ready(self, opts: Sequence[torch.optim.Optimizer]) -> bool:
-        """Whether every parameter about to step has optimizer state and a dense gradient (else: the unfused step)."""
+        """Whether the region is on and every parameter about to step has optimizer state and a dense gradient
+        (else: the unfused step)."""
+        if self.failure is not None:
+            return False
         if len(self._index) != len(self.masters.masters):  # masters added after setup (add_param_group)
             self._index = {id(m): i for i, m in enumerate(self.masters.masters)}
         for opt in opts:
@@ -171,7 +181,12 @@ class FusedMasterStep:
         skip_nonfinite: bool,
     ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
         """One fused step of ``opts``; returns each optimizer's found-inf flag as a float32 0-d tensor (none
-        without ``skip_nonfinite``) and the total norm before clipping (None without ``clip_grad_norm``)."""
+        without ``skip_nonfinite``) and the total norm before clipping (None without ``clip_grad_norm``).
+
+        Raises :class:`FusedStepFailed` when the region fails to compile, having taken nothing of the step and put
+        back what it changed for the call: the learning rates (floats again) and flags, the step counts' device.
+        (It also points each master's ``.grad`` at the master's buffer, as the unfused step does.)
+        """
         # Per optimizer: where each gradient comes from (the 16-bit model parameter, or an fp32 parameter kept
         # out of the cast, which is its own source) and the parameter the optimizer steps.
         sources: list[list[torch.Tensor]] = []
@@ -199,16 +214,28 @@ class FusedMasterStep:
             return [torch.zeros((), device=device) for _ in opts] if skip_nonfinite else [], None
         for i in stepping:
             _steps_on_device(opts[i], stepped[i][0])
-        with self._tensor_hyperparameters(opts):
-            found, norm = self._compiled(
-                [sources[i] for i in stepping], [stepped[i] for i in stepping], [opts[i] for i in stepping],
-                [p for p, _ in copy_back], [m for _, m in copy_back], inv_scale, clip_grad_norm, clip_grad_value, skip_nonfinite,
-            )
+        try:
+            with self._tensor_hyperparameters(opts):  # put back on the way out, whatever happens
+                found, norm = self._compiled(
+                    [sources[i] for i in stepping], [stepped[i] for i in stepping], [opts[i] for i in stepping],
+                    [p for p, _ in copy_back], [m for _, m in copy_back], inv_scale, clip_grad_norm, clip_grad_value, skip_nonfinite,
+                )
+        except Exception as error:
+            if not compiler_error(error):
+                raise  # the compiled step ran and failed (out of memory, say): the training's own error
+            steps_to_host(opts)  # moved to the device for the region (and by dynamo while tracing)
+            raise FusedStepFailed(error) from error
         self.calls += 1
         if found and len(stepping) < len(opts):
             flags = dict(zip(stepping, found))
             found = [flags.get(i, torch.zeros_like(found[0])) for i in range(len(opts))]
         return found, norm
+
+    def turn_off(self, failed: FusedStepFailed) -> None:
+        """Stop using the region for the rest of the run (after ``failed``'s step was taken unfused); warn once."""
+        if self.failure is None:
+            self.failure = failed.reason
+            warn_fallback(failed.reason)
 
     @contextlib.contextmanager
     def _tensor_hyperparameters(self, opts: Sequence[torch.optim.Optimizer]) -> Iterator[None]:
@@ -233,56 +260,6 @@ class FusedMasterStep:
                     g["capturable"] = capturable
 
 
-def _step_region(*args: Any) -> tuple[list[torch.Tensor], torch.Tensor | None]:
-    """What torch.compile is given (a copy with its own code, see :func:`ampkit._compat.own_code`): the traced
-    step under no_grad, entered here rather than by a decorator, whose wrapper's code every copy would share."""
-    with torch.no_grad():
-        return _traced_step(*args)
-
-
-def _traced_step(
-    sources: list[list[torch.Tensor]],
-    stepped: list[list[torch.Tensor]],
-    opts: list[torch.optim.Optimizer],
-    model_params: list[torch.Tensor],
-    masters: list[torch.Tensor],
-    inv_scale: torch.Tensor | None,
-    clip_grad_norm: float | None,
-    clip_grad_value: float | None,
-    skip_nonfinite: bool,
-) -> tuple[list[torch.Tensor], torch.Tensor | None]:
-    """The traced step. Per optimizer: fp32 gradients, unscaled; a found-inf flag; one norm over all of them; the
-    update, undone where the flag is set; then the 16-bit copy of every master."""
-    # Unscaled after the cast to fp32, so gradients that fp16 held only while scaled are not flushed to zero.
-    grads = [[p.grad.to(torch.float32) for p in ps] for ps in sources]
-    if inv_scale is not None:
-        grads = [[g * inv_scale for g in gs] for gs in grads]
-    found = [_any_nonfinite(gs) for gs in grads] if skip_nonfinite else []
-    norm = None
-    flat = [g for gs in grads for g in gs]
-    if clip_grad_norm is not None and flat:
-        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in flat]))
-        coef = (clip_grad_norm / (norm + 1e-6)).clamp(max=1.0)
-        if found:
-            # An overflow anywhere poisons the norm, so every optimizer skips (as the unfused step does); the
-            # gradients are then left as they are, for the diagnosis of which parameters overflowed.
-            found = [torch.stack(found).any()] * len(found)
-            coef = torch.where(found[0], 1.0, coef)
-        grads = [[g * coef for g in gs] for gs in grads]
-    elif clip_grad_value is not None:
-        grads = [[g.clamp(-clip_grad_value, clip_grad_value) for g in gs] for gs in grads]
-    for i, (ps, gs, opt) in enumerate(zip(stepped, grads, opts)):
-        torch._foreach_copy_([p.grad for p in ps], gs)
-        # What the update writes: the parameters and every tensor of their state (moments, step counts, buffers).
-        written = [*ps, *(t for p in ps for t in opt.state[p].values() if isinstance(t, torch.Tensor))]
-        before = [t.clone() for t in written] if found else []
-        inspect.unwrap(type(opt).step)(opt)  # torch's update, traced; the wrapper only graph-breaks and runs hooks
-        for t, old in zip(written, before):
-            t.copy_(torch.where(found[i], old, t))
-    torch._foreach_copy_(model_params, masters)
-    return [f.to(torch.float32) for f in found], norm
-
-
 def _steps_on_device(opt: torch.optim.Optimizer, first: torch.Tensor) -> None:
     """Put the optimizer's step counts on its parameters' device, where a capturable update expects them.
 
@@ -297,7 +274,3 @@ def _steps_on_device(opt: torch.optim.Optimizer, first: torch.Tensor) -> None:
         state = opt.state.get(p)
         if state and isinstance(state.get("step"), torch.Tensor):
             state["step"] = state["step"].to(p.device)
-
-
-def _any_nonfinite(grads: list[torch.Tensor]) -> torch.Tensor:
-    return torch.stack([~torch.isfinite(g).all() for g in grads]).any()

@@ -1,9 +1,14 @@
 """One optimizer step at an accumulation window's end: unscale, check, clip, step or skip, update the scale.
 
 Per step this adds no host-device sync beyond the one that decides whether to skip (none at all with a fused
-optimizer and no engine-managed scheduler), and no per-tensor kernel loop: unscaling, master-gradient copies and
-clipping are single foreach launches. :meth:`ampkit.training.engine.Engine.step` calls :func:`optimizer_step`
-at each window's end; the engine's doctests show it at work.
+optimizer and no engine-managed scheduler: the overflow flag reaches the host through a copy that is read once it
+has landed, see :mod:`~ampkit.training.step_state`), and no per-tensor kernel loop: unscaling, master-gradient
+copies and clipping are single foreach launches. Under ``16-mixed`` with a fused optimizer and clipping, the step
+dispatches three ops fewer than torch's ``GradScaler`` loop (unscale_, clip_grad_norm_, step, update) for the same
+work, and six more for what that loop lacks: the scale's clamp to its floor and ceiling, four for the collapse
+counters and the flag's copy to the host (``tests/unit/training/test_optimizer_step.py`` counts them).
+:meth:`ampkit.training.engine.Engine.step` calls :func:`optimizer_step` at each window's end; the engine's doctests
+show it at work.
 """
 
 from __future__ import annotations
@@ -16,8 +21,10 @@ import torch
 from .._compat import step_supports_amp_scaling
 
 from ..distributed.agreement import any_rank
+from ..errors import LossScaleCollapseError
 from ..scaling.kernels import grads_of, unscale_grads_
 from .clipping import clip_grad_norm, clip_grad_value
+from .fused_step_compile import FusedStepFailed
 from .kernel_guards import first_step_pending
 
 if TYPE_CHECKING:
@@ -32,7 +39,9 @@ def optimizer_step(engine: Engine, opts: list[torch.optim.Optimizer]) -> None:
     """Step (or skip) ``opts`` with the gradients of the window that has just ended, and zero those gradients."""
     state, scaler, dev = engine.step_state, engine.scaler, engine.device
     if state.deferred is not None:
-        resolve_outcome(engine)
+        # Whatever earlier flags have landed, read without waiting; the oldest waited for only when the host runs
+        # so far ahead that every slot is taken.
+        resolve_outcome(engine, wait=1 if state.ring_full else 0)
     # A collapse learnt late is diagnosed on the gradients at hand, before they are unscaled or zeroed, and
     # reported once this step is complete.
     late_collapse = engine.diagnose_collapse() if state.diagnose_late else None
@@ -42,11 +51,28 @@ def optimizer_step(engine: Engine, opts: list[torch.optim.Optimizer]) -> None:
     fused_step = engine.fused_step
     if fused_step is not None and fused_step.ready(opts):
         inv_scale = scaler.inv_scale() if scaler is not None else None
-        found, state.norm = fused_step.step(opts, inv_scale, engine.clip_grad_norm, engine.clip_grad_value, engine.skip_nonfinite)
+        try:
+            found, state.norm = fused_step.step(opts, inv_scale, engine.clip_grad_norm, engine.clip_grad_value, engine.skip_nonfinite)
+        except FusedStepFailed as failed:
+            # Nothing of the step was taken: take it unfused. Should that fail too, the error is the training's own
+            # (a state of the wrong shape, say, which tracing reports wrapped) and propagates, the region left on.
+            try:
+                _unfused_step(engine, opts, late_collapse)
+            except LossScaleCollapseError:
+                fused_step.turn_off(failed)  # raised once the step is complete: the unfused step did succeed
+                raise
+            fused_step.turn_off(failed)
+            return
         # The region skipped what overflowed without asking the host; only schedulers need the answer now.
-        host_found = _read_flags(found) if engine.schedulers or reads_are_free(dev) else None
+        host_found = _read_flags(found) if engine.schedulers else None
         _finish(engine, opts, found, host_found, late_collapse, copied_back=True)
         return
+    _unfused_step(engine, opts, late_collapse)
+
+
+def _unfused_step(engine: Engine, opts: list[torch.optim.Optimizer], late_collapse: str | None) -> None:
+    """The step as separate foreach passes: gradients to the masters, unscale and check, clip, step or skip."""
+    state, scaler, dev = engine.step_state, engine.scaler, engine.device
     if engine.masters is not None:
         engine.masters.copy_grads_to_masters()
     params = [[p for g in o.param_groups for p in g["params"]] for o in opts]
@@ -77,10 +103,11 @@ def optimizer_step(engine: Engine, opts: list[torch.optim.Optimizer]) -> None:
     elif engine.clip_grad_value is not None:
         clip_grad_value([p for ps in params for p in ps], engine.clip_grad_value)
 
-    # The one sync: a non-fused optimizer (or a scheduler) has to know on the host whether to step. A CPU
-    # "device" is the host, so reading there costs nothing; only fused optimizers on an accelerator defer the
-    # read to the next step (see StepState.record_outcome), keeping the step free of syncs.
-    sync_now = not all(fused) or bool(engine.schedulers) or reads_are_free(dev)
+    # The one sync: a non-fused optimizer (or a scheduler) has to know on the host whether to step. Fused
+    # optimizers skip on the device, and the flag is sent to the host to be read once it lands (see
+    # StepState.record_outcome), keeping the step free of syncs: on the CPU too, so that the ops counted there are
+    # an accelerator's.
+    sync_now = not all(fused) or bool(engine.schedulers)
     host_found = _read_flags(found) if sync_now else None
     for i, opt in enumerate(opts):
         if fused[i]:
@@ -114,7 +141,11 @@ def _finish(
     any_found = None if not found else found[0] if len(found) == 1 else torch.stack(found).amax()
     if scaler is not None:
         scaler.update(any_found)  # type: ignore[arg-type]
+    if host_found is not None and state.deferred is not None:
+        resolve_outcome(engine)  # the read above drained the device's queue: these flags have landed, nothing waits
     state.record_outcome(any_found, host_found)
+    if state.deferred is not None and reads_are_free(engine.device):
+        state.poll()  # a CPU "device" is the host: the copy is done, and the outcome is known at once
     if state.found_host:
         log.debug("step %d skipped: non-finite gradients", state.steps)
     # Diagnose while the offending gradients still exist, but finish the step before raising, so a caller that
@@ -135,10 +166,17 @@ def _finish(
         engine.collapse.report(message, raise_error=getattr(getattr(scaler, "config", None), "on_collapse", "raise") == "raise")
 
 
-def resolve_outcome(engine: Engine) -> None:
-    """Learn the previous (fused, unsynced) step's outcome if it is still on its way; a clean one ends a collapse episode."""
+def resolve_outcome(engine: Engine, wait: int | None = None) -> None:
+    """Read the outcomes of earlier (fused, unsynced) steps still on their way, waiting for the oldest ``wait`` of
+    them (default: all, which syncs; 0 never waits). A skip among them is diagnosed at the next optimizer step
+    (``diagnose_late``); a clean one ends a collapse episode."""
     state = engine.step_state
-    if state.deferred is not None and not state.resolve_deferred():
+    if state.deferred is None:
+        return
+    outcomes = state.poll(wait)
+    if any(outcomes):
+        state.diagnose_late = True
+    if not all(outcomes):
         engine.collapse.clean_step()
 
 

@@ -4,6 +4,10 @@ The counters (micro-batches into the epoch, the declared epoch length, optimizer
 by :mod:`ampkit.checkpoint.payload` through :meth:`StepState.to_dict` / :meth:`StepState.from_dict`, under the
 checkpoint's own keys. The outcome fields describe the last optimizer step only; they are never saved, and a
 load clears them, since they answer for a step the loaded run did not take here.
+
+A step that nothing forced to read its overflow flag (a fused optimizer on an accelerator) sends the flag to the
+host with one copy into a pinned slot behind an event, and the host reads it once the copy has landed, at a later
+step, without waiting: the step makes no host-device sync, as torch's own GradScaler loop makes none.
 """
 
 from __future__ import annotations
@@ -16,6 +20,11 @@ import torch
 __all__ = ["StepState"]
 
 
+RING_SLOTS = 32
+"""Overflow flags that may be on their way to the host at once. A host more steps ahead of the device than this
+waits for the oldest (torch's CUDA launch queue holds it back well before that on any real model)."""
+
+
 @dataclasses.dataclass(slots=True)
 class StepState:
     """The engine's step counters and the outcome of its last optimizer step.
@@ -24,7 +33,7 @@ class StepState:
     >>> state.to_dict()
     {'micro': 5, 'epoch_len': 8, 'steps': 2}
     >>> StepState.from_dict(state.to_dict())  # the outcome is not part of a checkpoint
-    StepState(micro=5, epoch_len=8, steps=2, found_host=None, norm=None, deferred=None, diagnose_late=False, skipped=None)
+    StepState(micro=5, epoch_len=8, steps=2, found_host=None, norm=None, deferred=None, diagnose_late=False, skipped=0)
     """
 
     micro: int = 0
@@ -37,12 +46,15 @@ class StepState:
     """Whether the last step found non-finite gradients, once read on the host; None before it is known."""
     norm: torch.Tensor | None = None
     """The last step's total gradient norm before clipping (on the device), when clipping by norm."""
-    deferred: tuple[torch.Tensor, Any] | None = None
-    """The last step's overflow flag still on its way to the host: (host tensor, event)."""
+    deferred: list[tuple[torch.Tensor, Any]] | None = None
+    """The overflow flags of the last steps still on their way to the host, oldest first: (host copy, event or
+    None); None when none is."""
     diagnose_late: bool = False
     """An overflow learnt after its step: the next step diagnoses a scale collapse on its gradients."""
-    skipped: torch.Tensor | None = None
-    """Optimizer steps skipped so far, counted on the device (no sync); set by the engine's setup."""
+    skipped: int = 0
+    """Optimizer steps known to have been skipped (the flags still in ``deferred`` are not counted yet)."""
+    _ring: list[tuple[torch.Tensor, Any]] | None = dataclasses.field(default=None, repr=False, compare=False)
+    _next: int = dataclasses.field(default=0, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         """The counters under the keys a checkpoint stores them by."""
@@ -75,60 +87,79 @@ class StepState:
     def load_counters(self, counters: dict[str, Any], skipped_steps: int) -> None:
         """Take ``counters`` (as :meth:`to_dict` wrote them) and the skipped count; forget the last step's outcome."""
         fresh = StepState.from_dict(counters)
-        fresh.skipped = self.skipped
+        fresh.skipped = int(skipped_steps)
         for field in dataclasses.fields(self):
-            setattr(self, field.name, getattr(fresh, field.name))
-        if self.skipped is not None:
-            self.skipped.fill_(int(skipped_steps))
+            if field.compare:  # the host slots stay: they hold nothing once the outcomes are forgotten
+                setattr(self, field.name, getattr(fresh, field.name))
 
     # ------------------------------------------------------------------------------------------ outcome
     def record_outcome(self, any_found: torch.Tensor | None, host_found: list[bool] | None) -> None:
-        """Note a step's overflow flag: read already (``host_found``), or to be read later without a sync.
+        """Note a step's overflow flag: read already (``host_found``), or sent to the host to be read later.
 
-        >>> state = StepState(skipped=torch.zeros((), dtype=torch.int64))
-        >>> state.record_outcome(torch.ones(()), [True]); state.found_host, int(state.skipped)
+        >>> state = StepState()
+        >>> state.record_outcome(torch.ones(()), [True]); state.found_host, state.skipped
         (True, 1)
+        >>> state.record_outcome(torch.zeros(()), None); state.found_host, state.poll(), state.found_host
+        (None, [False], False)
         """
-        self.deferred = None
         if any_found is None:
             self.found_host = False
             return
-        self.skipped.add_((any_found > 0).to(torch.int64))  # type: ignore[union-attr]
         if host_found is not None:
             self.found_host = any(host_found)
-        else:
-            self.found_host = None
-            self._defer(any_found)
+            self.skipped += self.found_host
+            return
+        self.found_host = None
+        self._send(any_found)
 
-    def _defer(self, any_found: torch.Tensor) -> None:
-        # Copy the flag to pinned host memory behind an event: by the next optimizer step the copy has long
-        # landed, so reading it waits for nothing queued after this step (unlike .item(), which drains the stream).
-        # Only CUDA gets the pinned copy and the event: another device's non-blocking copy would leave nothing
-        # to wait on before reading, so there the copy is a plain (synchronous) one.
+    def _send(self, any_found: torch.Tensor) -> None:
+        # One copy into a pinned host slot behind an event: reading it later waits for nothing queued after this
+        # step (unlike .item(), which drains the stream), and once the event has passed, for nothing at all.
+        # Only CUDA gets the pinned slots and events: another device's non-blocking copy would leave nothing to
+        # wait on before reading, so there the copy is a plain (synchronous) one.
         on_cuda = any_found.device.type == "cuda"
-        host = torch.empty((), dtype=any_found.dtype, pin_memory=on_cuda)
-        host.copy_(any_found, non_blocking=on_cuda)
-        event = None
-        if on_cuda:
+        if self._ring is None:
+            host = torch.empty(RING_SLOTS, dtype=torch.float32, pin_memory=on_cuda)
+            # Views and events made once: a slot is reused only after its flag was read.
+            self._ring = [(slot, torch.cuda.Event() if on_cuda else None) for slot in host.unbind()]
+        slot, event = self._ring[self._next]
+        self._next = (self._next + 1) % RING_SLOTS
+        slot.copy_(any_found, non_blocking=on_cuda)
+        if event is not None:
             # On the stream of the flag's own device, which ran the copy: the current device may be another
             # GPU (a model on cuda:1 without torch.cuda.set_device), whose stream would not order after it.
-            event = torch.cuda.Event()
             event.record(torch.cuda.current_stream(any_found.device))
-        self.deferred = (host, event)
-
-    def resolve_deferred(self) -> bool:
-        """Read a deferred flag (waiting only for its own copy); True when this found the step skipped.
-
-        A skipped step learnt this way is diagnosed for collapse at the start of the next optimizer step
-        (``diagnose_late``): the scaler still holds the state that step left, and the gradients at hand are the
-        ones to name (a persistent overflow shows in them too), whereas right after a step they were zeroed.
-        """
         if self.deferred is None:
-            return False
-        host, event = self.deferred
-        if event is not None:
-            event.synchronize()
-        self.deferred = None
-        self.found_host = bool(host.item())
-        self.diagnose_late = self.found_host
-        return self.found_host
+            self.deferred = []
+        self.deferred.append((slot, event))
+
+    @property
+    def ring_full(self) -> bool:
+        """Whether every host slot holds a flag not yet read (the next step must wait for the oldest first)."""
+        return self.deferred is not None and len(self.deferred) >= RING_SLOTS
+
+    def poll(self, wait: int | None = None) -> list[bool]:
+        """Read the deferred flags that have reached the host, oldest first, waiting for the oldest ``wait`` of them
+        (default: all); return them (True: that step was skipped).
+
+        Reading a flag whose copy has landed involves no device: waiting is the only sync, and ``wait=0`` makes
+        none. A skipped step learnt this way is diagnosed for collapse at the start of the next optimizer step
+        (the engine sets ``diagnose_late``): the scaler then holds the latest state, and the gradients at hand
+        are the ones to name (a persistent overflow shows in them too), whereas right after a step they were zeroed.
+        """
+        out: list[bool] = []
+        while self.deferred:
+            slot, event = self.deferred[0]
+            if event is not None and not event.query():
+                if wait is not None and len(out) >= wait:
+                    break
+                event.synchronize()
+            self.deferred.pop(0)
+            # Host memory the copy has reached: read as a Python number (.item() would dispatch an op for it).
+            out.append(bool(slot.tolist()))
+        self.skipped += sum(out)
+        if not self.deferred:
+            self.deferred = None
+            if out:
+                self.found_host = out[-1]  # the last step's own flag: nothing newer is pending
+        return out

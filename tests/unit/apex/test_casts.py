@@ -187,9 +187,8 @@ def test_on_cuda_the_functions_its_autocast_leaves_16_bit_are_cast_to_fp32(monke
     # autocast, so the mode leaves to autocast what CUDA's casts itself and upcasts only where it does not
     # (std and var, which Apex ran in fp32, stayed fp16 under O1 on CUDA).
     from ampkit.apex import _o1_functions
-    from ampkit.apex._o1_functions import CUDA_AUTOCAST_GAPS, FP32_FUNCTIONS, O1Functions
+    from ampkit.apex._o1_functions import O1Functions
 
-    assert CUDA_AUTOCAST_GAPS <= FP32_FUNCTIONS
     monkeypatch.setattr(_o1_functions, "device_type_of", lambda args, kwargs: "cuda")
     monkeypatch.setattr(torch, "is_autocast_enabled", lambda device_type=None: device_type == "cuda")
     h = torch.randn(4, 8).to(torch.bfloat16)

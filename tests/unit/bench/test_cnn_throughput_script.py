@@ -26,8 +26,10 @@ def script(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
 
 
 def test_smoke_run_prints_the_table_last_and_writes_the_same_figures(
-    script: ModuleType, device: torch.device, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    script: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # CPU only: the GPU suite runs this script itself on the GPU.
+    device = torch.device("cpu")
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
     out = tmp_path / "cnn.json"
     script.main(["--device", str(device), "--smoke", "--rounds", "1", "--json", str(out)])
@@ -39,8 +41,10 @@ def test_smoke_run_prints_the_table_last_and_writes_the_same_figures(
     ok = {name: r for name, r in results.items() if r["status"] == "ok"}
     assert {"FP32", "AMP bf16", "Engine bf16-mixed"} <= set(ok)
     fp32 = ok["FP32"]["step_ms"]
+    assert list(results)[-1] == "FP32"  # last: its warm-up is the slowest on a GPU
     for name, r in ok.items():
         assert math.isfinite(r["step_ms"]) and r["step_ms"] > 0, name
+        assert 0 < r["first_step_s"] <= r["warmup_s"], name  # the warm-up's cost, reported apart
         assert r["steps_timed"] == data["args"]["rounds"] * data["args"]["steps"]
         assert r["images_per_s"] == pytest.approx(batch * 1e3 / r["step_ms"])
         assert r["vs_fp32"] == pytest.approx(fp32 / r["step_ms"])  # against this run's own FP32 row
@@ -52,17 +56,32 @@ def test_smoke_run_prints_the_table_last_and_writes_the_same_figures(
 
     lines = capsys.readouterr().out.strip().splitlines()
     table = lines[-2 - len(results):]
-    assert table[0].startswith("| contender | TF32 | step (ms) |")
+    assert table[0].startswith("| contender | TF32 | cuDNN search | step (ms) |")
     for row, (name, r) in zip(table[2:], results.items()):
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert cells[0] == name
-        assert cells[2] == (f"{r['step_ms']:.1f}" if r["status"] == "ok" else "n/a")
+        assert cells[3] == (f"{r['step_ms']:.1f}" if r["status"] == "ok" else "")
+        if r["status"] == "ok":
+            assert cells[7] == f"{r['first_step_s']:.2f}"
+    # each warm-up is printed the moment it ends, before the table: a run cut at its limit keeps them
+    assert sum(line.startswith("# warm-up ") for line in lines[: -2 - len(results)]) == len(ok)
+
+
+def test_a_spent_time_limit_skips_the_contenders_not_started_and_still_prints_the_table(
+    script: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "cnn.json"
+    script.main(["--device", "cpu", "--smoke", "--time-limit", "0", "--json", str(out)])
+    results = json.loads(out.read_text())["results"]
+    assert {r["status"] for r in results.values()} == {"skipped", "n/a"}  # n/a: TF32, a CUDA mode
+    assert all("time limit" in r["reason"] for r in results.values() if r["status"] == "skipped")
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("| FP32 | skipped: not started")
 
 
 def test_switches_come_back_when_the_run_fails(script: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
     before = (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark)
 
-    def broken(args: object, device: torch.device) -> None:
+    def broken(args: object, device: torch.device, deadline: object) -> None:
         script.set_tf32(not before[1])
         raise RuntimeError("CUDA out of memory")
 

@@ -28,12 +28,11 @@ def script(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     return module
 
 
-def test_smoke_run_at_two_step_times_prints_and_writes_the_same_rows(
-    script: ModuleType, device: torch.device, mixed_policy: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    # On CUDA the mixed policy is 16-mixed: the hand-written side is fused AdamW driven by torch's GradScaler.
+def test_smoke_run_at_two_step_times_prints_and_writes_the_same_rows(script: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # CPU only: the GPU suite runs this script itself on the GPU (16-mixed there: fused AdamW under GradScaler).
+    mixed_policy = "bf16-mixed"
     out = tmp_path / "overhead.json"
-    script.main(["--device", str(device), "--smoke", "--precision", f"32-true,{mixed_policy}", "--step-ms", "2,20", "--json", str(out)])
+    script.main(["--device", "cpu", "--smoke", "--precision", f"32-true,{mixed_policy}", "--step-ms", "2,20", "--json", str(out)])
 
     data = json.loads(out.read_text())
     rows = data["results"]
@@ -43,11 +42,20 @@ def test_smoke_run_at_two_step_times_prints_and_writes_the_same_rows(
         assert r["ratio"] == pytest.approx(r["engine_ms"] / r["hand_ms"])
         assert r["steps_each"] == data["args"]["rounds"] * data["args"]["steps"]
         assert r["width"] >= 8 and r["batch"] >= 1
-    table = capsys.readouterr().out.strip().splitlines()[-len(rows):]
+        # one step of each side counted: the engine's ops are the hand loop's (tests/unit/training/test_optimizer_step.py
+        # holds the exact allowance) and neither side syncs with the host
+        assert 0 < r["ops_hand"] <= r["ops_engine"] <= r["ops_hand"] + 3 and r["syncs_hand"] == r["syncs_engine"] == 0
+    printed = capsys.readouterr().out.strip().splitlines()
+    table = [line for line in printed if line.startswith(("| 32-true", f"| {mixed_policy}"))]
+    assert len(table) == len(rows) and printed[-1] == table[-1]
+    # each row is printed as soon as it is measured: the second target's probes come after the first target's rows
+    first_probe_of_20ms = next(i for i, line in enumerate(printed) if line.startswith("# probe") and "for 20 ms" in line)
+    assert printed.index(table[1]) < first_probe_of_20ms
     for line, r in zip(table, rows):
         cells = [c.strip() for c in line.strip("|").split("|")]
         assert cells[:4] == [r["precision"], f"{r['target_ms']:g}", str(r["width"]), str(r["batch"])]
         assert cells[4:7] == [f"{r['hand_ms']:.3f}", f"{r['engine_ms']:.3f}", f"{r['ratio']:.3f}"]
+        assert cells[8:] == [str(r["ops_hand"]), str(r["ops_engine"]), "0 / 0"]
 
 
 def test_without_step_ms_the_given_size_is_measured(script: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
@@ -99,6 +107,26 @@ def test_calibration_out_of_probes_returns_the_closest(
     monkeypatch.setattr(script, "probe", fake_probe)
     width, _ = script.calibrate(ampkit.get_policy("32-true"), 2e-3, _args(probes=2), torch.device("cpu"))
     assert probed == list(times) and width == closest  # for 2 ms, neither probe within 10%
+
+
+def test_calibration_stops_when_its_time_is_spent(script: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A device that never gets near the target: without a time budget the search would use every probe.
+    probed: list[int] = []
+
+    def fake_probe(policy: object, width: int, args: object, device: object) -> float:
+        probed.append(width)
+        return 1.0
+
+    monkeypatch.setattr(script, "probe", fake_probe)
+    script.calibrate(ampkit.get_policy("32-true"), 2e-3, _args(calibrate_s=0.0), torch.device("cpu"))
+    assert len(probed) == 1
+
+
+def test_a_spent_time_limit_reports_every_row_skipped(script: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
+    report = script.main(["--smoke", "--precision", "32-true,bf16-mixed", "--step-ms", "2,20", "--time-limit", "0"])
+    assert [r["status"] for r in report["results"]] == ["skipped"] * 4
+    assert all("time limit" in r["reason"] for r in report["results"])
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("| bf16-mixed | 20 | skipped: not started")
 
 
 @pytest.mark.parametrize("bad", ["2,x", "0", "-5"])

@@ -111,3 +111,14 @@ def test_memory_prediction_smoke_prints_the_table_last_and_writes_the_rows(tmp_p
     for r in data["rows"]:  # the CPU's estimate is exact: the control is the measured step
         assert r["total_estimate"] == r["total_measure"] and r["peak_estimate"] == r["peak_measure"]
         assert r["allocator_peak"] is None
+
+
+def test_memory_prediction_reports_rows_past_its_time_limit_as_skipped(tmp_path, capsys) -> None:
+    out = tmp_path / "rows.json"
+    assert _memory_prediction().main(["--smoke", "--workloads", "digits,gpt", "--time-limit", "0", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["workload"], r["policy"], r["status"]) for r in rows] == [
+        (w, p, "skipped") for w in ("digits", "gpt") for p in ("32-true", "bf16-mixed")
+    ]
+    table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    assert len(table) == 1 + 4 and all("not started: the script's time limit" in line for line in table[1:])

@@ -148,3 +148,16 @@ def test_bounded_reading_of_a_small_tensor_is_exact() -> None:
     exact.update(x)
     cheap.update(x)
     assert cheap.summary() == exact.summary()
+
+
+def test_the_accelerator_histogram_counts_what_bincount_counts_on_every_exponent() -> None:
+    # Every binary exponent fp32 has (zero, subnormals, the largest normals), in uneven numbers, as update() bins them.
+    from ampkit.numerics.stats import E_LO, NBINS, exponent_histogram
+
+    g = torch.Generator().manual_seed(0)
+    values = torch.ldexp(torch.rand(50_000, generator=g) + 0.5, torch.randint(-149, 128, (50_000,), generator=g))
+    values = torch.cat([values, torch.zeros(7), torch.full((300,), 2.0**-3)])
+    bins = torch.frexp(values).exponent - (E_LO + 1)
+    assert int(bins.min()) >= 0 and int(bins.max()) < NBINS
+    cpu, shared = exponent_histogram(bins), exponent_histogram(bins, shared_memory=True)
+    assert shared.dtype == torch.int64 and torch.equal(shared, cpu) and int(shared.sum()) == values.numel()

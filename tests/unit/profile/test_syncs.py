@@ -57,6 +57,11 @@ def test_a_librarys_own_reads_are_not_the_loops() -> None:
     with SyncFinder() as finder:
         opt.step()
     assert finder.total == 0
+    model(torch.ones(2, 4)).sum().backward()
+    with SyncFinder(library=True) as everything:
+        opt.step()
+    assert [(s.op, s.count) for s in everything.sites()] == [("item", 2)]  # one read per parameter, at torch's line
+    assert "/torch/" in everything.sites()[0].where  # a library line: SyncFinder() alone leaves it out
 
 
 def test_on_cuda_a_sync_warning_is_counted_at_the_line_and_other_warnings_still_shown() -> None:

@@ -357,6 +357,20 @@ def test_max_consecutive_skips(device):
     assert s.collapse_reason() is None
 
 
+@pytest.mark.parametrize("hysteresis", [1, 2])
+def test_a_found_inf_above_one_counts_one_skip_and_moving_the_scaler_keeps_its_counters_joined(device, hysteresis):
+    # found_inf > 0 means an overflow, whatever its value (flags added over devices can reach 2). The skip count and
+    # the floor flag share one tensor; moving the scaler must keep both views on the moved tensor.
+    s = dyn("cpu", init_scale=2.0, min_scale=1.0, hysteresis=hysteresis, growth_interval=1000).to(device)
+    for _ in range(hysteresis + 1):
+        s.update(flag(2.0, device))
+    assert s.consecutive_skips == hysteresis + 1 and s.get_scale() == 1.0
+    s.update(flag(2.0, device))  # at the floor: blocked
+    assert s.state_dict()["blocked_at_floor"] == 1 and "floor" in s.collapse_reason()
+    s.update(flag(C, device))
+    assert s.consecutive_skips == 0 and s.state_dict()["blocked_at_floor"] == 0 and s.collapse_reason() is None
+
+
 def test_skips_absorbed_by_hysteresis_still_count(device):
     s = dyn(device, init_scale=S, hysteresis=5, max_consecutive_skips=2, growth_interval=1000)
     run(s, [O, O])

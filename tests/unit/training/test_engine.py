@@ -589,9 +589,13 @@ def test_collapse_is_diagnosed_with_a_fused_optimizer_too(device: torch.device) 
             engine.backward(loss)
             engine.step()
     # The fifth step overflows at the floor. The CPU reads its outcome at once; on an accelerator the fused step
-    # is not synced, so the collapse is learnt as the sixth step begins, and that step completes first.
-    steps = 5 if device.type == "cpu" else 6
-    assert engine.steps == steps and engine.skipped_steps == steps
+    # is not synced, so the collapse is learnt once its flag has reached the host (as the sixth step begins, or a
+    # later one when the host runs ahead of the device), and that step completes first.
+    if device.type == "cpu":
+        assert engine.steps == 5
+    else:
+        assert engine.steps >= 6
+    assert engine.skipped_steps == engine.steps
 
 
 def test_deferred_outcome_of_fused_steps_is_counted_and_diagnosed_one_step_late(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,7 +10,7 @@ from torch import nn
 
 from ampkit import CheckpointError, Engine
 from ampkit.checkpoint.payload import apply_training_payload, training_payload
-from ampkit.training.step_state import StepState
+from ampkit.training.step_state import RING_SLOTS, StepState
 
 
 def _run(micro_batches: int, *, poison_last: bool = False) -> Engine:
@@ -60,3 +60,55 @@ def test_a_load_that_fails_part_way_puts_the_step_state_and_its_outcome_back() -
     with pytest.raises(CheckpointError, match="restored"):
         apply_training_payload(reader, payload)
     assert reader.step_state == before and reader.step_state.found_host is True
+
+
+class _Landing:
+    """A CUDA event's interface for a copy that lands when the test says so (query) or when waited for."""
+
+    def __init__(self) -> None:
+        self.landed = False
+        self.waited = False
+
+    def query(self) -> bool:
+        return self.landed
+
+    def synchronize(self) -> None:
+        self.waited = self.landed = True
+
+
+def _deferred(flags: list[float]) -> tuple[StepState, list[_Landing]]:
+    state = StepState()
+    for f in flags:
+        state.record_outcome(torch.tensor(f), None)  # sent to the host, not read
+    events = [_Landing() for _ in flags]
+    state.deferred = [(slot, event) for (slot, _), event in zip(state.deferred, events)]  # as on CUDA: not landed yet
+    return state, events
+
+
+def test_poll_reads_the_flags_that_landed_in_order_and_waits_only_when_told() -> None:
+    state, events = _deferred([0.0, 1.0, 0.0])
+    assert state.found_host is None and state.skipped == 0
+    events[0].landed = True
+    assert state.poll(0) == [False]  # the second has not landed: stop there, wait for nothing
+    assert not any(e.waited for e in events) and state.found_host is None and len(state.deferred) == 2
+    assert state.poll(1) == [True]  # wait for the oldest one only
+    assert events[1].waited and not events[2].waited and state.skipped == 1 and state.found_host is None
+    events[2].landed = True
+    assert state.poll(0) == [False] and state.deferred is None
+    assert state.found_host is False  # the last step's own flag, once nothing newer is pending
+
+
+def test_poll_without_a_limit_waits_for_every_flag_and_the_last_one_is_the_outcome() -> None:
+    state, events = _deferred([1.0, 1.0])
+    assert state.poll() == [True, True] and all(e.waited for e in events)
+    assert state.found_host is True and state.skipped == 2 and state.deferred is None
+
+
+def test_the_host_slots_are_reused_only_after_their_flag_was_read() -> None:
+    state = StepState()
+    for i in range(RING_SLOTS):
+        state.record_outcome(torch.tensor(float(i % 2)), None)
+    assert state.ring_full  # the engine waits for the oldest before sending another
+    assert state.poll(0) == [bool(i % 2) for i in range(RING_SLOTS)] and not state.ring_full
+    state.record_outcome(torch.tensor(1.0), None)  # the first slot again, holding the new flag
+    assert state.poll() == [True] and state.skipped == RING_SLOTS // 2 + 1

@@ -1,0 +1,111 @@
+"""The optimizer step's cost, counted: the Engine's step against torch's hand-written loop on the same model, data,
+fused AdamW and clipping, in aten ops dispatched and host syncs per step.
+
+Counts are deterministic, so they are asserted here (timings are the benchmarks' business: see
+benchmarks/engine_overhead.py). On the CPU the engine runs its accelerator path (the overflow flag is sent to the
+host, not read), so the counts are those of a GPU step; a GPU pass (``--device cuda``) counts them there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import nn
+
+from ampkit import Engine
+from ampkit.profile.op_count import StepCounts, count_step
+
+# What the engine's 16-mixed step dispatches beyond GradScaler's loop, for what that loop does not do: the clamp of
+# the scale to its floor and ceiling (1), the collapse counters, skips in a row and the floor check (4: the flag,
+# the floor test, the count, one multiply that keeps or clears both), and the flag's copy to the host (1). Less
+# the three GradScaler dispatches that the engine does without (two copies of its scale and flag to the
+# gradients' device, the sum of the per-device flags).
+ALLOWANCE_16_MIXED = 6 - 3
+
+Step = Callable[[torch.Tensor, torch.Tensor], None]
+
+
+def mlp(device: torch.device) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 32), nn.GELU(), nn.Linear(32, 4)).to(device)
+
+
+def hand_written(precision: str, device: torch.device) -> Step:
+    """torch's documented loop: autocast, GradScaler for fp16 (unscale_ before clipping), fused AdamW."""
+    model = mlp(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(precision)
+    scaler = torch.amp.GradScaler(device.type) if precision == "16-mixed" else None
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> None:
+        with torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext():
+            loss = nn.functional.cross_entropy(model(x).float(), y)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            scaler.step(opt)
+            scaler.update()
+        else:
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def engine_loop(precision: str, device: torch.device) -> tuple[Step, Engine]:
+    engine = Engine(precision, clip_grad_norm=1.0)
+    model = mlp(device)
+    model, _ = engine.setup(model, torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True))
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> None:
+        with engine.autocast():
+            loss = nn.functional.cross_entropy(model(x).float(), y)
+        engine.backward(loss)
+        engine.step()
+
+    return step, engine
+
+
+def counts(precision: str, device: torch.device) -> tuple[StepCounts, StepCounts, Engine]:
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(8, 16, generator=g).to(device), torch.randint(0, 4, (8,), generator=g).to(device)
+    step, engine = engine_loop(precision, device)
+    # Two warm-up steps: the first builds the optimizer's state, the second is the first with an earlier outcome.
+    return count_step(hand_written(precision, device), x, y, warmup=2), count_step(step, x, y, warmup=2), engine
+
+
+def excess(a: StepCounts, b: StepCounts) -> str:
+    return f"{a.ops} ops against {b.ops}; more: {dict(a - b)}; fewer: {dict(b - a)}"
+
+
+def test_the_16_mixed_step_dispatches_at_most_the_allowance_more_than_gradscalers_loop_and_no_sync(device: torch.device) -> None:
+    hand, engine, run = counts("16-mixed", device)
+    assert engine.ops <= hand.ops + ALLOWANCE_16_MIXED, excess(engine, hand)
+    assert engine.syncs == hand.syncs == 0
+    assert run.steps == 3 and not run.step_was_skipped  # the counted step was a real one
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_without_loss_scaling_the_step_dispatches_what_the_hand_loop_does(precision: str, device: torch.device) -> None:
+    if precision == "bf16-mixed" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        pytest.skip("Requires: [CUDA bf16]")
+    hand, engine, _ = counts(precision, device)
+    assert engine.ops <= hand.ops, excess(engine, hand)
+    assert engine.syncs == hand.syncs == 0
+
+
+def test_the_flag_copy_is_the_one_op_that_tells_the_host_the_outcome(device: torch.device) -> None:
+    # The copy into the host slot is counted among the allowance; reading it later dispatches nothing and waits
+    # for nothing once it has landed (on the CPU at once).
+    step, engine = engine_loop("16-mixed", device)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(8, 16, generator=g).to(device), torch.randint(0, 4, (8,), generator=g).to(device)
+    got = count_step(step, x, y, warmup=2)
+    assert got.by_op["aten.copy_.default"] == 1 and got.by_op["aten._local_scalar_dense.default"] == 0
+    assert not engine.step_was_skipped and engine.skipped_steps == 0
