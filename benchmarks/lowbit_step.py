@@ -52,25 +52,13 @@ from ampkit.bench.workload import call_model, output_as_float
 from ampkit.bench.workloads import get_workload
 from ampkit.policy.device import cpu_name
 from ampkit.policy.lowbit_optimizers import lowbit_twin, missing_library, quiet_library_logs
+from measured_rows import Deadline, add_time_limit
 
 DEFAULTS = {"sizes": None, "rounds": 6, "steps": 10, "warmup": 3, "backend": None}
 SMOKE = {"sizes": "tiny", "rounds": 2, "steps": 2, "warmup": 2, "backend": "aot_eager"}
 """What ``--smoke`` runs unless told otherwise: seconds on a CPU, every row's code path (aot_eager: no C++
 compilation; torchao's own step runs eagerly, as its per-shape inductor compiles would take longer than the rest of
 the run). Timings mean nothing."""
-
-
-class Deadline:
-    """The script's own time limit: work not started before it is reported as skipped, not cut mid-way."""
-
-    def __init__(self, seconds: float | None) -> None:
-        self.at = None if seconds is None else time.perf_counter() + seconds
-        self.seconds = seconds
-
-    def passed(self) -> str | None:
-        if self.at is not None and time.perf_counter() > self.at:
-            return f"not started: the script's time limit ({self.seconds:.0f} s) was reached"
-        return None
 
 
 class StepOnly:
@@ -274,7 +262,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rows", default=None, help="rows to run, by label or by the policy before a label's comma, e.g. bf16-true-sr,bf16-true (the masters' step always runs)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (torch.set_num_threads; default: torch's)")
-    p.add_argument("--time-limit", type=float, default=None, help="seconds; later engines and rounds are not started")
+    add_time_limit(p)
     p.add_argument("--smoke", action="store_true", help=f"a tiny run that checks the script works: {SMOKE}")
     p.add_argument("--json", help="also write the run's facts and every row here")
     args = p.parse_args(argv)

@@ -37,8 +37,7 @@ SMOKED_ELSEWHERE = {
     "numerics_sampler": "tests/unit/numerics/test_benchmarks.py",
     "apex": "tests/integration/test_legacy_apex_overhead.py",
     "compile": "tests/unit/test_compile_speed_script.py",
-    "fused_step": "tests/unit/test_fused_master_step_script.py",
-    "lowbit_step": "tests/unit/test_lowbit_step_script.py",
+    "optimizer_steps": "tests/unit/test_lowbit_step_script.py",
     "profile": "tests/unit/test_profile_advice_script.py",
     "fp8": "tests/unit/test_fp8_training_script.py",
 }
