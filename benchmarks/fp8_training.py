@@ -191,18 +191,22 @@ def loss_gap(losses: list[float], control: list[float], window: int) -> dict[str
     runs drift apart or come together as training goes on.
 
     >>> g = loss_gap([3.0, 2.6, 2.2, 2.1, 2.08, 1.92], [3.0, 2.5, 2.2, 2.0, 2.0, 1.8], window=3)
-    >>> round(g["loss_diff_vs_bf16"], 4), round(2 * g["loss_diff_se"], 4), g["gap_within_noise"], round(g["loss_diff_early"], 4)
-    (0.1, 0.0231, False, 0.0333)
+    >>> round(g["loss_diff_vs_bf16"], 4), round(2 * g["loss_diff_se"], 4), g["gap_within_noise"], round(g["loss_diff_early"], 4), g["gap_trend"]
+    (0.1, 0.0231, False, 0.0333, 'widens')
     """
     diffs = [a - b for a, b in zip(losses, control)]
     late, early = diffs[-window:], diffs[:window]
     se = statistics.stdev(late) / math.sqrt(len(late)) if len(late) > 1 else math.nan
     gap = statistics.fmean(late)
+    early_gap = statistics.fmean(early)
+    noise = 2 * se if math.isfinite(se) else 0.0
+    trend = "closes" if abs(gap) < abs(early_gap) - noise else "widens" if abs(gap) > abs(early_gap) + noise else "steady"
     return {
         "loss_diff_vs_bf16": gap,
         "loss_diff_se": se,
         "gap_within_noise": bool(abs(gap) <= 2 * se) if math.isfinite(se) else None,
-        "loss_diff_early": statistics.fmean(early),
+        "loss_diff_early": early_gap,
+        "gap_trend": trend,  # the last steps' gap against the first steps', beyond its noise
         "loss_window": len(late),
     }
 
@@ -430,7 +434,7 @@ def _f(value: Any, pattern: str, scale: float = 1.0) -> str:
 
 
 RUN_HEAD = (
-    "| model | policy | status | step (ms) | tokens/s | vs bf16-mixed | loss (last steps) | gap to bf16 ± 2 SE | gap, first steps | "
+    "| model | policy | status | step (ms) | tokens/s | vs bf16-mixed | loss (last steps) | gap to bf16 ± 2 SE | gap, first steps (then) | "
     "peak memory (GiB) | fp8 layers | note |\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"
 )
 LAYER_HEAD = (
@@ -443,7 +447,8 @@ def run_line(r: dict[str, Any]) -> str:
     fp8 = f"{r['fp8_layers']} / {r['linear_layers']}" if "linear_layers" in r else "—"
     return (
         f"| {r['model']} | {r['policy']} | {r['status']} | {_f(r.get('step_s'), '{:.2f}', 1e3)} | {_f(r.get('tokens_per_s'), '{:,.0f}')} | "
-        f"{_f(r.get('speedup_vs_bf16'), '{:.2f}x')} | {_f(r.get('loss'), '{:.4f}')} | {_gap(r)} | {_f(r.get('loss_diff_early'), '{:+.4f}')} | "
+        f"{_f(r.get('speedup_vs_bf16'), '{:.2f}x')} | {_f(r.get('loss'), '{:.4f}')} | {_gap(r)} | {_f(r.get('loss_diff_early'), '{:+.4f}')}"
+        f"{' (' + r['gap_trend'] + ')' if 'gap_trend' in r else ''} | "
         f"{_f(r.get('peak_memory_bytes'), '{:.1f}', 2**-30)} | {fp8} | {r['reason'].replace('|', '/')} |"
     )
 

@@ -54,6 +54,8 @@ def test_smoke_run_writes_every_row_and_fp8_trains_within_tolerance_of_bf16(scri
                 diffs = [a - b for a, b in zip(row["losses"], control["losses"])]
                 assert row["loss_diff_vs_bf16"] == pytest.approx(sum(diffs[-w:]) / w) == pytest.approx(row["loss"] - control["loss"])
                 assert row["loss_diff_se"] >= 0 and row["loss_diff_early"] == pytest.approx(sum(diffs[:w]) / w)
+                noise, late, early = 2 * row["loss_diff_se"], abs(row["loss_diff_vs_bf16"]), abs(row["loss_diff_early"])
+                assert row["gap_trend"] == ("closes" if late < early - noise else "widens" if late > early + noise else "steady")
             elif label != "bf16-mixed":  # "auto" at 128 tokens: the roofline converts nothing, so it is not run again
                 assert row["status"] == "skipped" and "converts no layer" in row["reason"], row
 

@@ -12,7 +12,10 @@ from torch.utils.data import DataLoader, Dataset
 from ampkit import Engine
 from ampkit.profile import Profiler
 
-DELAY = 0.002  # seconds per sample: 32 ms per batch of 16, far above the phases' own few milliseconds
+# Seconds per sample: 160 ms per batch of 16 (a sleep: the same on a loaded machine), far above the phases' own few
+# milliseconds and their noise when another process shares the cores (at 2 ms, under pytest -n 2 on 2 cores, the
+# optimizer phase of one loop once came out 20 ms slower than the other's).
+DELAY = 0.01
 
 
 class SlowSquares(Dataset):
