@@ -90,7 +90,9 @@ def test_host_time_outside_the_ops_is_the_host_share_and_the_ops_time_is_not() -
         return op_breakdown(prof).host_share
 
     plain, slow = share(0.0), share(0.05)
-    assert plain < 0.25 and slow > 0.5  # 50 ms of Python per forward against ~10 ms of ops
+    # 50 ms of Python per forward against ~10 ms of ops: the share rises by most of the step. Compared with the
+    # control rather than a fixed bound, since a process sharing the cores (pytest -n 2) also shows as host time.
+    assert slow > 0.5 and slow - plain > 0.3, (plain, slow)
 
 
 def test_an_op_with_no_parent_counts_in_the_phase_its_time_falls_in() -> None:

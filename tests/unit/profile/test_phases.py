@@ -12,7 +12,10 @@ from torch import nn
 from ampkit import Engine
 from ampkit.profile import PHASES, PhaseTimer
 
-DELAY = 0.03  # seconds: far above the phases' own few milliseconds and the timer's resolution
+# Seconds, slept (the same on a loaded machine): far above the phases' own few milliseconds, the timer's resolution
+# and the scheduler's delays when another process shares the cores (at 30 ms, under pytest -n 2 on 2 cores, a tiny
+# forward's median once came out 12 ms long).
+DELAY = 0.1
 
 
 def _loop(steps: int = 6, *, data_delay: float = 0.0, forward_delay: float = 0.0, accumulate: int = 1) -> PhaseTimer:
