@@ -111,7 +111,9 @@ def test_older_objects_sit_out_the_tries_collections_and_are_unfrozen_after():
     try:
         before = gc.get_freeze_count()
         assert find_max_batch_size(trial)() == 4
-        assert gc.get_freeze_count() == before
+        # Still frozen. Not "== before": a frozen object another thread frees meanwhile leaves the count (an xdist
+        # worker's message thread did, by 2 of 659,805).
+        assert 0.99 * before <= gc.get_freeze_count() <= before
     finally:
         gc.unfreeze()
 
