@@ -54,10 +54,6 @@ class Deadline:
             return f"not started: the script's time limit ({self.seconds:.0f} s) was reached"
         return None
 
-    def left(self) -> float:
-        """Seconds left (infinite without a limit), for work that can shrink itself to fit."""
-        return float("inf") if self.at is None else max(0.0, self.at - time.perf_counter())
-
 
 def add_time_limit(parser: argparse.ArgumentParser) -> None:
     """``--time-limit S``: the suite passes each step its limit less the step's longest unit of work."""

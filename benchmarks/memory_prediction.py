@@ -82,10 +82,6 @@ def _line(r: dict[str, Any], cuda: bool) -> str:
     return line + f" {r['estimate_s']:.2f} | {r['measure_s']:.2f} |"
 
 
-def _markdown(rows: list[dict[str, Any]], cuda: bool) -> list[str]:
-    return [_head(cuda), *(_line(r, cuda) for r in rows)]
-
-
 def _prepared(name: str, size: str) -> tuple[Any, Any, Any]:
     """The workload's model and first batch, in channels_last where the workload trains so."""
     w = get_workload(name, size=size, seed=0)
