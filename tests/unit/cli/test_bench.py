@@ -218,10 +218,10 @@ def test_tolerance_sets_the_eval_tolerance_and_a_handful_of_eval_samples_is_flag
     stdout = capsys.readouterr().out
     data = json.loads((tmp_path / "results.json").read_text())
     assert data["eval_samples"] == 16
-    assert data["eval_tolerance"].startswith("eval_loss within 50% of 32-true (on only 16 eval samples")
+    assert data["eval_tolerance"].startswith("eval loss within 0.5 of 32-true (on only 16 eval samples")
     bf16 = data["runs"][1]
     assert bf16["eval_metric"] is not None and bf16["within_tolerance"] is True
-    assert "within 50% of 32-true" in bf16["verdict"] and "on only 16 eval samples" in bf16["verdict"]
+    assert "within 0.5 of 32-true" in bf16["verdict"] and "on only 16 eval samples" in bf16["verdict"]
     assert len(bf16["step_times_s"]) == bf16["timed_steps"] == 6
     assert 0 < bf16["speedup_low"] <= bf16["speedup_high"]
     assert "on only 16 eval samples" in " ".join(stdout.split())  # the terminal may wrap the verdict
