@@ -146,6 +146,7 @@ class Engine:
         self._parallel: Strategy | SingleProcess = SingleProcess()  # what runs: the strategy, or the do-nothing one
         self._param_names: dict[int, str] = {}
         self._named: list[tuple[str, nn.Parameter]] = []
+        self._warned_epoch_length = False  # a declared epoch cut short is named once per run
         # Accumulation position, step count and the last step's outcome; a checkpoint saves the counters through it.
         self._state = StepState()
 
@@ -215,17 +216,26 @@ class Engine:
     def start_epoch(self, num_micro_batches: int | None = None) -> None:
         """Declare the micro-batches of the coming epoch, so its last window may be short (``len(loader)``).
 
-        Without it, windows of exactly ``accumulate`` micro-batches run across epochs.
+        Without it, windows of exactly ``accumulate`` micro-batches run across epochs. It comes at a window
+        boundary: gradients still pending are refused with the fix, not carried into the new epoch. Right after
+        :meth:`load` of a checkpoint saved inside a declared epoch, the call that starts that epoch again continues
+        it where the checkpoint stopped, so a resumed loop that skips the batches trained before (the README's
+        recipe) takes the uninterrupted run's windows.
+
+        >>> model = nn.Linear(2, 1); engine = Engine(accumulate=3)
+        >>> model, opt = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        >>> engine.start_epoch(5)
+        >>> for _ in range(5):
+        ...     engine.backward(model(torch.ones(1, 2)).sum()); _ = engine.step()
+        >>> engine.steps, engine.micro_batches_pending  # windows of 3 and 2
+        (2, 0)
         """
-        if self.micro_batches_pending and self._state.epoch_len is None:
-            raise RuntimeError(
-                f"start_epoch() called with {self.micro_batches_pending} micro-batch(es) of gradients pending; "
-                "call it at an accumulation boundary, or pass num_micro_batches to the previous start_epoch()."
-            )
         if num_micro_batches is not None and (isinstance(num_micro_batches, bool) or not isinstance(num_micro_batches, int) or num_micro_batches < 1):
             raise ValueError(f"num_micro_batches must be a positive int (e.g. len(loader)), got {num_micro_batches!r}.")
-        self._state.micro = 0
-        self._state.epoch_len = num_micro_batches
+        warning = self._state.start_epoch(num_micro_batches, self.accumulate)
+        if warning is not None and not self._warned_epoch_length:
+            self._warned_epoch_length = True
+            log.warning("%s", warning)
 
     @property
     def micro_batches_pending(self) -> int:
@@ -318,13 +328,15 @@ class Engine:
         unknown = [type(o).__name__ for o in opts if not any(o is s for s in self.optimizers)]
         if unknown:
             raise ValueError(f"Optimizer(s) {unknown} were not passed to engine.setup(); pass them there first.")
-        _, boundary = self._state.window(self.accumulate)
-        self._state.micro += 1
+        state = self._state
+        _, boundary = state.window(self.accumulate)
+        state.micro += 1
+        state.resumed = False  # a micro-batch has ended since any load
         if not boundary:
             return False
-        if self._state.epoch_len is not None and self._state.micro >= self._state.epoch_len:
-            self._state.micro, self._state.epoch_len = 0, None  # the declared epoch is over
-        self._state.steps += 1
+        if state.epoch_len is not None and state.micro >= state.epoch_len:
+            state.micro, state.epoch_len = 0, None  # the declared epoch is over
+        state.steps += 1
         optimizer_step(self, opts)
         return True
 

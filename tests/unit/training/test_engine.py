@@ -298,6 +298,63 @@ def test_micro_batches_pending_counts_the_window_and_a_skipped_step_ends_it_too(
         assert engine.micro_batches_pending == expected
 
 
+def test_start_epoch_refuses_a_declared_epoch_that_ended_inside_a_window() -> None:
+    """An epoch declared with 5 micro-batches that stops after 4 (accumulate=3) leaves one pending: start_epoch
+    used to reset the counter and keep its gradient, which then joined the next epoch's first window."""
+    engine = Engine(accumulate=3)
+    model = mlp()
+    model, _ = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    engine.start_epoch(5)
+    for x, y in batches(4):
+        engine.backward(loss_fn(model(x), y)); engine.step()
+    with pytest.raises(RuntimeError, match=r"(?s)declared with 5 micro-batches ended after 4.*start_epoch\(4\)"):
+        engine.start_epoch(5)
+    assert engine.micro_batches_pending == 1 and engine.step_state.to_dict() == {"micro": 4, "epoch_len": 5, "steps": 1}
+
+
+def test_an_epoch_cut_short_at_a_window_boundary_is_named_once(caplog: pytest.LogCaptureFixture) -> None:
+    """Cut at a boundary nothing is pending and the next epoch starts fresh, but a checkpoint saved there would
+    resume the unfinished epoch: the declaration is named once."""
+    engine = Engine(accumulate=2)
+    model = mlp()
+    model, _ = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    with caplog.at_level(logging.WARNING, logger="ampkit"):
+        for _ in range(2):
+            engine.start_epoch(5)
+            for x, y in batches(4):
+                engine.backward(loss_fn(model(x), y)); engine.step()
+        engine.start_epoch(5)
+    warned = [r.getMessage() for r in caplog.records if "start_epoch" in r.getMessage()]
+    assert len(warned) == 1 and "declared with 5 micro-batches but 4 ran" in warned[0] and "start_epoch(4)" in warned[0]
+    assert engine.step_state.to_dict() == {"micro": 0, "epoch_len": 5, "steps": 4}
+
+
+def test_start_epoch_after_a_mid_epoch_load_continues_that_epoch() -> None:
+    """Loaded 5 micro-batches into an epoch of 10 (accumulate=3, 2 pending), start_epoch(10) keeps the loaded
+    position (the resume recipe's bitwise run: tests/unit/checkpoint/test_resume_loader.py); another length cannot
+    resume that epoch and is refused."""
+    def engine_at(state: dict | None = None) -> tuple[Engine, nn.Module]:
+        engine = Engine(accumulate=3)
+        model = mlp()
+        model, _ = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        if state is not None:
+            engine.load_state_dict(state)
+        return engine, model
+
+    engine, model = engine_at()
+    engine.start_epoch(10)
+    for x, y in batches(5):
+        engine.backward(loss_fn(model(x), y)); engine.step()
+    saved = engine.state_dict()
+    resumed, _ = engine_at(saved)
+    resumed.start_epoch(10)
+    assert resumed.step_state.to_dict() == engine.step_state.to_dict() == {"micro": 5, "epoch_len": 10, "steps": 1}
+    assert resumed.micro_batches_pending == 2
+    other, _ = engine_at(saved)
+    with pytest.raises(ValueError, match=r"start_epoch\(10\)"):
+        other.start_epoch(8)
+
+
 # ------------------------------------------------------------------------------------- clipping, schedulers
 @pytest.mark.parametrize(
     ("precision", "rel"), [("16-mixed", 1e-2), ("bf16-mixed", 5e-2), ("16-true-masters", 2e-2), ("bf16-true-masters", 8e-2)]
