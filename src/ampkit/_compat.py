@@ -368,7 +368,9 @@ def set_step_supports_amp_scaling(optimizer: torch.optim.Optimizer, value: bool)
 def optimizer_has_step_hooks(optimizer: torch.optim.Optimizer) -> bool:
     """Whether a step pre- or post-hook applies to ``optimizer`` (its own or a global one; private dicts since 2.0).
 
-    A step that calls the optimizer's undecorated update (the fused master step) would bypass them.
+    A step that calls the optimizer's undecorated update (the fused master step) would bypass them. A hook whose
+    ``ampkit_bypassable`` attribute is true does not count: the engine's guard against an ``optimizer.step()`` of
+    the user's own (:mod:`ampkit.training.misuse`), which the engine's own steps need not run.
 
     >>> opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
     >>> before = optimizer_has_step_hooks(opt)
@@ -380,7 +382,7 @@ def optimizer_has_step_hooks(optimizer: torch.optim.Optimizer) -> bool:
 
     own = [getattr(optimizer, "_optimizer_step_pre_hooks", None), getattr(optimizer, "_optimizer_step_post_hooks", None)]
     shared = [getattr(optim_module, "_global_optimizer_pre_hooks", None), getattr(optim_module, "_global_optimizer_post_hooks", None)]
-    return any(bool(h) for h in (*own, *shared))
+    return any(not getattr(hook, "ampkit_bypassable", False) for hooks in (*own, *shared) if hooks for hook in hooks.values())
 
 
 # DTensor's caches whose keys or values hold a DeviceMesh (and through it the process group), as

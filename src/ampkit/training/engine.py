@@ -32,6 +32,7 @@ from .engine_state import engine_state
 from .hooks import Hooks
 from .kernel_guards import guard_optimizer
 from .masters import MasterWeights
+from .misuse import DirectStepGuard, check_window_backward
 from .model_setup import prepare_models
 from .optimizer_step import optimizer_step, resolve_outcome
 from .compile import apply_compile, check_compile_plan, compile_plan, unwrap_user_compiled
@@ -191,6 +192,9 @@ class Engine:
         if self.scaler is not None:
             self.scaler.to(self.device)
         self.models, self.optimizers = model_list, list(optimizers)
+        guard = DirectStepGuard(self)  # an optimizer.step() of the user's own on the engine's gradients is refused
+        for opt in optimizers:
+            opt.register_step_pre_hook(guard)
         self.compiled = apply_compile(model_list, plan) if plan is not None else []
         if self.policy.needs_compile and plan is None and self.device.type == "cuda":
             log.warning("%s without torch.compile runs each fp8 cast as kernels of its own: expect it slower than bf16-mixed. "
@@ -273,6 +277,7 @@ class Engine:
         if self.scaler is not None:
             loss = self.scaler.scale(loss)
         loss.backward(**kwargs)
+        self._state.backwards += 1  # gradients of the engine's making: an optimizer.step() of the user's own is refused
         if self.hooks.active:
             self.hooks.run("after_backward", self)
 
@@ -329,7 +334,9 @@ class Engine:
         if unknown:
             raise ValueError(f"Optimizer(s) {unknown} were not passed to engine.setup(); pass them there first.")
         state = self._state
-        _, boundary = state.window(self.accumulate)
+        size, boundary = state.window(self.accumulate)
+        if boundary and not state.backwards:
+            check_window_backward(self, size)  # no engine.backward() in the window: refused where it trains wrong
         state.micro += 1
         state.resumed = False  # a micro-batch has ended since any load
         if not boundary:
@@ -337,6 +344,7 @@ class Engine:
         if state.epoch_len is not None and state.micro >= state.epoch_len:
             state.micro, state.epoch_len = 0, None  # the declared epoch is over
         state.steps += 1
+        state.backwards = 0  # this step takes them: the optimizers' guard sees none pending while it runs
         optimizer_step(self, opts)
         return True
 

@@ -55,7 +55,7 @@ def engine_state(engine: "Engine") -> dict[str, Any]:
 
 def apply_engine_state(engine: "Engine", state: dict[str, Any]) -> None:
     """Put back :func:`engine_state` as it is (validated by the caller); forgets the last step's outcome."""
-    engine.step_state.load_counters(state, state["skipped_steps"])  # that outcome was another process's last step
+    engine.step_state.load_counters(state, state["skipped_steps"], engine.accumulate)  # that outcome was another process's last step
     if state.get("micro_batch_rows") is not None:  # learnt after an OOM; absent from older checkpoints
         engine.micro_batch_rows = state["micro_batch_rows"]
     if engine.scaler is not None:

@@ -53,6 +53,9 @@ class StepState:
     """An overflow learnt after its step: the next step diagnoses a scale collapse on its gradients."""
     skipped: int = 0
     """Optimizer steps known to have been skipped (the flags still in ``deferred`` are not counted yet)."""
+    backwards: int = dataclasses.field(default=0, repr=False, compare=False)
+    """``engine.backward()`` calls whose gradients no optimizer step has taken yet; a load counts the pending
+    window's micro-batches (their gradients came from such calls). Not saved."""
     resumed: bool = dataclasses.field(default=False, repr=False, compare=False)
     """The counters came from a checkpoint and no micro-batch has ended since: the next :meth:`start_epoch`
     continues the epoch they stopped in. Not saved."""
@@ -87,18 +90,19 @@ class StepState:
         size = accumulate if self.epoch_len is None else min(accumulate, self.epoch_len - start)
         return size, self.micro + 1 - start >= size
 
-    def load_counters(self, counters: dict[str, Any], skipped_steps: int) -> None:
+    def load_counters(self, counters: dict[str, Any], skipped_steps: int, accumulate: int) -> None:
         """Take ``counters`` (as :meth:`to_dict` wrote them) and the skipped count; forget the last step's outcome.
 
-        >>> state = StepState(); state.load_counters({"micro": 5, "epoch_len": 10, "steps": 1}, 0)
-        >>> state.pending(3), state.resumed
-        (2, True)
+        >>> state = StepState(); state.load_counters({"micro": 5, "epoch_len": 10, "steps": 1}, 0, accumulate=3)
+        >>> state.pending(3), state.backwards, state.resumed
+        (2, 2, True)
         """
         fresh = StepState.from_dict(counters)
         fresh.skipped = int(skipped_steps)
         for field in dataclasses.fields(self):
             if field.compare:  # the host slots stay: they hold nothing once the outcomes are forgotten
                 setattr(self, field.name, getattr(fresh, field.name))
+        self.backwards = self.pending(accumulate)  # the saved window's gradients, put back beside the counters
         self.resumed = True
 
     def start_epoch(self, num_micro_batches: int | None, accumulate: int) -> str | None:
