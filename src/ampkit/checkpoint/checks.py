@@ -163,6 +163,11 @@ def check_engine_state(engine: "Engine", state: Any) -> None:
     counts = {"accumulate": 1, "micro": 0, "steps": 0, "skipped_steps": 0}
     bad = [f"{k}={state[k]!r}" for k, low in counts.items() if not _count(state[k], low)]
     bad += [f"{k}={state.get(k)!r}" for k in ("epoch_len", "micro_batch_rows") if state.get(k) is not None and not _count(state[k], 1)]
+    rounding = state.get("rounding")  # bf16-true-sr's stream; absent from older checkpoints
+    if rounding is not None and not (
+        isinstance(rounding, dict) and (rounding.get("seed") is None or _count(rounding["seed"], 0)) and _count(rounding.get("draws"), 0)
+    ):
+        bad.append(f"rounding={rounding!r}")
     if not bad and state["skipped_steps"] > state["steps"]:
         bad.append(f"skipped_steps={state['skipped_steps']} > steps={state['steps']}")
     if bad:

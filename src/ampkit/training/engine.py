@@ -34,6 +34,7 @@ from .kernel_guards import guard_optimizer
 from .masters import MasterWeights
 from .model_setup import prepare_models
 from .optimizer_step import optimizer_step, resolve_outcome
+from .rounding_stream import RoundingStream, rounding_stream
 from .compile import apply_compile, check_compile_plan, compile_plan, unwrap_user_compiled
 from .fused_library_step import FusedLibraryStep, build_library_step, check_library_step
 from .fused_master_step import FusedMasterStep, build_fused_step, check_fused_step, check_fused_step_spec
@@ -134,6 +135,7 @@ class Engine:
         self._fused_step_spec = fused_step
         self.fused_step: FusedMasterStep | None = None  # built at setup, where the policy keeps masters
         self.library_step: FusedLibraryStep | None = None  # built at setup, where a library optimizer steps (bf16-true-sr)
+        self.rounding: RoundingStream | None = None  # built at setup, where an optimizer rounds at random (bf16-true-sr)
 
         self.device = torch.device("cpu")
         self.models: list[nn.Module] = []  # the modules themselves (inside any DDP wrapper): names, state, params
@@ -180,6 +182,7 @@ class Engine:
         for opt in optimizers:
             guard_optimizer(opt)  # known torch kernel defects, once the parameters' dtypes and devices are final
         self.schedulers = adopt_schedulers(schedulers, optimizers)
+        self.rounding = rounding_stream(optimizers, self.device)  # one stream for every replica (DDP)
         # FSDP's ranks each check their own shards; the fused step does not combine their flags.
         sharded = "each rank's overflow flag must be combined with the others' (FSDP)" if self.reduce_found_flags else None
         compile_options = plan.options if plan is not None else None

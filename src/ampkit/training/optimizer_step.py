@@ -13,6 +13,7 @@ show it at work.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import TYPE_CHECKING
 
@@ -118,10 +119,12 @@ def _unfused_step(engine: Engine, opts: list[torch.optim.Optimizer], late_collap
             finally:
                 del opt.grad_scale, opt.found_inf  # type: ignore[attr-defined]
         elif host_found is None or not host_found[i]:
-            if engine.library_step is not None:
-                engine.library_step.step(opt)  # bf16-true-sr: torchao's update of every parameter as one compiled region
-            else:
-                opt.step()
+            # bf16-true-sr rounds with the run's own stream, the same on every replica (see rounding_stream).
+            with engine.rounding.drawing(opt) if engine.rounding is not None else contextlib.nullcontext():
+                if engine.library_step is not None:
+                    engine.library_step.step(opt)  # bf16-true-sr: torchao's update of every parameter as one compiled region
+                else:
+                    opt.step()
     _finish(engine, opts, found, host_found, late_collapse, copied_back=False)
 
 
