@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .._util.values import check_tolerance
 from ..errors import PolicyError
 from ..policy import get_policy
 from .format import fmt_bytes
@@ -68,28 +69,6 @@ PAYS_MEMORY = 0.10
 FEW_EVAL_SAMPLES = 100
 """An eval metric from fewer samples than this is flagged: on 100 samples one sample is a whole point of
 accuracy, and the binomial noise of an accuracy near 0.9 is about 3 points, more than the usual tolerance."""
-
-
-def check_tolerance(value: object, option: str = "tolerance") -> float:
-    """``value`` as an eval tolerance: a non-negative finite number, else a ValueError that says what to pass.
-
-    >>> check_tolerance("0.01"), check_tolerance(0)
-    (0.01, 0.0)
-    >>> check_tolerance("-1", "--tolerance")
-    Traceback (most recent call last):
-    ...
-    ValueError: --tolerance must be a non-negative finite number (e.g. 0.01: one point of accuracy, or 1% of a relative metric such as perplexity); got '-1'
-    """
-    try:
-        number = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        number = math.nan
-    if isinstance(value, bool) or not math.isfinite(number) or number < 0:
-        raise ValueError(
-            f"{option} must be a non-negative finite number (e.g. 0.01: one point of accuracy, or 1% of a relative "
-            f"metric such as perplexity); got {value!r}"
-        )
-    return number
 
 
 @dataclass(frozen=True)
