@@ -41,6 +41,17 @@ def test_runs_a_legacy_script_unchanged(tmp_path):
     assert "argv ['O2'] name __main__ dtype torch.bfloat16" in out.stdout
 
 
+def test_everything_after_the_script_is_the_scripts_own(tmp_path, monkeypatch, capsys):
+    # README: in `python -m ampkit.apex train.py --opt-level O2`, --opt-level is train.py's flag, passed unchanged,
+    # even where it looks like the runner's own (--force, -m).
+    script = tmp_path / "flags.py"
+    script.write_text("import sys\nprint(sys.argv[1:])\n")
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    main([str(script), "--opt-level", "O2", "--force", "-m", "x"])
+    assert capsys.readouterr().out == "['--opt-level', 'O2', '--force', '-m', 'x']\n"
+
+
 def test_half_dtype_option_and_module_mode(tmp_path, monkeypatch):
     (tmp_path / "legacy_train.py").write_text(LEGACY)
     (tmp_path / "helper.py").write_text("SIZE = 2\n")

@@ -75,6 +75,13 @@ def test_plain_batches_make_a_workload(user_pkg: str) -> None:
     assert w.metric is None and w.loss_fn is default_loss and w.extra["parameters"] == 6 * 16 + 16 + 16 * 3 + 3
 
 
+def test_your_model_and_data_train_with_fused_adamw_at_1e_3_clipped_to_norm_1_as_the_readme_says(user_pkg: str) -> None:
+    w = _w(f"{user_pkg}:model", f"{user_pkg}:batches")
+    opt = w.optimizer(w.model.parameters())
+    assert type(opt) is torch.optim.AdamW and w.clip_grad_norm == 1.0 and w.lr is None  # --lr, --clip: unset
+    assert {k: opt.defaults[k] for k in ("lr", "weight_decay", "fused")} == {"lr": 1e-3, "weight_decay": 0.01, "fused": True}
+
+
 def test_a_dataloader_is_read_up_to_the_step_count(user_pkg: str) -> None:
     w = _w(f"{user_pkg}:model", f"{user_pkg}:loader")
     assert len(w.train_batches) == 6 and w.items_per_batch == 8
@@ -121,6 +128,7 @@ def test_model_alone_trains_on_a_builtin_workloads_data(user_pkg: str) -> None:
                     items_per_batch=8, steps=5, warmup=1)
     w = user_workload(f"{user_pkg}:model", None, steps=5, warmup=1, base=base)
     assert w.name == f"{user_pkg}:model on toy" and w.train_batches is base.train_batches and w.model is not base.model
+    assert w.optimizer is base.optimizer and w.clip_grad_norm == base.clip_grad_norm  # the workload's own, as the README says
 
 
 @pytest.mark.parametrize(
