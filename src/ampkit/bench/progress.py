@@ -16,7 +16,14 @@ from collections.abc import Callable
 from typing import Protocol, TextIO
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 __all__ = ["PLAIN_INTERVAL_S", "NullReporter", "PlainReporter", "Reporter", "RichReporter"]
 

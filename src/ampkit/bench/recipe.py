@@ -30,7 +30,7 @@ from .._util.values import check_lr, clip_from
 from ..training.compile import compile_plan
 from .workload import Workload
 
-__all__ = ["compile_mode", "runs_to_build", "check_accumulate", "check_recipe", "clip_from", "check_lr", "with_lr", "recipe_settings"]
+__all__ = ["check_accumulate", "check_lr", "check_recipe", "clip_from", "compile_mode", "recipe_settings", "runs_to_build", "with_lr"]
 
 
 def compile_mode(spec: Any) -> str | None:

@@ -49,14 +49,14 @@ from .results import BenchResult, RunResult
 from .speedup import MIN_TIMED_STEPS, speedup_interval
 
 __all__ = [
+    "FEW_EVAL_SAMPLES",
+    "PAYS_MEMORY",
+    "PAYS_SPEEDUP",
+    "SAME_SPEED",
     "Tolerance",
     "apply_verdicts",
-    "recovery_verdict",
     "check_tolerance",
-    "SAME_SPEED",
-    "PAYS_SPEEDUP",
-    "PAYS_MEMORY",
-    "FEW_EVAL_SAMPLES",
+    "recovery_verdict",
 ]
 
 SAME_SPEED = 0.03
@@ -84,7 +84,7 @@ class Tolerance:
     def __post_init__(self) -> None:
         check_tolerance(self.tolerance, f"Tolerance({self.name!r}).tolerance")
 
-    def with_amount(self, amount: float) -> "Tolerance":
+    def with_amount(self, amount: float) -> Tolerance:
         """The same metric with ``amount`` as its tolerance, in the metric's own terms (absolute or relative).
 
         >>> Tolerance("accuracy", True, 0.02, relative=False).with_amount(0.005).describe("32-true")

@@ -26,11 +26,6 @@ import torch
 import torch.distributed as dist
 from rich.console import Console
 
-from ..distributed.agreement import agree_max
-from ..distributed.environment import init_distributed, launched_by_torchrun, shutdown
-from ..distributed.launch import relaunch, report_exit_code, strip_option
-from ..distributed.rank_logging import rank
-from ..errors import AmpkitError, one_line
 from ..bench.defaults import default_precisions, resolve_precisions
 from ..bench.progress import NullReporter, PlainReporter, Reporter, RichReporter
 from ..bench.recipe import check_recipe, clip_from
@@ -38,13 +33,24 @@ from ..bench.results import BenchResult
 from ..bench.runner import check_shardable, run_bench
 from ..bench.verdict import check_tolerance
 from ..bench.workload import Workload
+from ..distributed.agreement import agree_max
+from ..distributed.environment import init_distributed, launched_by_torchrun, shutdown
+from ..distributed.launch import relaunch, report_exit_code, strip_option
+from ..distributed.rank_logging import rank
+from ..errors import AmpkitError, one_line
+from ..report.out_dir import write_out
 from .checks import writable_dir
 from .console import stdout_console
-from ..report.out_dir import write_out
-from .parsers import add_bench as register  # declared apart: `ampkit --help` imports none of this module
-from .workload_args import device_arg, recorded_command, typed_argv, workload_from_args, workload_size
+from .parsers import add_bench as register
+from .workload_args import (
+    device_arg,
+    recorded_command,
+    typed_argv,
+    workload_from_args,
+    workload_size,
+)
 
-__all__ = ["register", "run"]
+__all__ = ["register", "run"]  # register: declared apart (parsers), so `ampkit --help` imports none of this module
 
 log = logging.getLogger("ampkit")
 

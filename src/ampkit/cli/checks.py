@@ -24,7 +24,7 @@ from .._util.policy_names import canonical_name, unknown_precision
 from .._util.values import check_lr, check_tolerance, clip_from
 from ..errors import PolicyError
 
-__all__ = ["MAX_COUNT", "positive", "non_negative", "memory_size", "writable_dir", "device_text", "check_before_import"]
+__all__ = ["MAX_COUNT", "check_before_import", "device_text", "memory_size", "non_negative", "positive", "writable_dir"]
 
 MAX_COUNT = 2**31 - 1
 """Largest count (steps, batch size, processes) accepted: beyond it tensor sizes and loops stop making sense,
@@ -59,7 +59,8 @@ def memory_size(text: str) -> int:
     ...
     argparse.ArgumentTypeError: must be more than 0 bytes, e.g. 24GiB or 80GB; got '0'
     """
-    from ..memory.fit import parse_bytes  # here, not at the top: the parsers (and --help) import this module
+    # Here, not at the top: the parsers (and --help) import this module.
+    from ..memory.fit import parse_bytes
 
     try:
         value = parse_bytes(text)

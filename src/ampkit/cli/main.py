@@ -22,7 +22,7 @@ from ..errors import AmpkitError, one_line
 from .checks import check_before_import
 from .parsers import add_bench, add_doctor, add_env, add_memory, add_profile
 
-__all__ = ["main", "build_parser", "SUBCOMMANDS"]
+__all__ = ["SUBCOMMANDS", "build_parser", "main"]
 
 logger = logging.getLogger("ampkit")
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from .checks import memory_size, non_negative, positive
 
-__all__ = ["add_bench", "add_doctor", "add_env", "add_memory", "add_profile", "SIZES"]
+__all__ = ["SIZES", "add_bench", "add_doctor", "add_env", "add_memory", "add_profile"]
 
 SIZES = ("tiny", "small", "large")
 """The built-in workload sizes, as :data:`ampkit.bench.workload.SIZES` (a test holds the two equal): repeated here

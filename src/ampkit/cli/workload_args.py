@@ -24,7 +24,7 @@ from ..bench.workload import Workload
 from ..policy.device import as_device
 from .checks import device_text
 
-__all__ = ["device_arg", "compile_arg", "workload_size", "workload_from_args", "typed_argv", "recorded_command"]
+__all__ = ["compile_arg", "device_arg", "recorded_command", "typed_argv", "workload_from_args", "workload_size"]
 
 
 def device_arg(text: str | None, *, command: str, predicts: bool = False) -> torch.device:
@@ -89,8 +89,9 @@ def workload_from_args(
     rebuilds a built-in workload's batches (the user's ``--data`` makes its own: refused there); ``accumulate``
     micro-batches make each step, so the user's data is read for ``steps * accumulate`` batches.
     """
+    # Here: the workloads import scikit-learn and friends, only when a command runs.
     from ..bench.user import user_workload
-    from ..bench.workloads import get_workload  # imports scikit-learn and friends only when a command runs
+    from ..bench.workloads import get_workload
 
     if args.model is None and args.data is None:
         name = default_workload(device) if args.workload is None else args.workload

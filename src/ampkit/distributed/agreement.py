@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-__all__ = ["world_size", "agree_min", "agree_max", "from_rank0", "any_rank"]
+__all__ = ["agree_max", "agree_min", "any_rank", "from_rank0", "world_size"]
 
 
 def world_size() -> int:

@@ -36,7 +36,7 @@ from typing import Any, Literal
 
 import torch
 
-__all__ = ["LowbitMethod", "lowbit_twin", "region_step", "missing_library", "quiet_library_logs", "EXTRA"]
+__all__ = ["EXTRA", "LowbitMethod", "lowbit_twin", "missing_library", "quiet_library_logs", "region_step"]
 
 LowbitMethod = Literal["kahan", "sr"]
 

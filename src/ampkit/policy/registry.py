@@ -16,12 +16,18 @@ from ..errors import PolicyError
 from .base import Policy
 from .fp8 import FP8Rowwise, FP8Tensorwise
 from .full import FullPrecision, TF32Precision
-from .half import BF16True, BF16TrueMasters, BF16TrueRemainder, FP16True, FP16TrueMasters
+from .half import (
+    BF16True,
+    BF16TrueMasters,
+    BF16TrueRemainder,
+    FP16True,
+    FP16TrueMasters,
+)
 from .islands import check_keep_fp32
 from .lowbit import BF16TrueKahan, BF16TrueSR
 from .mixed import BF16Mixed, FP16Mixed
 
-__all__ = ["POLICIES", "ALIASES", "get_policy", "policy_names"]
+__all__ = ["ALIASES", "POLICIES", "get_policy", "policy_names"]
 
 POLICIES: dict[str, type[Policy]] = {
     "32-true": FullPrecision,
@@ -50,7 +56,7 @@ def policy_names() -> list[str]:
     return list(POLICIES)
 
 
-def get_policy(precision: "str | int | Policy", keep_fp32: Iterable[str | type[nn.Module]] = ()) -> Policy:
+def get_policy(precision: str | int | Policy, keep_fp32: Iterable[str | type[nn.Module]] = ()) -> Policy:
     """Resolve a name, alias, int (16, 32) or Policy to a Policy, optionally keeping modules in fp32.
 
     >>> get_policy("O2").name

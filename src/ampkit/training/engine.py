@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, ContextManager
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -27,17 +28,33 @@ from ..distributed.agreement import world_size
 from ..distributed.strategy import SingleProcess, Strategy, resolve_strategy
 from ..policy import Policy, get_policy
 from .collapse import CollapseWatch
-from .engine_args import adopt_schedulers, build_sampler, build_scaler, check_engine_args, check_setup_args
+from .compile import (
+    apply_compile,
+    check_compile_plan,
+    compile_plan,
+    unwrap_user_compiled,
+)
+from .engine_args import (
+    adopt_schedulers,
+    build_sampler,
+    build_scaler,
+    check_engine_args,
+    check_setup_args,
+)
 from .engine_state import engine_state
+from .fused_library_step import FusedLibraryStep, build_library_step, check_library_step
+from .fused_master_step import (
+    FusedMasterStep,
+    build_fused_step,
+    check_fused_step,
+    check_fused_step_spec,
+)
 from .hooks import Hooks
 from .kernel_guards import guard_optimizer
 from .masters import MasterWeights
 from .model_setup import prepare_models
 from .optimizer_step import optimizer_step, resolve_outcome
 from .rounding_stream import RoundingStream, rounding_stream
-from .compile import apply_compile, check_compile_plan, compile_plan, unwrap_user_compiled
-from .fused_library_step import FusedLibraryStep, build_library_step, check_library_step
-from .fused_master_step import FusedMasterStep, build_fused_step, check_fused_step, check_fused_step_spec
 from .step_state import StepState
 
 if TYPE_CHECKING:
@@ -201,13 +218,13 @@ class Engine:
         return (out_model, *optimizers) if optimizers else out_model
 
     # ------------------------------------------------------------------------------------------ loop
-    def autocast(self) -> ContextManager[Any]:
+    def autocast(self) -> AbstractContextManager[Any]:
         """The context for the forward pass and the loss (autocast for mixed policies, a no-op otherwise).
 
         Under DDP it also runs the forward of a micro-batch that does not end its accumulation window under
         ``no_sync``, since DDP decides during the forward whether the coming backward all-reduces.
         """
-        forward: ContextManager[Any] = self.policy.forward_context(self.device.type)
+        forward: AbstractContextManager[Any] = self.policy.forward_context(self.device.type)
         if self._parallel.has_forward_context:
             spread = self._parallel.forward_context(self.wrappers, self.is_boundary)
             if spread is not None:

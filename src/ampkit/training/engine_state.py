@@ -17,10 +17,10 @@ import torch
 if TYPE_CHECKING:
     from .engine import Engine
 
-__all__ = ["pending_grads", "engine_state", "apply_engine_state"]
+__all__ = ["apply_engine_state", "engine_state", "pending_grads"]
 
 
-def pending_grads(engine: "Engine") -> dict[str, torch.Tensor] | None:
+def pending_grads(engine: Engine) -> dict[str, torch.Tensor] | None:
     """The gradients of an unfinished accumulation window by parameter name; None at a window boundary.
 
     >>> from torch import nn
@@ -40,7 +40,7 @@ def pending_grads(engine: "Engine") -> dict[str, torch.Tensor] | None:
     return {name: p.grad.detach().clone() for name, p in engine.named_parameters() if p.grad is not None}
 
 
-def engine_state(engine: "Engine") -> dict[str, Any]:
+def engine_state(engine: Engine) -> dict[str, Any]:
     """The engine's own state (no model or optimizer tensors besides masters and pending gradients)."""
     return {
         "policy": engine.policy.name,
@@ -55,7 +55,7 @@ def engine_state(engine: "Engine") -> dict[str, Any]:
     }
 
 
-def apply_engine_state(engine: "Engine", state: dict[str, Any]) -> None:
+def apply_engine_state(engine: Engine, state: dict[str, Any]) -> None:
     """Put back :func:`engine_state` as it is (validated by the caller); forgets the last step's outcome."""
     engine.step_state.load_counters(state, state["skipped_steps"])  # that outcome was another process's last step
     if state.get("micro_batch_rows") is not None:  # learnt after an OOM; absent from older checkpoints

@@ -49,10 +49,10 @@ from typing import Any
 import torch
 
 from .._compat import compiler_error, optimizer_has_step_hooks, own_code
-from .fused_step_compile import describe_failure, region_compile_kwargs, warn_fallback
 from ..policy.lowbit_optimizers import region_step
+from .fused_step_compile import describe_failure, region_compile_kwargs, warn_fallback
 
-__all__ = ["FusedLibraryStep", "uses_library_step", "library_step_problem", "check_library_step", "build_library_step"]
+__all__ = ["FusedLibraryStep", "build_library_step", "check_library_step", "library_step_problem", "uses_library_step"]
 
 def uses_library_step(optimizers: Sequence[torch.optim.Optimizer]) -> bool:
     """Whether any of the optimizers has a library step to compile (torchao's ``_AdamW``, under ``bf16-true-sr``).

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING
 import torch
 
 from .._compat import step_supports_amp_scaling
-
 from ..distributed.agreement import any_rank
 from ..errors import LossScaleCollapseError
 from ..scaling.kernels import grads_of, unscale_grads_
@@ -38,7 +37,7 @@ log = logging.getLogger("ampkit")
 
 def optimizer_step(engine: Engine, opts: list[torch.optim.Optimizer]) -> None:
     """Step (or skip) ``opts`` with the gradients of the window that has just ended, and zero those gradients."""
-    state, scaler, dev = engine.step_state, engine.scaler, engine.device
+    state, scaler = engine.step_state, engine.scaler
     if state.deferred is not None:
         # Whatever earlier flags have landed, read without waiting; the oldest waited for only when the host runs
         # so far ahead that every slot is taken.

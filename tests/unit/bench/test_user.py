@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from ampkit.bench.user import EvalLoss, default_loss, load_factory, spec_parts, user_workload
+from ampkit.bench.user import (
+    EvalLoss,
+    default_loss,
+    load_factory,
+    spec_parts,
+    user_workload,
+)
 from ampkit.bench.workload import Accuracy, Workload
 
 MODULE = """
@@ -96,7 +102,7 @@ def test_eval_batches_without_a_metric_are_scored_by_their_loss(user_pkg: str) -
     w = _w(f"{user_pkg}:model", f"{user_pkg}:eval_no_metric")
     metric = w.metric()
     assert isinstance(metric, EvalLoss)
-    x, y = w.eval_batches[0]
+    _, y = w.eval_batches[0]
     out = torch.zeros(len(y), 3)
     metric.update(out, y)
     metric.update(out, y)
@@ -149,7 +155,7 @@ def test_model_alone_trains_on_a_builtin_workloads_data(user_pkg: str) -> None:
     ],
 )
 def test_each_mistake_gets_one_clear_error(user_pkg: str, model: str | None, data: str | None, message: str) -> None:
-    fill = lambda s: None if s is None else s.format(m=user_pkg)  # noqa: E731
+    fill = lambda s: None if s is None else s.format(m=user_pkg)
     with pytest.raises(ValueError, match=message) as info:
         _w(fill(model), fill(data))
     assert "\n" not in str(info.value)

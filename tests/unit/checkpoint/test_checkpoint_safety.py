@@ -4,8 +4,9 @@ part-way (found only while applying) puts the whole run back, bitwise."""
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch

@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 import torch
 
-
 MODEL = """
 import torch
 from torch import nn
