@@ -34,6 +34,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .._util.values import check_tolerance
+
 __all__ = ["QUALITY", "EvalNoise", "Judged", "Judgement", "Tolerance", "check_tolerance", "eval_noise", "judge", "metric_words", "t_975"]
 
 QUALITY: dict[str, str] = {
@@ -67,28 +69,6 @@ def t_975(df: int) -> float:
         return _T_975[df - 1]
     # Beyond the table, the first term of the expansion of t in 1/df (Cornish-Fisher): within 0.2% from df 31 on.
     return _Z_975 + (_Z_975**3 + _Z_975) / (4 * df)
-
-
-def check_tolerance(value: object, option: str = "tolerance") -> float:
-    """``value`` as an eval tolerance: a non-negative finite number, else a ValueError that says what to pass.
-
-    >>> check_tolerance("0.01"), check_tolerance(0)
-    (0.01, 0.0)
-    >>> check_tolerance("-1", "--tolerance")
-    Traceback (most recent call last):
-    ...
-    ValueError: --tolerance must be a non-negative finite number (e.g. 0.01: one point of accuracy, or 1% of a relative metric such as perplexity); got '-1'
-    """
-    try:
-        number = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        number = math.nan
-    if isinstance(value, bool) or not math.isfinite(number) or number < 0:
-        raise ValueError(
-            f"{option} must be a non-negative finite number (e.g. 0.01: one point of accuracy, or 1% of a relative "
-            f"metric such as perplexity); got {value!r}"
-        )
-    return number
 
 
 def metric_words(name: str) -> str:

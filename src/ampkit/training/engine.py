@@ -55,6 +55,7 @@ from .masters import MasterWeights
 from .misuse import DirectStepGuard, check_window_backward
 from .model_setup import prepare_models
 from .optimizer_step import optimizer_step, resolve_outcome
+from .rounding_stream import RoundingStream, rounding_stream
 from .step_state import StepState
 
 if TYPE_CHECKING:
@@ -152,6 +153,7 @@ class Engine:
         self._fused_step_spec = fused_step
         self.fused_step: FusedMasterStep | None = None  # built at setup, where the policy keeps masters
         self.library_step: FusedLibraryStep | None = None  # built at setup, where a library optimizer steps (bf16-true-sr)
+        self.rounding: RoundingStream | None = None  # built at setup, where an optimizer rounds at random (bf16-true-sr)
 
         self.device = torch.device("cpu")
         self.models: list[nn.Module] = []  # the modules themselves (inside any DDP wrapper): names, state, params
@@ -199,6 +201,7 @@ class Engine:
         for opt in optimizers:
             guard_optimizer(opt)  # known torch kernel defects, once the parameters' dtypes and devices are final
         self.schedulers = adopt_schedulers(schedulers, optimizers)
+        self.rounding = rounding_stream(optimizers, self.device)  # one stream for every replica (DDP)
         # FSDP's ranks each check their own shards; the fused step does not combine their flags.
         sharded = "each rank's overflow flag must be combined with the others' (FSDP)" if self.reduce_found_flags else None
         compile_options = plan.options if plan is not None else None

@@ -1,4 +1,5 @@
-"""The engine's own state as a plain dict: counters, the loss scaler, master weights, pending gradients.
+"""The engine's own state as a plain dict: counters, the loss scaler, master weights, pending gradients, and the
+stochastic rounding's stream.
 
 :meth:`Engine.state_dict <ampkit.training.engine.Engine.state_dict>` returns :func:`engine_state`; a checkpoint
 stores it beside the models and optimizers (:mod:`ampkit.checkpoint.payload`) and, once it has validated it,
@@ -50,6 +51,7 @@ def engine_state(engine: Engine) -> dict[str, Any]:
         "scaler": engine.scaler.state_dict() if engine.scaler is not None else None,
         "masters": engine.masters.state_dict() if engine.masters is not None else None,
         "pending_grads": pending_grads(engine),
+        "rounding": engine.rounding.state_dict() if engine.rounding is not None else None,  # bf16-true-sr's stream
     }
 
 
@@ -62,6 +64,8 @@ def apply_engine_state(engine: Engine, state: dict[str, Any]) -> None:
         engine.scaler.load_state_dict(state["scaler"])
     if engine.masters is not None:
         engine.masters.load_state_dict(state["masters"])
+    if engine.rounding is not None and state.get("rounding") is not None:  # absent from older checkpoints
+        engine.rounding.load_state_dict(state["rounding"])
     if state["pending_grads"] is not None:
         by_name = dict(engine.named_parameters())
         for name, grad in state["pending_grads"].items():

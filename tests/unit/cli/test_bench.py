@@ -239,3 +239,12 @@ def test_in_a_log_the_table_keeps_every_column_whole_one_row_per_run(
     expected = table_rows(BenchResult.read_json(tmp_path / "results.json"))
     assert headers == expected.headers and len(" ".join(headers)) > 80
     assert body == expected.rows
+
+
+def test_in_a_log_progress_is_plain_lines_on_stderr(capsys: pytest.CaptureFixture[str], toy: str) -> None:
+    # captured stderr is not a terminal, where the bar showed nothing at all for the whole run
+    argv = ["bench", "--model", f"{toy}:model", "--data", f"{toy}:data", "--precision", "32-true", "--steps", "2", "--warmup", "1", "--rounds", "1"]
+    assert main(argv) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("progress: ") and err[-1].endswith(" steps: finished")
+    assert [line.split(" steps: ", 1)[1] for line in err[1:]] == ["32-true: measuring memory", "32-true: done", "finished"]
