@@ -17,10 +17,11 @@ from types import ModuleType
 from typing import Any
 
 from .. import __version__
+from .._util.library_logs import TORCHAO_LOGGERS, quiet_library_logs
 from ..errors import AmpkitError, one_line
 from .parsers import add_bench, add_doctor, add_env, add_memory, add_profile
 
-__all__ = ["main", "build_parser", "SUBCOMMANDS"]
+__all__ = ["SUBCOMMANDS", "build_parser", "main"]
 
 logger = logging.getLogger("ampkit")
 
@@ -88,7 +89,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     try:
-        return int(func(args))
+        # A model file may import torchao (transformers does) whatever the command: its import noise stays out.
+        with quiet_library_logs(*TORCHAO_LOGGERS):
+            return int(func(args))
     except (AmpkitError, ValueError) as exc:
         logger.debug("ampkit %s failed", args.command, exc_info=True)
         print(f"ampkit: error: {one_line(exc)}", file=sys.stderr)
