@@ -129,25 +129,29 @@ class FP8Policy(BF16Mixed):
 
     # -- device ---------------------------------------------------------------------------------
     def _support(self, device: torch.device) -> Support:
+        # The device first: installing torchao does not give a CPU or an sm80 GPU fp8 matmuls, so where the device
+        # cannot run fp8 that is the reason, and the missing install is said after it (for the GPU moved to).
         missing = missing_torchao()
-        if missing:
-            return Support(False, False, missing)
-        if self.emulate:
-            return Support(True, False, "fp8 emulated by torchao: fp8's numerics, slower than bf16 (for checks, not speed)")
-        if device.type == "cuda":
+        also = f"; fp8 also {missing}" if missing else ""
+        if device.type == "cuda" and not self.emulate:
             cap = torch.cuda.get_device_capability(device)
             if cap < self.min_capability:
                 need = ".".join(map(str, self.min_capability))
                 return Support(
-                    False, False, f"{torch.cuda.get_device_name(device)} (sm{cap[0]}{cap[1]}) has no {self.recipe} fp8 matmul (needs sm{need}+); use 'bf16-mixed'"
+                    False, False, f"{torch.cuda.get_device_name(device)} (sm{cap[0]}{cap[1]}) has no {self.recipe} fp8 matmul (needs sm{need}+); use 'bf16-mixed'{also}"
                 )
-            return Support(True, True, "fp8 tensor cores: pays on large Linear layers under torch.compile (see `ampkit memory --fp8`)")
-        return Support(
-            False,
-            False,
-            f"{device.type} has no fp8 matrix units (fp8 matmuls run there only emulated, slower than bf16); use 'bf16-mixed' "
-            "here, and plan fp8 for a GPU with `ampkit memory --fp8`",
-        )
+        elif device.type != "cuda" and not self.emulate:
+            return Support(
+                False,
+                False,
+                f"{device.type} has no fp8 matrix units (fp8 matmuls run there only emulated, slower than bf16); use 'bf16-mixed' "
+                f"here, and plan fp8 for a GPU with `ampkit memory --fp8`{also}",
+            )
+        if missing:
+            return Support(False, False, missing)
+        if self.emulate:
+            return Support(True, False, "fp8 emulated by torchao: fp8's numerics, slower than bf16 (for checks, not speed)")
+        return Support(True, True, "fp8 tensor cores: pays on large Linear layers under torch.compile (see `ampkit memory --fp8`)")
 
     # -- which layers ---------------------------------------------------------------------------
     def planning_spec(self, device_type: str) -> GpuSpec:

@@ -66,6 +66,23 @@ def test_without_torchao_the_policy_names_the_install(monkeypatch: pytest.Monkey
     assert missing_torchao() == s.reason
 
 
+def test_without_torchao_the_device_that_cannot_run_fp8_is_named_first(monkeypatch: pytest.MonkeyPatch, fake_gpu: FakeGpu) -> None:
+    # Installing torchao would not make a CPU or an A100 run fp8: the reason that stands is said first, and the
+    # install after it, for the GPU the user moves to.
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torchao" else real(name, *a))
+    cpu = FP8Tensorwise().support("cpu").reason
+    assert cpu.startswith("cpu has no fp8 matrix units") and cpu.index("no fp8 matrix units") < cpu.index("pip install 'ampkit[fp8]'")
+    fake_gpu((8, 0), "NVIDIA A100-SXM4-80GB")
+    a100 = FP8Tensorwise().support("cuda").reason
+    assert "sm80" in a100 and a100.index("sm80") < a100.index("pip install 'ampkit[fp8]'")
+    fake_gpu((9, 0), "NVIDIA H100 80GB HBM3")
+    h100 = FP8Tensorwise().support("cuda")
+    assert not h100.supported and h100.reason == missing_torchao()  # the GPU can: only the install is missing
+
+
 @pytest.mark.parametrize("cls, first", [(FP8Tensorwise, (8, 9)), (FP8Rowwise, (9, 0))])
 def test_cuda_gating_by_compute_capability(fake_gpu: FakeGpu, cls: type, first: tuple[int, int]) -> None:
     _needs_torchao()
