@@ -174,6 +174,7 @@ def _reference_run(model: nn.Module, batches: Sequence[Any], loss_fn: LossFn, st
                     f"the fp32 loss is {float(loss.detach())} at reference step {step}: the model fails without any 16-bit "
                     "arithmetic, which no precision setting can fix; check the model and data first."
                 )
+            rec.backward_from(loss)  # its gradient is the seed, no value of the model's
             loss.backward()
             rec.record_parameters()
             if opt is not None:
@@ -191,6 +192,13 @@ def _gradient_totals(stats: dict[str, dict[str, TensorStats]], model: nn.Module)
     weights = TensorStats.merge(s["grads"] for s in stats.values() if "grads" in s)
     acts = TensorStats.merge(s["output_grads"] for n, s in stats.items() if n in leaves and "output_grads" in s)
     return weights, acts
+
+
+def _largest_gradient(stats: dict[str, dict[str, TensorStats]]) -> float:
+    """The largest gradient of the backward, every module's output included: a container's own arithmetic (outside
+    its children) can hand its output a larger gradient than any leaf sees, and the scale must keep that in range
+    too, or the report would flag an overflow at the scale it recommends."""
+    return max((s[kind].max_abs for s in stats.values() for kind in ("grads", "output_grads") if kind in s), default=0.0)
 
 
 def diagnose(
@@ -251,7 +259,7 @@ def diagnose(
     rec = _reference_run(work, batches, loss_fn, steps, optimizer, seed)
     stats = rec.summaries()
     weight_grads, act_grads = _gradient_totals(stats, work)
-    advice = recommend_loss_scale(TensorStats.merge([weight_grads, act_grads]), FP16)
+    advice = recommend_loss_scale(TensorStats.merge([weight_grads, act_grads]), FP16, max_abs=_largest_gradient(stats))
 
     batch = batches[steps % len(batches)]  # a batch the statistics did not train on, from the trained weights
     ref = reference_step(work, batch, loss_fn, seed=seed)
