@@ -195,7 +195,9 @@ def _updates(data: dict[str, Any]) -> list[str]:
     lines = ["## Update precision", "", (
         f"`{check.get('policy')}` (bf16 weights stepped directly) trained {check.get('steps')} steps from the same weights and batches "
         f"as `32-true`, each step's update audited against the update the optimizer computed in fp32. A policy recovers fp32's "
-        f"trajectory when its held-out loss falls by at least {fmt_share(check.get('recovered_share'))} of fp32's decrease."
+        f"trajectory when its held-out loss falls by at least {fmt_share(check.get('recovered_share'))} of fp32's decrease; "
+        "that judges only where fp32's own fall exceeds its noise (half the difference of its falls on the held-out "
+        "batch's two halves)."
     ), ""]
     return lines + [f"- {md_escape(line.strip())}" for line in update_lines(check, top=REPORT_TOP)] + [""]
 
