@@ -188,5 +188,5 @@ def hf_conv1d_source() -> str:
 def hf_conv1d() -> type[torch.nn.Module]:
     """The ``Conv1D`` class of :data:`HF_CONV1D`: ``Conv1D(nf=out_features, nx=in_features)``."""
     namespace: dict[str, object] = {}
-    exec(compile(HF_CONV1D, "hf_conv1d", "exec"), namespace)
+    exec(compile(HF_CONV1D, "hf_conv1d", "exec"), namespace)  # noqa: S102 - the constant above, a class definition
     return namespace["Conv1D"]  # type: ignore[return-value]

@@ -19,7 +19,7 @@ from rich.table import Table
 from ..memory.fp8_layers import Fp8Plan, group_layers
 from ..policy.fp8_matmuls import CONV1D, conv1d_note
 
-__all__ = ["fp8_rows", "fp8_summary", "fp8_markdown", "print_fp8_table", "HEADERS"]
+__all__ = ["HEADERS", "fp8_markdown", "fp8_rows", "fp8_summary", "print_fp8_table"]
 
 HEADERS = ("layers", "n", "rows x in -> out", "bf16 µs", "fp8 µs", "of it casts", "speed-up", "runs in")
 

@@ -75,7 +75,7 @@ class Fp8Plan:
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Fp8Plan":
+    def from_dict(cls, data: dict[str, Any]) -> Fp8Plan:
         """Rebuild from :meth:`to_dict` output (results.json).
 
         >>> from torch import nn

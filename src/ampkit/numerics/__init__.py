@@ -27,8 +27,8 @@ float8 cast: amax, format, share flushed to zero, round-trip error; :mod:`~ampki
 
 from .doctor import Diagnosis, diagnose
 from .formats import BF16, FP16, Format
-from .sampler import NumericsSampler
 from .sample import NumericsSample
+from .sampler import NumericsSampler
 from .stats import StatsAccumulator, TensorStats
 
-__all__ = ["Diagnosis", "diagnose", "NumericsSampler", "NumericsSample", "Format", "FP16", "BF16", "StatsAccumulator", "TensorStats"]
+__all__ = ["BF16", "FP16", "Diagnosis", "Format", "NumericsSample", "NumericsSampler", "StatsAccumulator", "TensorStats", "diagnose"]

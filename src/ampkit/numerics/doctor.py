@@ -33,15 +33,16 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._util.model_io import batch_loss, default_loss, to_device
 from .._util.units import fmt_share
 from ..policy import get_policy
 from ..training.compile import check_compile_plan, compile_plan
-from .._util.model_io import batch_loss, default_loss, to_device
 from .compare import LossFn, StepComparison, compare_step, reference_step, seeded
 from .compiled import CompileCheck, check_compiled
 from .engine_code import engine_code
 from .formats import FP16
-from .fp8_headroom import RECIPES as FP8_RECIPES, Fp8Headroom, fp8_headroom
+from .fp8_headroom import RECIPES as FP8_RECIPES
+from .fp8_headroom import Fp8Headroom, fp8_headroom
 from .recommend import Tailored, candidate_precisions, choose_precision, tailor
 from .recorder import ModuleRecorder
 from .scale import LossScaleAdvice, recommend_loss_scale
@@ -49,7 +50,7 @@ from .severity import module_entries
 from .stats import TensorStats
 from .update_remedy import AUDITED_POLICY, UpdatePrecision, check_update_precision
 
-__all__ = ["Diagnosis", "diagnose", "UPDATE_STEPS"]
+__all__ = ["UPDATE_STEPS", "Diagnosis", "diagnose"]
 
 UPDATE_STEPS = 8
 """Optimizer steps per policy in the update-precision check: enough for fp32 masters to carry updates of a

@@ -38,7 +38,7 @@ import math
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -47,7 +47,10 @@ from .._util.model_io import batch_loss
 from ..policy.fp8_matmuls import matmul_layers
 from .compare import seeded
 
-__all__ = ["Fp8Recipe", "RECIPES", "RECIPE_DTYPES", "OPERANDS", "FLUSH_LIMIT", "EPS", "Fp8Headroom", "fp8_cast_figures", "fp8_round_trip", "fp8_headroom", "unit_roundoff"]
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+__all__ = ["EPS", "FLUSH_LIMIT", "OPERANDS", "RECIPES", "RECIPE_DTYPES", "Fp8Headroom", "Fp8Recipe", "fp8_cast_figures", "fp8_headroom", "fp8_round_trip", "unit_roundoff"]
 
 OPERANDS = ("input", "weight", "grad_output")
 FLUSH_LIMIT = 0.01
@@ -226,7 +229,7 @@ class _Capture:
 
         return hook
 
-    def __enter__(self) -> _Capture:
+    def __enter__(self) -> Self:
         for name, layer in self.linears.items():
             m = layer.module
             self.handles += [m.register_forward_pre_hook(self._pre_hook(name)), m.register_forward_hook(self._forward_hook(name))]

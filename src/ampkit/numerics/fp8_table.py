@@ -26,7 +26,7 @@ from ..policy.fp8_matmuls import CONV1D, conv1d_note
 from ..report.tables import TableRows
 from .table import fmt_error, module_label
 
-__all__ = ["headroom_rows", "headroom_summary", "render_headroom", "FP8_TOP"]
+__all__ = ["FP8_TOP", "headroom_rows", "headroom_summary", "render_headroom"]
 
 FP8_TOP = 10
 """Linear layers the terminal shows, worst first; doctor.json holds them all."""

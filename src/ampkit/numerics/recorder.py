@@ -22,7 +22,7 @@ in-place op downstream (``ReLU(inplace=True)``) refuses to modify. Weights and t
 from __future__ import annotations
 
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -30,6 +30,9 @@ from torch.utils.hooks import RemovableHandle
 
 from .._compat import tree_leaves
 from .stats import StatsAccumulator, TensorStats, read_summaries
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 __all__ = ["ModuleRecorder", "floating_tensors"]
 
@@ -71,7 +74,7 @@ class ModuleRecorder:
             acc = self._acc[name][kind] = StatsAccumulator(rounding=self.rounding, max_values=self.max_values)
         acc.update(tensor)
 
-    def __enter__(self) -> "ModuleRecorder":
+    def __enter__(self) -> Self:
         for module, name in self.names.items():
             self._handles.append(module.register_forward_hook(self._forward_hook(name), with_kwargs=True))
         return self

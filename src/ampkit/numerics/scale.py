@@ -23,7 +23,7 @@ import torch
 from .formats import FP16, Format
 from .stats import TensorStats
 
-__all__ = ["LossScaleAdvice", "recommend_loss_scale", "largest_safe_log2", "NO_GRADIENT_LOG2"]
+__all__ = ["NO_GRADIENT_LOG2", "LossScaleAdvice", "largest_safe_log2", "recommend_loss_scale"]
 
 NO_GRADIENT_LOG2 = 16
 """Scale exponent recommended when no gradient was seen at all (nothing to overflow): torch's default 2^16."""

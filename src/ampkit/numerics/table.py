@@ -31,9 +31,9 @@ from .engine_code import engine_code
 from .formats import FP16
 
 __all__ = [
-    "render", "build_table", "module_rows", "ranked_modules", "header_lines", "recommendation_lines", "loss_scale_line",
-    "comparison_summary", "comparison_lines", "compile_lines", "scaled_underflow_share", "fmt_share", "fmt_error", "fmt_cosine",
-    "module_label", "split_problems", "update_lines", "TOP",
+    "TOP", "build_table", "comparison_lines", "comparison_summary", "compile_lines", "fmt_cosine", "fmt_error", "fmt_share",
+    "header_lines", "loss_scale_line", "module_label", "module_rows", "ranked_modules", "recommendation_lines", "render",
+    "scaled_underflow_share", "split_problems", "update_lines",
 ]  # fmt: skip
 
 log = logging.getLogger("ampkit")
@@ -407,7 +407,8 @@ def render(data: dict[str, Any], console: Console, top: int = TOP) -> None:
             console.print(Padding(Text(line, style="red" if updates.get("lost") and not updates.get("prescribed") else ""), (0, 0, 0, 2), expand=False))
     fp8 = data.get("fp8_headroom")
     if fp8:
-        from .fp8_table import render_headroom  # the section imports this module's formatters
+        # The section imports this module's formatters: imported here, not at the top.
+        from .fp8_table import render_headroom
 
         console.print()
         render_headroom(fp8, console)

@@ -43,12 +43,18 @@ from .._util.model_io import batch_parts, call_model, output_as_float
 from ..errors import one_line
 from ..policy import get_policy, policy_names
 from .compare import LossFn, seeded
-from .update_audit import REMEDIES, UPDATE_DISCARDED_WARN, UPDATE_LOST_WARN, UpdateAudit, UpdateReport
+from .update_audit import (
+    REMEDIES,
+    UPDATE_DISCARDED_WARN,
+    UPDATE_LOST_WARN,
+    UpdateAudit,
+    UpdateReport,
+)
 
 if TYPE_CHECKING:
     from ..training.engine import Engine
 
-__all__ = ["UpdatePrecision", "RemedyTrial", "check_update_precision", "RECOVERED_SHARE", "AUDITED_POLICY", "TARGETED_SHARE", "NOISE_FACTOR"]
+__all__ = ["AUDITED_POLICY", "NOISE_FACTOR", "RECOVERED_SHARE", "TARGETED_SHARE", "RemedyTrial", "UpdatePrecision", "check_update_precision"]
 
 RECOVERED_SHARE = 0.9
 """A policy recovers fp32's trajectory when its held-out loss falls by at least this share of what fp32's falls in the
@@ -216,10 +222,10 @@ class _AuditEveryStep:
     def __init__(self) -> None:
         self.audit, self.reports = UpdateAudit(), []  # type: ignore[var-annotated]
 
-    def before_optimizer_step(self, engine: "Engine") -> None:
+    def before_optimizer_step(self, engine: Engine) -> None:
         self.audit.arm(engine.optimizers, {id(p): n for n, p in engine.named_parameters()})
 
-    def after_optimizer_step(self, engine: "Engine") -> None:
+    def after_optimizer_step(self, engine: Engine) -> None:
         self.audit.disarm()
         stats = self.audit.stats()
         self.reports.append(self.audit.report(stats.flatten().tolist() if stats is not None else []))
@@ -232,7 +238,8 @@ def _train(
     """``steps`` steps of a copy of ``model`` under ``precision``: its trained weights (the fp32 masters where it has
     them: they are the trajectory, the model holds them rounded) and the audit of each step. Step ``i``'s forward
     draws its dropout from ``seed + i``; the optimizer's draws come from ``stream`` (default ``seed``)."""
-    from ..training.engine import Engine  # the engine imports the policies; imported here to keep this module light
+    # The engine imports the policies; imported here to keep this module light.
+    from ..training.engine import Engine
 
     hook = _AuditEveryStep() if audit else None
     work = copy.deepcopy(model).float()

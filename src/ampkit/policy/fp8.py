@@ -41,7 +41,7 @@ from .gpu_specs import GpuSpec, fp8_gpus, gpu_spec
 from .lowbit_optimizers import quiet_library_logs
 from .mixed import BF16Mixed
 
-__all__ = ["FP8Policy", "FP8Tensorwise", "FP8Rowwise", "Fp8LayerPlan", "ChosenLayers", "DEFAULT_TOKENS", "PLANNING_GPU", "EXTRA"]
+__all__ = ["DEFAULT_TOKENS", "EXTRA", "PLANNING_GPU", "ChosenLayers", "FP8Policy", "FP8Rowwise", "FP8Tensorwise", "Fp8LayerPlan"]
 
 log = logging.getLogger("ampkit")
 
@@ -209,7 +209,7 @@ class FP8Policy(BF16Mixed):
         return Fp8LayerPlan(name, cost.pays, f"{cost.speedup:.2f}x predicted on {spec.name}: {verdict} in fp8", cost, by_roofline=True)
 
     # -- hooks ----------------------------------------------------------------------------------
-    def sharded(self) -> "FP8Policy":
+    def sharded(self) -> FP8Policy:
         return dataclasses.replace(self, fp8_all_gather=self.recipe == "tensorwise")
 
     def float8_config(self) -> Any:

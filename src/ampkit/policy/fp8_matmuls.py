@@ -27,7 +27,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-__all__ = ["MatmulLayer", "matmul_layers", "conv1d_features", "CONV1D", "CONV1D_REASON", "CONV1D_FIX", "conv1d_note"]
+__all__ = ["CONV1D", "CONV1D_FIX", "CONV1D_REASON", "MatmulLayer", "conv1d_features", "conv1d_note", "matmul_layers"]
 
 CONV1D = "Conv1D"
 """The class name of Hugging Face's transposed Linear (``transformers.pytorch_utils.Conv1D``)."""

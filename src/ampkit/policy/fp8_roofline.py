@@ -41,7 +41,7 @@ from torch import nn
 from .fp8_matmuls import matmul_layers
 from .gpu_specs import GpuSpec
 
-__all__ = ["LinearCost", "LayerCost", "fp8_fits", "predict_linear", "predict_model", "measure_linear_tokens", "FP8_MULTIPLE"]
+__all__ = ["FP8_MULTIPLE", "LayerCost", "LinearCost", "fp8_fits", "measure_linear_tokens", "predict_linear", "predict_model"]
 
 FP8_MULTIPLE = 16
 """Both dimensions of an fp8 matmul's operands must be multiples of this (``torch._scaled_mm``)."""

@@ -9,7 +9,13 @@ from torch import nn
 from ampkit.bench.fp8_table import fp8_rows, fp8_summary
 from ampkit.errors import PolicyError
 from ampkit.memory import estimate
-from ampkit.memory.fp8_layers import Fp8Plan, fp8_layer_plan, group_layers, linear_tokens, planned_policy
+from ampkit.memory.fp8_layers import (
+    Fp8Plan,
+    fp8_layer_plan,
+    group_layers,
+    linear_tokens,
+    planned_policy,
+)
 from ampkit.policy import get_policy
 from ampkit.policy.fp8_roofline import predict_linear
 from ampkit.policy.gpu_specs import gpu_spec
@@ -74,7 +80,7 @@ def test_the_planned_policy_converts_what_the_plan_says() -> None:
 def test_layers_differing_only_by_a_block_index_fold_into_one_row() -> None:
     model, batch = _gpt()
     groups = group_layers(fp8_layer_plan(model, batch))
-    assert sum(g.count for g in groups) == 5 and [g.pattern for g in groups][0] == "blocks.*.attn.qkv"
+    assert sum(g.count for g in groups) == 5 and groups[0].pattern == "blocks.*.attn.qkv"
 
 
 def test_bad_requests_are_refused_naming_the_fix() -> None:
@@ -90,7 +96,7 @@ def test_a_simulated_cuda_estimate_runs_fp8_emulated_with_bf16_mixeds_state() ->
     from ampkit.policy import FP8Tensorwise
 
     model, batch = _gpt()
-    opt = lambda p: torch.optim.AdamW(p)  # noqa: E731
+    opt = lambda p: torch.optim.AdamW(p)
     fp8 = estimate(model, batch, opt, FP8Tensorwise(layers="all"), "cuda")
     bf16 = estimate(model, batch, opt, "bf16-mixed", "cuda")
     assert fp8.precision == "fp8-tensorwise" and fp8.simulated_on == "cpu"

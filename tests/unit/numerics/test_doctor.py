@@ -4,8 +4,8 @@ must train where the default policy does not, checked against an fp32 control ru
 from __future__ import annotations
 
 import copy
-import io
 import importlib.util
+import io
 import json
 import math
 import sys
@@ -262,7 +262,7 @@ def _largest_model_gradient(model: nn.Module, batches: list, loss_fn) -> float: 
     for batch in batches:
         grads: list[torch.Tensor] = []
 
-        def keep(module: nn.Module, args: object, out: object) -> None:
+        def keep(module: nn.Module, args: object, out: object, grads: list[torch.Tensor] = grads) -> None:
             tensors = [out] if isinstance(out, torch.Tensor) else [v for v in out.values() if v.dim() > 0]  # type: ignore[union-attr]
             for t in tensors:
                 t.register_hook(grads.append)
@@ -327,18 +327,33 @@ def _engine_lines(d) -> list[str]:  # type: ignore[no-untyped-def]
     return [line.strip() for line in console.file.getvalue().splitlines() if "Engine(" in line]  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize("target", ["bf16-true", "bf16-mixed"])
-def test_the_doctor_prints_one_recommendation(target: str) -> None:
+def _gains_adamw(params):  # type: ignore[no-untyped-def]
+    return torch.optim.AdamW(params, lr=2e-3, weight_decay=0.0)
+
+
+@pytest.fixture(scope="module")
+def gains_diagnosis():  # type: ignore[no-untyped-def]
+    """The doctor tailoring bf16-true (bf16 weights asked for) on :func:`_losing_gains`."""
     model, batches = _losing_gains()
-    adamw = lambda ps: torch.optim.AdamW(ps, lr=2e-3, weight_decay=0.0)  # noqa: E731
-    d = diagnose(model, batches, nn.functional.mse_loss, steps=3, target=target, optimizer=adamw, update_steps=8, fp8_recipe=None)
+    return diagnose(model, batches, nn.functional.mse_loss, steps=3, target="bf16-true", optimizer=_gains_adamw, update_steps=8, fp8_recipe=None)
+
+
+def test_under_bf16_true_the_update_remedy_is_part_of_the_one_recommendation(gains_diagnosis) -> None:  # type: ignore[no-untyped-def]
+    d = gains_diagnosis
     check = d.update_precision
-    assert check is not None and check.judged and (check.prescribed, check.keep_fp32) == ("bf16-true", ["1"])
-    lines = _engine_lines(d)
-    assert lines[0] == f"Paste: {d.engine_code()}"
-    if target == "bf16-true":  # bf16 weights asked for: the update check's remedy is part of the one recommendation
-        assert d.engine_kwargs() == {"precision": "bf16-true", "keep_fp32": ["1"]}
-        assert lines[1:] == [f"Prescribed, and part of the recommendation above: {d.engine_code()}"]
-    else:  # fp32 weights recommended: bf16-true's remedy is an option for holding them in bf16, said as one
-        assert d.engine_kwargs() == {"precision": "bf16-mixed"}
-        assert lines[1:] == ['Only to hold the weights in bf16 (the recommendation above keeps them in fp32): Engine(precision="bf16-true", keep_fp32=["1"])']
+    assert check is not None and check.judged and (check.prescribed, check.keep_fp32) == ("bf16-true", ["1"])  # the gains lose theirs
+    assert d.engine_kwargs() == {"precision": "bf16-true", "keep_fp32": ["1"]}
+    assert _engine_lines(d) == [f"Paste: {d.engine_code()}", f"Prescribed, and part of the recommendation above: {d.engine_code()}"]
+
+
+def test_beside_fp32_weights_the_update_remedy_is_an_option_said_as_one(gains_diagnosis, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    from ampkit.numerics import doctor
+
+    monkeypatch.setattr(doctor, "check_update_precision", lambda *a, **k: gains_diagnosis.update_precision)  # the same check
+    model, batches = _losing_gains()
+    d = diagnose(model, batches, nn.functional.mse_loss, steps=3, target="bf16-mixed", optimizer=_gains_adamw, update_steps=8, fp8_recipe=None)
+    assert d.engine_kwargs() == {"precision": "bf16-mixed"}
+    assert _engine_lines(d) == [
+        f"Paste: {d.engine_code()}",
+        'Only to hold the weights in bf16 (the recommendation above keeps them in fp32): Engine(precision="bf16-true", keep_fp32=["1"])',
+    ]

@@ -103,7 +103,7 @@ def test_a_few_losing_gains_are_kept_in_fp32_before_any_policy_is_tried() -> Non
     model = nn.Sequential(nn.Linear(256, 512), nn.LayerNorm(512), nn.Tanh(), nn.Linear(512, 2))
     g = torch.Generator().manual_seed(1)
     *train, held = [(torch.randn(16, 256, generator=g), torch.randn(16, 2, generator=g)) for _ in range(4)]
-    opt = lambda ps: torch.optim.AdamW(ps, lr=1e-3, weight_decay=0.0)  # noqa: E731
+    opt = lambda ps: torch.optim.AdamW(ps, lr=1e-3, weight_decay=0.0)
     check = check_update_precision(model, train, held, nn.functional.mse_loss, opt, steps=4)
     assert check.lost and check.params["1.weight"]["lost_share"] == 1.0 and check.params["0.weight"]["lost_share"] < 0.25
     assert check.prescribed == "bf16-true" and check.keep_fp32 == ["1"]
@@ -125,7 +125,7 @@ def test_a_few_losing_gains_are_kept_in_fp32_before_any_policy_is_tried() -> Non
 
 def test_a_remedy_that_refuses_the_optimizer_is_skipped_with_its_reason() -> None:
     model, (*train, held) = losing_model(), data()
-    sgd = lambda ps: torch.optim.SGD(ps, lr=1e-3)  # noqa: E731 - updates of 1e-3 against half-ulps of 4e-3
+    sgd = lambda ps: torch.optim.SGD(ps, lr=1e-3)
     check = check_update_precision(model, train, held, nn.functional.mse_loss, sgd, steps=4)
     assert check.lost and "bf16-true-sr" not in [t.policy for t in check.trials]
     assert "bf16-true-kahan" in check.skipped.get("bf16-true-sr", "")  # stochastic rounding takes Adam(W): names the fix

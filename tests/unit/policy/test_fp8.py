@@ -256,7 +256,7 @@ def test_recompute_gives_the_same_gradients(device: torch.device) -> None:
 
     policy = _policy(FP8Tensorwise, device, layers="all")
     plain, _, plain_engine = _train(policy, device, 3)
-    w, model = _gpt(device)
+    _, model = _gpt(device)
     recompute(model, [Block])
     again, model, _ = _train(policy, device, 3, model)
     assert torch.equal(again, plain)
