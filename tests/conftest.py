@@ -150,3 +150,43 @@ def hf_gpt2() -> str:
     ``f"{hf_gpt2}:model"`` and ``f"{hf_gpt2}:data"`` are what --model and --data take."""
     pytest.importorskip("transformers", reason="Requires: transformers (pip install -e '.[hf]')")
     return str(Path(__file__).resolve().parents[1] / "examples" / "train_hf_gpt2.py")
+
+
+HF_CONV1D = '''
+import torch
+from torch import nn
+
+
+class Conv1D(nn.Module):
+    """transformers.pytorch_utils.Conv1D, line for line (GPT-2's projections): a Linear whose weight is stored
+    transposed, (in, out), and applied as addmm(bias, x, weight)."""
+
+    def __init__(self, nf, nx):
+        super().__init__()
+        self.nf = nf
+        self.nx = nx
+        self.weight = nn.Parameter(torch.empty(nx, nf))
+        self.bias = nn.Parameter(torch.zeros(nf))
+        nn.init.normal_(self.weight, std=0.02)
+
+    def forward(self, x):
+        size_out = x.size()[:-1] + (self.nf,)
+        x = torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight)
+        x = x.view(size_out)
+        return x
+'''
+"""Source of a stand-in for Hugging Face's ``Conv1D``: the tests need no transformers (an optional extra)."""
+
+
+@pytest.fixture
+def hf_conv1d_source() -> str:
+    """:data:`HF_CONV1D`, to write into a user's model file for the CLI."""
+    return HF_CONV1D
+
+
+@pytest.fixture
+def hf_conv1d() -> type[torch.nn.Module]:
+    """The ``Conv1D`` class of :data:`HF_CONV1D`: ``Conv1D(nf=out_features, nx=in_features)``."""
+    namespace: dict[str, object] = {}
+    exec(compile(HF_CONV1D, "hf_conv1d", "exec"), namespace)  # noqa: S102 - the constant above, a class definition
+    return namespace["Conv1D"]  # type: ignore[return-value]

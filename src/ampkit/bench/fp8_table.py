@@ -17,8 +17,9 @@ from rich.console import Console
 from rich.table import Table
 
 from ..memory.fp8_layers import Fp8Plan, group_layers
+from ..policy.fp8_matmuls import CONV1D, conv1d_note
 
-__all__ = ["fp8_rows", "fp8_summary", "fp8_markdown", "print_fp8_table", "HEADERS"]
+__all__ = ["HEADERS", "fp8_markdown", "fp8_rows", "fp8_summary", "print_fp8_table"]
 
 HEADERS = ("layers", "n", "rows x in -> out", "bf16 µs", "fp8 µs", "of it casts", "speed-up", "runs in")
 
@@ -30,7 +31,9 @@ def fp8_rows(plan: Fp8Plan) -> list[tuple[str, ...]]:
         c = g.first.cost
         runs_in = "fp8" if g.first.convert else "bf16"
         decision = runs_in if g.first.by_roofline else f"{runs_in}: {g.first.reason}"
-        rows.append((g.first.name if g.count == 1 else g.pattern, str(g.count), f"{c.tokens} x {c.in_features} -> {c.out_features}", f"{c.bf16_s * 1e6:,.1f}",
+        label = g.first.name if g.count == 1 else g.pattern
+        label += f" ({g.first.kind})" if g.first.kind != "Linear" else ""  # torchao does not convert it: say what it is
+        rows.append((label, str(g.count), f"{c.tokens} x {c.in_features} -> {c.out_features}", f"{c.bf16_s * 1e6:,.1f}",
                      f"{c.fp8_s * 1e6:,.1f}", f"{c.fp8_cast_s * 1e6:,.1f}", f"{c.speedup:.2f}x", decision))
     return rows
 
@@ -38,12 +41,13 @@ def fp8_rows(plan: Fp8Plan) -> list[tuple[str, ...]]:
 def fp8_summary(plan: Fp8Plan) -> str:
     """One sentence: how many layers run in fp8 and the predicted speed-up of the Linear layers' time."""
     converted = sum(p.convert for p in plan.layers)
+    conv1d = conv1d_note(sum(p.kind == CONV1D for p in plan.layers), len(plan.layers))
     return (
         f"{plan.policy} on {plan.gpu}, {plan.tokens} rows per micro-batch: {converted} of {len(plan.layers)} Linear layers in fp8; "
         f"their forward and backward {plan.linear_bf16_s * 1e6:,.1f} µs in bf16 -> {plan.linear_planned_s * 1e6:,.1f} µs "
         f"({plan.speedup:.2f}x predicted). A roofline: peak FLOP/s and bandwidth, fp8 casts as torchao runs them, "
         "no launch overheads (torch.compile assumed); the rest of the step is unchanged."
-    )
+    ) + (f" {conv1d}" if conv1d else "")
 
 
 def fp8_markdown(plan: Fp8Plan) -> str:

@@ -18,6 +18,7 @@ from types import ModuleType
 from typing import Any
 
 from .. import __version__
+from .._util.library_logs import TORCHAO_LOGGERS, quiet_library_logs
 from ..errors import AmpkitError, one_line
 from .checks import check_before_import
 from .parsers import add_bench, add_doctor, add_env, add_memory, add_profile
@@ -107,7 +108,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         check_before_import(args)  # a bad name or value is refused at once, not after torch's import
-        return int(func(args))
+        # A model file may import torchao (transformers does) whatever the command: its import noise stays out.
+        with quiet_library_logs(*TORCHAO_LOGGERS):
+            return int(func(args))
     except (AmpkitError, ValueError) as exc:
         logger.debug("ampkit %s failed", args.command, exc_info=True)
         print(f"ampkit: error: {one_line(exc)}", file=sys.stderr)

@@ -68,14 +68,14 @@ class Fp8Plan:
                 {"name": p.name, "convert": p.convert, "reason": p.reason, "by_roofline": p.by_roofline,
                  "tokens": p.cost.tokens, "in_features": p.cost.in_features, "out_features": p.cost.out_features,
                  "fits": p.cost.fits, "bf16_s": p.cost.bf16_s, "fp8_s": p.cost.fp8_s, "fp8_matmul_s": p.cost.fp8_matmul_s,
-                 "fp8_cast_s": p.cost.fp8_cast_s,
+                 "fp8_cast_s": p.cost.fp8_cast_s, "kind": p.kind,
                  "predicted_speedup": p.cost.speedup}
                 for p in self.layers
             ],
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Fp8Plan":
+    def from_dict(cls, data: dict[str, Any]) -> Fp8Plan:
         """Rebuild from :meth:`to_dict` output (results.json).
 
         >>> from torch import nn
@@ -87,7 +87,7 @@ class Fp8Plan:
             Fp8LayerPlan(
                 d["name"], d["convert"], d["reason"],
                 LinearCost(d["tokens"], d["in_features"], d["out_features"], d["fits"], d["bf16_s"], d["fp8_matmul_s"], d["fp8_cast_s"]),
-                by_roofline=d["by_roofline"],
+                by_roofline=d["by_roofline"], kind=d.get("kind", "Linear"),  # results.json written before Conv1D was planned
             )
             for d in data["layers"]
         ]
@@ -95,7 +95,8 @@ class Fp8Plan:
 
 
 def linear_tokens(model: nn.Module, example_batch: Any) -> dict[str, int]:
-    """The rows each ``nn.Linear`` of ``model`` multiplies on ``example_batch``, from a forward of fake copies.
+    """The rows each ``nn.Linear`` (and Hugging Face ``Conv1D``) of ``model`` multiplies on ``example_batch``, from a
+    forward of fake copies.
 
     >>> from torch import nn
     >>> linear_tokens(nn.Sequential(nn.Linear(8, 8)), (torch.zeros(3, 5, 8), None))
@@ -158,7 +159,7 @@ def group_layers(plan: Fp8Plan) -> list[LayerGroup]:
     for p in plan.layers:
         pattern = ".".join("*" if part.isdigit() else part for part in p.name.split("."))
         shape = (p.cost.tokens, p.cost.in_features, p.cost.out_features)
-        key = (pattern, shape, p.convert)
+        key = (pattern, shape, p.convert, p.kind)
         seen = groups.get(key)
         groups[key] = LayerGroup(pattern, seen.count + 1 if seen else 1, seen.first if seen else p)
     return list(groups.values())

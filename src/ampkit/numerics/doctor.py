@@ -33,22 +33,24 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._util.model_io import batch_loss, default_loss, to_device
 from .._util.units import fmt_share
 from ..policy import get_policy
 from ..training.compile import check_compile_plan, compile_plan
-from .._util.model_io import batch_loss, default_loss, to_device
 from .compare import LossFn, StepComparison, compare_step, reference_step, seeded
 from .compiled import CompileCheck, check_compiled
+from .engine_code import engine_code
 from .formats import FP16
-from .fp8_headroom import RECIPES as FP8_RECIPES, Fp8Headroom, fp8_headroom
+from .fp8_headroom import RECIPES as FP8_RECIPES
+from .fp8_headroom import Fp8Headroom, fp8_headroom
 from .recommend import Tailored, candidate_precisions, choose_precision, tailor
 from .recorder import ModuleRecorder
 from .scale import LossScaleAdvice, recommend_loss_scale
 from .severity import module_entries
 from .stats import TensorStats
-from .update_remedy import UpdatePrecision, check_update_precision
+from .update_remedy import AUDITED_POLICY, UpdatePrecision, check_update_precision
 
-__all__ = ["Diagnosis", "diagnose", "UPDATE_STEPS"]
+__all__ = ["UPDATE_STEPS", "Diagnosis", "diagnose"]
 
 UPDATE_STEPS = 8
 """Optimizer steps per policy in the update-precision check: enough for fp32 masters to carry updates of a
@@ -116,14 +118,20 @@ class Diagnosis:
         return settings
 
     def engine_code(self) -> str:
-        """The Python line that builds the recommended engine."""
-        parts = [f'precision="{self.recommended_precision}"']
-        if self.keep_fp32:
-            parts.append("keep_fp32=[" + ", ".join(f'"{n}"' for n in self.keep_fp32) + "]")
-        scaler = self._scaler_settings()
-        if scaler is not None:
-            parts.append("scaler=ScalerConfig(" + ", ".join(f"{k}={v!r}" for k, v in scaler.items()) + ")")
-        return f"Engine({', '.join(parts)})"
+        """The Python line that builds the recommended engine: the one recommendation, printed as ``Paste:``."""
+        return engine_code(self.recommended_precision, self.keep_fp32, self._scaler_settings())
+
+    def _update_dict(self) -> dict[str, Any] | None:
+        """doctor.json's ``update_precision``, with whether its prescription is the recommendation's (``applied``:
+        the recommended policy steps bf16 weights) or an option beside it (the recommendation keeps fp32 weights)."""
+        if self.update_precision is None:
+            return None
+        check = self.update_precision
+        kwargs = check.engine_kwargs()
+        code = engine_code(kwargs["precision"], kwargs.get("keep_fp32", ())) if kwargs else None
+        applied = check.prescribed is not None and self.recommended_precision == check.prescribed and set(check.keep_fp32) <= set(self.keep_fp32)
+        fp32_weights = get_policy(self.recommended_precision).param_dtype == torch.float32
+        return {**check.to_dict(), "engine_code": code, "applied": applied, "recommendation_fp32_weights": fp32_weights}
 
     def to_dict(self) -> dict[str, Any]:
         """The doctor.json document (its keys are listed in :mod:`ampkit.numerics`)."""
@@ -150,7 +158,7 @@ class Diagnosis:
             "tailoring_notes": list(self.tailoring_notes),
             "comparisons": [c.to_dict() for c in self.comparisons],
             "compile_check": self.compile_check.to_dict() if self.compile_check is not None else None,
-            "update_precision": self.update_precision.to_dict() if self.update_precision is not None else None,
+            "update_precision": self._update_dict(),
             "fp8_headroom": self.fp8.to_dict() if self.fp8 is not None else None,
             "modules": self.modules,
         }
@@ -174,6 +182,7 @@ def _reference_run(model: nn.Module, batches: Sequence[Any], loss_fn: LossFn, st
                     f"the fp32 loss is {float(loss.detach())} at reference step {step}: the model fails without any 16-bit "
                     "arithmetic, which no precision setting can fix; check the model and data first."
                 )
+            rec.backward_from(loss)  # its gradient is the seed, no value of the model's
             loss.backward()
             rec.record_parameters()
             if opt is not None:
@@ -191,6 +200,13 @@ def _gradient_totals(stats: dict[str, dict[str, TensorStats]], model: nn.Module)
     weights = TensorStats.merge(s["grads"] for s in stats.values() if "grads" in s)
     acts = TensorStats.merge(s["output_grads"] for n, s in stats.items() if n in leaves and "output_grads" in s)
     return weights, acts
+
+
+def _largest_gradient(stats: dict[str, dict[str, TensorStats]]) -> float:
+    """The largest gradient of the backward, every module's output included: a container's own arithmetic (outside
+    its children) can hand its output a larger gradient than any leaf sees, and the scale must keep that in range
+    too, or the report would flag an overflow at the scale it recommends."""
+    return max((s[kind].max_abs for s in stats.values() for kind in ("grads", "output_grads") if kind in s), default=0.0)
 
 
 def diagnose(
@@ -251,7 +267,7 @@ def diagnose(
     rec = _reference_run(work, batches, loss_fn, steps, optimizer, seed)
     stats = rec.summaries()
     weight_grads, act_grads = _gradient_totals(stats, work)
-    advice = recommend_loss_scale(TensorStats.merge([weight_grads, act_grads]), FP16)
+    advice = recommend_loss_scale(TensorStats.merge([weight_grads, act_grads]), FP16, max_abs=_largest_gradient(stats))
 
     batch = batches[steps % len(batches)]  # a batch the statistics did not train on, from the trained weights
     ref = reference_step(work, batch, loss_fn, seed=seed)
@@ -283,16 +299,19 @@ def diagnose(
         held = steps % len(batches)
         train = [b for i, b in enumerate(batches) if i != held] or batches
         updates = check_update_precision(initial, train, batch, loss_fn, optimizer, steps=update_steps, seed=seed)  # type: ignore[arg-type]
+    precision, keep = (chosen.precision, list(chosen.keep_fp32)) if chosen is not None else ("32-true", [])
+    if precision == AUDITED_POLICY and updates is not None:
+        precision, keep = _with_update_remedy(precision, keep, updates, reasons)
     return Diagnosis(
-        recommended_precision=chosen.precision if chosen is not None else "32-true",
+        recommended_precision=precision,
         precision_reasons=reasons,
-        keep_fp32=list(chosen.keep_fp32) if chosen is not None else [],
+        keep_fp32=keep,
         scale=advice,
         loss_scale_log2=chosen.loss_scale_log2 if chosen is not None else None,
         weight_grads=weight_grads,
         activation_grads=act_grads,
         comparisons=shown,
-        modules=module_entries(work, stats, rec.order, advice, shown, chosen.keep_fp32 if chosen is not None else []),
+        modules=module_entries(work, stats, rec.order, advice, shown, keep),
         reference_steps=steps,
         tailoring_notes=[n for t in tailored for n in (f"{t.precision}: {x}" for x in t.notes)],
         target=get_policy(target).name if target is not None else None,
@@ -301,6 +320,20 @@ def diagnose(
         update_precision=updates,
         fp8=fp8,
     )
+
+
+def _with_update_remedy(precision: str, keep: list[str], updates: UpdatePrecision, reasons: list[str]) -> tuple[str, list[str]]:
+    """The recommendation when it is the audited policy itself (bf16 weights stepped directly, asked for with
+    ``target``): the update check's prescription joins it, so the doctor prints one engine line, not two."""
+    if updates.prescribed is not None:
+        kept = keep + [m for m in updates.keep_fp32 if m not in keep]
+        what = f"{updates.prescribed}" + (f" with {', '.join(updates.keep_fp32)} in fp32" if updates.keep_fp32 else "")
+        reasons.append(f"{precision} loses updates; {what} recovers fp32's training over {updates.steps} steps (update precision, below)")
+        return updates.prescribed, kept
+    if updates.lost:
+        why = "no remedy tried recovers fp32's training" if updates.judged else "fp32's own loss did not fall enough to judge a remedy"
+        reasons.append(f"{precision} loses updates and {why} (update precision, below): a policy with fp32 weights keeps them")
+    return precision, keep
 
 
 def _reasons(chosen: Tailored | None, tailored: Sequence[Tailored], advice: LossScaleAdvice) -> list[str]:

@@ -38,15 +38,19 @@ import math
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from .._util.model_io import batch_loss
+from ..policy.fp8_matmuls import matmul_layers
 from .compare import seeded
 
-__all__ = ["Fp8Recipe", "RECIPES", "RECIPE_DTYPES", "OPERANDS", "FLUSH_LIMIT", "EPS", "Fp8Headroom", "fp8_cast_figures", "fp8_round_trip", "fp8_headroom", "unit_roundoff"]
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+__all__ = ["EPS", "FLUSH_LIMIT", "OPERANDS", "RECIPES", "RECIPE_DTYPES", "Fp8Headroom", "Fp8Recipe", "fp8_cast_figures", "fp8_headroom", "fp8_round_trip", "unit_roundoff"]
 
 OPERANDS = ("input", "weight", "grad_output")
 FLUSH_LIMIT = 0.01
@@ -174,7 +178,8 @@ class Fp8Headroom:
 
     recipe: str
     layers: list[dict[str, Any]] = field(default_factory=list)
-    """Worst first: ``name``, ``shape`` (out, in), ``calls``, ``score`` (the worst operand's, None when an amax is
+    """Worst first: ``name``, ``kind`` (``Linear``, or ``Conv1D``: Hugging Face's, which torchao does not convert),
+    ``shape`` (out, in), ``calls``, ``score`` (the worst operand's, None when an amax is
     non-finite), ``flagged``, ``problems`` and ``operands`` (per operand: ``format``, ``amax``, ``nonfinite``,
     ``nonzero``, ``flushed``, ``flushed_share``, ``rel_error``, ``axis`` of the worse rowwise cast, ``score``)."""
 
@@ -193,7 +198,8 @@ class _Capture:
 
     def __init__(self, model: nn.Module, recipe: Fp8Recipe) -> None:
         self.recipe = recipe
-        self.linears = {name: m for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+        # Hugging Face's Conv1D too: the same matmul, its weight read as the Linear's (out, in) for the row-wise axes.
+        self.linears = {layer.name: layer for layer in matmul_layers(model)}
         self.figures: dict[tuple[str, str], list[list[torch.Tensor]]] = defaultdict(list)
         self.calls: dict[str, int] = defaultdict(int)
         self.handles: list[Any] = []
@@ -208,7 +214,7 @@ class _Capture:
     def _pre_hook(self, name: str) -> Callable[..., None]:
         def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
             if self.calls[name] == 0:  # the weight is the same at every call of one step
-                self._measure(name, "weight", module.weight)
+                self._measure(name, "weight", self.linears[name].linear_weight())
             self.calls[name] += 1
             if args and isinstance(args[0], torch.Tensor):
                 self._measure(name, "input", args[0])
@@ -223,8 +229,9 @@ class _Capture:
 
         return hook
 
-    def __enter__(self) -> _Capture:
-        for name, m in self.linears.items():
+    def __enter__(self) -> Self:
+        for name, layer in self.linears.items():
+            m = layer.module
             self.handles += [m.register_forward_pre_hook(self._pre_hook(name)), m.register_forward_hook(self._forward_hook(name))]
         return self
 
@@ -257,9 +264,9 @@ class _Capture:
             scores = [e["score"] for e in ordered.values()]
             score = None if None in scores else max(scores)
             problems = _problems(ordered)
-            weight = self.linears[name].weight
+            layer = self.linears[name]
             layers.append({
-                "name": name, "shape": list(weight.shape), "calls": self.calls[name], "score": score,
+                "name": name, "kind": layer.kind, "shape": [layer.out_features, layer.in_features], "calls": self.calls[name], "score": score,
                 "flagged": bool(problems), "problems": problems, "operands": ordered,
             })  # fmt: skip
         # Worst first: a non-finite amax before any finite score.

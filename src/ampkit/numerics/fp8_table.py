@@ -22,10 +22,11 @@ from rich.table import Table
 from rich.text import Text
 
 from .._util.units import MISSING, fmt_share
+from ..policy.fp8_matmuls import CONV1D, conv1d_note
 from ..report.tables import TableRows
 from .table import fmt_error, module_label
 
-__all__ = ["headroom_rows", "headroom_summary", "render_headroom", "FP8_TOP"]
+__all__ = ["FP8_TOP", "headroom_rows", "headroom_summary", "render_headroom"]
 
 FP8_TOP = 10
 """Linear layers the terminal shows, worst first; doctor.json holds them all."""
@@ -60,7 +61,9 @@ def headroom_rows(data: dict[str, Any], top: int | None = FP8_TOP) -> TableRows:
         operands = layer.get("operands") or {}
         cells = [c for op in present for c in (_amax_cell(operands.get(op)), _loss_cell(operands.get(op)))]
         shape = "×".join(str(d) for d in layer.get("shape") or []) or MISSING
-        rows.append([module_label(layer.get("name")), shape, *cells, "; ".join(layer.get("problems") or [])])
+        kind = layer.get("kind") or "Linear"
+        label = module_label(layer.get("name")) + (f" ({kind})" if kind != "Linear" else "")  # torchao does not convert it
+        rows.append([label, shape, *cells, "; ".join(layer.get("problems") or [])])
     return TableRows(headers=headers, rows=rows, justify=["left"] + ["right"] * (len(headers) - 2) + ["left"])
 
 
@@ -72,9 +75,12 @@ def headroom_summary(data: dict[str, Any]) -> str:
         return head + "no nn.Linear layers: torchao's float8 training converts only those, so fp8 changes nothing here"
     rule = f"at most {float(data.get('flush_limit') or 0):.0%} of nonzero values flushed, error within fp8 rounding"
     fine, flagged = data.get("fine", 0), len(layers) - data.get("fine", 0)
+    conv1d = conv1d_note(sum((layer.get("kind") or "Linear") == CONV1D for layer in layers), len(layers))
+    # A Conv1D row shows what fp8 would do to the layer once it is an nn.Linear: measured all the same.
+    tail = f". {conv1d} Their rows show what fp8 would do to them once converted" if conv1d else ""
     if not flagged:
-        return head + f"every Linear layer fine, {fine} of {len(layers)}: {rule}"
-    return head + f"{flagged} of {len(layers)} Linear layers flagged, {fine} fine ({rule})"
+        return head + f"every Linear layer fine, {fine} of {len(layers)}: {rule}{tail}"
+    return head + f"{flagged} of {len(layers)} Linear layers flagged, {fine} fine ({rule}){tail}"
 
 
 def render_headroom(data: dict[str, Any], console: Console, top: int = FP8_TOP) -> None:

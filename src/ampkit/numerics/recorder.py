@@ -2,7 +2,10 @@
 
 :class:`ModuleRecorder` attaches a forward hook to every module (inputs and outputs) and, in that hook, a
 tensor hook to each output that requires grad (the gradient flowing back into the output: the activation
-gradient). Tensor hooks rather than ``register_full_backward_hook``: the latter wraps outputs in a view that an
+gradient). The loss is no activation: the gradient reaching it is the backward's seed (1, or under fp16 the loss
+scale, held in fp32), never a value the model computed, and at any scale above 65504 it would read as an fp16
+overflow. So the gradient of the tensor named by :meth:`ModuleRecorder.backward_from` and of a one-element output
+of the model itself (the ``loss`` a Hugging Face model returns given labels) are left out. Tensor hooks rather than ``register_full_backward_hook``: the latter wraps outputs in a view that an
 in-place op downstream (``ReLU(inplace=True)``) refuses to modify. Weights and their gradients are read by
 :meth:`ModuleRecorder.record_parameters` after each backward. Statistics stay on the device until
 :meth:`ModuleRecorder.summaries`.
@@ -18,7 +21,8 @@ in-place op downstream (``ReLU(inplace=True)``) refuses to modify. Weights and t
 
 from __future__ import annotations
 
-from typing import Any
+import weakref
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -26,6 +30,9 @@ from torch.utils.hooks import RemovableHandle
 
 from .._compat import tree_leaves
 from .stats import StatsAccumulator, TensorStats, read_summaries
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 __all__ = ["ModuleRecorder", "floating_tensors"]
 
@@ -59,6 +66,7 @@ class ModuleRecorder:
         self.order: list[str] = []
         self.backward_order: list[str] = []
         self._handles: list[RemovableHandle] = []
+        self._seed: weakref.ref[torch.Tensor] | None = None
 
     def _add(self, name: str, kind: str, tensor: torch.Tensor) -> None:
         acc = self._acc[name].get(kind)
@@ -66,7 +74,7 @@ class ModuleRecorder:
             acc = self._acc[name][kind] = StatsAccumulator(rounding=self.rounding, max_values=self.max_values)
         acc.update(tensor)
 
-    def __enter__(self) -> "ModuleRecorder":
+    def __enter__(self) -> Self:
         for module, name in self.names.items():
             self._handles.append(module.register_forward_hook(self._forward_hook(name), with_kwargs=True))
         return self
@@ -84,13 +92,20 @@ class ModuleRecorder:
                 self._add(name, "inputs", t)
             for t in floating_tensors(output):
                 self._add(name, "outputs", t)
-                if t.requires_grad:
-                    t.register_hook(self._grad_hook(name))
+                if t.requires_grad and not (module is self.model and t.numel() == 1):  # the model's own loss
+                    t.register_hook(self._grad_hook(name, weakref.ref(t)))
 
         return hook
 
-    def _grad_hook(self, name: str) -> Any:
+    def backward_from(self, loss: torch.Tensor) -> None:
+        """Name the tensor the next backward starts from: its gradient, the seed, is left out wherever it was
+        recorded as a module's output (a loss module's, say). Call before ``loss.backward()``."""
+        self._seed = weakref.ref(loss)
+
+    def _grad_hook(self, name: str, tensor: weakref.ref[torch.Tensor]) -> Any:
         def hook(grad: torch.Tensor) -> None:
+            if self._seed is not None and tensor() is not None and tensor() is self._seed():
+                return
             if name not in self.backward_order:
                 self.backward_order.append(name)
             self._add(name, "output_grads", grad)

@@ -21,7 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from .._util.units import MISSING, fmt_float
-from ..report.markdown import code_block, markdown_table, md_escape, plot_section, write_markdown
+from ..report.markdown import (
+    code_block,
+    markdown_table,
+    md_escape,
+    plot_section,
+    write_markdown,
+)
 from .formats import FP16
 from .fp8_table import headroom_rows, headroom_summary
 from .table import (
@@ -37,7 +43,7 @@ from .table import (
     update_lines,
 )
 
-__all__ = ["write_report", "render_report", "md_escape", "REPORT_NAME", "REPORT_TOP", "LOWEST_COSINES"]
+__all__ = ["LOWEST_COSINES", "REPORT_NAME", "REPORT_TOP", "md_escape", "render_report", "write_report"]
 
 REPORT_NAME = "report.md"
 REPORT_TOP = 30
@@ -173,8 +179,8 @@ def _compiled(data: dict[str, Any]) -> list[str]:
         return []
     verdict, *advice = compile_lines(check)
     regions = ", ".join(module_label(r) for r in check.get("compiled") or []) or "nothing"
-    lines = ["## Compiled against eager", "", f"`{check.get('policy') or MISSING}` ran one step eager and one with "
-             f"`{md_escape(check.get('compile') or MISSING)}` (compiled: {md_escape(regions)}), same weights, batch and dropout masks.", ""]
+    lines = ["## Compiled against eager", "", (f"`{check.get('policy') or MISSING}` ran one step eager and one with "
+             f"`{md_escape(check.get('compile') or MISSING)}` (compiled: {md_escape(regions)}), same weights, batch and dropout masks."), ""]
     lines += [f"**{md_escape(verdict)}**", "", *(f"- {md_escape(a)}" for a in advice), *([""] if advice else [])]
     lines += [f"- loss: compiled {fmt_float(check.get('loss'))}, eager {fmt_float(check.get('eager_loss'))}, fp32 {fmt_float(check.get('reference_loss'))}"]
     lines += [f"- output dtypes: compiled {', '.join(check.get('output_dtypes') or []) or MISSING}, eager {', '.join(check.get('eager_output_dtypes') or []) or MISSING}", ""]
@@ -182,8 +188,8 @@ def _compiled(data: dict[str, Any]) -> list[str]:
     if entries:
         rows = [[module_label(name), "non-finite" if e.get("nonfinite") else fmt_error(e.get("rel_error")), fmt_error(e.get("limit")),
                  "yes" if e.get("diverges") else "no"] for name, e in entries]  # fmt: skip
-        lines += [f"Gradient difference from eager, largest against its limit first ({len(entries)} of {len(check['modules'])} "
-                  "modules); the limit is the policy's own error against fp32:", ""]  # fmt: skip
+        lines += [(f"Gradient difference from eager, largest against its limit first ({len(entries)} of {len(check['modules'])} "
+                   "modules); the limit is the policy's own error against fp32:"), ""]  # fmt: skip
         lines += _table(["Module", "Rel. error vs eager", "Limit", "Diverges"], rows, ["left", "right", "right", "left"]) + [""]
     return lines
 
@@ -195,7 +201,9 @@ def _updates(data: dict[str, Any]) -> list[str]:
     lines = ["## Update precision", "", (
         f"`{check.get('policy')}` (bf16 weights stepped directly) trained {check.get('steps')} steps from the same weights and batches "
         f"as `32-true`, each step's update audited against the update the optimizer computed in fp32. A policy recovers fp32's "
-        f"trajectory when its held-out loss falls by at least {fmt_share(check.get('recovered_share'))} of fp32's decrease."
+        f"trajectory when its held-out loss falls by at least {fmt_share(check.get('recovered_share'))} of fp32's decrease; "
+        "that judges only where fp32's own fall exceeds its noise (half the difference of its falls on the held-out "
+        "batch's two halves)."
     ), ""]
     return lines + [f"- {md_escape(line.strip())}" for line in update_lines(check, top=REPORT_TOP)] + [""]
 

@@ -23,7 +23,7 @@ import torch
 from .formats import FP16, Format
 from .stats import TensorStats
 
-__all__ = ["LossScaleAdvice", "recommend_loss_scale", "largest_safe_log2", "NO_GRADIENT_LOG2"]
+__all__ = ["NO_GRADIENT_LOG2", "LossScaleAdvice", "largest_safe_log2", "recommend_loss_scale"]
 
 NO_GRADIENT_LOG2 = 16
 """Scale exponent recommended when no gradient was seen at all (nothing to overflow): torch's default 2^16."""
@@ -68,17 +68,20 @@ def largest_safe_log2(max_abs: float, fmt: Format = FP16) -> int:
     return k
 
 
-def recommend_loss_scale(gradients: TensorStats, fmt: Format = FP16) -> LossScaleAdvice:
+def recommend_loss_scale(gradients: TensorStats, fmt: Format = FP16, *, max_abs: float | None = None) -> LossScaleAdvice:
     """The largest power-of-two loss scale under which no gradient in ``gradients`` overflows ``fmt``.
 
     ``gradients`` should hold every gradient the 16-bit backward pass produces: parameter gradients and the
-    activation gradients flowing between layers (either can be the one that overflows).
+    activation gradients flowing between layers (either can be the one that overflows). ``max_abs``: the largest
+    gradient, where ``gradients`` holds a subset for its shares (each value counted once) and a larger one lies
+    outside it; default ``gradients.max_abs``.
     """
-    k = largest_safe_log2(gradients.max_abs, fmt)
+    largest = gradients.max_abs if max_abs is None else max(max_abs, gradients.max_abs)
+    k = largest_safe_log2(largest, fmt)
     count = gradients.count or 1
     return LossScaleAdvice(
         log2=k,
-        max_abs=gradients.max_abs,
+        max_abs=largest,
         underflow_unscaled=gradients.underflow(fmt) / count,
         underflow_scaled=gradients.underflow(fmt, k) / count,
         subnormal_scaled=gradients.subnormal(fmt, k) / count,

@@ -27,12 +27,13 @@ from rich.text import Text
 
 from .._util.units import MISSING, fmt_float, fmt_share, is_missing
 from ..report.tables import TableRows, column_widths, table_width
+from .engine_code import engine_code
 from .formats import FP16
 
 __all__ = [
-    "render", "build_table", "module_rows", "ranked_modules", "header_lines", "recommendation_lines", "loss_scale_line",
-    "comparison_summary", "comparison_lines", "compile_lines", "scaled_underflow_share", "fmt_share", "fmt_error", "fmt_cosine",
-    "module_label", "split_problems", "update_lines", "TOP",
+    "TOP", "build_table", "comparison_lines", "comparison_summary", "compile_lines", "fmt_cosine", "fmt_error", "fmt_share",
+    "header_lines", "loss_scale_line", "module_label", "module_rows", "ranked_modules", "recommendation_lines", "render",
+    "scaled_underflow_share", "split_problems", "update_lines",
 ]  # fmt: skip
 
 log = logging.getLogger("ampkit")
@@ -283,22 +284,52 @@ def update_lines(data: dict[str, Any], top: int = 5) -> list[str]:
     """
     head = f"over {data['steps']} steps (held-out loss {data['initial_loss']:.4g} -> {data['fp32_loss']:.4g} in fp32)"
     policy = data.get("policy") or "bf16-true"
-    if not data.get("lost"):
+    judged = data.get("judged", True)
+    if not data.get("lost") and judged:
         return [f"{policy} keeps its updates {head}"]
-    lines = [f"{policy} loses updates {head}"]
+    lines = [f"{policy} {'loses updates' if data.get('lost') else 'keeps its updates, by the audit,'} {head}"]
     ranked = sorted(data.get("params", {}).items(), key=lambda kv: (-kv[1]["lost_share"], -kv[1]["discarded_share"]))
     for name, p in ranked[:top]:
         decay = f", decay {fmt_share(p['decay_lost_share'])} lost" if p.get("decay_lost_share") is not None else ""
         lines.append(f"  {name or '(model)'}: {fmt_share(p['lost_share'])} lost, {fmt_share(p['discarded_share'])} discarded{decay}")
     for t in data.get("trials", []):
         cost = f" (+{t['bytes_per_param']:.3g} B/param)" if t.get("bytes_per_param") is not None else ""
-        lines.append(f"  {t['policy']}{cost}: held-out loss {t['loss']:.4g}, {'recovers' if t['recovered'] else 'does not recover'} fp32's decrease")
+        verdict = f", {'recovers' if t['recovered'] else 'does not recover'} fp32's decrease" if judged else ""
+        lines.append(f"  {t['policy']}{cost}: held-out loss {t['loss']:.4g}{verdict}")
+    if not judged:
+        lines.append(_unjudged_line(data))
+        return lines
     for name, why in (data.get("skipped") or {}).items():
         lines.append(f"  {name}: not tried: {why}")
-    prescribed = data.get("prescribed")
-    keep = f", keep_fp32={data['keep_fp32']}" if data.get("keep_fp32") else ""
-    lines.append(f"Prescribed: Engine(precision=\"{prescribed}\"{keep})" if prescribed else "No remedy tried recovers fp32's decrease: keep fp32 masters or train longer to judge")
+    lines.append(_update_prescription(data))
     return lines
+
+
+def _update_prescription(data: dict[str, Any]) -> str:
+    """The check's last line. The doctor prints one recommendation (the ``Paste:`` line): the check's prescription is
+    either part of it (the recommended policy steps bf16 weights) or an option beside it, to hold the weights in bf16
+    where the recommendation keeps them in fp32, and the line says which."""
+    prescribed = data.get("prescribed")
+    if not prescribed:
+        return "No remedy tried recovers fp32's decrease: keep fp32 weights (a mixed policy) or train longer to judge"
+    code = data.get("engine_code") or engine_code(prescribed, data.get("keep_fp32") or ())
+    if data.get("applied"):
+        return f"Prescribed, and part of the recommendation above: {code}"
+    if data.get("recommendation_fp32_weights", True):
+        return f"Only to hold the weights in bf16 (the recommendation above keeps them in fp32): {code}"
+    return f"Beside the recommendation above, what recovers {data.get('policy') or 'bf16-true'}'s updates: {code}"
+
+
+def _unjudged_line(data: dict[str, Any]) -> str:
+    """Why an update check whose fp32 reference did not improve judges no remedy, and how to make it judge."""
+    fall, noise = data["initial_loss"] - data["fp32_loss"], data.get("fp32_noise")
+    factor = data.get("noise_factor", 1.0)
+    how = "rose" if fall <= 0 else f"fell by {fall:.2g}, within {'' if factor == 1 else f'{factor:g}x '}its noise ({noise:.2g})"
+    return (
+        f"fp32's own held-out loss {how} over {data['steps']} steps: with no fall to follow, the check cannot judge any "
+        f"remedy, so none was tried. Train it longer: --update-steps {4 * data['steps']} "
+        f"(diagnose(update_steps={4 * data['steps']}))"
+    )
 
 
 # Left out first when the terminal is too narrow for every column, so the cells left are whole, not "Grad r…".
@@ -376,7 +407,8 @@ def render(data: dict[str, Any], console: Console, top: int = TOP) -> None:
             console.print(Padding(Text(line, style="red" if updates.get("lost") and not updates.get("prescribed") else ""), (0, 0, 0, 2), expand=False))
     fp8 = data.get("fp8_headroom")
     if fp8:
-        from .fp8_table import render_headroom  # the section imports this module's formatters
+        # The section imports this module's formatters: imported here, not at the top.
+        from .fp8_table import render_headroom
 
         console.print()
         render_headroom(fp8, console)

@@ -8,6 +8,11 @@ batch in fp32 (same dropout mask): policy ``P`` *recovers* fp32's trajectory whe
 at least :data:`RECOVERED_SHARE` of fp32's, ``L0 - L_K(P) >= RECOVERED_SHARE * (L0 - L_K(fp32))``. The cheapest
 remedy that recovers is prescribed.
 
+That bound judges only where fp32 itself improves: its held-out loss must fall by more than :data:`NOISE_FACTOR`
+times the fall's noise, ``|d_A - d_B| / 2`` over the held-out batch's two halves (the standard error of the
+whole batch's fall). Where it does not (fp32's loss rose, or fell by less than its own noise), the check is not
+*judged*: the audit's findings stand, no remedy is tried, and the report says to train the check longer.
+
 Before the policies, one targeted remedy is tried when the parameters that lose their updates are few (under
 :data:`TARGETED_SHARE` of the model's): ``bf16-true`` with the modules that own them kept in fp32
 (``keep_fp32=[...]``). Typically these are the normalisation gains, which start at 1.0, where bf16's gap is 2^-7.
@@ -38,16 +43,27 @@ from .._util.model_io import batch_parts, call_model, output_as_float
 from ..errors import one_line
 from ..policy import get_policy, policy_names
 from .compare import LossFn, seeded
-from .update_audit import REMEDIES, UPDATE_DISCARDED_WARN, UPDATE_LOST_WARN, UpdateAudit, UpdateReport
+from .update_audit import (
+    REMEDIES,
+    UPDATE_DISCARDED_WARN,
+    UPDATE_LOST_WARN,
+    UpdateAudit,
+    UpdateReport,
+)
 
 if TYPE_CHECKING:
     from ..training.engine import Engine
 
-__all__ = ["UpdatePrecision", "RemedyTrial", "check_update_precision", "RECOVERED_SHARE", "AUDITED_POLICY", "TARGETED_SHARE"]
+__all__ = ["AUDITED_POLICY", "NOISE_FACTOR", "RECOVERED_SHARE", "TARGETED_SHARE", "RemedyTrial", "UpdatePrecision", "check_update_precision"]
 
 RECOVERED_SHARE = 0.9
 """A policy recovers fp32's trajectory when its held-out loss falls by at least this share of what fp32's falls in the
 same steps: close enough that the run follows fp32's, with room for the rounding every 16-bit forward adds."""
+NOISE_FACTOR = 1.0
+"""fp32's held-out loss must fall by more than this many times its noise (the standard error of the fall, from the
+batch's halves) for the check to judge a remedy: a smaller fall could be the held-out batch's luck, and 90% of it
+would then say nothing about a trajectory. One standard error, not two: estimated from two halves, the noise is
+itself rough, and twice it already refused a 16-row check whose fall was clear (0.072 against a noise of 0.038)."""
 AUDITED_POLICY = "bf16-true"
 """The policy audited: bf16 weights stepped directly, the one the remedies keep the model format of."""
 TARGETED_SHARE = 0.01
@@ -98,6 +114,10 @@ class UpdatePrecision:
     """The cheapest remedy that recovers; None when nothing is lost or no remedy recovers."""
     keep_fp32: list[str] = field(default_factory=list)
     """With ``prescribed == "bf16-true"``: the modules the targeted remedy keeps in fp32."""
+    fp32_noise: float | None = None
+    """The noise of fp32's held-out fall, ``|d_A - d_B| / 2`` over the batch's halves; None for a one-row batch."""
+    judged: bool = True
+    """fp32's held-out loss fell by more than :data:`NOISE_FACTOR` times its noise, so remedies could be judged by it."""
 
     def engine_kwargs(self) -> dict[str, Any] | None:
         """What to pass to ``Engine`` for the prescription; None when nothing is prescribed."""
@@ -108,7 +128,8 @@ class UpdatePrecision:
     def to_dict(self) -> dict[str, Any]:
         return {
             "steps": self.steps, "policy": AUDITED_POLICY, "recovered_share": RECOVERED_SHARE, "initial_loss": self.initial_loss,
-            "fp32_loss": self.fp32_loss, "lost": self.lost, "problems": list(self.problems), "params": self.params,
+            "fp32_loss": self.fp32_loss, "fp32_noise": self.fp32_noise, "noise_factor": NOISE_FACTOR, "judged": self.judged,
+            "lost": self.lost, "problems": list(self.problems), "params": self.params,
             "trials": [t.to_dict() for t in self.trials], "skipped": dict(self.skipped), "prescribed": self.prescribed,
             "keep_fp32": list(self.keep_fp32),
         }
@@ -132,12 +153,14 @@ def check_update_precision(
     initial = _held_out_loss(model, None, held_out, loss_fn, seed)
     fp32 = _train(model, batches, loss_fn, optimizer, "32-true", steps, seed)[0]
     fp32_loss = _held_out_loss(model, fp32, held_out, loss_fn, seed)
+    noise = _fall_noise(model, fp32, held_out, loss_fn, seed)
+    # fp32 must have gone down, beyond its noise, for a decrease to be recovered: a rise is no trajectory to follow.
+    judged = initial - fp32_loss > NOISE_FACTOR * (noise or 0.0)
 
     def trial(policy: str, nbytes: float | None, stream: int = seed, keep: Sequence[str] = (), label: str | None = None) -> tuple[RemedyTrial, list[UpdateReport]]:
         trained, reports = _train(model, batches, loss_fn, optimizer, policy, steps, seed, audit=nbytes is None, stream=stream, keep_fp32=keep)
         loss = _held_out_loss(model, trained, held_out, loss_fn, seed)
-        # fp32 must have gone down for a decrease to be recovered; a rise is no trajectory to follow.
-        recovered = fp32_loss < initial and initial - loss >= RECOVERED_SHARE * (initial - fp32_loss)
+        recovered = judged and initial - loss >= RECOVERED_SHARE * (initial - fp32_loss)
         return RemedyTrial(label or policy, nbytes, loss, bool(recovered)), reports
 
     audited, reports = trial(AUDITED_POLICY, None)
@@ -145,9 +168,9 @@ def check_update_precision(
     problems = merged.problems()
     result = UpdatePrecision(
         steps=steps, initial_loss=initial, fp32_loss=fp32_loss, params={n: u.to_dict() for n, u in merged.params.items()},
-        lost=bool(problems) or (fp32_loss < initial and not audited.recovered), problems=problems, trials=[audited],
+        lost=bool(problems) or (judged and not audited.recovered), problems=problems, trials=[audited], fp32_noise=noise, judged=judged,
     )
-    if not result.lost:
+    if not result.lost or not judged:  # unjudged: the audit's findings stand, and no remedy can be told to recover
         return result
     keep, kept_share = _losing_modules(model, merged)
     if keep and kept_share < TARGETED_SHARE:
@@ -199,10 +222,10 @@ class _AuditEveryStep:
     def __init__(self) -> None:
         self.audit, self.reports = UpdateAudit(), []  # type: ignore[var-annotated]
 
-    def before_optimizer_step(self, engine: "Engine") -> None:
+    def before_optimizer_step(self, engine: Engine) -> None:
         self.audit.arm(engine.optimizers, {id(p): n for n, p in engine.named_parameters()})
 
-    def after_optimizer_step(self, engine: "Engine") -> None:
+    def after_optimizer_step(self, engine: Engine) -> None:
         self.audit.disarm()
         stats = self.audit.stats()
         self.reports.append(self.audit.report(stats.flatten().tolist() if stats is not None else []))
@@ -215,7 +238,8 @@ def _train(
     """``steps`` steps of a copy of ``model`` under ``precision``: its trained weights (the fp32 masters where it has
     them: they are the trajectory, the model holds them rounded) and the audit of each step. Step ``i``'s forward
     draws its dropout from ``seed + i``; the optimizer's draws come from ``stream`` (default ``seed``)."""
-    from ..training.engine import Engine  # the engine imports the policies; imported here to keep this module light
+    # The engine imports the policies; imported here to keep this module light.
+    from ..training.engine import Engine
 
     hook = _AuditEveryStep() if audit else None
     work = copy.deepcopy(model).float()
@@ -237,6 +261,24 @@ def _train(
     if engine.masters is not None:
         trained.update(engine.masters.state_dict())
     return trained, hook.reports if hook is not None else []
+
+
+def _fall_noise(model: nn.Module, trained: dict[str, torch.Tensor], batch: Any, loss_fn: LossFn, seed: int) -> float | None:
+    """The standard error of the held-out fall from ``model``'s weights to ``trained``: ``|d_A - d_B| / 2``, each half
+    of the batch's fall measured on its own (the same dropout mask before and after). None when the batch cannot be
+    halved."""
+    from ..training.micro_batching import batch_rows, split_batch
+
+    try:
+        rows = batch_rows(batch)
+    except ValueError:
+        return None
+    if rows < 2:
+        return None
+    falls = []
+    for half in (split_batch(batch, 0, rows // 2), split_batch(batch, rows // 2, rows)):
+        falls.append(_held_out_loss(model, None, half, loss_fn, seed) - _held_out_loss(model, trained, half, loss_fn, seed))
+    return abs(falls[0] - falls[1]) / 2
 
 
 @torch.no_grad()

@@ -35,12 +35,13 @@ from torch import nn
 
 from ..errors import PolicyError
 from .device import Support
-from .fp8_roofline import LinearCost, fp8_fits, predict_linear
+from .fp8_matmuls import CONV1D_FIX, CONV1D_REASON, matmul_layers
+from .fp8_roofline import LinearCost, predict_linear
 from .gpu_specs import GpuSpec, fp8_gpus, gpu_spec
 from .lowbit_optimizers import quiet_library_logs
 from .mixed import BF16Mixed
 
-__all__ = ["FP8Policy", "FP8Tensorwise", "FP8Rowwise", "Fp8LayerPlan", "ChosenLayers", "DEFAULT_TOKENS", "PLANNING_GPU", "EXTRA"]
+__all__ = ["DEFAULT_TOKENS", "EXTRA", "PLANNING_GPU", "ChosenLayers", "FP8Policy", "FP8Rowwise", "FP8Tensorwise", "Fp8LayerPlan"]
 
 log = logging.getLogger("ampkit")
 
@@ -72,6 +73,8 @@ class Fp8LayerPlan:
     """The roofline's prediction on the GPU planned for, whatever decided."""
     by_roofline: bool = False
     """The roofline's prediction decided (``layers="auto"``), not a rule, ``"all"`` or the user's filter."""
+    kind: str = "Linear"
+    """``"Linear"``, or ``"Conv1D"``: Hugging Face's transposed Linear, never converted (:mod:`~ampkit.policy.fp8_matmuls`)."""
 
 
 @dataclass(frozen=True)
@@ -129,25 +132,29 @@ class FP8Policy(BF16Mixed):
 
     # -- device ---------------------------------------------------------------------------------
     def _support(self, device: torch.device) -> Support:
+        # The device first: installing torchao does not give a CPU or an sm80 GPU fp8 matmuls, so where the device
+        # cannot run fp8 that is the reason, and the missing install is said after it (for the GPU moved to).
         missing = missing_torchao()
-        if missing:
-            return Support(False, False, missing)
-        if self.emulate:
-            return Support(True, False, "fp8 emulated by torchao: fp8's numerics, slower than bf16 (for checks, not speed)")
-        if device.type == "cuda":
+        also = f"; fp8 also {missing}" if missing else ""
+        if device.type == "cuda" and not self.emulate:
             cap = torch.cuda.get_device_capability(device)
             if cap < self.min_capability:
                 need = ".".join(map(str, self.min_capability))
                 return Support(
-                    False, False, f"{torch.cuda.get_device_name(device)} (sm{cap[0]}{cap[1]}) has no {self.recipe} fp8 matmul (needs sm{need}+); use 'bf16-mixed'"
+                    False, False, f"{torch.cuda.get_device_name(device)} (sm{cap[0]}{cap[1]}) has no {self.recipe} fp8 matmul (needs sm{need}+); use 'bf16-mixed'{also}"
                 )
-            return Support(True, True, "fp8 tensor cores: pays on large Linear layers under torch.compile (see `ampkit memory --fp8`)")
-        return Support(
-            False,
-            False,
-            f"{device.type} has no fp8 matrix units (fp8 matmuls run there only emulated, slower than bf16); use 'bf16-mixed' "
-            "here, and plan fp8 for a GPU with `ampkit memory --fp8`",
-        )
+        elif device.type != "cuda" and not self.emulate:
+            return Support(
+                False,
+                False,
+                f"{device.type} has no fp8 matrix units (fp8 matmuls run there only emulated, slower than bf16); use 'bf16-mixed' "
+                f"here, and plan fp8 for a GPU with `ampkit memory --fp8`{also}",
+            )
+        if missing:
+            return Support(False, False, missing)
+        if self.emulate:
+            return Support(True, False, "fp8 emulated by torchao: fp8's numerics, slower than bf16 (for checks, not speed)")
+        return Support(True, True, "fp8 tensor cores: pays on large Linear layers under torch.compile (see `ampkit memory --fp8`)")
 
     # -- which layers ---------------------------------------------------------------------------
     def planning_spec(self, device_type: str) -> GpuSpec:
@@ -161,7 +168,8 @@ class FP8Policy(BF16Mixed):
         return gpu_spec(PLANNING_GPU)  # type: ignore[return-value]
 
     def plan_layers(self, module: nn.Module, device_type: str, tokens: dict[str, int] | None = None) -> list[Fp8LayerPlan]:
-        """Each Linear layer of ``module``: converted to fp8 or not, and why. ``tokens`` per layer overrides ``self.tokens``.
+        """Each Linear layer of ``module`` (Hugging Face's Conv1D included, never converted): converted to fp8 or
+        not, and why. ``tokens`` per layer overrides ``self.tokens``.
 
         >>> import ampkit
         >>> model = nn.Sequential(nn.Linear(4096, 4096), nn.Linear(4096, 10))
@@ -171,21 +179,24 @@ class FP8Policy(BF16Mixed):
         islands = [name for name, _ in self.fp32_islands(module)]
         spec = self.planning_spec(device_type)
         plans = []
-        for name, m in module.named_modules():
-            if not isinstance(m, nn.Linear):
-                continue
-            rows = (tokens or {}).get(name, self.tokens or DEFAULT_TOKENS)
-            cost = predict_linear(spec, rows, m.in_features, m.out_features)
-            plans.append(self._plan(name, m, cost, islands, spec))
+        for layer in matmul_layers(module):
+            rows = (tokens or {}).get(layer.name, self.tokens or DEFAULT_TOKENS)
+            cost = predict_linear(spec, rows, layer.in_features, layer.out_features)
+            plan = self._plan(layer.name, layer.module, cost, islands, spec)
+            if not layer.converts:
+                # Planned as the Linear it is, so the table shows what fp8 would give it; torchao cannot swap it.
+                reason = f"{CONV1D_REASON} (as one: {plan.reason})" if plan.convert else plan.reason
+                plan = Fp8LayerPlan(layer.name, False, reason, cost, by_roofline=plan.by_roofline and not plan.convert, kind=layer.kind)
+            plans.append(plan)
         return plans
 
-    def _plan(self, name: str, m: nn.Linear, cost: LinearCost, islands: list[str], spec: GpuSpec) -> Fp8LayerPlan:
+    def _plan(self, name: str, m: nn.Module, cost: LinearCost, islands: list[str], spec: GpuSpec) -> Fp8LayerPlan:
         if any(i == "" or name == i or name.startswith(i + ".") for i in islands):
             return Fp8LayerPlan(name, False, "kept in fp32 (keep_fp32)", cost)
         if isinstance(m, _NOT_CALLED):
             return Fp8LayerPlan(name, False, "MultiheadAttention reads this weight directly", cost)
-        if not fp8_fits(m.in_features, m.out_features):
-            return Fp8LayerPlan(name, False, f"{m.in_features}x{m.out_features}: fp8 kernels need multiples of 16", cost)
+        if not cost.fits:
+            return Fp8LayerPlan(name, False, f"{cost.in_features}x{cost.out_features}: fp8 kernels need multiples of 16", cost)
         if isinstance(self.layers, ChosenLayers):
             chosen = name in self.layers.names
             return Fp8LayerPlan(name, chosen, "faster in fp8 at its rows" if chosen else "slower in fp8 at its rows", cost)
@@ -198,7 +209,7 @@ class FP8Policy(BF16Mixed):
         return Fp8LayerPlan(name, cost.pays, f"{cost.speedup:.2f}x predicted on {spec.name}: {verdict} in fp8", cost, by_roofline=True)
 
     # -- hooks ----------------------------------------------------------------------------------
-    def sharded(self) -> "FP8Policy":
+    def sharded(self) -> FP8Policy:
         return dataclasses.replace(self, fp8_all_gather=self.recipe == "tensorwise")
 
     def float8_config(self) -> Any:
@@ -213,6 +224,7 @@ class FP8Policy(BF16Mixed):
         super().convert_module(module, device_type)
         plans = self.plan_layers(module, device_type)
         chosen = {p.name for p in plans if p.convert}
+        _warn_unconverted(self.name, plans)
         if "" in chosen:
             raise PolicyError(f"{self.name} converts the Linear layers inside a model, and this model is one nn.Linear: wrap it, e.g. nn.Sequential(model).")
         if not chosen:
@@ -226,9 +238,18 @@ class FP8Policy(BF16Mixed):
         log.info("%s: %d of %d Linear layers run in fp8", self.name, len(chosen), len(plans))
 
 
+def _warn_unconverted(policy: str, plans: list[Fp8LayerPlan]) -> None:
+    """Warn when Conv1D layers the policy would run in fp8 stay in bf16: the speed asked for is silently missing."""
+    missed = [p.name for p in plans if p.kind != "Linear" and p.reason.startswith(CONV1D_REASON)]
+    if missed:
+        shown = ", ".join(missed[:4]) + (f" and {len(missed) - 4} more" if len(missed) > 4 else "")
+        log.warning("%s: %d Conv1D layer%s (%s) stay%s in bf16: %s; %s.", policy, len(missed), "s" if len(missed) > 1 else "",
+                    shown, "" if len(missed) > 1 else "s", CONV1D_REASON, CONV1D_FIX)
+
+
 def _why_none(plans: list[Fp8LayerPlan]) -> str:
     if not plans:
-        return "The model has no nn.Linear."
+        return "The model has no nn.Linear (and no Hugging Face Conv1D)."
     return "First: " + "; ".join(f"{p.name}: {p.reason}" for p in plans[:3]) + ". Pass layers='all' to convert every layer that fits."
 
 

@@ -38,9 +38,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from .fp8_matmuls import matmul_layers
 from .gpu_specs import GpuSpec
 
-__all__ = ["LinearCost", "LayerCost", "fp8_fits", "predict_linear", "predict_model", "measure_linear_tokens", "FP8_MULTIPLE"]
+__all__ = ["FP8_MULTIPLE", "LayerCost", "LinearCost", "fp8_fits", "measure_linear_tokens", "predict_linear", "predict_model"]
 
 FP8_MULTIPLE = 16
 """Both dimensions of an fp8 matmul's operands must be multiples of this (``torch._scaled_mm``)."""
@@ -131,7 +132,8 @@ def predict_linear(spec: GpuSpec, tokens: int, in_features: int, out_features: i
 
 
 def predict_model(model: nn.Module, spec: GpuSpec, tokens: int | Mapping[str, int]) -> list[LayerCost]:
-    """The prediction for every ``nn.Linear`` in ``model``, by name; ``tokens`` is one count for all, or per name.
+    """The prediction for every ``nn.Linear`` (and Hugging Face ``Conv1D``, :mod:`~ampkit.policy.fp8_matmuls`) in
+    ``model``, by name; ``tokens`` is one count for all, or per name.
 
     Layers missing from a ``tokens`` mapping (a forward never reached them) are left out.
 
@@ -141,18 +143,17 @@ def predict_model(model: nn.Module, spec: GpuSpec, tokens: int | Mapping[str, in
     [('0', True), ('2', False)]
     """
     rows = []
-    for name, module in model.named_modules():
-        if not isinstance(module, nn.Linear):
-            continue
-        m = tokens.get(name) if isinstance(tokens, Mapping) else tokens
+    for layer in matmul_layers(model):
+        m = tokens.get(layer.name) if isinstance(tokens, Mapping) else tokens
         if m is None:
             continue
-        rows.append(LayerCost(name, predict_linear(spec, m, module.in_features, module.out_features)))
+        rows.append(LayerCost(layer.name, predict_linear(spec, m, layer.in_features, layer.out_features)))
     return rows
 
 
 def measure_linear_tokens(model: nn.Module, forward: Callable[[], Any]) -> dict[str, int]:
-    """The rows each ``nn.Linear`` of ``model`` multiplies when ``forward()`` runs (the largest, if called twice).
+    """The rows each ``nn.Linear`` (and Hugging Face ``Conv1D``) of ``model`` multiplies when ``forward()`` runs (the
+    largest, if called twice).
 
     >>> model = nn.Sequential(nn.Linear(8, 16), nn.Linear(16, 4))
     >>> measure_linear_tokens(model, lambda: model(torch.zeros(2, 5, 8)))
@@ -160,13 +161,12 @@ def measure_linear_tokens(model: nn.Module, forward: Callable[[], Any]) -> dict[
     """
     seen: dict[str, int] = {}
     handles = []
-    for name, module in model.named_modules():
-        if isinstance(module, nn.Linear):
-            def record(mod: nn.Module, args: tuple[Any, ...], name: str = name) -> None:
-                x = args[0] if args else None
-                if isinstance(x, torch.Tensor) and x.dim() > 0:
-                    seen[name] = max(seen.get(name, 0), x.numel() // max(1, x.shape[-1]))
-            handles.append(module.register_forward_pre_hook(record))
+    for layer in matmul_layers(model):
+        def record(mod: nn.Module, args: tuple[Any, ...], name: str = layer.name) -> None:
+            x = args[0] if args else None
+            if isinstance(x, torch.Tensor) and x.dim() > 0:
+                seen[name] = max(seen.get(name, 0), x.numel() // max(1, x.shape[-1]))
+        handles.append(layer.module.register_forward_pre_hook(record))
     try:
         with torch.no_grad():
             forward()

@@ -24,17 +24,17 @@ The libraries are optional (``pip install 'ampkit[lowbit]'``) and imported only 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib
 import importlib.util
-import logging
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any, Literal
 
 import torch
+
+from .._util.library_logs import quiet_library_logs
 
 __all__ = ["EXTRA", "LowbitMethod", "lowbit_twin", "missing_library", "quiet_library_logs", "region_step"]
 
@@ -45,35 +45,6 @@ EXTRA = "lowbit"
 
 _POLICY = {"kahan": "bf16-true-kahan", "sr": "bf16-true-sr"}
 _LIBRARY = {"kahan": ("optimi", "torch-optimi"), "sr": ("torchao.optim", "torchao")}
-
-
-class _DropNoise(logging.Filter):
-    """Drops the log lines of a torchao import that concern nothing the optimizers use."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        # torchao loads its CUDA kernel libraries (cutlass sm90a, mxfp8) on import and logs each one a CPU-only or
-        # other-Python install cannot load; its optimizers are torch.compile'd Python and need none of them.
-        if record.name == "torchao" and message.startswith(("Failed to load", "Skipping import of cpp extensions")):
-            return False
-        # torchao's int8 matmul module announces on import that a CPU has no Triton; fp8 and the optimizers need none.
-        if record.name == "torchao.kernel.intmm" and "Detected no triton" in message:
-            return False
-        # torch warns that torchao registers an Enum as a pytree constant: torchao's to change, not the user's.
-        return not (record.name == "torch.utils._pytree" and "register_constant()" in message)
-
-
-@contextlib.contextmanager
-def quiet_library_logs(*loggers: str) -> Iterator[None]:
-    """Drop, while importing or calling an optional library, its log lines that concern nothing ampkit uses."""
-    noise = _DropNoise()
-    for name in loggers:
-        logging.getLogger(name).addFilter(noise)
-    try:
-        yield
-    finally:
-        for name in loggers:
-            logging.getLogger(name).removeFilter(noise)
 
 
 def missing_library(method: LowbitMethod) -> str | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import subprocess
 import sys
 
@@ -114,3 +115,33 @@ def test_python_dash_m_ampkit_version() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == VERSION_LINE
+
+
+NOISY_USER = '''
+import logging
+import torch
+from torch import nn
+
+# As a model file importing transformers does on a CPU-only install: transformers imports torchao, whose import
+# logs each CUDA kernel library it cannot load, and torch warns about torchao's pytree constants.
+logging.getLogger("torchao").warning("Failed to load /site-packages/torchao/_C_cutlass_90a.abi3.so: Could not load this library")
+logging.getLogger("torch.utils._pytree").warning(
+    "<enum 'KernelPreference'> is an Enum subclass ... Calling register_constant() on Enum subclasses is deprecated")
+logging.getLogger("torchao").warning("a torchao warning that is not import noise")
+
+def model():
+    return nn.Sequential(nn.Linear(8, 3))
+
+def data():
+    return [(torch.randn(4, 8), torch.randint(0, 3, (4,)))]
+'''
+
+
+def test_torchaos_import_noise_stays_out_of_a_command(tmp_path, caplog: pytest.LogCaptureFixture) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "noisy_user.py"
+    path.write_text(NOISY_USER)
+    with caplog.at_level(logging.WARNING):
+        assert main(["memory", "--model", f"{path}:model", "--data", f"{path}:data", "--precision", "32-true", "--device", "cpu"]) == 0
+    messages = [r.getMessage() for r in caplog.records]
+    assert not any("Failed to load" in m or "register_constant()" in m for m in messages), messages
+    assert "a torchao warning that is not import noise" in messages  # only the known noise is dropped

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from ampkit.bench.workloads import get_workload
 from ampkit.cli.main import main
 from ampkit.memory import estimate
-from ampkit.bench.workloads import get_workload
 
 pytest.importorskip("sklearn", reason="Requires: scikit-learn (pip install -e '.[dev]')")
 
@@ -103,3 +103,24 @@ def test_fp8_prints_the_layer_plan_for_a_gpu_and_json_carries_it(capsys: pytest.
     assert main(["memory", "-w", "gpt", "--size", "tiny", "--device", "cuda", "--precision", "fp8-rowwise", "--json"]) == 0
     entry = json.loads(capsys.readouterr().out)[0]
     assert Fp8Plan.from_dict(entry["fp8_layers"]) == fp8_layer_plan(w.model, w.batch(0), "fp8-rowwise")
+
+
+CONV1D_USER = """
+def model():
+    torch.manual_seed(0)
+    return nn.Sequential(Conv1D(192, 64), nn.GELU(), Conv1D(64, 192), nn.Linear(64, 128))
+
+def data():
+    return [(torch.randn(8, 32, 64), torch.randint(0, 128, (8, 32)))]
+"""
+
+
+def test_fp8_plans_hugging_face_conv1d_layers_and_names_them(tmp_path, hf_conv1d_source: str, capsys: pytest.CaptureFixture[str]):  # type: ignore[no-untyped-def]
+    # GPT-2's projections are Conv1D: the plan counts them among the Linear layers and says torchao leaves them in bf16.
+    path = tmp_path / "gpt2_like.py"
+    path.write_text(hf_conv1d_source + CONV1D_USER)
+    argv = ["memory", "--model", f"{path}:model", "--data", f"{path}:data", "--precision", "32-true", "--device", "cpu", "--fp8", "H100"]
+    assert main(argv) == 0
+    out = " ".join(capsys.readouterr().out.split())  # the summary wraps at the terminal's width
+    assert "0 of 3 Linear layers in fp8" in out and "2 of the 3 layers are Hugging Face Conv1D" in out
+    assert "0 (Conv1D)" in out and "2 (Conv1D)" in out and "replace each Conv1D with an nn.Linear" in out

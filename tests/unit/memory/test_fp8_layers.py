@@ -6,9 +6,16 @@ import pytest
 import torch
 from torch import nn
 
+from ampkit.bench.fp8_table import fp8_rows, fp8_summary
 from ampkit.errors import PolicyError
 from ampkit.memory import estimate
-from ampkit.memory.fp8_layers import Fp8Plan, fp8_layer_plan, group_layers, linear_tokens, planned_policy
+from ampkit.memory.fp8_layers import (
+    Fp8Plan,
+    fp8_layer_plan,
+    group_layers,
+    linear_tokens,
+    planned_policy,
+)
 from ampkit.policy import get_policy
 from ampkit.policy.fp8_roofline import predict_linear
 from ampkit.policy.gpu_specs import gpu_spec
@@ -73,7 +80,7 @@ def test_the_planned_policy_converts_what_the_plan_says() -> None:
 def test_layers_differing_only_by_a_block_index_fold_into_one_row() -> None:
     model, batch = _gpt()
     groups = group_layers(fp8_layer_plan(model, batch))
-    assert sum(g.count for g in groups) == 5 and [g.pattern for g in groups][0] == "blocks.*.attn.qkv"
+    assert sum(g.count for g in groups) == 5 and groups[0].pattern == "blocks.*.attn.qkv"
 
 
 def test_bad_requests_are_refused_naming_the_fix() -> None:
@@ -89,7 +96,7 @@ def test_a_simulated_cuda_estimate_runs_fp8_emulated_with_bf16_mixeds_state() ->
     from ampkit.policy import FP8Tensorwise
 
     model, batch = _gpt()
-    opt = lambda p: torch.optim.AdamW(p)  # noqa: E731
+    opt = lambda p: torch.optim.AdamW(p)
     fp8 = estimate(model, batch, opt, FP8Tensorwise(layers="all"), "cuda")
     bf16 = estimate(model, batch, opt, "bf16-mixed", "cuda")
     assert fp8.precision == "fp8-tensorwise" and fp8.simulated_on == "cpu"
@@ -120,3 +127,20 @@ def test_a_layer_that_sees_fewer_rows_is_planned_and_run_at_its_own() -> None:
     assert [(p.name, p.cost.tokens, p.convert) for p in plan.layers] == [("body", 16384, True), ("head", 8, False)]
     dataclasses.replace(planned_policy(plan), emulate=True).convert_module(model, "cpu")
     assert isinstance(model.body, Float8Linear) and not isinstance(model.head, Float8Linear)
+
+
+def test_conv1d_layers_are_planned_at_their_rows_and_named_as_not_converted(hf_conv1d: type[nn.Module]) -> None:
+    # Hugging Face's GPT-2 builds every projection from Conv1D (a Linear with its weight stored transposed), which
+    # torchao's float8 conversion does not swap: the plan counts them, at their own shape, and says so.
+    with torch.device("meta"):
+        model = nn.Sequential(hf_conv1d(16384, 4096), nn.GELU(), hf_conv1d(4096, 16384), nn.Linear(4096, 16))
+    batch = (torch.empty(4, 2048, 4096, device="meta"), None)
+    assert linear_tokens(model, batch) == {"0": 8192, "2": 8192, "3": 8192}
+    plan = fp8_layer_plan(model, batch, "fp8-tensorwise", gpu="H100")
+    assert [(p.name, p.kind, p.convert) for p in plan.layers] == [("0", "Conv1D", False), ("2", "Conv1D", False), ("3", "Linear", False)]
+    assert plan.layers[0].cost == predict_linear(gpu_spec("H100"), 8192, 4096, 16384)  # type: ignore[arg-type]
+    assert plan.layers[0].cost.pays  # as an nn.Linear it would run in fp8: the plan names why it does not
+    assert Fp8Plan.from_dict(plan.to_dict()) == plan
+    assert [row[0] for row in fp8_rows(plan)] == ["0 (Conv1D)", "2 (Conv1D)", "3"]
+    summary = fp8_summary(plan)
+    assert "0 of 3 Linear layers in fp8" in summary and "2 of the 3 layers are Hugging Face Conv1D" in summary

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import io
 import json
 import math
 import sys
@@ -225,3 +226,134 @@ def test_compile_checks_the_prescription_and_names_the_module_a_broken_compiler_
 def test_a_compile_setting_that_cannot_apply_is_refused_before_any_step(model: nn.Module, compile: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         diagnose(model, fragile.batches(), compile=compile)
+
+
+# -- the loss scale and the report agree -------------------------------------------------------------------
+class OwnLoss(nn.Module):
+    """Computes its own loss from labels and returns it beside the logits, as a Hugging Face model does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        logits = self.fc(x)
+        return {"loss": nn.functional.cross_entropy(logits, labels), "logits": logits}
+
+
+class Damped(nn.Module):
+    """A block whose own arithmetic (outside any submodule) shrinks its output: the gradient arriving at the block's
+    output is 1e4 times the one its Linear sees, and fp16 autocast holds it in fp16 all the same."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x) * 1e-4
+
+
+def _largest_model_gradient(model: nn.Module, batches: list, loss_fn) -> float:  # type: ignore[no-untyped-def,type-arg]
+    """Control: the largest gradient of every parameter and every module output of plain fp32 backwards (the
+    loss itself left out: its gradient is the seed, 1, that scaling replaces by the scale)."""
+    largest = 0.0
+    for batch in batches:
+        grads: list[torch.Tensor] = []
+
+        def keep(module: nn.Module, args: object, out: object, grads: list[torch.Tensor] = grads) -> None:
+            tensors = [out] if isinstance(out, torch.Tensor) else [v for v in out.values() if v.dim() > 0]  # type: ignore[union-attr]
+            for t in tensors:
+                t.register_hook(grads.append)
+
+        handles = [m.register_forward_hook(keep) for m in model.modules()]
+        x, y = (batch["x"], batch["labels"]) if isinstance(batch, dict) else batch
+        out = model(x, y) if isinstance(batch, dict) else model(x)
+        loss_fn(out, y).backward()
+        for h in handles:
+            h.remove()
+        largest = max([largest, *(float(g.abs().max()) for g in grads), *(float(p.grad.abs().max()) for p in model.parameters())])
+        model.zero_grad()
+    return largest
+
+
+def _overflow_findings(d) -> list[str]:  # type: ignore[no-untyped-def]
+    return [f"{m['name']}: {p}" for m in d.modules for p in m["problems"] if "overflow fp16 at loss scale" in p]
+
+
+def test_the_models_own_loss_gradient_is_no_overflow() -> None:
+    # The gradient of a loss the model returns is the backward's seed (the scale itself, held in fp32): at the
+    # recommended scale it is above 65504 by construction, and it is no value the model computed.
+    g = torch.Generator().manual_seed(1)
+    batches = [{"x": torch.randn(16, 8, generator=g), "labels": torch.randint(0, 4, (16,), generator=g)} for _ in range(3)]
+    d = diagnose(OwnLoss(), batches, steps=2, target="16-mixed", update_steps=0, fp8_recipe=None)
+    k = d.scale.log2  # what the fp32 gradients allow (tailoring may start the engine lower: d.loss_scale_log2)
+    assert d.loss_scale_log2 is not None and 2.0**d.loss_scale_log2 > 65504  # the loss's gradient, 1, would read as an overflow
+    assert _overflow_findings(d) == []
+    largest = _largest_model_gradient(OwnLoss(), batches[:2], lambda out, y: out["loss"])
+    assert largest * 2.0**k <= 65504 < largest * 2.0 ** (k + 1)  # the largest scale the model's own gradients allow
+
+
+def test_the_recommended_scale_overflows_nothing_the_report_names() -> None:
+    # The largest gradient arrives at the block's output, not at any leaf module's: the scale must keep it in range.
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(16, 8, generator=g), torch.randn(16, 4, generator=g)) for _ in range(3)]
+    d = diagnose(nn.Sequential(Damped()), batches, nn.functional.mse_loss, steps=2, target="16-mixed", update_steps=0, fp8_recipe=None)
+    assert _overflow_findings(d) == []
+    largest = _largest_model_gradient(nn.Sequential(Damped()), batches[:2], nn.functional.mse_loss)
+    assert largest * 2.0**d.scale.log2 <= 65504 < largest * 2.0 ** (d.scale.log2 + 1)
+
+
+# -- one recommendation ------------------------------------------------------------------------------------
+def _losing_gains() -> tuple[nn.Module, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """A LayerNorm whose gains (1.0, bf16's half-gap there 2^-8) never move under AdamW at lr 2e-3 in bf16, and hold
+    0.77% of the weights; its inputs are 4 latent features spread over 256, so fp32 learns the targets in 8 steps."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 128), nn.LayerNorm(128), nn.Tanh(), nn.Linear(128, 2))
+    g = torch.Generator().manual_seed(1)
+    mix = torch.randn(4, 256, generator=g) / 2
+    latents = [torch.randn(16, 4, generator=g) for _ in range(4)]
+    return model, [(z @ mix, z[:, :2]) for z in latents]
+
+
+def _engine_lines(d) -> list[str]:  # type: ignore[no-untyped-def]
+    from rich.console import Console
+
+    from ampkit.numerics.table import render
+
+    console = Console(file=io.StringIO(), width=300)
+    render(d.to_dict(), console)
+    return [line.strip() for line in console.file.getvalue().splitlines() if "Engine(" in line]  # type: ignore[attr-defined]
+
+
+def _gains_adamw(params):  # type: ignore[no-untyped-def]
+    return torch.optim.AdamW(params, lr=2e-3, weight_decay=0.0)
+
+
+@pytest.fixture(scope="module")
+def gains_diagnosis():  # type: ignore[no-untyped-def]
+    """The doctor tailoring bf16-true (bf16 weights asked for) on :func:`_losing_gains`."""
+    model, batches = _losing_gains()
+    return diagnose(model, batches, nn.functional.mse_loss, steps=3, target="bf16-true", optimizer=_gains_adamw, update_steps=8, fp8_recipe=None)
+
+
+def test_under_bf16_true_the_update_remedy_is_part_of_the_one_recommendation(gains_diagnosis) -> None:  # type: ignore[no-untyped-def]
+    d = gains_diagnosis
+    check = d.update_precision
+    assert check is not None and check.judged and (check.prescribed, check.keep_fp32) == ("bf16-true", ["1"])  # the gains lose theirs
+    assert d.engine_kwargs() == {"precision": "bf16-true", "keep_fp32": ["1"]}
+    assert _engine_lines(d) == [f"Paste: {d.engine_code()}", f"Prescribed, and part of the recommendation above: {d.engine_code()}"]
+
+
+def test_beside_fp32_weights_the_update_remedy_is_an_option_said_as_one(gains_diagnosis, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    from ampkit.numerics import doctor
+
+    monkeypatch.setattr(doctor, "check_update_precision", lambda *a, **k: gains_diagnosis.update_precision)  # the same check
+    model, batches = _losing_gains()
+    d = diagnose(model, batches, nn.functional.mse_loss, steps=3, target="bf16-mixed", optimizer=_gains_adamw, update_steps=8, fp8_recipe=None)
+    assert d.engine_kwargs() == {"precision": "bf16-mixed"}
+    assert _engine_lines(d) == [
+        f"Paste: {d.engine_code()}",
+        'Only to hold the weights in bf16 (the recommendation above keeps them in fp32): Engine(precision="bf16-true", keep_fp32=["1"])',
+    ]

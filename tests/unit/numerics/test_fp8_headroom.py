@@ -12,11 +12,13 @@ from torch import nn
 
 from ampkit.numerics.fp8_headroom import (
     FLUSH_LIMIT,
+    OPERANDS,
     fp8_cast_figures,
     fp8_headroom,
     fp8_round_trip,
     unit_roundoff,
 )
+from ampkit.numerics.fp8_table import headroom_rows, headroom_summary
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 
@@ -165,3 +167,26 @@ def test_the_cast_matches_torchaos_own(dtype: torch.dtype, axis: int | None, pow
     assert torch.equal(ours, theirs)
     flushed = int(fp8_cast_figures(x, dtype, axis=axis, pow2=pow2)[2])
     assert flushed == int(((x != 0) & (theirs == 0)).sum()) > 0
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_a_conv1d_is_measured_as_the_linear_it_is_and_named(hf_conv1d: type[nn.Module], recipe: str) -> None:
+    # The control: an nn.Linear holding the Conv1D's weight transposed, on the same batch.
+    torch.manual_seed(0)
+    conv = nn.Sequential(hf_conv1d(16, 8), nn.Tanh(), nn.Linear(16, 3))
+    linear = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 3))
+    with torch.no_grad():
+        linear[0].weight.copy_(conv[0].weight.t())
+        linear[0].bias.copy_(conv[0].bias)
+    linear[2].load_state_dict(conv[2].state_dict())
+    batch = (torch.randn(32, 8), torch.randint(0, 3, (32,)))
+    got, control = ({layer["name"]: layer for layer in fp8_headroom(m, batch, nn.functional.cross_entropy, recipe=recipe).layers} for m in (conv, linear))
+    assert got.keys() == control.keys() == {"0", "2"}
+    assert got["0"]["kind"] == "Conv1D" and control["0"]["kind"] == "Linear" and got["0"]["shape"] == control["0"]["shape"] == [16, 8]
+    for operand in OPERANDS:
+        g, c = got["0"]["operands"][operand], control["0"]["operands"][operand]
+        assert (g["format"], g["axis"], g["nonzero"], g["flushed"]) == (c["format"], c["axis"], c["nonzero"], c["flushed"])
+        assert g["amax"] == pytest.approx(c["amax"], rel=1e-6) and g["rel_error"] == pytest.approx(c["rel_error"], rel=1e-5)
+    data = fp8_headroom(conv, batch, nn.functional.cross_entropy, recipe=recipe).to_dict()
+    assert "1 of the 2 layers is Hugging Face Conv1D" in headroom_summary(data) and "torchao" in headroom_summary(data)
+    assert sorted(row[0] for row in headroom_rows(data).rows) == ["0 (Conv1D)", "2"]

@@ -103,7 +103,7 @@ def test_a_few_losing_gains_are_kept_in_fp32_before_any_policy_is_tried() -> Non
     model = nn.Sequential(nn.Linear(256, 512), nn.LayerNorm(512), nn.Tanh(), nn.Linear(512, 2))
     g = torch.Generator().manual_seed(1)
     *train, held = [(torch.randn(16, 256, generator=g), torch.randn(16, 2, generator=g)) for _ in range(4)]
-    opt = lambda ps: torch.optim.AdamW(ps, lr=1e-3, weight_decay=0.0)  # noqa: E731
+    opt = lambda ps: torch.optim.AdamW(ps, lr=1e-3, weight_decay=0.0)
     check = check_update_precision(model, train, held, nn.functional.mse_loss, opt, steps=4)
     assert check.lost and check.params["1.weight"]["lost_share"] == 1.0 and check.params["0.weight"]["lost_share"] < 0.25
     assert check.prescribed == "bf16-true" and check.keep_fp32 == ["1"]
@@ -125,7 +125,7 @@ def test_a_few_losing_gains_are_kept_in_fp32_before_any_policy_is_tried() -> Non
 
 def test_a_remedy_that_refuses_the_optimizer_is_skipped_with_its_reason() -> None:
     model, (*train, held) = losing_model(), data()
-    sgd = lambda ps: torch.optim.SGD(ps, lr=1e-3)  # noqa: E731 - updates of 1e-3 against half-ulps of 4e-3
+    sgd = lambda ps: torch.optim.SGD(ps, lr=1e-3)
     check = check_update_precision(model, train, held, nn.functional.mse_loss, sgd, steps=4)
     assert check.lost and "bf16-true-sr" not in [t.policy for t in check.trials]
     assert "bf16-true-kahan" in check.skipped.get("bf16-true-sr", "")  # stochastic rounding takes Adam(W): names the fix
@@ -166,3 +166,35 @@ def test_diagnose_carries_the_check_to_doctor_json_only_with_an_optimizer() -> N
     assert with_opt.update_precision is not None and with_opt.to_dict()["update_precision"]["steps"] == 2
     without = diagnose(losing_model(), batches, nn.functional.mse_loss, steps=2, target="bf16-mixed")
     assert without.update_precision is None and without.to_dict()["update_precision"] is None
+
+
+@pytest.mark.parametrize("offsets", [(-0.5, -0.5), (0.5, -0.2)], ids=["fp32 rises", "fp32 falls within its noise"])
+def test_a_reference_that_does_not_improve_judges_no_remedy(offsets: tuple[float, float]) -> None:
+    # Training pulls the outputs up (targets 3 above them). A held-out batch that wants them 0.5 lower sees fp32's
+    # loss rise; one whose halves want them 0.5 higher and 0.2 lower sees it fall a little, while its halves' falls
+    # differ by more than that: no trajectory to recover either way.
+    from ampkit.numerics.table import update_lines
+
+    g = torch.Generator().manual_seed(1)
+    start = losing_model()
+
+    def outputs(x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad(), seeded(0, torch.device("cpu")):
+            return start.train()(x)
+
+    train = [(x, outputs(x) + 3.0) for x in (torch.randn(16, 8, generator=g) for _ in range(3))]
+    x = torch.randn(16, 8, generator=g)
+    held = (x, outputs(x) + torch.tensor([offsets[0]] * 8 + [offsets[1]] * 8).unsqueeze(1))
+    check = check_update_precision(losing_model(), train, held, nn.functional.mse_loss, adamw, steps=STEPS)
+    # The control: fp32's held-out fall on the whole batch and on each half, from plain torch.
+    fp32 = control_run(losing_model(), train, torch.float32)
+    fall = held_out_loss(losing_model(), held) - held_out_loss(fp32, held)
+    a, b = (held_out_loss(losing_model(), (x[rows], held[1][rows])) - held_out_loss(fp32, (x[rows], held[1][rows])) for rows in (slice(0, 8), slice(8, 16)))
+    assert fall == pytest.approx(check.initial_loss - check.fp32_loss, rel=1e-4)
+    assert (fall < 0) if offsets[0] < 0 else (0 < fall <= abs(a - b) / 2)  # each case is what its name says
+
+    assert check.problems and check.lost  # the audit still sees bf16-true lose its updates
+    assert check.prescribed is None and [t.policy for t in check.trials] == ["bf16-true"]  # no remedy judged by noise
+    assert not check.judged and check.fp32_noise == pytest.approx(abs(a - b) / 2, rel=1e-4)
+    text = "\n".join(update_lines(check.to_dict()))
+    assert "recover" not in text and "cannot judge any remedy" in text and f"--update-steps {4 * STEPS}" in text

@@ -66,6 +66,23 @@ def test_without_torchao_the_policy_names_the_install(monkeypatch: pytest.Monkey
     assert missing_torchao() == s.reason
 
 
+def test_without_torchao_the_device_that_cannot_run_fp8_is_named_first(monkeypatch: pytest.MonkeyPatch, fake_gpu: FakeGpu) -> None:
+    # Installing torchao would not make a CPU or an A100 run fp8: the reason that stands is said first, and the
+    # install after it, for the GPU the user moves to.
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torchao" else real(name, *a))
+    cpu = FP8Tensorwise().support("cpu").reason
+    assert cpu.startswith("cpu has no fp8 matrix units") and cpu.index("no fp8 matrix units") < cpu.index("pip install 'ampkit[fp8]'")
+    fake_gpu((8, 0), "NVIDIA A100-SXM4-80GB")
+    a100 = FP8Tensorwise().support("cuda").reason
+    assert "sm80" in a100 and a100.index("sm80") < a100.index("pip install 'ampkit[fp8]'")
+    fake_gpu((9, 0), "NVIDIA H100 80GB HBM3")
+    h100 = FP8Tensorwise().support("cuda")
+    assert not h100.supported and h100.reason == missing_torchao()  # the GPU can: only the install is missing
+
+
 @pytest.mark.parametrize("cls, first", [(FP8Tensorwise, (8, 9)), (FP8Rowwise, (9, 0))])
 def test_cuda_gating_by_compute_capability(fake_gpu: FakeGpu, cls: type, first: tuple[int, int]) -> None:
     _needs_torchao()
@@ -147,6 +164,32 @@ def test_a_root_linear_is_refused_and_no_conversion_warns(caplog: pytest.LogCapt
     assert "no Linear layer is converted" in caplog.text and "slower in fp8" in caplog.text
 
 
+def test_hugging_face_conv1d_layers_are_planned_and_named_not_converted(hf_conv1d: type[nn.Module], fake_gpu: FakeGpu) -> None:
+    # GPT-2's projections are Conv1D: a Linear whose weight is stored (in, out). torchao swaps only nn.Linear, so the
+    # plan lists them at their matmul's shape, never converts them, and says why, whatever the filter.
+    fake_gpu((9, 0), "NVIDIA H100 80GB HBM3")
+    with torch.device("meta"):
+        model = nn.Sequential(hf_conv1d(16384, 4096), nn.GELU(), hf_conv1d(4096, 16384), nn.Linear(4096, 4096))
+    for layers in ("auto", "all"):
+        plans = {p.name: p for p in FP8Tensorwise(layers=layers).plan_layers(model, "cuda")}
+        assert list(plans) == ["0", "2", "3"] and plans["3"].convert and plans["3"].kind == "Linear"
+        for name, (k, n) in {"0": (4096, 16384), "2": (16384, 4096)}.items():
+            assert plans[name].cost == predict_linear(gpu_spec("H100"), DEFAULT_TOKENS, k, n)  # type: ignore[arg-type]
+            assert plans[name].kind == "Conv1D" and not plans[name].convert
+            assert "torchao converts only nn.Linear" in plans[name].reason
+
+
+def test_conversion_leaves_conv1d_layers_as_they_are_and_warns_naming_them(hf_conv1d: type[nn.Module], caplog: pytest.LogCaptureFixture) -> None:
+    _needs_torchao()
+    from torchao.float8.float8_linear import Float8Linear
+
+    model = nn.Sequential(hf_conv1d(64, 32), nn.GELU(), nn.Linear(64, 32))
+    with caplog.at_level(logging.WARNING, logger="ampkit"):
+        FP8Tensorwise(emulate=True, layers="all").convert_module(model, "cpu")
+    assert type(model[0]) is hf_conv1d and type(model[2]) is Float8Linear
+    assert "1 Conv1D layer (0) stays in bf16" in caplog.text and "nn.Linear" in caplog.text
+
+
 # -- training ------------------------------------------------------------------------------------
 def _gpt(device: torch.device):
     from ampkit.bench.workloads import gpt
@@ -213,7 +256,7 @@ def test_recompute_gives_the_same_gradients(device: torch.device) -> None:
 
     policy = _policy(FP8Tensorwise, device, layers="all")
     plain, _, plain_engine = _train(policy, device, 3)
-    w, model = _gpt(device)
+    _, model = _gpt(device)
     recompute(model, [Block])
     again, model, _ = _train(policy, device, 3, model)
     assert torch.equal(again, plain)
