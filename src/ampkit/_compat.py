@@ -25,63 +25,71 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from torch.torch_version import TorchVersion
 
 # Private modules that torch itself imports at start-up (no import cost here), with no public equivalent in
 # any torch up to 2.13.
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.overrides import _get_current_function_mode_stack as current_function_modes
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.torch_version import TorchVersion
+from torch.utils._python_dispatch import (
+    TorchDispatchMode,
+    _get_current_dispatch_mode_stack,
+)
 from torch.utils._python_dispatch import _disable_current_modes as disable_current_modes
-from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
-from torch.utils._pytree import tree_flatten, tree_leaves, tree_map, tree_map_only, tree_unflatten
+from torch.utils._pytree import (
+    tree_flatten,
+    tree_leaves,
+    tree_map,
+    tree_map_only,
+    tree_unflatten,
+)
 
 __all__ = [
-    "TORCH_VERSION",
+    "GLOO_REDUCE_SCATTER_AVERAGES",
+    "INDUCTOR_FOREACH_REORDER_ASSERTS",
     "OLDEST_TORCH",
+    "TORCH_VERSION",
+    "DTensor",  # noqa: F822 - resolved by __getattr__ on first use
+    "FSDPModule",  # noqa: F822 - resolved by __getattr__ on first use
     "FakeTensor",
     "FakeTensorMode",
+    "MixedPrecisionPolicy",  # noqa: F822 - resolved by __getattr__ on first use
     "TorchDispatchMode",
-    "disable_current_modes",
+    "amp_non_finite_check_and_unscale_",
+    "amp_update_scale_",
+    "autograd_sequence_nr",
+    "capturable_supported_devices",
+    "clear_dtensor_caches",
+    "clear_mesh_process_groups",
+    "compile_in_place",
+    "compile_template",
+    "compiled_original",
+    "compiler_error",
+    "cpu_isa_probe",
+    "cuda_allows_tf32",
     "current_function_modes",
+    "dcp_metadata_path",
+    "disable_current_modes",
+    "flatten_state_dict",  # noqa: F822 - resolved by __getattr__ on first use
+    "foreach_region_inductor_config",
+    "fsdp_problem",
+    "fully_shard",  # noqa: F822 - resolved by __getattr__ on first use
+    "in_backward_node",
+    "node_sequence_nr",
+    "optimizer_has_step_hooks",
+    "own_code",
+    "per_backend_fp32_precision",
+    "resize_storages",
+    "serialization_get_layout",
+    "set_element",  # noqa: F822 - resolved by __getattr__ on first use
+    "set_step_supports_amp_scaling",
+    "step_supports_amp_scaling",
     "tree_flatten",
     "tree_leaves",
     "tree_map",
     "tree_map_only",
     "tree_unflatten",
-    "amp_update_scale_",
-    "amp_non_finite_check_and_unscale_",
-    "serialization_get_layout",
-    "capturable_supported_devices",
-    "dcp_metadata_path",
-    "compile_in_place",
-    "compile_template",
-    "own_code",
-    "compiled_original",
-    "INDUCTOR_FOREACH_REORDER_ASSERTS",
-    "foreach_region_inductor_config",
     "with_inductor_config",
-    "compiler_error",
-    "GLOO_REDUCE_SCATTER_AVERAGES",
-    "fsdp_problem",
-    "autograd_sequence_nr",
-    "node_sequence_nr",
-    "cpu_isa_probe",
-    "per_backend_fp32_precision",
-    "cuda_allows_tf32",
-    "in_backward_node",
-    "step_supports_amp_scaling",
-    "set_step_supports_amp_scaling",
-    "optimizer_has_step_hooks",
-    "resize_storages",
-    "clear_dtensor_caches",
-    "clear_mesh_process_groups",
-    "DTensor",  # noqa: F822 - resolved by __getattr__ on first use
-    "FSDPModule",  # noqa: F822 - resolved by __getattr__ on first use
-    "MixedPrecisionPolicy",  # noqa: F822 - resolved by __getattr__ on first use
-    "fully_shard",  # noqa: F822 - resolved by __getattr__ on first use
-    "set_element",  # noqa: F822 - resolved by __getattr__ on first use
-    "flatten_state_dict",  # noqa: F822 - resolved by __getattr__ on first use
 ]
 
 log = logging.getLogger("ampkit")
@@ -117,7 +125,9 @@ def capturable_supported_devices() -> list[str]:
     >>> "cpu" in capturable_supported_devices()
     False
     """
-    from torch.optim.optimizer import _get_capturable_supported_devices  # private, torch >= 2.3
+    from torch.optim.optimizer import (
+        _get_capturable_supported_devices,  # private, torch >= 2.3
+    )
 
     return list(_get_capturable_supported_devices())
 
@@ -405,7 +415,9 @@ def set_step_supports_amp_scaling(optimizer: torch.optim.Optimizer, value: bool)
 def optimizer_has_step_hooks(optimizer: torch.optim.Optimizer) -> bool:
     """Whether a step pre- or post-hook applies to ``optimizer`` (its own or a global one; private dicts since 2.0).
 
-    A step that calls the optimizer's undecorated update (the fused master step) would bypass them.
+    A step that calls the optimizer's undecorated update (the fused master step) would bypass them. A hook whose
+    ``ampkit_bypassable`` attribute is true does not count: the engine's guard against an ``optimizer.step()`` of
+    the user's own (:mod:`ampkit.training.misuse`), which the engine's own steps need not run.
 
     >>> opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
     >>> before = optimizer_has_step_hooks(opt)
@@ -417,7 +429,7 @@ def optimizer_has_step_hooks(optimizer: torch.optim.Optimizer) -> bool:
 
     own = [getattr(optimizer, "_optimizer_step_pre_hooks", None), getattr(optimizer, "_optimizer_step_post_hooks", None)]
     shared = [getattr(optim_module, "_global_optimizer_pre_hooks", None), getattr(optim_module, "_global_optimizer_post_hooks", None)]
-    return any(bool(h) for h in (*own, *shared))
+    return any(not getattr(hook, "ampkit_bypassable", False) for hooks in (*own, *shared) if hooks for hook in hooks.values())
 
 
 # DTensor's caches whose keys or values hold a DeviceMesh (and through it the process group), as

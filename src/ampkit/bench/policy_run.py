@@ -267,18 +267,28 @@ class PolicyRun:
         if self.rank != 0 or self.workload.metric is None or not batches or self.model is None or self.engine is None:
             return
         metric = self.workload.metric()
+        # Each batch also scored alone, from the same outputs (no second forward): the spread of these figures is
+        # the eval noise the verdicts hold gaps to (ampkit.bench.quality). Read back after the loop, not in it.
+        alone = [self.workload.metric() for _ in batches] if len(batches) > 1 else []
         model = unwrap(self.model)
         model.eval()
         try:
             with self.engine.autocast():
-                for batch in batches:
-                    metric.update(*run_batch(model, batch))
+                for i, batch in enumerate(batches):
+                    output, target = run_batch(model, batch)
+                    metric.update(output, target)
+                    if alone:
+                        alone[i].update(output, target)
         finally:
             model.train()
         values = metric.compute()
         self.result.eval_metric_name = metric.name
         self.result.eval_metric = values.get(metric.name)
         self.result.eval_metrics = dict(values)
+        try:
+            self.result.eval_batch_metrics = [m.compute().get(metric.name) for m in alone]
+        except Exception as exc:  # noqa: BLE001  # a user's metric may not score one batch alone: the noise is then unmeasured
+            log.warning("eval noise not measured under %s: scoring one eval batch alone failed (%s)", self.precision, one_line(exc, with_type=True))
 
     def summarize(self) -> None:
         """Turn the recorded times and losses into the result's figures (one host read of the losses).

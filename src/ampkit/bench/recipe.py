@@ -26,10 +26,11 @@ from typing import Any
 
 import torch
 
+from .._util.values import check_lr, clip_from
 from ..training.compile import compile_plan
 from .workload import Workload
 
-__all__ = ["compile_mode", "runs_to_build", "check_accumulate", "check_recipe", "clip_from", "check_lr", "with_lr", "recipe_settings"]
+__all__ = ["check_accumulate", "check_lr", "check_recipe", "clip_from", "compile_mode", "recipe_settings", "runs_to_build", "with_lr"]
 
 
 def compile_mode(spec: Any) -> str | None:
@@ -64,42 +65,6 @@ def check_recipe(workload: Workload) -> None:
     clip = workload.clip_grad_norm
     if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float)) or not math.isfinite(clip) or clip <= 0):
         raise ValueError(f"clip_grad_norm (--clip) {clip!r}: the gradient-norm clip must be a positive finite number, or None (--clip none) for no clipping.")
-
-
-def clip_from(text: str) -> float | None:
-    """``--clip`` as the engine takes it: a positive max norm, or None (off) for ``0``, ``none`` or ``off``.
-
-    >>> clip_from("1.5"), clip_from("0"), clip_from("none")
-    (1.5, None, None)
-    >>> clip_from("-1")
-    Traceback (most recent call last):
-    ...
-    ValueError: --clip -1: the gradient-norm clip must be a positive finite number; 0 or none turns clipping off.
-    """
-    if text.strip().lower() in ("none", "off"):
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"--clip {text}: give a number (the max total gradient norm, e.g. 1.0), or 0 or none to turn clipping off.") from None
-    if value == 0:
-        return None
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"--clip {text}: the gradient-norm clip must be a positive finite number; 0 or none turns clipping off.")
-    return value
-
-
-def check_lr(lr: Any, option: str = "--lr") -> float:
-    """``lr`` as a learning rate: a positive finite number, else a ValueError naming ``option``.
-
-    >>> check_lr(0)
-    Traceback (most recent call last):
-    ...
-    ValueError: --lr 0: the learning rate must be a positive finite number (e.g. 1e-4).
-    """
-    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
-        raise ValueError(f"{option} {lr!r}: the learning rate must be a positive finite number (e.g. 1e-4).")
-    return float(lr)
 
 
 def with_lr(optimizer: torch.optim.Optimizer, lr: float | None) -> torch.optim.Optimizer:

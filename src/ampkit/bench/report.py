@@ -26,7 +26,7 @@ from .format import MISSING, fmt_bytes
 from .fp8_table import fp8_markdown
 from .plots import MEMORY_PARTS
 from .results import BenchResult, RunResult
-from .table import definitions, table_rows, tolerance_line, verdict_lines
+from .table import definitions, legend_lines, table_rows, tolerance_line, verdict_lines
 
 __all__ = ["write_report", "render_report", "plot_links", "REPORT_NAME"]
 
@@ -41,6 +41,10 @@ METHOD = """\
   The table shows the median step time and its p10–p90 spread. The speed-up is the ratio of the medians; its
   95% interval (in the verdicts) is a bootstrap of the two samples of step times, and a speed-up whose interval
   holds 1.0 is called inconclusive, not a gain.
+- The eval metric is held to 32-true's one way only (better is never a failure), within the larger of the
+  tolerance and 32-true's eval noise: the 95% band of its figure from every eval batch scored alone. A policy
+  better than 32-true beyond both shows training noise: the comparison is noisy, and a gap on the worse side no
+  larger than that is unclear, not a loss.
 - Memory: the peak is the most bytes of live tensors from the policy's setup through its first steps, with the
   micro-batch in use (each micro-batch is copied in as the step takes it, as from a loader): on CPU each storage
   counted exactly, the same count as `ampkit memory`'s peak; on CUDA, the caching allocator's peak. The parts
@@ -143,7 +147,10 @@ def render_report(result: BenchResult, out_dir: str | os.PathLike[str] = ".", pl
     lines += ["## Verdicts", "", *(f"- {table_cell(v)}" for v in verdict_lines(result))]
     tolerance = tolerance_line(result)
     lines += ["", tolerance, ""] if tolerance else [""]
+    lines += [table_cell(result.eval_noise), ""] if result.eval_noise else []
     lines += [result.recovery, ""] if result.recovery else []
+    legend = legend_lines(result)
+    lines += [f"**{legend[0]}**", "", *(f"- {table_cell(line)}" for line in legend[1:]), ""] if legend else []
 
     for name, plan in result.fp8_layers.items():
         lines += [f"## fp8 layers: {name}", "", fp8_markdown(Fp8Plan.from_dict(plan))]

@@ -107,8 +107,16 @@ class RunResult:
     """Its value after training."""
     eval_metrics: dict[str, float] = field(default_factory=dict)
     """Every eval figure the workload computes (e.g. pixel accuracy and mIoU; eval loss and perplexity)."""
+    eval_batch_metrics: list[float | None] = field(default_factory=list)
+    """The headline eval metric of each eval batch scored alone, in order: the reference's measure its eval noise
+    (:mod:`ampkit.bench.quality`). Empty without an eval metric, or when scoring a batch alone failed."""
+    quality: str | None = None
+    """The eval metric against the reference's, one-sided, by tolerance and noise: ``as good``, ``better``,
+    ``unclear`` or ``worse`` (:data:`ampkit.bench.quality.QUALITY` defines each); None when not measured."""
     within_tolerance: bool | None = None
-    """Whether ``eval_metric`` is within the workload's tolerance of the reference's; None without a metric."""
+    """False when ``eval_metric`` is worse than the reference's beyond the tolerance, the eval noise and the run's
+    spread (``quality`` "worse"); True when it is not (``as good`` or ``better``); None without a metric or when
+    the gap is ``unclear``."""
     skipped_steps: int = 0
     """Optimizer steps skipped because gradients overflowed (loss-scaled policies)."""
     final_loss_scale: float | None = None
@@ -131,7 +139,10 @@ class RunResult:
     """Why a GPU run has no ``mfu``: no peak known for the GPU or for a format, or a figure above 100% (a wrong peak
     or a wrong count), which is never reported as measured."""
     verdict: str | None = None
-    """One line: faster or slower, memory saved, eval metric within or outside tolerance."""
+    """One line: faster or slower, memory saved, the eval metric against the reference's, then :attr:`outcome`."""
+    outcome: str | None = None
+    """The verdict's word: ``pays``, ``trades speed for memory``, ``inconclusive``, ``does not pay`` or ``quality
+    not measured`` (:data:`ampkit.bench.verdict.VERDICTS` defines each); None for the reference and failed runs."""
 
     @property
     def label(self) -> str:
@@ -166,6 +177,8 @@ class BenchResult:
     reference: str = "32-true"
     eval_tolerance: str | None = None
     """The tolerance in words, e.g. ``"within 0.02 of 32-true"``."""
+    eval_noise: str | None = None
+    """The reference's eval noise in words (or why it was not measured), and whether the comparison is noisy."""
     recovery: str | None = None
     """Which policies that store the weights in 16 bits recover 32-true's eval metric, and the leanest that does."""
     eval_samples: int | None = None

@@ -40,10 +40,14 @@ from .format import (
     fmt_seconds,
 )
 from .fp8_table import print_fp8_table
+from .quality import QUALITY, metric_words
 from .results import BenchResult, RunResult
-from .verdict import PAYS_SPEEDUP, SAME_SPEED
+from .verdict import PAYS_SPEEDUP, SAME_SPEED, VERDICTS
 
-__all__ = ["TableRows", "build_table", "definitions", "render", "run_notes", "table_rows", "tolerance_line", "verdict_lines"]
+__all__ = [
+    "TableRows", "build_table", "definitions", "legend_lines", "render", "run_notes", "table_rows", "tolerance_line",
+    "verdict_lines",
+]
 
 log = logging.getLogger("ampkit")
 
@@ -134,14 +138,30 @@ def _step_time(run: RunResult) -> str:
     return f"{median} ({fmt_seconds(run.step_time_p10_s, unit=False)}–{fmt_seconds(run.step_time_p90_s, unit=False)})"
 
 
+_MARKS = ("better", "unclear", "worse")
+"""The :data:`~ampkit.bench.quality.QUALITY` words an eval cell carries after its figure ("as good" goes unmarked)."""
+_MARK_STYLE = {"worse": "red", "unclear": "yellow"}
+
+
+def _mark(run: RunResult) -> str | None:
+    if run.quality in _MARKS:
+        return run.quality
+    # A results.json older than the quality field: only its one-sided "outside" is known.
+    return "worse" if run.quality is None and run.within_tolerance is False else None
+
+
+def _eval_header(name: str | None) -> str:
+    """``Eval accuracy``, ``Eval perplexity``, ``Eval loss`` (not ``Eval eval_loss``), or ``Eval`` when runs disagree."""
+    return "Eval " + metric_words(name).removeprefix("eval ") if name else "Eval"
+
+
 def _eval_cell(name: str | None) -> Callable[[RunResult], str]:
     def cell(run: RunResult) -> str:
         value = fmt_float(run.eval_metric)
         if name is None and run.eval_metric_name:  # runs disagree on the metric: say which one this is
-            value = f"{run.eval_metric_name} {value}"
-        if run.within_tolerance is False and value != MISSING:
-            value += " outside"  # the verdict line says outside of what
-        return value
+            value = f"{metric_words(run.eval_metric_name)} {value}"
+        mark = _mark(run)
+        return f"{value} {mark}" if mark and value != MISSING else value  # legend_lines defines the mark
 
     return cell
 
@@ -189,13 +209,7 @@ def _columns(result: BenchResult) -> list[_Column]:
         _Column("Final\nloss", lambda r: fmt_float(r.final_loss)),
     ]
     if names:
-        cols.append(
-            _Column(
-                f"Eval {metric}" if metric else "Eval",
-                _eval_cell(metric),
-                style=lambda r: "red" if r.within_tolerance is False else None,
-            )
-        )
+        cols.append(_Column(_eval_header(metric), _eval_cell(metric), style=lambda r: _MARK_STYLE.get(_mark(r) or "")))
     cols += [
         _Column("Skipped\nsteps", lambda r: str(r.skipped_steps)),
         _Column("Loss\nscale", lambda r: fmt_float(r.final_loss_scale, 8)),  # powers of two up to 2^26 in full
@@ -303,6 +317,22 @@ def tolerance_line(result: BenchResult) -> str | None:
     return f"Eval tolerance: {result.eval_tolerance}." if result.eval_tolerance else None
 
 
+def legend_lines(result: BenchResult) -> list[str]:
+    """What each verdict word and eval mark that ``result`` prints means: its one definition, printed with it.
+
+    >>> from ampkit.bench.results import BenchResult, RunResult
+    >>> runs = [RunResult(precision="bf16-true", outcome="does not pay", quality="worse")]
+    >>> for line in legend_lines(BenchResult(workload="w", runs=runs)): print(line)
+    What the words mean:
+    does not pay: the loss diverged, or its eval metric is worse than 32-true's beyond the tolerance, the eval noise and the run's spread, or no gain in speed or memory was measured.
+    worse (after an eval figure): worse than 32-true beyond the tolerance, the eval noise and the run's spread: quality is lost.
+    """
+    words = [w for w in VERDICTS if any(r.outcome == w for r in result.runs)]
+    marks = [m for m in _MARKS if any(_mark(r) == m and r.ok for r in result.runs)]
+    lines = [f"{w}: {VERDICTS[w]}." for w in words] + [f"{m} (after an eval figure): {QUALITY[m]}." for m in marks]
+    return ["What the words mean:", *lines] if lines else []
+
+
 def render(result: BenchResult, console: Console, *, transpose: bool | None = None) -> None:
     """Print the results table of ``result``, then each run's verdict and the eval tolerance, to ``console``.
 
@@ -316,9 +346,11 @@ def render(result: BenchResult, console: Console, *, transpose: bool | None = No
     tolerance = tolerance_line(result)
     if tolerance:
         verdicts.append(f"{tolerance}\n", style="dim")
+    if result.eval_noise:
+        verdicts.append(f"{result.eval_noise}\n", style="dim")
     if result.recovery:
         verdicts.append(f"{result.recovery}\n")
-    for line in definitions(result):
+    for line in [*legend_lines(result), *definitions(result)]:
         verdicts.append(f"{line}\n", style="dim")
     verdicts.rstrip()
     table = build_table(result)

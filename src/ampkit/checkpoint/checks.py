@@ -25,7 +25,7 @@ from ..fileio.rng import check_rng_state
 if TYPE_CHECKING:
     from ..training.engine import Engine
 
-__all__ = ["conforms", "check_model", "check_optimizer", "check_engine_state", "check_training_payload"]
+__all__ = ["check_engine_state", "check_model", "check_optimizer", "check_training_payload", "conforms"]
 
 _PAYLOAD_KEYS = ("engine", "models", "optimizers", "schedulers", "rng", "extra")
 
@@ -149,7 +149,7 @@ def _count(value: Any, low: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= low
 
 
-def check_engine_state(engine: "Engine", state: Any) -> None:
+def check_engine_state(engine: Engine, state: Any) -> None:
     """The engine part of a checkpoint: every entry present, of the right type and range, and fitting this engine."""
     required = ("policy", "accumulate", "micro", "epoch_len", "steps", "skipped_steps", "scaler", "masters", "pending_grads")
     if not isinstance(state, dict) or any(k not in state for k in required):
@@ -163,6 +163,11 @@ def check_engine_state(engine: "Engine", state: Any) -> None:
     counts = {"accumulate": 1, "micro": 0, "steps": 0, "skipped_steps": 0}
     bad = [f"{k}={state[k]!r}" for k, low in counts.items() if not _count(state[k], low)]
     bad += [f"{k}={state.get(k)!r}" for k in ("epoch_len", "micro_batch_rows") if state.get(k) is not None and not _count(state[k], 1)]
+    rounding = state.get("rounding")  # bf16-true-sr's stream; absent from older checkpoints
+    if rounding is not None and not (
+        isinstance(rounding, dict) and (rounding.get("seed") is None or _count(rounding["seed"], 0)) and _count(rounding.get("draws"), 0)
+    ):
+        bad.append(f"rounding={rounding!r}")
     if not bad and state["skipped_steps"] > state["steps"]:
         bad.append(f"skipped_steps={state['skipped_steps']} > steps={state['steps']}")
     if bad:
@@ -187,7 +192,7 @@ def check_engine_state(engine: "Engine", state: Any) -> None:
         conforms(saved, {n: params[n] for n in saved}, "the checkpoint's pending gradients")
 
 
-def _check_scaler(engine: "Engine", saved: Any) -> None:
+def _check_scaler(engine: Engine, saved: Any) -> None:
     scaler = engine.scaler
     if (saved is None) != (scaler is None):
         raise CheckpointError("The checkpoint's loss-scaler setting differs from this engine's; pass the same scaler= as the saved run.")
@@ -206,7 +211,7 @@ def _check_scaler(engine: "Engine", saved: Any) -> None:
         raise CheckpointError(f"the checkpoint's loss scale {scale!r} is not a positive finite number; the file is damaged.")
 
 
-def check_training_payload(engine: "Engine", payload: Any, path: Any) -> None:
+def check_training_payload(engine: Engine, payload: Any, path: Any) -> None:
     """Validate a checkpoint's payload against the running setup; raise CheckpointError naming the fix.
 
     A payload without models and optimizers (a sharded checkpoint's ``ampkit.pt``) is checked for the rest;

@@ -4,7 +4,8 @@
     ampkit bench -w digits --precision 32-true,bf16-mixed,16-mixed --out runs/digits
     ampkit bench --model mypkg.nets:build --data mypkg.data:batches --steps 200 --tensorboard tb/
 
-Prints a progress bar while running (stderr) and a table with one verdict per policy at the end (stdout).
+Prints its progress while running on stderr (a bar on a terminal, plain lines in a log) and a table with one verdict
+per policy at the end (stdout).
 ``--out DIR`` writes results.json, report.md and plots. Exit code 0 when every run produced figures, 1 when a
 run failed (its row says why), 2 for bad input.
 
@@ -25,25 +26,31 @@ import torch
 import torch.distributed as dist
 from rich.console import Console
 
-from ..distributed.agreement import agree_max
-from ..distributed.environment import init_distributed, launched_by_torchrun, shutdown
-from ..distributed.launch import relaunch, report_exit_code, strip_option
-from ..distributed.rank_logging import rank
-from ..errors import AmpkitError, one_line
 from ..bench.defaults import default_precisions, resolve_precisions
-from ..bench.progress import NullReporter, RichReporter
+from ..bench.progress import NullReporter, PlainReporter, Reporter, RichReporter
 from ..bench.recipe import check_recipe, clip_from
 from ..bench.results import BenchResult
 from ..bench.runner import check_shardable, run_bench
 from ..bench.verdict import check_tolerance
 from ..bench.workload import Workload
+from ..distributed.agreement import agree_max
+from ..distributed.environment import init_distributed, launched_by_torchrun, shutdown
+from ..distributed.launch import relaunch, report_exit_code, strip_option
+from ..distributed.rank_logging import rank
+from ..errors import AmpkitError, one_line
+from ..report.out_dir import write_out
 from .checks import writable_dir
 from .console import stdout_console
-from ..report.out_dir import write_out
-from .parsers import add_bench as register  # declared apart: `ampkit --help` imports none of this module
-from .workload_args import device_arg, recorded_command, typed_argv, workload_from_args, workload_size
+from .parsers import add_bench as register
+from .workload_args import (
+    device_arg,
+    recorded_command,
+    typed_argv,
+    workload_from_args,
+    workload_size,
+)
 
-__all__ = ["register", "run"]
+__all__ = ["register", "run"]  # register: declared apart (parsers), so `ampkit --help` imports none of this module
 
 log = logging.getLogger("ampkit")
 
@@ -190,7 +197,8 @@ def _bench(args: argparse.Namespace, device: torch.device, *, main: bool = True,
         console.print(f"[dim]not run by default here: {', '.join(left_out)} (slow or unsupported on {device.type}; name them in --precision to run them)[/dim]")
 
     command = recorded_command(args, world=world)
-    reporter = NullReporter() if not main or args.no_progress or not sys.stderr.isatty() else RichReporter()
+    # A bar on a terminal; plain lines in a log (CI, a pipe), where a bar shows nothing for the whole run.
+    reporter: Reporter = NullReporter() if not main or args.no_progress else RichReporter() if sys.stderr.isatty() else PlainReporter(sys.stderr)
     result = run_bench(
         workload, precisions, device, seed=args.seed, rounds=args.rounds, reporter=reporter, command=command,
         settings={"size": size, "batch_items": workload.items_per_batch, "unit": workload.unit},

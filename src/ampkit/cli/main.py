@@ -9,6 +9,7 @@ parser there and listing it in :data:`_ADD_PARSERS`.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import logging
 import sys
@@ -18,9 +19,10 @@ from typing import Any
 
 from .. import __version__
 from ..errors import AmpkitError, one_line
+from .checks import check_before_import
 from .parsers import add_bench, add_doctor, add_env, add_memory, add_profile
 
-__all__ = ["main", "build_parser", "SUBCOMMANDS"]
+__all__ = ["SUBCOMMANDS", "build_parser", "main"]
 
 logger = logging.getLogger("ampkit")
 
@@ -72,22 +74,39 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _refuse_unknown(parser: argparse.ArgumentParser, args: argparse.Namespace, unknown: list[str]) -> None:
+    """Exit 2 on arguments no parser took, with the usage of the command they were given to (``ampkit bench
+    --acumulate 4`` shows bench's usage, not ampkit's) and the closest option of that command."""
+    commands = next((a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction)), {})
+    command = commands.get(getattr(args, "command", None) or "", parser)
+    message = f"unrecognized arguments: {' '.join(unknown)}"
+    options = [s for a in command._actions for s in a.option_strings if s.startswith("--")]
+    typed = next((u.split("=", 1)[0] for u in unknown if u.startswith("-")), None)
+    close = difflib.get_close_matches(typed, options, n=1, cutoff=0.6) if typed else []
+    command.error(f"{message} (did you mean {close[0]}?)" if close else message)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the ``ampkit`` command with ``argv`` (``sys.argv[1:]`` when None) and return its exit code.
 
-    Argument errors, ``--help`` and ``--version`` end through argparse's usual ``SystemExit``. An
+    Argument errors, ``--help`` and ``--version`` end through argparse's usual ``SystemExit``; an unknown option
+    prints the usage of the command it was given to, with its closest option. Names and values that can be judged
+    without torch are refused before the command imports it (:func:`~ampkit.cli.checks.check_before_import`). An
     :class:`~ampkit.errors.AmpkitError` or ``ValueError`` raised by a subcommand is a user error: it is printed
     as one ``ampkit: error: ...`` line on stderr and gives exit code 2. Anything else is a bug and keeps its
     traceback.
     """
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        _refuse_unknown(parser, args, unknown)
     args.argv = list(argv) if argv is not None else sys.argv[1:]  # recorded by commands that log how they ran
     func = getattr(args, "func", None)
     if func is None:
         parser.print_help(sys.stderr)
         return EXIT_USAGE
     try:
+        check_before_import(args)  # a bad name or value is refused at once, not after torch's import
         return int(func(args))
     except (AmpkitError, ValueError) as exc:
         logger.debug("ampkit %s failed", args.command, exc_info=True)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from .checks import memory_size, non_negative, positive
 
-__all__ = ["add_bench", "add_doctor", "add_env", "add_memory", "add_profile", "SIZES"]
+__all__ = ["SIZES", "add_bench", "add_doctor", "add_env", "add_memory", "add_profile"]
 
 SIZES = ("tiny", "small", "large")
 """The built-in workload sizes, as :data:`ampkit.bench.workload.SIZES` (a test holds the two equal): repeated here
@@ -108,7 +108,11 @@ def add_bench(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -
     )
     _add_out(p, writes="results.json, report.md and PNG plots")
     p.add_argument("--tensorboard", type=Path, metavar="DIR", help="log loss curves and summary figures for TensorBoard here")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar (logs and CI)")
+    p.add_argument(
+        "--no-progress", action="store_true",
+        help="no progress on stderr (by default a bar on a terminal; in a log, a line per run started and done and at "
+        "most one every 30 s between)",
+    )
     p.add_argument(
         "--nproc", type=positive, metavar="N",
         help="train every policy under DDP in N processes on this machine, started through torchrun; each process "

@@ -25,10 +25,12 @@ from ..bench.workload import Workload
 from ..policy import get_policy
 from .checks import writable_dir
 from .console import stdout_console
-from .parsers import add_profile as register  # declared apart: `ampkit --help` imports none of this module
+from .parsers import (
+    add_profile as register,  # declared apart: `ampkit --help` imports none of this module
+)
 from .workload_args import compile_arg, device_arg, recorded_command, workload_from_args
 
-__all__ = ["register", "run", "DEFAULT_WORKLOAD"]
+__all__ = ["DEFAULT_WORKLOAD", "register", "run"]
 
 log = logging.getLogger("ampkit")
 
@@ -62,10 +64,18 @@ def _workload(args: argparse.Namespace, device: torch.device, size: str, loader:
 
 
 def _workload_flags(args: argparse.Namespace, size: str) -> str:
-    """The flags that name this workload, for the bench commands the advice gives."""
-    if args.model is not None:
-        return f"--model {args.model} " + (f"--data {args.data} " if args.data else f"-w {args.workload} ")
-    return f"-w {args.workload} --size {size} "
+    """The flags that give ``ampkit bench`` the workload profiled, for the bench commands the advice gives: every
+    workload option as given (a built-in's size resolved), the device if named, and the compile mode, so that the
+    bench runs what was profiled. Ends with a space (the advice appends its own flags)."""
+    flags = [f"--model {args.model}"] if args.model is not None else []
+    flags += [f"--data {args.data}"] if args.data is not None else []
+    if args.workload is not None:  # the model or the data of a built-in workload, at this size
+        flags.append(f"-w {args.workload} --size {size}")
+    flags += [f"--seed {args.seed}"] if args.seed != 0 else []
+    flags += [f"--device {args.device}"] if args.device is not None else []
+    if args.compile is not None:
+        flags.append("--compile" + (" regional" if args.compile == "regional" else ""))
+    return " ".join(flags) + " "
 
 
 def run(args: argparse.Namespace) -> int:

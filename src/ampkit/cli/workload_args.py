@@ -22,8 +22,9 @@ import torch
 from ..bench.defaults import default_device, default_size, default_workload
 from ..bench.workload import Workload
 from ..policy.device import as_device
+from .checks import device_text
 
-__all__ = ["device_arg", "compile_arg", "workload_size", "workload_from_args", "typed_argv", "recorded_command"]
+__all__ = ["compile_arg", "device_arg", "recorded_command", "typed_argv", "workload_from_args", "workload_size"]
 
 
 def device_arg(text: str | None, *, command: str, predicts: bool = False) -> torch.device:
@@ -41,14 +42,13 @@ def device_arg(text: str | None, *, command: str, predicts: bool = False) -> tor
         if predicts:
             return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
         return default_device()
+    device_text(text, command=command, predicts=predicts)  # what main() checked before importing torch
     try:
         device = as_device(text)
     except (RuntimeError, TypeError) as exc:
         raise ValueError(f"--device {text!r} is not a device; use {'cpu or cuda' if predicts else 'cpu, cuda or cuda:N'}.") from exc
     if not predicts and device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device {text}: CUDA is not available here (CPU-only torch or no GPU visible); use --device cpu.")
-    if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"--device {text}: ampkit {command} {'predicts for' if predicts else 'runs on'} cpu or cuda.")
     return device
 
 
@@ -89,8 +89,9 @@ def workload_from_args(
     rebuilds a built-in workload's batches (the user's ``--data`` makes its own: refused there); ``accumulate``
     micro-batches make each step, so the user's data is read for ``steps * accumulate`` batches.
     """
+    # Here: the workloads import scikit-learn and friends, only when a command runs.
     from ..bench.user import user_workload
-    from ..bench.workloads import get_workload  # imports scikit-learn and friends only when a command runs
+    from ..bench.workloads import get_workload
 
     if args.model is None and args.data is None:
         name = default_workload(device) if args.workload is None else args.workload

@@ -4,8 +4,8 @@ A rank that decides alone desynchronises the collectives of the others (one rank
 where the others run one hangs DDP). Each helper here is one all-reduce of a single integer when a process
 group of more than one rank is initialised, and returns its argument unchanged otherwise (no sync then).
 
-    >>> agree_min(64), agree_max(2), world_size()   # no process group: nothing to agree with
-    (64, 2, 1)
+    >>> agree_min(64), agree_max(2), from_rank0(7), world_size()   # no process group: nothing to agree with
+    (64, 2, 7, 1)
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-__all__ = ["world_size", "agree_min", "agree_max", "any_rank"]
+__all__ = ["agree_max", "agree_min", "any_rank", "from_rank0", "world_size"]
 
 
 def world_size() -> int:
@@ -21,12 +21,16 @@ def world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
+def _int_tensor(value: int) -> torch.Tensor:
+    # NCCL reduces only CUDA tensors; gloo reduces CPU ones. One int either way: the answer is read on the host.
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    return torch.tensor([value], dtype=torch.int64, device=device)
+
+
 def _agree(value: int, op: dist.ReduceOp) -> int:
     if world_size() == 1:
         return value
-    # NCCL reduces only CUDA tensors; gloo reduces CPU ones. One int either way: the answer is read on the host.
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
-    t = torch.tensor([value], dtype=torch.int64, device=device)
+    t = _int_tensor(value)
     dist.all_reduce(t, op=op)
     return int(t.item())
 
@@ -39,6 +43,16 @@ def agree_min(value: int) -> int:
 def agree_max(value: int) -> int:
     """The largest ``value`` over all ranks (every rank must call it). One all-reduce; syncs."""
     return _agree(value, dist.ReduceOp.MAX)
+
+
+def from_rank0(value: int) -> int:
+    """Rank 0's ``value`` (an int64) on every rank, such as a seed the ranks must share (every rank must call it).
+    One broadcast; syncs."""
+    if world_size() == 1:
+        return value
+    t = _int_tensor(value)
+    dist.broadcast(t, src=0)
+    return int(t.item())
 
 
 def any_rank(flags: list[torch.Tensor]) -> list[torch.Tensor]:

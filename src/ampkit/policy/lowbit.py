@@ -61,8 +61,9 @@ class BF16TrueSR(_Lowbit):
 
     Memory: nothing beyond ``bf16-true`` (the moments stay bf16). Converts ``torch.optim.Adam`` and ``AdamW``;
     refuses SGD (torchao has no such optimizer: use ``bf16-true-kahan``), maximize, an optimizer that has
-    stepped, one with an LR scheduler attached, and runs of several processes, whose ranks would round apart.
-    The rounding draws from torch's global generator, which checkpoints save. Needs ``pip install 'ampkit[lowbit]'``.
+    stepped, and one with an LR scheduler attached. The engine's rounding draws from a stream of its own, the
+    same on every DDP replica and kept in checkpoints (:mod:`ampkit.training.rounding_stream`). Needs
+    ``pip install 'ampkit[lowbit]'``.
 
     >>> import ampkit
     >>> ampkit.get_policy("bf16-true-sr").description

@@ -3,7 +3,8 @@
 ``bf16-true-kahan`` steps with optimi's optimizers (``kahan_sum=True``: a bf16 compensation buffer per weight
 carries what rounding dropped into the next step); ``bf16-true-sr`` with torchao's ``_AdamW``
 (``bf16_stochastic_round=True``: the fp32 result is rounded up or down at random, in proportion, so small
-updates land on average). Both libraries' steps are the torch optimizers' arithmetic, reordered, so a plain
+updates land on average; the engine gives its draws a stream of their own, the same on every replica:
+:mod:`ampkit.training.rounding_stream`). Both libraries' steps are the torch optimizers' arithmetic, reordered, so a plain
 ``torch.optim.AdamW`` is rebuilt as its twin over the same groups with the same settings; only settings with
 an exact equivalent are mapped, the rest are refused, naming the fix. Nothing here is written that the
 libraries provide: this module translates settings, checks that the translation is exact, and gives the engine
@@ -35,7 +36,7 @@ from typing import Any, Literal
 
 import torch
 
-__all__ = ["LowbitMethod", "lowbit_twin", "region_step", "missing_library", "quiet_library_logs", "EXTRA"]
+__all__ = ["EXTRA", "LowbitMethod", "lowbit_twin", "missing_library", "quiet_library_logs", "region_step"]
 
 LowbitMethod = Literal["kahan", "sr"]
 
@@ -117,18 +118,6 @@ def _check_fresh(method: LowbitMethod, opt: torch.optim.Optimizer) -> None:
         raise ValueError(
             f"{_POLICY[method]}: an LR scheduler is attached to the {type(opt).__name__} passed to setup(), which setup() "
             "replaces by its library twin; build the scheduler on the optimizer setup() returns."
-        )
-
-
-def _check_single_process(method: LowbitMethod) -> None:
-    # torchao draws the rounding from each process's own global generator, which ranks seed as they please (often
-    # by rank, for dropout and augmentation); with different draws DDP's replicas round the same all-reduced update
-    # differently and their weights drift apart, silently. Seeding every rank alike would change the user's stream.
-    dist = torch.distributed
-    if method == "sr" and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        raise ValueError(
-            f"bf16-true-sr on {dist.get_world_size()} processes: each rank rounds with its own random stream, so the "
-            "replicas' weights would drift apart; train with 'bf16-true-kahan' (deterministic) or 'bf16-true-remainder'."
         )
 
 
@@ -292,7 +281,6 @@ def lowbit_twin(opt: torch.optim.Optimizer, method: LowbitMethod) -> torch.optim
     ...
     ValueError: bf16-true-sr cannot step SGD(...): torchao has stochastic rounding for Adam and AdamW only. Train SGD with 'bf16-true-kahan' or 'bf16-true-remainder'.
     """
-    _check_single_process(method)
     if _already(method, opt):
         return opt
     _check_fresh(method, opt)

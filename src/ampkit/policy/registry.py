@@ -1,26 +1,33 @@
 """The one place policy names and their aliases are resolved.
 
 Canonical names follow the ecosystem (Lightning's ``32-true``, ``bf16-mixed``, ...); aliases cover what users
-type elsewhere: Accelerate's ``no``/``fp16``/``bf16``, bare dtypes, and Apex's opt levels ``O0``-``O3``.
+type elsewhere: Accelerate's ``no``/``fp16``/``bf16``, bare dtypes, and Apex's opt levels ``O0``-``O3``. The names
+and aliases themselves are text in :mod:`ampkit._util.policy_names`, which the command line reads without torch.
 """
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable
 
 from torch import nn
 
+from .._util.policy_names import ALIASES, canonical_name, unknown_precision
 from ..errors import PolicyError
 from .base import Policy
 from .fp8 import FP8Rowwise, FP8Tensorwise
 from .full import FullPrecision, TF32Precision
-from .half import BF16True, BF16TrueMasters, BF16TrueRemainder, FP16True, FP16TrueMasters
+from .half import (
+    BF16True,
+    BF16TrueMasters,
+    BF16TrueRemainder,
+    FP16True,
+    FP16TrueMasters,
+)
 from .islands import check_keep_fp32
 from .lowbit import BF16TrueKahan, BF16TrueSR
 from .mixed import BF16Mixed, FP16Mixed
 
-__all__ = ["POLICIES", "ALIASES", "get_policy", "policy_names"]
+__all__ = ["ALIASES", "POLICIES", "get_policy", "policy_names"]
 
 POLICIES: dict[str, type[Policy]] = {
     "32-true": FullPrecision,
@@ -37,26 +44,7 @@ POLICIES: dict[str, type[Policy]] = {
     "fp8-tensorwise": FP8Tensorwise,
     "fp8-rowwise": FP8Rowwise,
 }
-
-ALIASES: dict[str, str] = {
-    "32": "32-true",
-    "fp32": "32-true",
-    "float32": "32-true",
-    "no": "32-true",
-    "16": "16-mixed",
-    "fp16": "16-mixed",
-    "float16": "16-mixed",
-    "bf16": "bf16-mixed",
-    "bfloat16": "bf16-mixed",
-    "fp8": "fp8-tensorwise",  # Accelerate's mixed_precision="fp8"
-    # Apex opt levels (capital letter O, then a digit)
-    "O0": "32-true",
-    "O1": "16-mixed",
-    "O2": "16-true-masters",
-    "O3": "16-true",
-}
-
-_LOOKUP = {k.lower(): v for k, v in {**{n: n for n in POLICIES}, **ALIASES}.items()}
+"""Each policy's class by its canonical name (:data:`~ampkit._util.policy_names.POLICY_NAMES`, in that order)."""
 
 
 def policy_names() -> list[str]:
@@ -68,18 +56,7 @@ def policy_names() -> list[str]:
     return list(POLICIES)
 
 
-def _suggest(name: str) -> str | None:
-    # Apex users type the digit zero for the letter O ("01"); that is the commonest miss, so check it first.
-    if len(name) == 2 and name[0] == "0" and name[1].isdigit() and f"O{name[1]}" in ALIASES:
-        return f"O{name[1]}"
-    close = difflib.get_close_matches(name.lower(), list(_LOOKUP), n=1, cutoff=0.5)
-    if not close:
-        return None
-    canonical = next((k for k in [*POLICIES, *ALIASES] if k.lower() == close[0]), close[0])
-    return canonical
-
-
-def get_policy(precision: "str | int | Policy", keep_fp32: Iterable[str | type[nn.Module]] = ()) -> Policy:
+def get_policy(precision: str | int | Policy, keep_fp32: Iterable[str | type[nn.Module]] = ()) -> Policy:
     """Resolve a name, alias, int (16, 32) or Policy to a Policy, optionally keeping modules in fp32.
 
     >>> get_policy("O2").name
@@ -94,11 +71,7 @@ def get_policy(precision: "str | int | Policy", keep_fp32: Iterable[str | type[n
         return precision.with_keep_fp32(*keep) if keep else precision
     if isinstance(precision, bool) or not isinstance(precision, (str, int)):
         raise PolicyError(f"precision must be a policy name such as 'bf16-mixed', got {type(precision).__name__} {precision!r}.")
-    key = str(precision).strip()
-    canonical = _LOOKUP.get(key.lower())
+    canonical = canonical_name(str(precision))
     if canonical is None:
-        hint = _suggest(key)
-        valid = ", ".join(POLICIES) + "; aliases: " + ", ".join(ALIASES)
-        did_you_mean = f" Did you mean {hint!r}?" if hint else ""
-        raise PolicyError(f"Unknown precision {precision!r}.{did_you_mean} Valid: {valid}.")
+        raise PolicyError(unknown_precision(precision))
     return POLICIES[canonical](keep_fp32=keep)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["advise", "DATA_SHARE", "CAST_SHARE", "HOST_SHARE", "MIN_SPEEDUP", "IDLE_SHARE", "PER_PARAMETER_OPS"]
+__all__ = ["CAST_SHARE", "DATA_SHARE", "HOST_SHARE", "IDLE_SHARE", "MIN_SPEEDUP", "PER_PARAMETER_OPS", "advise"]
 
 DATA_SHARE = 0.10
 """A data phase above this share of the step is worth a look at the input pipeline."""
@@ -43,8 +43,13 @@ forward has no weight casts."""
 
 
 def advise(data: dict[str, Any], *, workload_flags: str = "") -> list[dict[str, Any]]:
-    """The advice for the profile ``data`` (the ``profile.json`` dict), most rewarding first; ``workload_flags``
-    are the command-line flags naming the workload, for the bench commands that confirm."""
+    """The advice for the profile ``data`` (the ``profile.json`` dict), most rewarding first.
+
+    ``workload_flags``: the command-line flags that give ``ampkit bench`` the profiled workload (``--model``,
+    ``--data``, ``-w``, ``--size``, ``--seed``, ``--compile``... as ``ampkit profile`` was given them), for the
+    bench commands that confirm. Empty for a loop profiled through the API: the commands then name the user's
+    model and data as factories to fill in, with the loop's accumulation and compilation.
+    """
     out = [*_pipeline(data), *_syncs(data), *_host(data, workload_flags), *_casts(data, workload_flags), *_optimizer(data)]
     idle = data.get("device_idle")
     if idle and idle.get("share", 0.0) > IDLE_SHARE and not out:
@@ -52,9 +57,35 @@ def advise(data: dict[str, Any], *, workload_flags: str = "") -> list[dict[str, 
             "device idle", f"the GPU ran nothing for {idle['share']:.0%} of the step and neither data nor syncs explain it",
             "look at the Chrome trace (trace.json, chrome://tracing or ui.perfetto.dev) for the gaps between kernels: "
             "Python overhead between many small kernels is what torch.compile or CUDA graphs remove",
-            None, f"ampkit bench {workload_flags}--compile".strip(),
+            None, _bench(data, workload_flags, compile=True),
         ))
     return out
+
+
+def _bench(data: dict[str, Any], workload_flags: str, precision: str | None = None, *, compile: bool = False) -> str:
+    """The ``ampkit bench`` command that runs the profiled workload under ``precision``, compiled too with ``compile``.
+
+    >>> _bench({"compile": False}, "-w gpt --size small ", "bf16-mixed", compile=True)
+    'ampkit bench -w gpt --size small --precision bf16-mixed --compile'
+    """
+    flags = workload_flags.split() or _your_workload(data)
+    parts = ["ampkit bench", *flags]
+    if precision:
+        parts.append(f"--precision {precision}")
+    if compile and "--compile" not in flags:
+        parts.append("--compile")
+    return " ".join(parts)
+
+
+def _your_workload(data: dict[str, Any]) -> list[str]:
+    """Flags for a loop profiled through the API: the user's model and data as factories (``--model`` and
+    ``--data`` take ``module:function``), and what the loop's engine did to the step."""
+    flags = ["--model", "your_module:model_factory", "--data", "your_module:data_factory"]
+    if (data.get("accumulate") or 1) > 1:
+        flags += ["--accumulate", str(data["accumulate"])]
+    if data.get("compile"):
+        flags += ["--compile"] + (["regional"] if data["compile"] == "regional" else [])
+    return flags
 
 
 def _item(topic: str, finding: str, change: str, measured: str | None, confirm: str | None) -> dict[str, Any]:
@@ -104,6 +135,12 @@ def _pipeline(data: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _sync_change(site: dict[str, Any]) -> str:
     code = site.get("code", "")
+    if site.get("via"):
+        return (
+            f"the library code this line calls reads the value back ({site['via']}): look for an argument or option "
+            "of that call that spares the read (a mask or length passed ready, a check turned off), or make the call "
+            "less often"
+        )
     if site["op"] == "copy to cpu":
         return "copy to the host less often, or into pinned memory with non_blocking=True and read it a step later"
     if code.lstrip().startswith(("if ", "while ", "elif ", "assert ")):
@@ -123,7 +160,9 @@ def _syncs(data: dict[str, Any]) -> list[dict[str, Any]]:
     )
     return [
         _item(
-            "host syncs", f"{site['per_step']:g} read-back{'s' if site['per_step'] != 1 else ''} per step at {site['where']}: {site['code']}",
+            "host syncs",
+            f"{site['per_step']:g} read-back{'s' if site['per_step'] != 1 else ''} per step at {site['where']}: {site['code']}"
+            + (f" (inside {site['via']}: {site.get('via_code', '')})" if site.get("via") else ""),
             _sync_change(site), cost, None,
         )
         for site in syncs.get("sites", [])[:3]
@@ -144,7 +183,7 @@ def _casts(data: dict[str, Any], workload_flags: str) -> list[dict[str, Any]]:
     tried = ",".join(p for p in (precision, other) if p)
     return [_item(
         "casts", f"autocast's casts take {ops['cast_share']:.0%} of the forward and backward ({ops['casts_per_step']:.0f} per step)",
-        "; ".join(changes), None, f"ampkit bench {workload_flags}--precision {tried}{'' if data.get('compile') else ' --compile'}".replace("  ", " "),
+        "; ".join(changes), None, _bench(data, workload_flags, tried, compile=not data.get("compile")),
     )]
 
 
@@ -169,5 +208,5 @@ def _host(data: dict[str, Any], workload_flags: str) -> list[dict[str, Any]]:
     change = "a larger batch amortizes it" if data.get("compile") else "compile the model (--compile): fewer, larger kernels and no Python between them; or a larger batch"
     return [_item(
         "host overhead", f"{ops['host_share']:.0%} of forward, backward and optimizer runs outside any op (Python, module calls, autograd)",
-        change, cost, None if data.get("compile") else f"ampkit bench {workload_flags}--precision {data.get('precision', '')} --compile".replace("  ", " "),
+        change, cost, None if data.get("compile") else _bench(data, workload_flags, data.get("precision"), compile=True),
     )]

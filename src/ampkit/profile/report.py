@@ -20,7 +20,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..report.markdown import code_block, markdown_table, md_escape, plot_section, write_markdown
+from ..report.markdown import (
+    code_block,
+    markdown_table,
+    md_escape,
+    plot_section,
+    write_markdown,
+)
 from ..report.tables import TableRows
 from .table import (
     advice_parts,
@@ -34,7 +40,7 @@ from .table import (
     trial_rows,
 )
 
-__all__ = ["write_report", "render_report", "REPORT_NAME"]
+__all__ = ["REPORT_NAME", "render_report", "write_report"]
 
 REPORT_NAME = "report.md"
 
@@ -52,7 +58,9 @@ HOW_TO_READ = """\
   batches unchanged). Its step is the step as trained: the steady steps' mean, plus what an epoch's start costs
   beyond them spread over the loader's epoch; its speed-up is the baseline's step over its own.
 - The **profiler overhead** is each measuring window's median step (phases timed; syncs counted; torch.profiler)
-  against the plain window's, steps of the same run with nothing measured but their end.
+  against the plain window's, steps of the same run with nothing measured but their end. Measuring only adds to a
+  step: a window faster than the plain step by more than the timed steps' p10-p90 spread means the plain steps
+  were disturbed, and is reported so instead of as a ratio.
 """
 
 

@@ -1,7 +1,10 @@
 """Profile the user's own training loop: join its engine, time its steps phase by phase, find its host syncs and
 take a short torch.profiler trace, each in its own window of steps so one measurement does not distort another.
 
-The steps of a profiled loop fall into consecutive windows:
+The steps of a profiled loop fall into consecutive windows. A step is an optimizer step: with
+``Engine(accumulate=4)`` each is 4 batches, so a loader fed through :meth:`Profiler.batches` needs
+``(warmup + plain_steps + timed) * 4`` batches to time the phases, and one with a length too short is refused
+before its first step.
 
 1. ``warmup`` steps: not measured (kernel choice, allocator growth, optimizer state, compilation);
 2. ``plain_steps`` steps: only each step's end is stamped, the loop's plain step time, which the other windows'
@@ -35,6 +38,7 @@ against the plain window's. Steps beyond the last window run unobserved, and not
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -53,9 +57,11 @@ from .syncs import SyncFinder
 from .trials import Trial
 
 if TYPE_CHECKING:
+    from typing_extensions import Self
+
     from ..training.engine import Engine
 
-__all__ = ["Profiler", "WINDOWS"]
+__all__ = ["WINDOWS", "Profiler"]
 
 WINDOWS = ("warmup", "plain", "timed", "syncs", "trace")
 """The profiler's windows of steps, in order."""
@@ -105,12 +111,12 @@ class Profiler(StepHook):
                 return name
         return None
 
-    def __enter__(self) -> Profiler:
+    def __enter__(self) -> Self:
         self._seen, self._step_ends, self._window = 0, [time.perf_counter()], None
         self._switch(self._window_of(0))
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._switch(None)
 
     def _switch(self, window: str | None) -> None:
@@ -195,9 +201,36 @@ class Profiler(StepHook):
     def batches(self, loader: Iterable[Any], *, non_blocking: bool = False, channels_last: bool = False) -> Iterator[Any]:
         """``loader``'s batches on the engine's device, the wait for each timed as ``data`` and its copy as ``copy``.
 
-        A loop fed through here has its windows begin and end between its steps, as it fetches the next batch."""
+        A loop fed through here has its windows begin and end between its steps, as it fetches the next batch.
+        A ``loader`` with a length too short to time the phases (the windows count optimizer steps, each of
+        ``engine.accumulate`` batches) is refused here, before its first step."""
+        self._check_length(loader)
         self._fed = True
         return self.timer.batches(self._switching(loader), self.engine.device, non_blocking=non_blocking, channels_last=channels_last)
+
+    def _check_length(self, loader: Iterable[Any]) -> None:
+        try:
+            given = len(loader)  # type: ignore[arg-type]
+        except TypeError:  # an iterator, an iterable dataset: known short only when it ends (result() says so)
+            return
+        accumulate = self.engine.accumulate
+        pending = self.engine.micro_batches_pending
+
+        def batches_for(windows: Sequence[str]) -> int:  # the steps still to run through ``windows``, in batches
+            return max(0, sum(self.sizes[w] for w in windows) - self._seen) * accumulate - pending
+
+        phases = batches_for(WINDOWS[:3])  # warm-up, plain and timed: the phase table
+        every = batches_for(WINDOWS)
+        if given >= phases:
+            return  # the sync and trace windows may run short: result() reports the steps they got
+        sizes = " + ".join(f"{w} {self.sizes[w]}" for w in WINDOWS[:3])
+        raise ValueError(
+            f"Profiler counts optimizer steps, each of accumulate={accumulate} batches: {sizes} steps need {phases} "
+            f"batches to time the phases ({every} batches with the sync and trace windows), and the loader gives {given}. "
+            f"Feed it more (several epochs as one: profiler.batches(itertools.chain.from_iterable(itertools.repeat(loader, "
+            f"{-(-every // given) if given else 1})))), or make the windows smaller "
+            f"(Profiler(engine, warmup=..., plain_steps=..., timed=...))."
+        )
 
     def _switching(self, loader: Iterable[Any]) -> Iterator[Any]:
         batches = iter(loader)
@@ -218,7 +251,7 @@ class Profiler(StepHook):
     def _window_step_times(self, window: str) -> list[float]:
         first = sum(self.sizes[w] for w in WINDOWS[: WINDOWS.index(window)])
         ends = self._step_ends[first : first + self._steps_in(window) + 1]
-        return [b - a for a, b in zip(ends, ends[1:])]
+        return [b - a for a, b in itertools.pairwise(ends)]
 
     def result(self, *, trials: Sequence[Trial] = ()) -> dict[str, Any]:
         """What the windows measured, with ``trials`` (:func:`~ampkit.profile.trials.try_loader_settings` on this
@@ -251,7 +284,8 @@ class Profiler(StepHook):
         data: dict[str, Any] = {
             "device": str(self.engine.device),
             "precision": self.engine.policy.name,
-            "compile": bool(self.engine.compiled),
+            "compile": _compile_mode(self.engine),
+            "accumulate": self.engine.accumulate,  # batches per step: every step counted here is an optimizer step
             "steps": len(rows),
             "step_s": summarize(totals),
             "phases": phases,
@@ -261,7 +295,8 @@ class Profiler(StepHook):
                 "steps": syncs_steps,
                 "per_step": self.syncs.total / syncs_steps if syncs_steps else None,
                 "sites": [
-                    {"where": s.where, "op": s.op, "count": s.count, "per_step": s.count / syncs_steps, "code": s.code}
+                    {"where": s.where, "op": s.op, "count": s.count, "per_step": s.count / syncs_steps, "code": s.code,
+                     "via": s.via, "via_code": s.via_code}
                     for s in self.syncs.sites()
                 ] if syncs_steps else [],
             },
@@ -277,6 +312,14 @@ class Profiler(StepHook):
         }
         data["advice"] = advise(data)
         return data
+
+
+def _compile_mode(engine: Engine) -> bool | str:
+    """False for an eager loop, ``"regional"`` when the engine compiled each repeated block, else True."""
+    if not engine.compiled:
+        return False
+    plan = engine.compile_plan
+    return "regional" if plan is not None and plan.regional else True
 
 
 def _share(part: float, whole: float) -> float:

@@ -22,14 +22,18 @@ import functools
 import os
 import re
 import sys
+import sysconfig
 import traceback
 import warnings
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 __all__ = ["SyncFinder", "SyncSite"]
 
@@ -45,6 +49,13 @@ _CUDA_SYNC_MESSAGE = r"called a synchronizing CUDA operation"
 _LIBRARY_DIRS = tuple(
     os.path.dirname(m.__file__) + os.sep for m in (torch, sys.modules["ampkit"]) if getattr(m, "__file__", None)
 )
+# Code the user calls but does not write: installed packages (transformers, timm) and the standard library. A read
+# made there is counted at the user's line that called into it, the line the user can change; the package's line
+# is named beneath it (transformers' masking_utils reading a mask is fixed by what the user's line passes it).
+_THIRD_PARTY_DIRS = tuple(
+    {sysconfig.get_paths()[k] + os.sep for k in ("stdlib", "platstdlib", "purelib", "platlib") if sysconfig.get_paths().get(k)}
+)
+_PACKAGE_DIRS = tuple(os.sep + d + os.sep for d in ("site-packages", "dist-packages"))
 # Python frames a read passes through on its way from the user's line: this mode, the dispatch machinery that calls
 # it (dynamo's disable wrapper, the op overloads), Tensor's dunder methods and printing, and on CUDA the warnings
 # machinery that reports a sync debug warning. A read whose first other
@@ -66,6 +77,11 @@ class SyncSite:
     count: int
     code: str
     """The line's source, stripped (empty when unavailable)."""
+    via: str = ""
+    """``file:line in function`` of the library line beneath ``where`` that made the read (an installed package's
+    or the standard library's, which ``where`` called); empty when ``where`` read it itself."""
+    via_code: str = ""
+    """The source of the ``via`` line, stripped."""
 
 
 class SyncFinder:
@@ -85,12 +101,12 @@ class SyncFinder:
     def __init__(self, device: torch.device | str | None = None, *, library: bool = False) -> None:
         self.device = torch.device("cpu" if device is None else device)
         self.library = library
-        self._seen: Counter[tuple[str, str, str]] = Counter()
+        self._seen: Counter[tuple[str, str, str, str, str]] = Counter()
         self._mode: _ReadBacks | None = None
         self._cuda: tuple[Any, Any] | None = None  # (catch_warnings context, previous sync debug mode)
         self._stance: Any = None
 
-    def __enter__(self) -> SyncFinder:
+    def __enter__(self) -> Self:
         if self.device.type == "cuda":
             catcher = warnings.catch_warnings()
             catcher.__enter__()
@@ -109,7 +125,7 @@ class SyncFinder:
             self._mode.__enter__()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self._cuda is not None:
             catcher, previous = self._cuda
             torch.cuda.set_sync_debug_mode(previous)
@@ -123,7 +139,8 @@ class SyncFinder:
     def _record(self, op: str) -> None:
         site = _user_frame(self.library)
         if site is not None:
-            self._seen[(site[0], op, site[1])] += 1
+            where, code, via, via_code = site
+            self._seen[(where, op, code, via, via_code)] += 1
 
     def _cuda_warning(self, shown: Any, message: Any, category: Any, *args: Any, **kwargs: Any) -> None:
         if re.match(_CUDA_SYNC_MESSAGE, str(message)):
@@ -133,7 +150,7 @@ class SyncFinder:
 
     def sites(self) -> list[SyncSite]:
         """Every line that synced, most frequent first."""
-        return [SyncSite(where, op, n, code) for (where, op, code), n in self._seen.most_common()]
+        return [SyncSite(where, op, n, code, via, via_code) for (where, op, code, via, via_code), n in self._seen.most_common()]
 
     @property
     def total(self) -> int:
@@ -172,13 +189,37 @@ def _lands_on_cpu(func: Any, args: Any, kwargs: dict[str, Any]) -> bool:
     return destination.device.type == "cpu" and isinstance(source, torch.Tensor) and source.device.type != "cpu"
 
 
-def _user_frame(library: bool = False) -> tuple[str, str] | None:
-    """The user's line that read a value back, or None when the read is a library's own (with ``library``: the
-    library's line then)."""
+def _third_party(filename: str) -> bool:
+    return filename.startswith(_THIRD_PARTY_DIRS) or any(d in filename for d in _PACKAGE_DIRS) or filename.startswith("<frozen ")
+
+
+def _where(frame: traceback.FrameSummary) -> str:
+    return f"{frame.filename}:{frame.lineno} in {frame.name}"
+
+
+def _user_frame(library: bool = False) -> tuple[str, str, str, str] | None:
+    """The user's line that read a value back, its source, and the library line beneath it that made the read and
+    its source ('' if none); None when the read is torch's or ampkit's own (with ``library``: the line that read,
+    whatever its file).
+
+    The user's line is the innermost one outside torch, ampkit, installed packages and the standard library: a read
+    inside a package the user's line called is that line's. Without any such frame (the CLI calls the user's model
+    from ampkit), the reading line itself is named."""
+    reader: traceback.FrameSummary | None = None
     for frame in reversed(traceback.extract_stack()):
         if frame.filename.startswith(_PASS_THROUGH):
             continue
-        if frame.filename.startswith(_LIBRARY_DIRS) and not library:
-            return None
-        return f"{frame.filename}:{frame.lineno} in {frame.name}", (frame.line or "").strip()
-    return None
+        if reader is None:
+            reader = frame
+            if library:
+                break
+            if frame.filename.startswith(_LIBRARY_DIRS):
+                return None  # torch's or ampkit's own read (an optimizer's step counter), not the loop's
+        if frame.filename.startswith(_LIBRARY_DIRS) or _third_party(frame.filename):
+            continue
+        if frame is reader:
+            return _where(frame), (frame.line or "").strip(), "", ""
+        return _where(frame), (frame.line or "").strip(), _where(reader), (reader.line or "").strip()
+    if reader is None:
+        return None
+    return _where(reader), (reader.line or "").strip(), "", ""

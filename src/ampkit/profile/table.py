@@ -26,12 +26,30 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from .._util.units import MISSING, fmt_float, fmt_ratio, fmt_seconds, fmt_share, is_missing
+from .._util.units import (
+    MISSING,
+    fmt_float,
+    fmt_ratio,
+    fmt_seconds,
+    fmt_share,
+    is_missing,
+)
 from ..report.tables import TableRows
 
 __all__ = [
-    "render", "header_lines", "phase_order", "phase_rows", "idle_line", "sync_line", "sync_rows", "ops_lines",
-    "trial_rows", "advice_parts", "overhead_line", "PHASE_MEANINGS", "TOP_SYNCS",
+    "PHASE_MEANINGS",
+    "TOP_SYNCS",
+    "advice_parts",
+    "header_lines",
+    "idle_line",
+    "ops_lines",
+    "overhead_line",
+    "phase_order",
+    "phase_rows",
+    "render",
+    "sync_line",
+    "sync_rows",
+    "trial_rows",
 ]  # fmt: skip
 
 PHASE_MEANINGS = {
@@ -70,7 +88,10 @@ def header_lines(data: dict[str, Any]) -> list[str]:
     facts += [str(data["precision"])] if data.get("precision") else []
     facts += [f"compiled ({data['compile']})" if isinstance(data["compile"], str) else "compiled"] if data.get("compile") else []
     steps = data.get("steps")
-    facts += [f"{steps} step{'s' if steps != 1 else ''} measured"] if steps is not None else []
+    # A step is an optimizer step: with gradient accumulation, that many batches (each figure is per such step).
+    batches = f" of {data['accumulate']} batches" if (data.get("accumulate") or 1) > 1 else ""
+    kind = "optimizer step" if batches else "step"
+    facts += [f"{steps} {kind}{'s' if steps != 1 else ''}{batches} measured"] if steps is not None else []
     step = data.get("step_s") or {}
     if not is_missing(step.get("median")):
         spread = ""
@@ -141,7 +162,8 @@ def sync_line(data: dict[str, Any]) -> str | None:
 
 
 def sync_rows(data: dict[str, Any], top: int | None = TOP_SYNCS) -> TableRows:
-    """The sync sites as plain strings, most syncs first, at most ``top`` of them (all when None).
+    """The sync sites as plain strings, most syncs first, at most ``top`` of them (all when None). A read made
+    inside a library the user's line called is at the user's line, "via" the library's.
 
     >>> sync_rows({"syncs": {"sites": [{"where": "train.py:42 in train", "op": "item", "count": 30,
     ...                                 "per_step": 1.0, "code": "print(loss.item())"}]}}).rows
@@ -149,7 +171,7 @@ def sync_rows(data: dict[str, Any], top: int | None = TOP_SYNCS) -> TableRows:
     """
     sites = sorted((data.get("syncs") or {}).get("sites") or [], key=lambda s: -(s.get("count") or 0))
     rows = [
-        [str(s.get("where") or MISSING), str(s.get("op") or MISSING), str(s.get("count", MISSING)),
+        [str(s.get("where") or MISSING) + (f", via {s['via']}" if s.get("via") else ""), str(s.get("op") or MISSING), str(s.get("count", MISSING)),
          fmt_float(s.get("per_step"), 3), str(s.get("code") or "")]
         for s in (sites if top is None else sites[:top])
     ]  # fmt: skip
@@ -216,6 +238,10 @@ def overhead_line(data: dict[str, Any]) -> str | None:
     """The profiler's own cost: each measuring window's median step against the plain window's; None when the
     plain step was not measured.
 
+    A window only adds to a step, so one faster than the plain step by more than the timed steps' own noise (their
+    p10-p90 spread, as a share of their median) measured no overhead: the plain steps were slowed by something
+    else. The line then says so instead of printing a ratio below 1 as the profiler's cost.
+
     >>> overhead_line({"overhead": {"plain_step_s": 0.170, "profiled_step_s": 0.172, "sync_step_s": 0.2, "trace_step_s": None}})
     'Profiler overhead, median step against the plain 170 ms: phases timed 1.01x, syncs counted 1.18x.'
     """
@@ -224,10 +250,31 @@ def overhead_line(data: dict[str, Any]) -> str | None:
     if is_missing(plain) or not plain:
         return None
     windows = (("profiled_step_s", "phases timed"), ("sync_step_s", "syncs counted"), ("trace_step_s", "torch.profiler"))
-    parts = [f"{name} {fmt_ratio(overhead[key] / plain)}" for key, name in windows if not is_missing(overhead.get(key))]
-    if not parts:
+    measured = [(name, overhead[key]) for key, name in windows if not is_missing(overhead.get(key))]
+    if not measured:
         return None
+    noise = _step_noise(data)
+    fast = [(name, t) for name, t in measured if noise is not None and t < plain * (1 - noise)]
+    if fast:
+        name, t = min(fast, key=lambda f: f[1])
+        return (
+            f"Profiler overhead not read: the plain steps were disturbed. Their median ({fmt_seconds(plain)}) is above "
+            f"that of the steps with {name} ({fmt_seconds(t)}) by more than the timed steps' own spread "
+            f"({fmt_share(noise)} of their median), and measuring only adds to a step: something else slowed the plain "
+            "steps (another process on the cores, a compile or warm-up still running). Rerun on a quiet machine, or "
+            "with more warm-up steps."
+        )
+    parts = [f"{name} {fmt_ratio(t / plain)}" for name, t in measured]
     return f"Profiler overhead, median step against the plain {fmt_seconds(plain)}: {', '.join(parts)}."
+
+
+def _step_noise(data: dict[str, Any]) -> float | None:
+    """The timed steps' p10-p90 spread as a share of their median: the step's noise in this run; None if unknown."""
+    step = data.get("step_s") or {}
+    median, p10, p90 = step.get("median"), step.get("p10"), step.get("p90")
+    if any(is_missing(v) for v in (median, p10, p90)) or not median:
+        return None
+    return float((p90 - p10) / median)
 
 
 def _table(rows: TableRows, title: str, wraps: tuple[str, ...] = ()) -> Table:

@@ -6,7 +6,9 @@ hooks are inside the compiled call (autocast wraps it from outside, as torch doc
 
 - ``compile=True``: the whole model, one call.
 - ``compile="regional"``: each repeated block (a transformer's layers; the blocks recompute and FSDP find),
-  compiled once and reused for every block of the same code, so compile time stays that of one block.
+  compiled once per shape of block and reused for every block of that shape, so a transformer's compile time
+  stays that of one layer; a block whose shape no other has (a ResNet stage's first) compiles on its own, and a
+  warning names it (see :mod:`ampkit.training.regions`).
 - ``compile={...}``: options for ``torch.compile`` (``mode``, ``fullgraph``, ``dynamic``, ``backend``...), for the
   whole model; add ``"regional": True`` to apply them per block.
 
@@ -27,8 +29,9 @@ from torch import nn
 
 from .._compat import compile_in_place, compile_template, compiled_original
 from .._util.blocks import repeated_blocks
+from .regions import lone_blocks_reason, shape_groups
 
-__all__ = ["CompilePlan", "compile_plan", "check_compile_plan", "apply_compile", "unwrap_user_compiled"]
+__all__ = ["CompilePlan", "apply_compile", "check_compile_plan", "compile_plan", "unwrap_user_compiled"]
 
 log = logging.getLogger("ampkit")
 
@@ -55,7 +58,8 @@ def compile_plan(spec: Any) -> CompilePlan | None:
         options = dict(spec)
         regional = options.pop("regional", False)
         if not isinstance(regional, bool):
-            raise ValueError(f"compile={spec!r}: 'regional' must be True or False.")
+            # ValueError like every other bad compile= (the tests and callers catch one kind): a wrong value in the dict.
+            raise ValueError(f"compile={spec!r}: 'regional' must be True or False.")  # noqa: TRY004
         if not all(isinstance(k, str) for k in options):
             raise ValueError(f"compile={spec!r}: the options are torch.compile's keyword arguments, named by strings.")
         return CompilePlan(regional=regional, options=options)
@@ -102,20 +106,30 @@ def check_compile_plan(models: list[nn.Module], plan: CompilePlan | None) -> Non
 
 
 def apply_compile(models: list[nn.Module], plan: CompilePlan) -> list[str]:
-    """Compile ``models`` in place as ``plan`` says; return the compiled regions' names ('' for a whole model)."""
+    """Compile ``models`` in place as ``plan`` says; return the compiled regions' names ('' for a whole model).
+
+    Regional: the blocks of one shape (see :mod:`ampkit.training.regions`) share one code object, so one compile
+    serves them all; each shape has its own, so no block recompiles another's code. A block whose shape no other
+    block has compiles on its own, and a warning names it.
+    """
     regions: list[str] = []
-    # One code object for this engine's compiled calls: its blocks share one dynamo cache (a block compiled once
-    # serves them all), and other engines in the process do not fill it (see _compat.own_code).
-    template = compile_template()
+    # A code object per whole model, or per shape of block: its dynamo cache holds that region's graphs only, and
+    # other engines in the process do not fill it (see _compat.own_code).
     for i, model in enumerate(models):
         prefix = f"model {i}: " if len(models) > 1 else ""
         if not plan.regional:
-            compile_in_place(model, plan.options, template)
+            compile_in_place(model, plan.options, compile_template())
             regions.append(prefix)
             continue
         blocks = _blocks(model)
-        for name in blocks:
-            compile_in_place(model.get_submodule(name), plan.options, template)
+        groups = shape_groups(model, blocks)
+        for group in groups:
+            template = compile_template()
+            for name in group:
+                compile_in_place(model.get_submodule(name), plan.options, template)
+        reason = lone_blocks_reason(type(model).__name__, groups)
+        if reason:
+            log.warning("%s%s", prefix, reason)
         regions += [prefix + name for name in blocks]
     log.info("compiled %s", ", ".join(r or "the model" for r in regions))
     return regions

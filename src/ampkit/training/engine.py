@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, ContextManager
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -27,16 +28,34 @@ from ..distributed.agreement import world_size
 from ..distributed.strategy import SingleProcess, Strategy, resolve_strategy
 from ..policy import Policy, get_policy
 from .collapse import CollapseWatch
-from .engine_args import adopt_schedulers, build_sampler, build_scaler, check_engine_args, check_setup_args
+from .compile import (
+    apply_compile,
+    check_compile_plan,
+    compile_plan,
+    unwrap_user_compiled,
+)
+from .engine_args import (
+    adopt_schedulers,
+    build_sampler,
+    build_scaler,
+    check_engine_args,
+    check_setup_args,
+)
 from .engine_state import engine_state
+from .fused_library_step import FusedLibraryStep, build_library_step, check_library_step
+from .fused_master_step import (
+    FusedMasterStep,
+    build_fused_step,
+    check_fused_step,
+    check_fused_step_spec,
+)
 from .hooks import Hooks
 from .kernel_guards import guard_optimizer
 from .masters import MasterWeights
+from .misuse import DirectStepGuard, check_window_backward
 from .model_setup import prepare_models
 from .optimizer_step import optimizer_step, resolve_outcome
-from .compile import apply_compile, check_compile_plan, compile_plan, unwrap_user_compiled
-from .fused_library_step import FusedLibraryStep, build_library_step, check_library_step
-from .fused_master_step import FusedMasterStep, build_fused_step, check_fused_step, check_fused_step_spec
+from .rounding_stream import RoundingStream, rounding_stream
 from .step_state import StepState
 
 if TYPE_CHECKING:
@@ -134,6 +153,7 @@ class Engine:
         self._fused_step_spec = fused_step
         self.fused_step: FusedMasterStep | None = None  # built at setup, where the policy keeps masters
         self.library_step: FusedLibraryStep | None = None  # built at setup, where a library optimizer steps (bf16-true-sr)
+        self.rounding: RoundingStream | None = None  # built at setup, where an optimizer rounds at random (bf16-true-sr)
 
         self.device = torch.device("cpu")
         self.models: list[nn.Module] = []  # the modules themselves (inside any DDP wrapper): names, state, params
@@ -146,6 +166,7 @@ class Engine:
         self._parallel: Strategy | SingleProcess = SingleProcess()  # what runs: the strategy, or the do-nothing one
         self._param_names: dict[int, str] = {}
         self._named: list[tuple[str, nn.Parameter]] = []
+        self._warned_epoch_length = False  # a declared epoch cut short is named once per run
         # Accumulation position, step count and the last step's outcome; a checkpoint saves the counters through it.
         self._state = StepState()
 
@@ -180,6 +201,7 @@ class Engine:
         for opt in optimizers:
             guard_optimizer(opt)  # known torch kernel defects, once the parameters' dtypes and devices are final
         self.schedulers = adopt_schedulers(schedulers, optimizers)
+        self.rounding = rounding_stream(optimizers, self.device)  # one stream for every replica (DDP)
         # FSDP's ranks each check their own shards; the fused step does not combine their flags.
         sharded = "each rank's overflow flag must be combined with the others' (FSDP)" if self.reduce_found_flags else None
         compile_options = plan.options if plan is not None else None
@@ -190,6 +212,9 @@ class Engine:
         if self.scaler is not None:
             self.scaler.to(self.device)
         self.models, self.optimizers = model_list, list(optimizers)
+        guard = DirectStepGuard(self)  # an optimizer.step() of the user's own on the engine's gradients is refused
+        for opt in optimizers:
+            opt.register_step_pre_hook(guard)
         self.compiled = apply_compile(model_list, plan) if plan is not None else []
         if self.policy.needs_compile and plan is None and self.device.type == "cuda":
             log.warning("%s without torch.compile runs each fp8 cast as kernels of its own: expect it slower than bf16-mixed. "
@@ -198,13 +223,13 @@ class Engine:
         return (out_model, *optimizers) if optimizers else out_model
 
     # ------------------------------------------------------------------------------------------ loop
-    def autocast(self) -> ContextManager[Any]:
+    def autocast(self) -> AbstractContextManager[Any]:
         """The context for the forward pass and the loss (autocast for mixed policies, a no-op otherwise).
 
         Under DDP it also runs the forward of a micro-batch that does not end its accumulation window under
         ``no_sync``, since DDP decides during the forward whether the coming backward all-reduces.
         """
-        forward: ContextManager[Any] = self.policy.forward_context(self.device.type)
+        forward: AbstractContextManager[Any] = self.policy.forward_context(self.device.type)
         if self._parallel.has_forward_context:
             spread = self._parallel.forward_context(self.wrappers, self.is_boundary)
             if spread is not None:
@@ -215,17 +240,26 @@ class Engine:
     def start_epoch(self, num_micro_batches: int | None = None) -> None:
         """Declare the micro-batches of the coming epoch, so its last window may be short (``len(loader)``).
 
-        Without it, windows of exactly ``accumulate`` micro-batches run across epochs.
+        Without it, windows of exactly ``accumulate`` micro-batches run across epochs. It comes at a window
+        boundary: gradients still pending are refused with the fix, not carried into the new epoch. Right after
+        :meth:`load` of a checkpoint saved inside a declared epoch, the call that starts that epoch again continues
+        it where the checkpoint stopped, so a resumed loop that skips the batches trained before (the README's
+        recipe) takes the uninterrupted run's windows.
+
+        >>> model = nn.Linear(2, 1); engine = Engine(accumulate=3)
+        >>> model, opt = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        >>> engine.start_epoch(5)
+        >>> for _ in range(5):
+        ...     engine.backward(model(torch.ones(1, 2)).sum()); _ = engine.step()
+        >>> engine.steps, engine.micro_batches_pending  # windows of 3 and 2
+        (2, 0)
         """
-        if self.micro_batches_pending and self._state.epoch_len is None:
-            raise RuntimeError(
-                f"start_epoch() called with {self.micro_batches_pending} micro-batch(es) of gradients pending; "
-                "call it at an accumulation boundary, or pass num_micro_batches to the previous start_epoch()."
-            )
         if num_micro_batches is not None and (isinstance(num_micro_batches, bool) or not isinstance(num_micro_batches, int) or num_micro_batches < 1):
             raise ValueError(f"num_micro_batches must be a positive int (e.g. len(loader)), got {num_micro_batches!r}.")
-        self._state.micro = 0
-        self._state.epoch_len = num_micro_batches
+        warning = self._state.start_epoch(num_micro_batches, self.accumulate)
+        if warning is not None and not self._warned_epoch_length:
+            self._warned_epoch_length = True
+            log.warning("%s", warning)
 
     @property
     def micro_batches_pending(self) -> int:
@@ -263,6 +297,7 @@ class Engine:
         if self.scaler is not None:
             loss = self.scaler.scale(loss)
         loss.backward(**kwargs)
+        self._state.backwards += 1  # gradients of the engine's making: an optimizer.step() of the user's own is refused
         if self.hooks.active:
             self.hooks.run("after_backward", self)
 
@@ -318,13 +353,18 @@ class Engine:
         unknown = [type(o).__name__ for o in opts if not any(o is s for s in self.optimizers)]
         if unknown:
             raise ValueError(f"Optimizer(s) {unknown} were not passed to engine.setup(); pass them there first.")
-        _, boundary = self._state.window(self.accumulate)
-        self._state.micro += 1
+        state = self._state
+        size, boundary = state.window(self.accumulate)
+        if boundary and not state.backwards:
+            check_window_backward(self, size)  # no engine.backward() in the window: refused where it trains wrong
+        state.micro += 1
+        state.resumed = False  # a micro-batch has ended since any load
         if not boundary:
             return False
-        if self._state.epoch_len is not None and self._state.micro >= self._state.epoch_len:
-            self._state.micro, self._state.epoch_len = 0, None  # the declared epoch is over
-        self._state.steps += 1
+        if state.epoch_len is not None and state.micro >= state.epoch_len:
+            state.micro, state.epoch_len = 0, None  # the declared epoch is over
+        state.steps += 1
+        state.backwards = 0  # this step takes them: the optimizers' guard sees none pending while it runs
         optimizer_step(self, opts)
         return True
 

@@ -1,4 +1,5 @@
-"""The engine's own state as a plain dict: counters, the loss scaler, master weights, pending gradients.
+"""The engine's own state as a plain dict: counters, the loss scaler, master weights, pending gradients, and the
+stochastic rounding's stream.
 
 :meth:`Engine.state_dict <ampkit.training.engine.Engine.state_dict>` returns :func:`engine_state`; a checkpoint
 stores it beside the models and optimizers (:mod:`ampkit.checkpoint.payload`) and, once it has validated it,
@@ -16,10 +17,10 @@ import torch
 if TYPE_CHECKING:
     from .engine import Engine
 
-__all__ = ["pending_grads", "engine_state", "apply_engine_state"]
+__all__ = ["apply_engine_state", "engine_state", "pending_grads"]
 
 
-def pending_grads(engine: "Engine") -> dict[str, torch.Tensor] | None:
+def pending_grads(engine: Engine) -> dict[str, torch.Tensor] | None:
     """The gradients of an unfinished accumulation window by parameter name; None at a window boundary.
 
     >>> from torch import nn
@@ -39,7 +40,7 @@ def pending_grads(engine: "Engine") -> dict[str, torch.Tensor] | None:
     return {name: p.grad.detach().clone() for name, p in engine.named_parameters() if p.grad is not None}
 
 
-def engine_state(engine: "Engine") -> dict[str, Any]:
+def engine_state(engine: Engine) -> dict[str, Any]:
     """The engine's own state (no model or optimizer tensors besides masters and pending gradients)."""
     return {
         "policy": engine.policy.name,
@@ -50,18 +51,21 @@ def engine_state(engine: "Engine") -> dict[str, Any]:
         "scaler": engine.scaler.state_dict() if engine.scaler is not None else None,
         "masters": engine.masters.state_dict() if engine.masters is not None else None,
         "pending_grads": pending_grads(engine),
+        "rounding": engine.rounding.state_dict() if engine.rounding is not None else None,  # bf16-true-sr's stream
     }
 
 
-def apply_engine_state(engine: "Engine", state: dict[str, Any]) -> None:
+def apply_engine_state(engine: Engine, state: dict[str, Any]) -> None:
     """Put back :func:`engine_state` as it is (validated by the caller); forgets the last step's outcome."""
-    engine.step_state.load_counters(state, state["skipped_steps"])  # that outcome was another process's last step
+    engine.step_state.load_counters(state, state["skipped_steps"], engine.accumulate)  # that outcome was another process's last step
     if state.get("micro_batch_rows") is not None:  # learnt after an OOM; absent from older checkpoints
         engine.micro_batch_rows = state["micro_batch_rows"]
     if engine.scaler is not None:
         engine.scaler.load_state_dict(state["scaler"])
     if engine.masters is not None:
         engine.masters.load_state_dict(state["masters"])
+    if engine.rounding is not None and state.get("rounding") is not None:  # absent from older checkpoints
+        engine.rounding.load_state_dict(state["rounding"])
     if state["pending_grads"] is not None:
         by_name = dict(engine.named_parameters())
         for name, grad in state["pending_grads"].items():

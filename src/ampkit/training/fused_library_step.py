@@ -20,8 +20,8 @@ unsupported torch, a failed C++ or Triton build) warns once (as the master step'
 never stops a run.
 
 Random bits: inductor draws the stochastic rounding's bits inside the fused kernels (philox, seeded from torch's
-generator), as in torchao's own compiled step, so a checkpoint (which saves the generator) resumes the rounding
-exactly. On the CPU drawing them is most of the step: aten's ``randint`` over gpt small's weights alone takes 4x
+generator), as in torchao's own compiled step; the engine seeds that generator from the run's rounding stream
+around the step (:mod:`ampkit.training.rounding_stream`: the same on every replica, kept in checkpoints). On the CPU drawing them is most of the step: aten's ``randint`` over gpt small's weights alone takes 4x
 the whole master-weight update (benchmarks/lowbit_step.py). Inductor's CPU philox is a scalar loop on every thread,
 aten's generator vectorised but serial (``options={"fallback_random": True}`` picks it): on this project's 2-core
 CPU, aten's was 1.6x faster on one thread and level on two, and only philox gains from more threads, so the default
@@ -49,10 +49,10 @@ from typing import Any
 import torch
 
 from .._compat import compiler_error, optimizer_has_step_hooks, own_code
-from .fused_step_compile import describe_failure, region_compile_kwargs, warn_fallback
 from ..policy.lowbit_optimizers import region_step
+from .fused_step_compile import describe_failure, region_compile_kwargs, warn_fallback
 
-__all__ = ["FusedLibraryStep", "uses_library_step", "library_step_problem", "check_library_step", "build_library_step"]
+__all__ = ["FusedLibraryStep", "build_library_step", "check_library_step", "library_step_problem", "uses_library_step"]
 
 def uses_library_step(optimizers: Sequence[torch.optim.Optimizer]) -> bool:
     """Whether any of the optimizers has a library step to compile (torchao's ``_AdamW``, under ``bf16-true-sr``).

@@ -13,13 +13,13 @@ show it at work.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import TYPE_CHECKING
 
 import torch
 
 from .._compat import step_supports_amp_scaling
-
 from ..distributed.agreement import any_rank
 from ..errors import LossScaleCollapseError
 from ..scaling.kernels import grads_of, unscale_grads_
@@ -37,7 +37,7 @@ log = logging.getLogger("ampkit")
 
 def optimizer_step(engine: Engine, opts: list[torch.optim.Optimizer]) -> None:
     """Step (or skip) ``opts`` with the gradients of the window that has just ended, and zero those gradients."""
-    state, scaler, dev = engine.step_state, engine.scaler, engine.device
+    state, scaler = engine.step_state, engine.scaler
     if state.deferred is not None:
         # Whatever earlier flags have landed, read without waiting; the oldest waited for only when the host runs
         # so far ahead that every slot is taken.
@@ -118,10 +118,12 @@ def _unfused_step(engine: Engine, opts: list[torch.optim.Optimizer], late_collap
             finally:
                 del opt.grad_scale, opt.found_inf  # type: ignore[attr-defined]
         elif host_found is None or not host_found[i]:
-            if engine.library_step is not None:
-                engine.library_step.step(opt)  # bf16-true-sr: torchao's update of every parameter as one compiled region
-            else:
-                opt.step()
+            # bf16-true-sr rounds with the run's own stream, the same on every replica (see rounding_stream).
+            with engine.rounding.drawing(opt) if engine.rounding is not None else contextlib.nullcontext():
+                if engine.library_step is not None:
+                    engine.library_step.step(opt)  # bf16-true-sr: torchao's update of every parameter as one compiled region
+                else:
+                    opt.step()
     _finish(engine, opts, found, host_found, late_collapse, copied_back=False)
 
 

@@ -53,6 +53,12 @@ class StepState:
     """An overflow learnt after its step: the next step diagnoses a scale collapse on its gradients."""
     skipped: int = 0
     """Optimizer steps known to have been skipped (the flags still in ``deferred`` are not counted yet)."""
+    backwards: int = dataclasses.field(default=0, repr=False, compare=False)
+    """``engine.backward()`` calls whose gradients no optimizer step has taken yet; a load counts the pending
+    window's micro-batches (their gradients came from such calls). Not saved."""
+    resumed: bool = dataclasses.field(default=False, repr=False, compare=False)
+    """The counters came from a checkpoint and no micro-batch has ended since: the next :meth:`start_epoch`
+    continues the epoch they stopped in. Not saved."""
     _ring: list[tuple[torch.Tensor, Any]] | None = dataclasses.field(default=None, repr=False, compare=False)
     _next: int = dataclasses.field(default=0, repr=False, compare=False)
 
@@ -84,13 +90,62 @@ class StepState:
         size = accumulate if self.epoch_len is None else min(accumulate, self.epoch_len - start)
         return size, self.micro + 1 - start >= size
 
-    def load_counters(self, counters: dict[str, Any], skipped_steps: int) -> None:
-        """Take ``counters`` (as :meth:`to_dict` wrote them) and the skipped count; forget the last step's outcome."""
+    def load_counters(self, counters: dict[str, Any], skipped_steps: int, accumulate: int) -> None:
+        """Take ``counters`` (as :meth:`to_dict` wrote them) and the skipped count; forget the last step's outcome.
+
+        >>> state = StepState(); state.load_counters({"micro": 5, "epoch_len": 10, "steps": 1}, 0, accumulate=3)
+        >>> state.pending(3), state.backwards, state.resumed
+        (2, 2, True)
+        """
         fresh = StepState.from_dict(counters)
         fresh.skipped = int(skipped_steps)
         for field in dataclasses.fields(self):
             if field.compare:  # the host slots stay: they hold nothing once the outcomes are forgotten
                 setattr(self, field.name, getattr(fresh, field.name))
+        self.backwards = self.pending(accumulate)  # the saved window's gradients, put back beside the counters
+        self.resumed = True
+
+    def start_epoch(self, num_micro_batches: int | None, accumulate: int) -> str | None:
+        """Begin an epoch of ``num_micro_batches`` (None: undeclared); returns a warning to log, or None.
+
+        Right after a load inside a declared epoch, the call that starts that epoch again (the resume recipe's loop)
+        continues it: the counters stay as loaded, so the resumed windows and divisors are the uninterrupted run's.
+        Otherwise the epoch begins at micro-batch 0, which must be a window boundary: pending gradients would join
+        the new epoch's first window, divided by the old window's size, so they are refused with the fix.
+
+        >>> state = StepState(micro=4, epoch_len=5)  # accumulate=2: cut at a boundary, nothing pending
+        >>> state.start_epoch(5, accumulate=2)  # doctest: +ELLIPSIS
+        'start_epoch(): the previous epoch was declared with 5 micro-batches but 4 ran ...'
+        >>> state.to_dict()
+        {'micro': 0, 'epoch_len': 5, 'steps': 0}
+        """
+        if self.resumed and self.epoch_len is not None and self.micro > 0:
+            if num_micro_batches != self.epoch_len:
+                raise ValueError(
+                    f"start_epoch({num_micro_batches!r}) right after loading a checkpoint saved {self.micro} micro-batches into an "
+                    f"epoch declared with {self.epoch_len}: the resumed epoch continues from there, so it must have the "
+                    f"length it had, or its windows differ from the interrupted run's. Pass start_epoch({self.epoch_len}) "
+                    "(the same loader and batch size), or resume from a checkpoint saved at an epoch's end."
+                )
+            self.resumed = False
+            return None  # the loaded epoch goes on where it stopped
+        pending = self.pending(accumulate)
+        if pending:
+            if self.epoch_len is None:
+                fix = ("windows run across epochs while none is declared: call start_epoch(len(loader)) from the first "
+                       "epoch on (before its first micro-batch), so that each epoch's last window ends with it.")
+            else:
+                fix = (f"the epoch declared with {self.epoch_len} micro-batches ended after {self.micro}, inside a window. "
+                       f"Declare the micro-batches the loop runs (here start_epoch({self.micro})), so that its last window ends with it.")
+            raise RuntimeError(f"start_epoch() called with {pending} micro-batch(es) of gradients pending, which would join the "
+                               f"new epoch's first window: {fix}")
+        warning = None
+        if self.epoch_len is not None and self.micro > 0:
+            warning = (f"start_epoch(): the previous epoch was declared with {self.epoch_len} micro-batches but {self.micro} ran "
+                       "(it ended at a window boundary, so no gradient was lost); a checkpoint saved after it would resume "
+                       f"that epoch instead of starting this one. Declare the micro-batches the loop runs (here start_epoch({self.micro})).")
+        self.micro, self.epoch_len, self.resumed = 0, num_micro_batches, False
+        return warning
 
     # ------------------------------------------------------------------------------------------ outcome
     def record_outcome(self, any_found: torch.Tensor | None, host_found: list[bool] | None) -> None:

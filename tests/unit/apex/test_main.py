@@ -35,10 +35,21 @@ def test_runs_a_legacy_script_unchanged(tmp_path):
     (tmp_path / "train.py").write_text(LEGACY)
     (tmp_path / "helper.py").write_text("SIZE = 3\n")
     out = subprocess.run(
-        [sys.executable, "-m", "ampkit.apex", str(tmp_path / "train.py"), "O2"], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "ampkit.apex", str(tmp_path / "train.py"), "O2"], capture_output=True, text=True, timeout=120, check=False
     )
     assert out.returncode == 0, out.stderr
     assert "argv ['O2'] name __main__ dtype torch.bfloat16" in out.stdout
+
+
+def test_everything_after_the_script_is_the_scripts_own(tmp_path, monkeypatch, capsys):
+    # README: in `python -m ampkit.apex train.py --opt-level O2`, --opt-level is train.py's flag, passed unchanged,
+    # even where it looks like the runner's own (--force, -m).
+    script = tmp_path / "flags.py"
+    script.write_text("import sys\nprint(sys.argv[1:])\n")
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    main([str(script), "--opt-level", "O2", "--force", "-m", "x"])
+    assert capsys.readouterr().out == "['--opt-level', 'O2', '--force', '-m', 'x']\n"
 
 
 def test_half_dtype_option_and_module_mode(tmp_path, monkeypatch):
@@ -50,6 +61,7 @@ def test_half_dtype_option_and_module_mode(tmp_path, monkeypatch):
         text=True,
         timeout=120,
         cwd=tmp_path,
+        check=False,
     )
     assert out.returncode == 0, out.stderr
     assert "dtype torch.float16" in out.stdout
@@ -96,7 +108,7 @@ def test_a_real_apex_beside_the_script_is_kept_when_run_from_elsewhere(vendored_
     # Run from the project's parent: only the script's own directory puts the vendored apex on sys.path.
     out = subprocess.run(
         [sys.executable, "-m", "ampkit.apex", *force, "proj/train.py"],
-        capture_output=True, text=True, timeout=120, cwd=vendored_project.parent,
+        capture_output=True, text=True, timeout=120, cwd=vendored_project.parent, check=False,
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[:3] == expected

@@ -120,3 +120,14 @@ def test_throughput_only_workload(throughput_result: BenchResult, tmp_path: Path
     assert "| 16-mixed | unsupported |" in text
     memory = [line for line in _section(text, "Memory by part").splitlines() if line.startswith("|")]
     assert _cells(memory[0]) == ["Precision", "peak memory"]
+
+
+def test_the_verdicts_section_holds_the_eval_noise_and_the_words_defined(bench_result: BenchResult, tmp_path: Path) -> None:
+    from ampkit.bench.verdict import VERDICTS
+
+    bench_result.eval_noise = "Eval noise: not measured (1 eval batch scored alone; it takes 2 or more)."
+    bench_result.runs[1].outcome = "pays"
+    verdicts = _section(write_report(bench_result, tmp_path).read_text(encoding="utf-8"), "Verdicts")
+    assert bench_result.eval_noise in verdicts
+    assert "**What the words mean:**" in verdicts and f"- pays: {VERDICTS['pays']}." in verdicts
+    assert "- worse (after an eval figure): " in verdicts  # 16-true's accuracy, worse than 32-true's

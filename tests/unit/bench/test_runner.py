@@ -118,6 +118,19 @@ def test_rounds_rotate_which_policy_goes_first(monkeypatch: pytest.MonkeyPatch) 
     assert timed == ["32-true", "bf16-mixed", "bf16-true", "bf16-mixed", "bf16-true", "32-true", "bf16-true", "32-true", "bf16-mixed"]
 
 
+def test_each_eval_batch_is_also_scored_alone_for_the_reference_eval_noise() -> None:
+    w = _workload()  # two eval batches of 16 rows
+    result = run_bench(w, ["32-true", "bf16-mixed"], "cpu", rounds=1, count_flops=False)
+    for run in result.runs:
+        assert len(run.eval_batch_metrics) == len(w.eval_batches) == 2
+        # Control: accuracy over equal batches is the mean of the batches' accuracies.
+        assert sum(run.eval_batch_metrics) / 2 == pytest.approx(run.eval_metric)
+    assert result.eval_noise is not None and "over 2 eval batches" in result.eval_noise
+    w.eval_batches = w.eval_batches[:1]
+    one = run_bench(w, ["32-true"], "cpu", rounds=1, count_flops=False).runs[0]
+    assert one.eval_batch_metrics == [] and one.eval_metric is not None  # one batch: no spread to measure
+
+
 def test_a_failing_policy_stays_in_its_row_and_the_others_complete() -> None:
     result = run_bench(_workload(fail_under=torch.bfloat16), ["32-true", "bf16-mixed", "16-mixed"], "cpu", rounds=2)
     failed = result.run("bf16-mixed")

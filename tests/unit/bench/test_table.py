@@ -79,7 +79,7 @@ def test_diverged_run_is_highlighted_and_says_where(bench_result: BenchResult) -
     row = _row(bench_result, "16-true")
     assert row["Notes"] == "loss not finite from step 31"
     assert row["Final loss"] == MISSING
-    assert row["Eval accuracy"] == "0.1 outside"
+    assert row["Eval accuracy"] == "0.1 worse"  # an old results.json: only within_tolerance False is known
     table = build_table(bench_result)
     styles = {r.precision: row.style for r, row in zip(bench_result.runs, table.rows)}
     assert styles["16-true"] == "red"
@@ -141,6 +141,33 @@ def test_empty_result_renders_and_warns(caplog: pytest.LogCaptureFixture) -> Non
         text = _render(BenchResult(workload="nothing"))
     assert "ampkit bench: nothing" in text
     assert "no runs" in caplog.text
+
+
+def test_the_eval_loss_column_reads_eval_loss() -> None:
+    runs = [RunResult(precision="32-true", eval_metric_name="eval_loss", eval_metric=0.01989),
+            RunResult(precision="bf16-mixed", eval_metric_name="eval_loss", eval_metric=0.02209)]
+    assert "Eval loss" in table_rows(BenchResult(workload="w", runs=runs)).headers
+    assert "Eval eval_loss" not in _render(BenchResult(workload="w", runs=runs))
+
+
+def test_eval_marks_and_verdict_words_are_printed_with_their_one_definition(bench_result: BenchResult) -> None:
+    from ampkit.bench.quality import QUALITY
+    from ampkit.bench.verdict import VERDICTS
+
+    mixed, scaled = bench_result.run("bf16-mixed"), bench_result.run("16-mixed")
+    assert mixed is not None and scaled is not None
+    mixed.quality, mixed.outcome = "better", "pays"
+    scaled.quality, scaled.outcome, scaled.within_tolerance = "unclear", "inconclusive", None
+    bench_result.eval_noise = "Eval noise: ±0.0213 (2.78 standard errors of 32-true's accuracy over 5 eval batches, each scored alone)"
+    assert (_row(bench_result, "bf16-mixed")["Eval accuracy"], _row(bench_result, "16-mixed")["Eval accuracy"]) == ("0.9583 better", "0.9583 unclear")
+    text = " ".join(_render(bench_result).split())  # the terminal wraps long lines
+    assert bench_result.eval_noise in text
+    for word in ("pays", "inconclusive"):
+        assert f"{word}: {VERDICTS[word]}." in text
+    for mark in ("better", "unclear", "worse"):  # 16-true's accuracy is worse (within_tolerance False)
+        assert f"{mark} (after an eval figure): {QUALITY[mark]}." in text
+    assert f"does not pay: {VERDICTS['does not pay']}" not in text  # only the words this result uses
+    assert text.index("What the words mean:") > text.index("Eval tolerance:")
 
 
 def test_a_gpu_run_without_mfu_says_why_in_its_row(bench_result: BenchResult) -> None:

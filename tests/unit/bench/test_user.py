@@ -8,7 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from ampkit.bench.user import EvalLoss, default_loss, load_factory, spec_parts, user_workload
+from ampkit.bench.user import (
+    EvalLoss,
+    default_loss,
+    load_factory,
+    spec_parts,
+    user_workload,
+)
 from ampkit.bench.workload import Accuracy, Workload
 
 MODULE = """
@@ -75,6 +81,13 @@ def test_plain_batches_make_a_workload(user_pkg: str) -> None:
     assert w.metric is None and w.loss_fn is default_loss and w.extra["parameters"] == 6 * 16 + 16 + 16 * 3 + 3
 
 
+def test_your_model_and_data_train_with_fused_adamw_at_1e_3_clipped_to_norm_1_as_the_readme_says(user_pkg: str) -> None:
+    w = _w(f"{user_pkg}:model", f"{user_pkg}:batches")
+    opt = w.optimizer(w.model.parameters())
+    assert type(opt) is torch.optim.AdamW and w.clip_grad_norm == 1.0 and w.lr is None  # --lr, --clip: unset
+    assert {k: opt.defaults[k] for k in ("lr", "weight_decay", "fused")} == {"lr": 1e-3, "weight_decay": 0.01, "fused": True}
+
+
 def test_a_dataloader_is_read_up_to_the_step_count(user_pkg: str) -> None:
     w = _w(f"{user_pkg}:model", f"{user_pkg}:loader")
     assert len(w.train_batches) == 6 and w.items_per_batch == 8
@@ -89,7 +102,7 @@ def test_eval_batches_without_a_metric_are_scored_by_their_loss(user_pkg: str) -
     w = _w(f"{user_pkg}:model", f"{user_pkg}:eval_no_metric")
     metric = w.metric()
     assert isinstance(metric, EvalLoss)
-    x, y = w.eval_batches[0]
+    _, y = w.eval_batches[0]
     out = torch.zeros(len(y), 3)
     metric.update(out, y)
     metric.update(out, y)
@@ -121,6 +134,7 @@ def test_model_alone_trains_on_a_builtin_workloads_data(user_pkg: str) -> None:
                     items_per_batch=8, steps=5, warmup=1)
     w = user_workload(f"{user_pkg}:model", None, steps=5, warmup=1, base=base)
     assert w.name == f"{user_pkg}:model on toy" and w.train_batches is base.train_batches and w.model is not base.model
+    assert w.optimizer is base.optimizer and w.clip_grad_norm == base.clip_grad_norm  # the workload's own, as the README says
 
 
 @pytest.mark.parametrize(
@@ -141,7 +155,7 @@ def test_model_alone_trains_on_a_builtin_workloads_data(user_pkg: str) -> None:
     ],
 )
 def test_each_mistake_gets_one_clear_error(user_pkg: str, model: str | None, data: str | None, message: str) -> None:
-    fill = lambda s: None if s is None else s.format(m=user_pkg)  # noqa: E731
+    fill = lambda s: None if s is None else s.format(m=user_pkg)
     with pytest.raises(ValueError, match=message) as info:
         _w(fill(model), fill(data))
     assert "\n" not in str(info.value)

@@ -4,8 +4,9 @@ part-way (found only while applying) puts the whole run back, bitwise."""
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch
@@ -128,6 +129,7 @@ def _drop(*keys: Any) -> Callable[[dict], None]:
     [
         (_set("engine", "steps", value="many"), "engine counters are invalid.*steps='many'"),
         (_set("engine", "skipped_steps", value=-1), "engine counters are invalid"),
+        (_set("engine", "rounding", value={"seed": "lucky", "draws": 0}), "engine counters are invalid.*rounding="),
         (_drop("engine", "micro"), r"engine state lacks \['micro'\]"),
         (_set("rng", "torch", value=torch.zeros(7, dtype=torch.uint8)), "RNG snapshot's torch state is malformed"),
         (_set("rng", "python", value=[3, [1, 2], None]), "RNG snapshot's python state is malformed"),
@@ -138,7 +140,7 @@ def _drop(*keys: Any) -> Callable[[dict], None]:
         (_set("models", 0, "0.weight", value="weights"), "not tensors \\['0.weight'\\]"),
         (_set("engine", "pending_grads", "0.weight", value=torch.zeros(2)), "pending gradients\\['0.weight'\\] has shape"),
     ],
-    ids=["steps-str", "skipped-negative", "engine-key-missing", "torch-rng", "python-rng", "sched-type", "sched-key",
+    ids=["steps-str", "skipped-negative", "rounding-seed-str", "engine-key-missing", "torch-rng", "python-rng", "sched-type", "sched-key",
          "opt-state-shape", "opt-setting-type", "model-entry", "pending-grad-shape"],
 )
 @pytest.mark.parametrize("reader_steps", [0, 3], ids=["fresh-reader", "trained-reader"])

@@ -3,6 +3,7 @@ traceback, a silent default, or exit 0 with no result."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -95,3 +96,26 @@ def test_missing_bench_extra_names_the_install_command(command: str, monkeypatch
     monkeypatch.setitem(sys.modules, "sklearn.datasets", None)
     err = cli_error([command, "--device", "cpu"])  # digits: the default workload on a CPU
     assert 'needs the bench extra: pip install "ampkit[bench]"' in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["bench", "--precision", "bf16,fp16-mixed"], "Unknown precision 'fp16-mixed'. Did you mean '16-mixed'?"),
+        (["memory", "--precision", "half"], "Unknown precision 'half'. Did you mean '16-mixed'?"),
+        (["doctor", "--precision", "float32-true"], "Did you mean '32-true'?"),
+        (["profile", "--precision", "01"], "Did you mean 'O1'?"),
+        (["bench", "--device", "gpu"], "--device gpu: ampkit bench runs on cpu, cuda or cuda:N."),
+        (["memory", "--device", "mps"], "--device mps: ampkit memory predicts for cpu or cuda."),
+        (["bench", "--tolerance", "2%"], "--tolerance must be a non-negative finite number"),
+        (["bench", "--clip", "max"], "--clip max: give a number"),
+        (["bench", "--lr", "-1"], "--lr -1.0: the learning rate must be a positive finite number"),
+    ],
+)
+def test_a_bad_name_or_value_is_refused_before_torch_is_imported(argv: list[str], message: str) -> None:
+    # Importing torch takes seconds (7-20 s on a loaded machine): a typo must not wait for it.
+    script = "import sys\nfrom ampkit.cli.main import main\ncode = main(sys.argv[1:])\nprint('torch' in sys.modules, end='')\nsys.exit(code)"
+    done = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("ampkit: error: ") and done.stderr.count("\n") == 1 and message in done.stderr
+    assert done.stdout == "False"  # torch not imported

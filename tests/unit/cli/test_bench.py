@@ -218,10 +218,10 @@ def test_tolerance_sets_the_eval_tolerance_and_a_handful_of_eval_samples_is_flag
     stdout = capsys.readouterr().out
     data = json.loads((tmp_path / "results.json").read_text())
     assert data["eval_samples"] == 16
-    assert data["eval_tolerance"].startswith("eval_loss within 50% of 32-true (on only 16 eval samples")
+    assert data["eval_tolerance"].startswith("eval loss within 0.5 of 32-true (on only 16 eval samples")
     bf16 = data["runs"][1]
     assert bf16["eval_metric"] is not None and bf16["within_tolerance"] is True
-    assert "within 50% of 32-true" in bf16["verdict"] and "on only 16 eval samples" in bf16["verdict"]
+    assert "within 0.5 of 32-true" in bf16["verdict"] and "on only 16 eval samples" in bf16["verdict"]
     assert len(bf16["step_times_s"]) == bf16["timed_steps"] == 6
     assert 0 < bf16["speedup_low"] <= bf16["speedup_high"]
     assert "on only 16 eval samples" in " ".join(stdout.split())  # the terminal may wrap the verdict
@@ -239,3 +239,12 @@ def test_in_a_log_the_table_keeps_every_column_whole_one_row_per_run(
     expected = table_rows(BenchResult.read_json(tmp_path / "results.json"))
     assert headers == expected.headers and len(" ".join(headers)) > 80
     assert body == expected.rows
+
+
+def test_in_a_log_progress_is_plain_lines_on_stderr(capsys: pytest.CaptureFixture[str], toy: str) -> None:
+    # captured stderr is not a terminal, where the bar showed nothing at all for the whole run
+    argv = ["bench", "--model", f"{toy}:model", "--data", f"{toy}:data", "--precision", "32-true", "--steps", "2", "--warmup", "1", "--rounds", "1"]
+    assert main(argv) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("progress: ") and err[-1].endswith(" steps: finished")
+    assert [line.split(" steps: ", 1)[1] for line in err[1:]] == ["32-true: measuring memory", "32-true: done", "finished"]

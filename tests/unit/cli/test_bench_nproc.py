@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 import torch
 
-
 MODEL = """
 import torch
 from torch import nn
@@ -129,3 +128,21 @@ def test_a_run_failing_on_every_rank_is_a_row_and_exit_code_1_without_torchruns_
     runs = {r["precision"]: r for r in json.loads((tmp_path / "out" / "results.json").read_text())["runs"]}
     assert runs["32-true"]["status"] == "ok" and runs["bf16-mixed"]["status"] == "failed"
     assert "no bf16 kernel" in runs["bf16-mixed"]["error"]
+
+
+@pytest.mark.slow  # every default policy on two torchrun workers, bf16-true-sr's step compiled on each (~2 min on 2 cores)
+def test_the_default_policies_all_run_on_two_processes(tmp_path: Path) -> None:
+    # A default run never fails on its own choice: stochastic rounding, in the CPU's default list, runs under DDP.
+    pytest.importorskip("sklearn", reason="Requires: scikit-learn (pip install -e '.[bench]')")
+    from ampkit.bench.defaults import default_precisions
+
+    env = {**os.environ}
+    env.pop("OMP_NUM_THREADS", None)
+    cmd = [sys.executable, "-m", "ampkit", "bench", "--nproc", "2", "-w", "digits", "--size", "tiny", "--steps", "3", "--warmup", "1",
+           "--rounds", "1", "--no-progress", "--out", str(tmp_path / "out")]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    runs = {r["precision"]: r for r in json.loads((tmp_path / "out" / "results.json").read_text())["runs"]}
+    assert list(runs) == default_precisions(torch.device("cpu"))[0]
+    assert {name: run["error"] for name, run in runs.items() if run["status"] != "ok"} == {}
+

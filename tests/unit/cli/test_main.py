@@ -40,6 +40,24 @@ def test_unknown_subcommand_is_a_usage_error(capsys: pytest.CaptureFixture[str])
 
 
 @pytest.mark.parametrize(
+    ("argv", "closest"), [(["bench", "--acumulate", "4"], "--accumulate"), (["env", "--jsn"], "--json"), (["memory", "--device-memroy=8GiB"], "--device-memory")]
+)
+def test_an_unknown_option_shows_its_commands_usage_and_the_closest_option(capsys: pytest.CaptureFixture[str], argv: list[str], closest: str) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    err = capsys.readouterr().err
+    assert info.value.code == 2
+    assert err.startswith(f"usage: ampkit {argv[0]} [-h]")  # the command's usage, not ampkit's list of commands
+    assert f"ampkit {argv[0]}: error: unrecognized arguments: {' '.join(argv[1:])} (did you mean {closest}?)" in err
+
+
+def test_an_unknown_option_with_nothing_close_is_named_alone(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["bench", "--xyzzy"])
+    assert capsys.readouterr().err.rstrip().endswith("ampkit bench: error: unrecognized arguments: --xyzzy")
+
+
+@pytest.mark.parametrize(
     "error",
     [AmpkitError("boom"), PolicyError("boom"), ValueError("boom")],
     ids=["AmpkitError", "PolicyError", "ValueError"],

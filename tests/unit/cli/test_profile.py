@@ -76,6 +76,29 @@ def test_the_users_dataloader_is_varied_as_given_and_the_models_sync_found(tmp_p
 
 
 @pytest.mark.parametrize(
+    ("argv", "flags"),
+    [
+        (["--model", "nets:build", "--data", "nets:loader", "--seed", "3", "--compile", "regional"],
+         "--model nets:build --data nets:loader --seed 3 --compile regional"),
+        (["--data", "nets:loader", "-w", "gpt", "--device", "cpu"], "--data nets:loader -w gpt --size small --device cpu"),
+        (["--model", "nets:build", "-w", "gpt", "--size", "tiny", "--compile"], "--model nets:build -w gpt --size tiny --compile"),
+        (["-w", "resnet"], "-w resnet --size small"),
+    ],
+)
+def test_the_advices_bench_commands_run_the_profiled_workload(argv: list[str], flags: str) -> None:
+    """The bench command the advice gives to confirm a change must reproduce what was profiled: every workload option
+    given (--data without --model was dropped, and --seed and --compile with it)."""
+    from ampkit.cli.main import build_parser
+    from ampkit.cli.profile import _workload_flags
+
+    args = build_parser().parse_args(["profile", *argv])
+    size = args.size if args.size != "auto" else "small"
+    assert _workload_flags(args, size) == flags + " "
+    bench = build_parser().parse_args(["bench", *flags.split()])  # and bench takes them
+    assert all(getattr(bench, k) == getattr(args, k) for k in ("model", "data", "workload", "seed", "device", "compile"))
+
+
+@pytest.mark.parametrize(
     ("argv", "message"),
     [
         (["profile", "-w", "gpt", "--size", "tiny", "--trace"], "--trace writes trace.json into --out DIR"),

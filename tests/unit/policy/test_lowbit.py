@@ -42,7 +42,7 @@ def _train(policy: str, steps: int = STEPS) -> tuple[float, float, torch.Tensor]
     """Start and final loss (in fp32, of the trained weights), and those weights."""
     model, x, y = _problem()
     start = nn.functional.mse_loss(x @ model.weight.detach().T, y).item()
-    torch.manual_seed(0)  # stochastic rounding draws from the global generator: the same draws whatever ran before
+    torch.manual_seed(0)  # seeds stochastic rounding's stream: the same draws whatever ran before
     engine = Engine(policy)
     model, _ = engine.setup(model, torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0))
     for _ in range(steps):

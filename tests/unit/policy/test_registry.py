@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from torch import nn
 
+from ampkit._util.policy_names import POLICY_NAMES
 from ampkit.errors import PolicyError
 from ampkit.policy import (
     ALIASES,
@@ -15,11 +16,11 @@ from ampkit.policy import (
     BF16TrueMasters,
     BF16TrueRemainder,
     BF16TrueSR,
+    FP8Rowwise,
+    FP8Tensorwise,
     FP16Mixed,
     FP16True,
     FP16TrueMasters,
-    FP8Rowwise,
-    FP8Tensorwise,
     FullPrecision,
     Policy,
     TF32Precision,
@@ -194,6 +195,30 @@ def test_digit_zero_for_letter_o_suggests_the_apex_level(typed: str, suggested: 
 )
 def test_typo_suggests_the_closest_name(typed: str, suggested: str) -> None:
     assert f"Did you mean {suggested!r}?" in _error(typed)
+
+
+@pytest.mark.parametrize(
+    "typed, suggested",
+    [
+        ("fp16-mixed", "16-mixed"),  # one letter from bf16-mixed, but a user who types fp16 means fp16
+        ("FP16_Mixed", "16-mixed"),
+        ("half-mixed", "16-mixed"),
+        ("half", "16-mixed"),
+        ("float16-true", "16-true"),
+        ("fp16-true-masters", "16-true-masters"),
+        ("fp32-true", "32-true"),
+        ("float32-true", "32-true"),
+        ("bfloat16-true", "bf16-true"),
+        ("fp16-mixd", "16-mixed"),
+    ],
+)
+def test_a_dtype_spelt_another_way_suggests_that_dtypes_policy(typed: str, suggested: str) -> None:
+    assert f"Did you mean {suggested!r}?" in _error(typed)
+
+
+def test_the_registry_holds_a_class_for_every_name_the_command_line_checks() -> None:
+    # The command line refuses unknown names before importing torch, from the names alone.
+    assert list(POLICIES) == list(POLICY_NAMES)
 
 
 def test_suggestion_uses_the_canonical_spelling() -> None:

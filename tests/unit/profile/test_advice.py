@@ -68,12 +68,40 @@ def test_each_sync_site_gets_the_change_that_fits_it() -> None:
     assert "on a GPU" in advice[0]["measured"]
 
 
+def test_a_sync_inside_a_library_is_advised_at_the_users_line_with_the_library_line_named() -> None:
+    site = {"where": "train.py:30 in loop", "op": "item", "per_step": 1, "code": "out = model(**batch)",
+            "via": "/venv/site-packages/transformers/masking_utils.py:321 in sdpa_mask", "via_code": "if padding_mask.all():"}
+    (item,) = advise(_profile(sites=[site]))
+    assert item["finding"].startswith("1 read-back per step at train.py:30 in loop: out = model(**batch)")
+    assert "masking_utils.py:321 in sdpa_mask: if padding_mask.all():" in item["finding"]
+    assert "masking_utils.py:321" in item["change"] and "total += loss.detach()" not in item["change"]
+
+
 def test_casts_point_at_compile_and_16_bit_weights_with_the_bench_that_confirms() -> None:
     (item,) = advise(_profile(ops={"cast_share": 0.2, "casts_per_step": 40, "optimizer_ops_per_step": 1}), workload_flags="-w gpt --size small ")
     assert "20%" in item["finding"] and "compile" in item["change"] and "bf16-true-masters" in item["change"]
     assert item["confirm"] == "ampkit bench -w gpt --size small --precision bf16-mixed,bf16-true-masters --compile"
     compiled = advise(_profile(ops={"cast_share": 0.2, "casts_per_step": 40, "optimizer_ops_per_step": 1}, compile=True))
     assert "compile the model" not in compiled[0]["change"]
+
+
+def test_the_confirm_command_reproduces_the_users_workload() -> None:
+    """The bench command must run what was profiled: the command's workload flags as given (compile mode included,
+    so a compiled profile is not confirmed on eager runs), or, for a loop profiled through the API, the user's
+    model and data as factories to fill in, with the loop's accumulation and compilation."""
+    casts = {"cast_share": 0.2, "casts_per_step": 40, "optimizer_ops_per_step": 1}
+    flags = "--model nets:build --data nets:loader --seed 3 --compile regional "
+    (item,) = advise(_profile(ops=casts, compile="regional"), workload_flags=flags)
+    assert item["confirm"] == "ampkit bench --model nets:build --data nets:loader --seed 3 --compile regional --precision bf16-mixed,bf16-true-masters"
+    (item,) = advise(_profile(ops=casts, compile="regional", accumulate=4))
+    assert item["confirm"] == (
+        "ampkit bench --model your_module:model_factory --data your_module:data_factory --accumulate 4 --compile regional "
+        "--precision bf16-mixed,bf16-true-masters"
+    )
+    (item,) = advise(_profile(ops=casts))
+    assert item["confirm"] == "ampkit bench --model your_module:model_factory --data your_module:data_factory --precision bf16-mixed,bf16-true-masters --compile"
+    idle = advise(_profile(device="cuda", device_idle={"share": 0.5}), workload_flags=flags)[0]
+    assert idle["confirm"] == "ampkit bench --model nets:build --data nets:loader --seed 3 --compile regional"
 
 
 def test_a_per_parameter_optimizer_loop_is_named() -> None:

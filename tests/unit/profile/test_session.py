@@ -95,11 +95,28 @@ def test_a_loop_that_ends_in_the_warm_up_is_refused_with_the_fix() -> None:
     model = nn.Linear(2, 1)
     model, _ = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
     with Profiler(engine, warmup=3) as profiler:
-        for x in profiler.batches([torch.ones(1, 2)] * 2):
+        for x in profiler.batches(torch.ones(1, 2) for _ in range(2)):  # no len(): known short only at its end
             engine.backward(model(x).sum())
             engine.step()
     with pytest.raises(ValueError, match="run more steps, or lower warmup and plain_steps"):
         profiler.result()
+
+
+def test_a_loader_too_short_for_the_windows_is_refused_before_the_first_step() -> None:
+    """The windows count optimizer steps: with accumulate=4 each takes 4 batches. A loader of 10 batches cannot
+    time warmup 1 + plain 1 + timed 3 = 5 steps (20 batches): refused at the loop's start, not at result()."""
+    engine = Engine(accumulate=4)
+    model = nn.Linear(2, 1)
+    model, _ = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    with Profiler(engine, warmup=1, plain_steps=1, timed=3, sync_steps=2, trace_steps=0) as profiler, pytest.raises(ValueError) as refused:
+        for x in profiler.batches([torch.ones(1, 2)] * 10):
+            engine.backward(model(x).sum())
+            engine.step()
+    assert engine.steps == 0 and model.weight.grad is None  # nothing ran
+    message = str(refused.value)
+    assert "optimizer steps" in message and "accumulate=4" in message
+    assert "20 batches" in message and "the loader gives 10" in message and "28 batches" in message  # 28: the sync window too
+    assert "timed=" in message  # the fix: more batches, or smaller windows
 
 
 def test_result_inside_the_block_and_bad_windows_are_refused() -> None:

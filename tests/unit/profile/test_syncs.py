@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import inspect
+import statistics
+import sys
+import textwrap
+from pathlib import Path
 
+import pytest
 import torch
 from torch import nn
 
@@ -69,9 +74,42 @@ def test_on_cuda_a_sync_warning_is_counted_at_the_line_and_other_warnings_still_
     # warning, shown from the frame of the op that synced (test_cuda_paths.py runs it for real on a GPU).
     finder = SyncFinder("cuda")
     shown: list[str] = []
-    report = lambda message, category, *rest: shown.append(str(message))  # noqa: E731
+    report = lambda message, category, *rest: shown.append(str(message))
     finder._cuda_warning(report, UserWarning("called a synchronizing CUDA operation"), UserWarning, "x.py", 1)  # the line
     finder._cuda_warning(report, UserWarning("something else"), UserWarning, "x.py", 1)
     (site,) = finder.sites()
     assert site.op == "cuda sync" and site.where.startswith(f"{__file__}:") and site.code.endswith("# the line")
     assert shown == ["something else"]
+
+
+LIBRARY = """
+def padding_mask(mask):
+    if mask.all():  # a library's read-back, as transformers' masking_utils checks its mask
+        return None
+    return mask
+"""
+
+
+def test_a_read_inside_a_library_is_counted_at_the_users_line_that_called_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A third-party package's line (site-packages) or the standard library's is no line the user can change: the
+    read is counted at the user's line that called into it, and names the library's line beneath."""
+    packages = tmp_path / "site-packages"
+    packages.mkdir()
+    (packages / "masklib.py").write_text(textwrap.dedent(LIBRARY))
+    monkeypatch.syspath_prepend(str(packages))
+    monkeypatch.delitem(sys.modules, "masklib", raising=False)
+    import masklib  # type: ignore[import-not-found]
+
+    mask, losses = torch.ones(4, dtype=torch.bool), [torch.tensor(2.0), torch.tensor(1.0), torch.tensor(3.0)]
+    with SyncFinder() as finder:
+        for _ in range(2):
+            masklib.padding_mask(mask)  # the user's call into the package
+        statistics.median(losses)  # the standard library compares the tensors: reads of the user's line too
+    lines = {s.code: s for s in finder.sites()}
+    call = lines["masklib.padding_mask(mask)  # the user's call into the package"]
+    assert call.count == 2 and call.where.startswith(f"{__file__}:") and call.where.endswith("in test_a_read_inside_a_library_is_counted_at_the_users_line_that_called_it")
+    assert call.via == f"{packages / 'masklib.py'}:3 in padding_mask"
+    assert call.via_code == "if mask.all():  # a library's read-back, as transformers' masking_utils checks its mask"
+    median = lines["statistics.median(losses)  # the standard library compares the tensors: reads of the user's line too"]
+    assert median.where.startswith(f"{__file__}:") and median.via.startswith(statistics.__file__)
+    assert len(lines) == 2

@@ -7,7 +7,16 @@ from typing import Any
 
 from rich.console import Console
 
-from ampkit.profile.table import TOP_SYNCS, advice_parts, header_lines, phase_rows, render, sync_rows, trial_rows
+from ampkit.profile.table import (
+    TOP_SYNCS,
+    advice_parts,
+    header_lines,
+    overhead_line,
+    phase_rows,
+    render,
+    sync_rows,
+    trial_rows,
+)
 
 
 def _render(data: dict[str, Any], width: int = 160) -> str:
@@ -23,6 +32,14 @@ def test_header_names_workload_device_precision_steps_and_median(profile_data: d
     median_ms = f"{profile_data['step_s']['median'] * 1e3:.0f} ms"
     for part in ("device cpu (AMD EPYC 9R14 (2 cores))", "bf16-mixed", "12 steps measured", f"median step {median_ms}"):
         assert part in facts
+    profile_data["accumulate"] = 4  # the Profiler counts optimizer steps: each of 4 batches here
+    assert "12 optimizer steps of 4 batches measured" in header_lines(profile_data)[-1]
+
+
+def test_a_sync_inside_a_library_is_shown_at_the_users_line_via_the_librarys(profile_data: dict[str, Any]) -> None:
+    profile_data["syncs"]["sites"] = [{"where": "train.py:30 in loop", "op": "item", "count": 12, "per_step": 1.0, "code": "out = model(x)",
+                                       "via": "masking_utils.py:321 in sdpa_mask", "via_code": "if mask.all():"}]  # fmt: skip
+    assert sync_rows(profile_data).rows[0][0] == "train.py:30 in loop, via masking_utils.py:321 in sdpa_mask"
 
 
 def test_phases_largest_share_first_with_its_percent(profile_data: dict[str, Any]) -> None:
@@ -93,3 +110,22 @@ def test_narrow_terminal_keeps_figures_whole(profile_data: dict[str, Any]) -> No
     text = _render(profile_data, width=70)
     assert "…" not in text  # names and code wrap; no figure is cut short
     assert "ampkit bench --precision bf16-mixed,bf16-true --compile" in text  # the command stays on one line
+
+
+def test_an_overhead_far_below_one_says_the_plain_steps_were_disturbed(profile_data: dict[str, Any]) -> None:
+    """A measuring window only adds to a step, so a window faster than the plain step beyond the timed steps' own
+    spread (p10-p90 of the median) is a disturbed plain window, not an overhead: the line says so, with no ratio."""
+    step = profile_data["step_s"]
+    noise = (step["p90"] - step["p10"]) / step["median"]
+    plain = profile_data["overhead"]["plain_step_s"]
+    assert 0 < noise < 0.5
+    profile_data["overhead"]["plain_step_s"] = 4.0  # the plain window ran while something else held the cores
+    line = overhead_line(profile_data)
+    assert line is not None and "disturbed" in line and "0.05x" not in line and "x," not in line
+    assert "phases timed" in line and "4,000 ms" in line
+    assert "disturbed" in _render(profile_data)
+    # The control: within the noise below 1 is still read as the overhead it is.
+    profile_data["overhead"].update(plain_step_s=plain, profiled_step_s=plain * (1 - noise / 2), sync_step_s=None, trace_step_s=None)
+    assert overhead_line(profile_data) == f"Profiler overhead, median step against the plain 170 ms: phases timed {1 - noise / 2:.2f}x."
+    profile_data["overhead"]["profiled_step_s"] = plain * (1 - noise * 1.5)
+    assert "disturbed" in overhead_line(profile_data)

@@ -4,6 +4,7 @@ compilation per block, a user-compiled model recognised; each compiled run check
 from __future__ import annotations
 
 import copy
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +135,66 @@ def test_regional_compiles_each_repeated_block_and_refuses_a_model_without_any()
     with pytest.raises(ValueError, match=r"no repeated blocks in Linear.*compile=True"):
         Engine("bf16-true", compile="regional").setup(plain)
     assert plain.weight.dtype == torch.float32 and not plain._forward_pre_hooks  # refused before the policy touched it
+
+
+class Residual(nn.Module):
+    """A ResNet block in miniature: a projection shortcut where the width changes, so blocks differ in shape."""
+
+    def __init__(self, cin: int, cout: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(cin, cout)
+        self.norm = nn.LayerNorm(cout)
+        self.shortcut: nn.Module = nn.Identity() if cin == cout else nn.Linear(cin, cout, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.shortcut(x) + torch.relu(self.norm(self.fc(x)))
+
+
+def resnet_like() -> nn.Module:
+    """Five blocks of three shapes: 8->8 twice, 8->16 once (a stage's first block), 16->16 twice."""
+    torch.manual_seed(0)
+    blocks = nn.Sequential(Residual(8, 8), Residual(8, 8), Residual(8, 16), Residual(16, 16), Residual(16, 16))
+    return nn.Sequential(nn.Linear(8, 8), blocks, nn.Linear(16, 3))
+
+
+def test_regional_compiles_each_distinct_block_shape_once_and_never_recompiles() -> None:
+    """Blocks of different shapes compiled through one shared code object recompiled it once per shape (seven
+    times on a ResNet-18), each call checking every earlier graph's guards, and past the recompile limit ran
+    eagerly. error_on_recompile raises on any recompile; the counting backend sees one graph per distinct shape."""
+    counter = GraphCounter()
+    engine = Engine("32-true", compile={"backend": counter, "regional": True})
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        train(engine, resnet_like(), steps=2, sgd=True)
+    assert engine.compiled == ["1.0", "1.1", "1.2", "1.3", "1.4"]
+    assert counter.graphs == 3
+
+
+def test_regional_shares_one_compile_among_blocks_that_differ_only_in_attributes_forward_never_reads() -> None:
+    """A transformer's layers often record their index (transformers' layer_idx), which forward reads only with a
+    KV cache: dynamo then never guards on it, and one compile serves every layer. Only torch's own layers' settings
+    (a conv's stride, a dropout's p) split blocks by shape."""
+    net = model()
+    for i, block in enumerate([net[1], net[2]]):
+        block.layer_idx = i
+    counter = GraphCounter()
+    engine = Engine("32-true", compile={"backend": counter, "regional": True})
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        train(engine, net, steps=1, sgd=True)
+    assert engine.compiled == ["1", "2"] and counter.graphs == 1
+
+
+def test_regional_names_the_blocks_that_compile_on_their_own(caplog: pytest.LogCaptureFixture) -> None:
+    """A block whose shape no other block has gains nothing from regional compilation: said at setup, by name;
+    blocks that all share their shape get no warning."""
+    with caplog.at_level(logging.WARNING, logger="ampkit"):
+        Engine("32-true", compile={"backend": GraphCounter(), "regional": True}).setup(resnet_like())
+    lone = [r.message for r in caplog.records if "compile='regional'" in r.message]
+    assert len(lone) == 1 and "block 1.2 of Sequential" in lone[0] and "3 compiles for 5 blocks" in lone[0]
+    assert "1.0 with 1.1; 1.3 with 1.4" in lone[0]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="ampkit"):
+        Engine("32-true", compile={"backend": GraphCounter(), "regional": True}).setup(model())
+    assert not [r for r in caplog.records if "compile='regional'" in r.message]
 
 
 # ------------------------------------------------------------------------------------------ checkpoints

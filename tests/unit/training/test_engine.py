@@ -54,7 +54,7 @@ def poison_grad(model: nn.Module) -> None:
 def test_16_mixed_matches_gradscaler_loop_bitwise(fused: bool, clip: float | None, device: torch.device) -> None:
     """Injected overflows at known steps: same skips, same scale, bitwise-equal parameters as torch's loop."""
     k, steps, poisoned = 2, 12, {3, 4, 9}
-    cfg = dict(init_scale=2.0**10, growth_interval=3)
+    cfg = {"init_scale": 2.0**10, "growth_interval": 3}
 
     def make_opt(m: nn.Module) -> torch.optim.Optimizer:
         return torch.optim.AdamW(m.parameters(), lr=1e-2, fused=True) if fused else torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
@@ -64,7 +64,7 @@ def test_16_mixed_matches_gradscaler_loop_bitwise(fused: bool, clip: float | Non
     gs = torch.amp.GradScaler(device.type, **cfg)
     treat = mlp(device=device)
     engine = Engine("16-mixed", accumulate=k, clip_grad_norm=clip, scaler=ScalerConfig(**cfg, min_scale=2.0**-20))
-    treat, t_opt = engine.setup(treat, make_opt(treat))
+    treat, _t_opt = engine.setup(treat, make_opt(treat))
 
     data = batches(steps * k, device=device)
     skipped = 0
@@ -109,7 +109,7 @@ def test_bf16_mixed_matches_autocast_loop_bitwise(device: torch.device) -> None:
     control, treat = mlp(device=device), mlp(device=device)
     c_opt = torch.optim.AdamW(control.parameters(), lr=1e-2)
     engine = Engine("bf16", clip_grad_norm=1.0)
-    treat, t_opt = engine.setup(treat, torch.optim.AdamW(treat.parameters(), lr=1e-2))
+    treat, _t_opt = engine.setup(treat, torch.optim.AdamW(treat.parameters(), lr=1e-2))
     assert engine.scaler is None
     for x, y in batches(10, device=device):
         with torch.autocast(device.type, dtype=torch.bfloat16):
@@ -128,12 +128,12 @@ def test_bf16_mixed_matches_autocast_loop_bitwise(device: torch.device) -> None:
 
 def test_several_optimizers_and_losses_skip_per_optimizer_like_gradscaler(device: torch.device) -> None:
     """Two models, two losses, two optimizers; an overflow in one model's grads skips only its optimizer."""
-    cfg = dict(init_scale=2.0**8, growth_interval=4)
+    cfg = {"init_scale": 2.0**8, "growth_interval": 4}
     ca, cb, ta, tb = mlp(0, device), mlp(1, device), mlp(0, device), mlp(1, device)
     ca_opt, cb_opt = torch.optim.SGD(ca.parameters(), lr=0.1), torch.optim.SGD(cb.parameters(), lr=0.1)
     gs = torch.amp.GradScaler(device.type, **cfg)
     engine = Engine("16-mixed", scaler=ScalerConfig(**cfg))
-    (ta, tb), ta_opt, tb_opt = engine.setup([ta, tb], torch.optim.SGD(ta.parameters(), lr=0.1), torch.optim.SGD(tb.parameters(), lr=0.1))
+    (ta, tb), _ta_opt, _tb_opt = engine.setup([ta, tb], torch.optim.SGD(ta.parameters(), lr=0.1), torch.optim.SGD(tb.parameters(), lr=0.1))
     for step, (x, y) in enumerate(batches(8, device=device)):
         with torch.autocast(device.type, dtype=torch.float16):
             l0, l1 = loss_fn(ca(x), y), loss_fn(cb(x), y)
@@ -161,7 +161,7 @@ def test_several_optimizers_and_losses_skip_per_optimizer_like_gradscaler(device
 def test_stepping_one_optimizer_keeps_the_other_models_pending_gradients_under_masters() -> None:
     engine = Engine("bf16-true-masters")
     a, b = mlp(0), mlp(1)
-    (a, b), opt_a, opt_b = engine.setup([a, b], torch.optim.SGD(a.parameters(), lr=0.1), torch.optim.SGD(b.parameters(), lr=0.1))
+    (a, b), opt_a, _opt_b = engine.setup([a, b], torch.optim.SGD(a.parameters(), lr=0.1), torch.optim.SGD(b.parameters(), lr=0.1))
     x, y = batches(1)[0]
     with engine.autocast():
         loss = loss_fn(a(x), y) + loss_fn(b(x), y)
@@ -193,7 +193,7 @@ def test_clipping_spans_every_optimizer_of_the_step(device: torch.device) -> Non
 def test_an_overflow_under_joint_clipping_skips_every_optimizer_of_the_step(device: torch.device) -> None:
     engine = Engine("16-mixed", clip_grad_norm=1.0)
     model = mlp(device=device)
-    model, opt_a, opt_b = engine.setup(model, torch.optim.SGD(model[0].parameters(), lr=0.1), torch.optim.SGD(model[3].parameters(), lr=0.1, weight_decay=0.1))
+    model, _opt_a, _opt_b = engine.setup(model, torch.optim.SGD(model[0].parameters(), lr=0.1), torch.optim.SGD(model[3].parameters(), lr=0.1, weight_decay=0.1))
     before = [p.detach().clone() for p in model.parameters()]
     x, y = batches(1, device=device)[0]
     with engine.autocast():
@@ -212,7 +212,7 @@ def test_accumulation_equals_one_big_batch_in_fp32() -> None:
     k, b = 4, 8
     control, treat = mlp(), mlp()
     engine = Engine("32-true", accumulate=k)
-    treat, opt = engine.setup(treat, torch.optim.SGD(treat.parameters(), lr=0.5))
+    treat, _opt = engine.setup(treat, torch.optim.SGD(treat.parameters(), lr=0.5))
     c_opt = torch.optim.SGD(control.parameters(), lr=0.5)
     data = batches(3 * k, size=b)
     for step in range(3):
@@ -296,6 +296,63 @@ def test_micro_batches_pending_counts_the_window_and_a_skipped_step_ends_it_too(
     for expected in (1, 0):
         engine.backward(loss_fn(model(x), y)); engine.step()
         assert engine.micro_batches_pending == expected
+
+
+def test_start_epoch_refuses_a_declared_epoch_that_ended_inside_a_window() -> None:
+    """An epoch declared with 5 micro-batches that stops after 4 (accumulate=3) leaves one pending: start_epoch
+    used to reset the counter and keep its gradient, which then joined the next epoch's first window."""
+    engine = Engine(accumulate=3)
+    model = mlp()
+    model, _ = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    engine.start_epoch(5)
+    for x, y in batches(4):
+        engine.backward(loss_fn(model(x), y)); engine.step()
+    with pytest.raises(RuntimeError, match=r"(?s)declared with 5 micro-batches ended after 4.*start_epoch\(4\)"):
+        engine.start_epoch(5)
+    assert engine.micro_batches_pending == 1 and engine.step_state.to_dict() == {"micro": 4, "epoch_len": 5, "steps": 1}
+
+
+def test_an_epoch_cut_short_at_a_window_boundary_is_named_once(caplog: pytest.LogCaptureFixture) -> None:
+    """Cut at a boundary nothing is pending and the next epoch starts fresh, but a checkpoint saved there would
+    resume the unfinished epoch: the declaration is named once."""
+    engine = Engine(accumulate=2)
+    model = mlp()
+    model, _ = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    with caplog.at_level(logging.WARNING, logger="ampkit"):
+        for _ in range(2):
+            engine.start_epoch(5)
+            for x, y in batches(4):
+                engine.backward(loss_fn(model(x), y)); engine.step()
+        engine.start_epoch(5)
+    warned = [r.getMessage() for r in caplog.records if "start_epoch" in r.getMessage()]
+    assert len(warned) == 1 and "declared with 5 micro-batches but 4 ran" in warned[0] and "start_epoch(4)" in warned[0]
+    assert engine.step_state.to_dict() == {"micro": 0, "epoch_len": 5, "steps": 4}
+
+
+def test_start_epoch_after_a_mid_epoch_load_continues_that_epoch() -> None:
+    """Loaded 5 micro-batches into an epoch of 10 (accumulate=3, 2 pending), start_epoch(10) keeps the loaded
+    position (the resume recipe's bitwise run: tests/unit/checkpoint/test_resume_loader.py); another length cannot
+    resume that epoch and is refused."""
+    def engine_at(state: dict | None = None) -> tuple[Engine, nn.Module]:
+        engine = Engine(accumulate=3)
+        model = mlp()
+        model, _ = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        if state is not None:
+            engine.load_state_dict(state)
+        return engine, model
+
+    engine, model = engine_at()
+    engine.start_epoch(10)
+    for x, y in batches(5):
+        engine.backward(loss_fn(model(x), y)); engine.step()
+    saved = engine.state_dict()
+    resumed, _ = engine_at(saved)
+    resumed.start_epoch(10)
+    assert resumed.step_state.to_dict() == engine.step_state.to_dict() == {"micro": 5, "epoch_len": 10, "steps": 1}
+    assert resumed.micro_batches_pending == 2
+    other, _ = engine_at(saved)
+    with pytest.raises(ValueError, match=r"start_epoch\(10\)"):
+        other.start_epoch(8)
 
 
 # ------------------------------------------------------------------------------------- clipping, schedulers
@@ -395,7 +452,7 @@ def test_masters_keep_updates_that_16_bit_weights_round_away(device: torch.devic
         model = nn.Sequential(nn.Linear(8, 1, bias=False)).to(device)
         nn.init.constant_(model[0].weight, 1.0)
         engine = Engine(precision)
-        model, opt = engine.setup(model, torch.optim.SGD(model.parameters(), lr=1e-5))
+        model, _opt = engine.setup(model, torch.optim.SGD(model.parameters(), lr=1e-5))
         for _ in range(50):
             engine.backward(model(torch.ones(4, 8, device=device)).mean())
             engine.step()
@@ -425,7 +482,7 @@ def test_16_true_masters_trains_like_fp32(device: torch.device) -> None:
 # ------------------------------------------------------------------------------------- penalties, sparse
 def test_gradient_penalty_matches_torch_recipe_bitwise(device: torch.device) -> None:
     """Double backward under scaling: engine.grad() returns unscaled gradients, as torch's documented recipe."""
-    cfg = dict(init_scale=2.0**12)
+    cfg = {"init_scale": 2.0**12}
     control, treat = mlp(device=device), mlp(device=device)
     c_opt = torch.optim.SGD(control.parameters(), lr=0.1)
     gs = torch.amp.GradScaler(device.type, **cfg)
@@ -800,14 +857,14 @@ def test_skip_nonfinite_without_scaling(device: torch.device) -> None:
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        (dict(accumulate=0), "accumulate must be an int >= 1"),
-        (dict(accumulate="4"), "accumulate must be an int >= 1"),
-        (dict(accumulate=True), "accumulate must be an int >= 1"),
-        (dict(clip_grad_norm=-1.0), "clip_grad_norm must be a positive number"),
-        (dict(clip_grad_norm=1.0, clip_grad_value=1.0), "not both"),
-        (dict(scaler="bogus"), "scaler='bogus' is not understood"),
-        (dict(precision="16-mixed", skip_nonfinite=False), "must skip steps"),
-        (dict(precision="01"), "Did you mean 'O1'"),
+        ({"accumulate": 0}, "accumulate must be an int >= 1"),
+        ({"accumulate": "4"}, "accumulate must be an int >= 1"),
+        ({"accumulate": True}, "accumulate must be an int >= 1"),
+        ({"clip_grad_norm": -1.0}, "clip_grad_norm must be a positive number"),
+        ({"clip_grad_norm": 1.0, "clip_grad_value": 1.0}, "not both"),
+        ({"scaler": "bogus"}, "scaler='bogus' is not understood"),
+        ({"precision": "16-mixed", "skip_nonfinite": False}, "must skip steps"),
+        ({"precision": "01"}, "Did you mean 'O1'"),
     ],
 )
 def test_bad_engine_arguments(kwargs: dict, match: str) -> None:

@@ -37,7 +37,7 @@ def test_the_engine_state_keeps_the_checkpoint_keys_and_the_engine_attributes_re
     engine = _run(5)
     state = engine.state_dict()
     # The file format: these keys, in this order, as every earlier version wrote them.
-    assert list(state) == ["policy", "accumulate", "micro", "epoch_len", "steps", "micro_batch_rows", "skipped_steps", "scaler", "masters", "pending_grads"]
+    assert list(state) == ["policy", "accumulate", "micro", "epoch_len", "steps", "micro_batch_rows", "skipped_steps", "scaler", "masters", "pending_grads", "rounding"]
     assert (state["micro"], state["epoch_len"], state["steps"]) == (engine.step_state.micro, engine.step_state.epoch_len, engine.steps) == (5, None, 2)
     assert engine.micro_batches_pending == 1 and state["pending_grads"] is not None
 

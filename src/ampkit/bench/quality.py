@@ -1,0 +1,201 @@
+"""Is a policy's eval metric worse than the reference's? One-sided, against the tolerance and the measured noise.
+
+Only *worse* matters: a policy that lands better than ``32-true`` has lost nothing. Each run's gap to the reference
+(how much worse, in the metric's own units) is held to the larger of two margins:
+
+- the **tolerance** (:class:`Tolerance`): how far from the reference counts as equal, absolute (accuracy, mIoU, eval
+  loss) or a fraction of the reference's figure (perplexity);
+- the **eval noise** (:class:`EvalNoise`): the reference's own sampling error on this eval set. The bench scores every
+  eval batch alone as well (``RunResult.eval_batch_metrics``, no extra forward pass); the standard error of the
+  reference's figure is the spread of those per-batch figures over the square root of their number, and its 95%
+  band is that times Student's t (``batches - 1`` degrees of freedom). A gap inside the band is a difference this
+  eval set cannot resolve. It is free; a second fp32 seed would measure the training noise too, at the price of a
+  whole extra training run, which the bench does not pay.
+
+What the eval noise does not see is the training noise: policies that round differently follow different
+trajectories, and on a short run those land apart either way. A change of precision does not make a model
+better, so a policy that lands **better** than the reference beyond both margins shows that noise: the comparison
+is noisy, and a gap on the worse side no larger than that spread is **unclear**, not a loss.
+
+The words (:data:`QUALITY`), defined once here and printed with their definitions:
+
+    >>> tol = Tolerance("perplexity", higher_is_better=False, tolerance=0.02, relative=True)
+    >>> judged = judge([7.25, 6.9, 7.5, 7.9], reference=7.3, tolerance=tol, noise=None)
+    >>> [j.word for j in judged.runs], f"{judged.spread:.3f}"
+    (['as good', 'better', 'unclear', 'worse'], '0.400')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .._util.values import check_tolerance
+
+__all__ = ["QUALITY", "EvalNoise", "Judged", "Judgement", "Tolerance", "check_tolerance", "eval_noise", "judge", "metric_words", "t_975"]
+
+QUALITY: dict[str, str] = {
+    "as good": "within the tolerance of 32-true's figure, or within its eval noise, either way",
+    "better": "better than 32-true beyond the tolerance and the eval noise: no failure, but a change of precision does "
+    "not make a model better, so the comparison is noisy (training noise: rerun with more --steps or another --seed)",
+    "unclear": "worse than 32-true beyond the tolerance and the eval noise, but by no more than another policy of "
+    "this run landed better: within the run's own spread",
+    "worse": "worse than 32-true beyond the tolerance, the eval noise and the run's spread: quality is lost",
+}
+"""The eval metric against the reference's, one word per run (``RunResult.quality``); None: not measured."""
+
+_T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+          2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)  # fmt: skip
+"""Student's t at 97.5% for 1 to 30 degrees of freedom (torch and numpy have no t quantile; scipy is optional)."""
+
+
+_Z_975 = 1.959964
+"""The normal distribution's 97.5% quantile: Student's t for infinitely many degrees of freedom."""
+
+
+def t_975(df: int) -> float:
+    """Student's t quantile at 97.5% (a two-sided 95% band) for ``df`` degrees of freedom.
+
+    >>> t_975(4), round(t_975(1000), 3)
+    (2.776, 1.962)
+    """
+    if df < 1:
+        raise ValueError(f"degrees of freedom must be >= 1, got {df}")
+    if df <= len(_T_975):
+        return _T_975[df - 1]
+    # Beyond the table, the first term of the expansion of t in 1/df (Cornish-Fisher): within 0.2% from df 31 on.
+    return _Z_975 + (_Z_975**3 + _Z_975) / (4 * df)
+
+
+def metric_words(name: str) -> str:
+    """A metric's name as words: ``eval_loss`` reads ``eval loss``, ``mIoU`` stays ``mIoU``.
+
+    >>> metric_words("eval_loss"), metric_words("pixel_accuracy"), metric_words("mIoU")
+    ('eval loss', 'pixel accuracy', 'mIoU')
+    """
+    return name.replace("_", " ")
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How far from the reference's eval metric a run may land, on the worse side, and still count as equal."""
+
+    name: str
+    higher_is_better: bool
+    tolerance: float
+    """Absolute, or a fraction of the reference's figure when ``relative``."""
+    relative: bool
+
+    def __post_init__(self) -> None:
+        check_tolerance(self.tolerance, f"Tolerance({self.name!r}).tolerance")
+
+    def with_amount(self, amount: float) -> Tolerance:
+        """The same metric with ``amount`` as its tolerance, in the metric's own terms (absolute or relative).
+
+        >>> Tolerance("accuracy", True, 0.02, relative=False).with_amount(0.005).describe("32-true")
+        'accuracy within 0.005 of 32-true'
+        """
+        return dataclasses.replace(self, tolerance=check_tolerance(amount))
+
+    def allowed(self, reference: float) -> float:
+        """The tolerance in the metric's units, for a reference figure ``reference``."""
+        return self.tolerance * abs(reference) if self.relative else self.tolerance
+
+    def worse_by(self, value: float, reference: float) -> float:
+        """How much worse ``value`` is than ``reference``, in the metric's units; negative when it is better.
+
+        >>> Tolerance("accuracy", True, 0.02, False).worse_by(0.88, 0.9), Tolerance("perplexity", False, 0.02, True).worse_by(7.0, 7.5)
+        (0.020000000000000018, -0.5)
+        """
+        return reference - value if self.higher_is_better else value - reference
+
+    def amount(self) -> str:
+        """The tolerance as written: ``0.02`` or ``2%``."""
+        return f"{self.tolerance * 100:g}%" if self.relative else f"{self.tolerance:g}"
+
+    def size(self, gap: float, reference: float) -> str:
+        """A gap (or band) in the tolerance's terms: ``4.8%`` of the reference when relative, else the figure."""
+        return f"{abs(gap) / abs(reference):.1%}" if self.relative and reference else f"{abs(gap):.3g}"
+
+    def describe(self, reference: str) -> str:
+        """The tolerance in words, e.g. ``accuracy within 0.02 of 32-true``."""
+        return f"{metric_words(self.name)} within {self.amount()} of {reference}"
+
+
+@dataclass(frozen=True)
+class EvalNoise:
+    """The reference's eval sampling error: the standard error of its figure over ``batches`` eval batches."""
+
+    standard_error: float
+    batches: int
+
+    @property
+    def band(self) -> float:
+        """The 95% half-width around the reference's figure: Student's t for ``batches - 1`` times the standard error."""
+        return t_975(self.batches - 1) * self.standard_error
+
+
+def eval_noise(per_batch: Sequence[float | None]) -> EvalNoise | None:
+    """The eval noise of a figure scored on each eval batch alone, or None with fewer than 2 finite batch figures.
+
+    The standard error is the sample standard deviation of the per-batch figures over the square root of their
+    number (batches of unequal size count alike, which slightly widens it).
+
+    >>> noise = eval_noise([0.88, 0.92, 0.90, 0.90])
+    >>> round(noise.standard_error, 4), round(noise.band, 4)
+    (0.0082, 0.026)
+    >>> eval_noise([0.9]) is None
+    True
+    """
+    values = [v for v in per_batch if v is not None and math.isfinite(v)]
+    if len(values) < 2 or len(values) != len(per_batch):
+        return None
+    return EvalNoise(float(np.std(values, ddof=1) / math.sqrt(len(values))), len(values))
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """One run's eval metric against the reference's."""
+
+    word: str | None
+    """A :data:`QUALITY` word; None when either figure is missing (quality not measured)."""
+    worse_by: float | None
+    """How much worse than the reference, in the metric's units (negative: better; inf: not finite)."""
+
+
+@dataclass(frozen=True)
+class Judged:
+    """Every run's :class:`Judgement`, and the run's spread: how far the furthest ``better`` run landed better."""
+
+    runs: list[Judgement]
+    spread: float
+    """0.0 when no run landed better beyond the tolerance and the eval noise."""
+    best: int | None
+    """Index (in ``runs``) of the run that set ``spread``; None when it is 0."""
+
+
+def judge(values: Sequence[float | None], reference: float | None, tolerance: Tolerance, noise: EvalNoise | None) -> Judged:
+    """Judge each of ``values`` against ``reference`` by the rule of this module's docstring."""
+    if reference is None or not math.isfinite(reference):
+        return Judged([Judgement(None, None) for _ in values], 0.0, None)
+    floor = max(tolerance.allowed(reference), noise.band if noise is not None else 0.0) + 1e-12
+    gaps = [None if v is None else (tolerance.worse_by(v, reference) if math.isfinite(v) else math.inf) for v in values]
+    better = [i for i, g in enumerate(gaps) if g is not None and g < -floor]
+    best = min(better, key=lambda i: gaps[i]) if better else None  # the first of equals: the order runs are listed in
+    spread = -gaps[best] if best is not None else 0.0  # type: ignore[operator]
+    runs = []
+    for gap in gaps:
+        if gap is None:
+            word = None
+        elif gap < -floor:
+            word = "better"
+        elif gap <= floor:
+            word = "as good"
+        else:
+            word = "unclear" if gap <= spread else "worse"
+        runs.append(Judgement(word, gap))
+    return Judged(runs, spread, best)
