@@ -124,7 +124,8 @@ def test_dtensor_caches_clear_without_dtensor_and_skip_missing_ones(monkeypatch:
 
 def test_clear_mesh_process_groups() -> None:
     class Mesh:
-        _pg_registry = {"g": object()}
+        def __init__(self) -> None:
+            self._pg_registry = {"g": object()}
 
     mesh = Mesh()
     assert _compat.clear_mesh_process_groups(mesh) is True and mesh._pg_registry == {}

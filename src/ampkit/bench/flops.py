@@ -36,7 +36,7 @@ from torch.utils.flop_counter import FlopCounterMode, flop_registry
 from .._compat import TorchDispatchMode, cuda_allows_tf32, in_backward_node
 from ..policy.gpu_specs import GpuSpec, gpu_spec
 
-__all__ = ["FORMATS", "StepFlops", "count_flops", "peak_flops", "mfu"]
+__all__ = ["FORMATS", "StepFlops", "count_flops", "mfu", "peak_flops"]
 
 FORMATS = ("fp8", "16-bit", "tf32", "fp32", "other")
 """What a counted op multiplied in: ``other`` is a format no peak is listed for (fp64, integers, or FLOPs that

@@ -18,4 +18,4 @@ from ..memory.accounting import (
 )
 from ..memory.process import peak_rss_bytes, reset_peak_rss
 
-__all__ = ["SavedActivations", "StepPeak", "tensor_bytes", "training_state_bytes", "reset_peak_rss", "peak_rss_bytes"]
+__all__ = ["SavedActivations", "StepPeak", "peak_rss_bytes", "reset_peak_rss", "tensor_bytes", "training_state_bytes"]

@@ -29,14 +29,14 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 __all__ = [
+    "LOSS_PLOT",
+    "MEMORY_PARTS",
+    "TIME_MEMORY_PLOT",
+    "loss_figure",
     "plot_losses",
     "plot_time_memory",
-    "write_plots",
-    "loss_figure",
     "time_memory_figure",
-    "LOSS_PLOT",
-    "TIME_MEMORY_PLOT",
-    "MEMORY_PARTS",
+    "write_plots",
 ]
 
 LOSS_PLOT = "loss_curves.png"

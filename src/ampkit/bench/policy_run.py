@@ -25,15 +25,21 @@ from torch import nn
 
 from .._compat import tree_map
 from ..distributed.strategy import unwrap
+from ..errors import one_line
 from ..policy import Policy
 from ..training.engine import Engine
-from ..errors import one_line
 from .flops import count_flops
-from .memory import SavedActivations, StepPeak, peak_rss_bytes, reset_peak_rss, training_state_bytes
+from .memory import (
+    SavedActivations,
+    StepPeak,
+    peak_rss_bytes,
+    reset_peak_rss,
+    training_state_bytes,
+)
+from .model_io import batch_loss, run_batch
 from .recipe import with_lr
 from .results import RunResult
 from .timing import StepTimer, summarize
-from .model_io import batch_loss, run_batch
 from .workload import Batch, Workload
 
 __all__ = ["PolicyRun"]
@@ -246,7 +252,7 @@ class PolicyRun:
                     self.result.flops_per_step = float(counted.total)
                     self.result.flops_by_format = {k: float(v) for k, v in counted.by_format.items()}
                     self.result.recomputed_flops = float(counted.recomputed)
-                except Exception as exc:  # counting is a nicety; a model it cannot trace still gets timed
+                except Exception as exc:  # noqa: BLE001 - counting is a nicety; a model it cannot trace still gets timed
                     log.warning("FLOP counting failed under %s (%s); no FLOP/s for this run", self.precision, one_line(exc, with_type=True))
                     self._step()
             else:  # the second step, whose peak holds the optimizer state the first one created

@@ -21,14 +21,21 @@ from pathlib import Path
 from typing import Any
 
 from ..memory.fp8_layers import Fp8Plan
-from ..report.markdown import code_block, markdown_table, plot_links, plot_section, table_cell, write_markdown
+from ..report.markdown import (
+    code_block,
+    markdown_table,
+    plot_links,
+    plot_section,
+    table_cell,
+    write_markdown,
+)
 from .format import MISSING, fmt_bytes
 from .fp8_table import fp8_markdown
 from .plots import MEMORY_PARTS
 from .results import BenchResult, RunResult
 from .table import definitions, legend_lines, table_rows, tolerance_line, verdict_lines
 
-__all__ = ["write_report", "render_report", "plot_links", "REPORT_NAME"]
+__all__ = ["REPORT_NAME", "plot_links", "render_report", "write_report"]
 
 REPORT_NAME = "report.md"
 

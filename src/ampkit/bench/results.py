@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RunResult", "BenchResult", "SCHEMA_VERSION", "STATUSES"]
+__all__ = ["SCHEMA_VERSION", "STATUSES", "BenchResult", "RunResult"]
 
 SCHEMA_VERSION = 1
 
@@ -198,7 +198,7 @@ class BenchResult:
         return _finite(data)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "BenchResult":
+    def from_dict(cls, data: dict[str, Any]) -> BenchResult:
         """Rebuild from ``to_dict()`` output (unknown keys are ignored, so newer files still load)."""
         known = {f.name for f in dataclasses.fields(cls)}
         run_fields = {f.name for f in dataclasses.fields(RunResult)}
@@ -213,7 +213,7 @@ class BenchResult:
         return write_text_atomic(path, json.dumps(self.to_dict(), indent=2) + "\n")
 
     @classmethod
-    def read_json(cls, path: str | Path) -> "BenchResult":
+    def read_json(cls, path: str | Path) -> BenchResult:
         """Load a results.json written by :meth:`write_json`."""
         return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
 

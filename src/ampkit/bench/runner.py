@@ -56,13 +56,14 @@ import torch
 import torch.distributed as dist
 
 from .. import __version__
+from .._util.model_io import to_device
 from ..distributed.agreement import agree_max
 from ..errors import one_line
-from ..training.micro_batching import batch_rows, split_batch
 from ..memory.fp8_layers import Fp8Plan, fp8_layer_plan, planned_policy
 from ..policy import get_policy
-from ..policy.fp8 import DEFAULT_TOKENS, FP8Policy
 from ..policy.device import as_device, cpu_bf16_native, cpu_fp16_native, cpu_name
+from ..policy.fp8 import DEFAULT_TOKENS, FP8Policy
+from ..training.micro_batching import batch_rows, split_batch
 from .flops import mfu
 from .policy_run import PolicyRun
 from .progress import NullReporter, Reporter
@@ -70,9 +71,8 @@ from .recipe import check_recipe, recipe_settings, runs_to_build
 from .results import BenchResult
 from .verdict import Tolerance, apply_verdicts, check_tolerance
 from .workload import Batch, Workload
-from .._util.model_io import to_device
 
-__all__ = ["run_bench", "device_info", "shard_batch", "check_shardable", "REFERENCE"]
+__all__ = ["REFERENCE", "check_shardable", "device_info", "run_bench", "shard_batch"]
 
 log = logging.getLogger("ampkit")
 
@@ -147,7 +147,7 @@ def _guard(run: PolicyRun, what: str, fn: Any, *args: Any, world: int = 1) -> No
         fn(*args)
     except (KeyboardInterrupt, SystemExit):
         raise
-    except Exception as exc:  # one policy's failure is a finding for its row, not the end of the bench
+    except Exception as exc:  # noqa: BLE001 - one policy's failure is a finding for its row, not the end of the bench
         log.warning("%s failed while %s: %s", run.label, what, exc)
         run.fail(exc)
     if world > 1:
@@ -266,7 +266,7 @@ def _fp8_plans(workload: Workload, runs: Sequence[PolicyRun]) -> dict[str, Fp8Pl
             if run.precision not in plans:
                 try:
                     plans[run.precision] = fp8_layer_plan(workload.model, workload.train_batches[0], run.precision)
-                except Exception as exc:  # a forward fake tensors cannot run: the run goes on with the policy's defaults
+                except Exception as exc:  # noqa: BLE001 - a forward fake tensors cannot run: the run goes on with the policy's defaults
                     log.warning("could not plan %s's layers from the batch (%s); it converts the layers its filter picks at "
                                 "%d rows", run.precision, one_line(exc, with_type=True), DEFAULT_TOKENS)
                     unplanned.add(run.precision)

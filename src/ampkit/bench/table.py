@@ -28,12 +28,11 @@ from rich.text import Text
 
 from ..memory.fp8_layers import Fp8Plan
 from ..report.tables import TableRows, column_widths, table_width
-
 from .format import (
     MISSING,
     fmt_bytes,
-    fmt_flops,
     fmt_float,
+    fmt_flops,
     fmt_number,
     fmt_percent,
     fmt_ratio,

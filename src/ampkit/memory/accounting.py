@@ -20,14 +20,17 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from .._compat import TorchDispatchMode, tree_leaves
 
-__all__ = ["storage_key", "tensor_bytes", "SavedActivations", "training_state_bytes", "LiveBytes", "StepPeak"]
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+__all__ = ["LiveBytes", "SavedActivations", "StepPeak", "storage_key", "tensor_bytes", "training_state_bytes"]
 
 
 def storage_key(t: torch.Tensor) -> int:
@@ -97,7 +100,7 @@ class SavedActivations:
         """The most distinct bytes saved for backward at once so far."""
         return max(self._most, sum(self._seen.values()))
 
-    def __enter__(self) -> "SavedActivations":
+    def __enter__(self) -> Self:
         self._hooks.__enter__()
         return self
 

@@ -31,15 +31,15 @@ from torch import nn
 
 from .._compat import tree_leaves, tree_map
 from .._util.model_io import batch_loss, batch_parts, default_loss
-from ..training.engine import Engine
 from ..policy import Policy, get_policy
-from ..policy.fp8 import FP8Policy
 from ..policy.device import as_device
+from ..policy.fp8 import FP8Policy
+from ..training.engine import Engine
 from .accounting import SavedActivations, StepPeak, tensor_bytes, training_state_bytes
 from .cuda_attention import CudaAttention
 from .fake import FakeCopies, rebuild_optimizer
 
-__all__ = ["MemoryEstimate", "estimate", "measure", "LossFn"]
+__all__ = ["LossFn", "MemoryEstimate", "estimate", "measure"]
 
 LossFn = Callable[[Any, Any], torch.Tensor]
 

@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from ampkit.bench.plots import LOSS_PLOT, TIME_MEMORY_PLOT, loss_figure, plot_losses, time_memory_figure, write_plots
+from ampkit.bench.plots import (
+    LOSS_PLOT,
+    TIME_MEMORY_PLOT,
+    loss_figure,
+    plot_losses,
+    time_memory_figure,
+    write_plots,
+)
 from ampkit.bench.results import BenchResult, RunResult
 from ampkit.errors import AmpkitError
 
