@@ -66,6 +66,7 @@ __all__ = [
     "compiled_original",
     "compiler_error",
     "cpu_isa_probe",
+    "cuda_allows_tf32",
     "current_function_modes",
     "dcp_metadata_path",
     "disable_current_modes",
@@ -73,6 +74,7 @@ __all__ = [
     "foreach_region_inductor_config",
     "fsdp_problem",
     "fully_shard",  # noqa: F822 - resolved by __getattr__ on first use
+    "in_backward_node",
     "node_sequence_nr",
     "optimizer_has_step_hooks",
     "own_code",
@@ -353,6 +355,41 @@ def per_backend_fp32_precision() -> bool:
     return hasattr(torch.backends.cuda.matmul, "fp32_precision") and hasattr(
         getattr(torch.backends.cudnn, "conv", None), "fp32_precision"
     )
+
+
+def cuda_allows_tf32(op: str) -> bool:
+    """Whether torch's settings let CUDA run an fp32 ``op`` (``"matmul"`` or ``"conv"``) in TF32 at this moment.
+
+    Read from the per-backend settings where torch has them (2.9+, where ``"none"`` defers to the parent:
+    ``cudnn.conv``, then ``cudnn``, then the global one; ``cuda.matmul``, then the global one), else from the
+    legacy flags. The legacy getters are not read on 2.9+: they raise once both APIs have been used.
+
+    >>> cuda_allows_tf32("matmul") == (torch.backends.cuda.matmul.fp32_precision == "tf32" if per_backend_fp32_precision()
+    ...                                 else torch.backends.cuda.matmul.allow_tf32)
+    True
+    """
+    if op not in ("matmul", "conv"):
+        raise ValueError(f"op must be 'matmul' or 'conv', got {op!r}.")
+    if per_backend_fp32_precision():
+        chain = [torch.backends.cuda.matmul] if op == "matmul" else [torch.backends.cudnn.conv, torch.backends.cudnn]
+        for settings in [*chain, torch.backends]:
+            value = getattr(settings, "fp32_precision", "none")
+            if value != "none":
+                return value == "tf32"
+        return False
+    return bool(torch.backends.cuda.matmul.allow_tf32 if op == "matmul" else torch.backends.cudnn.allow_tf32)
+
+
+def in_backward_node() -> bool:
+    """Whether this thread is running an autograd node's backward now (``torch._C._current_autograd_node``, private).
+
+    >>> x = torch.ones(1, requires_grad=True); seen = []
+    >>> _ = x.register_hook(lambda g: seen.append(in_backward_node()))
+    >>> (x * 2).sum().backward(); in_backward_node(), seen
+    (False, [True])
+    """
+    fn = getattr(torch._C, "_current_autograd_node", None)
+    return fn is not None and fn() is not None
 
 
 def step_supports_amp_scaling(optimizer: torch.optim.Optimizer) -> bool:

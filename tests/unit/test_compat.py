@@ -88,6 +88,23 @@ def test_per_backend_fp32_precision_needs_both_backends(monkeypatch: pytest.Monk
     assert _compat.per_backend_fp32_precision() is False  # torch < 2.9
 
 
+def test_cuda_tf32_settings_are_read_without_the_legacy_getters_that_raise() -> None:
+    # torch's defaults: cuDNN convolutions may run fp32 in TF32, matmuls may not (what 32-true's MFU is held to).
+    assert _compat.cuda_allows_tf32("conv") and not _compat.cuda_allows_tf32("matmul")
+    if not _compat.per_backend_fp32_precision():
+        pytest.skip("torch < 2.9 has only the legacy flags: nothing to resolve")
+    matmul, before = torch.backends.cuda.matmul, torch.backends.cuda.matmul.fp32_precision
+    try:
+        matmul.fp32_precision = "tf32"  # the new API; the legacy getter would now raise on reading allow_tf32
+        assert _compat.cuda_allows_tf32("matmul")
+        matmul.fp32_precision = "none"  # defers to the global setting
+        assert _compat.cuda_allows_tf32("matmul") == (torch.backends.fp32_precision == "tf32")
+    finally:
+        matmul.fp32_precision = before
+    with pytest.raises(ValueError, match="'matmul' or 'conv'"):
+        _compat.cuda_allows_tf32("attention")
+
+
 def test_step_supports_amp_scaling_round_trip() -> None:
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1, fused=True)
     assert _compat.step_supports_amp_scaling(opt) is True
@@ -107,7 +124,8 @@ def test_dtensor_caches_clear_without_dtensor_and_skip_missing_ones(monkeypatch:
 
 def test_clear_mesh_process_groups() -> None:
     class Mesh:
-        _pg_registry = {"g": object()}
+        def __init__(self) -> None:
+            self._pg_registry = {"g": object()}
 
     mesh = Mesh()
     assert _compat.clear_mesh_process_groups(mesh) is True and mesh._pg_registry == {}

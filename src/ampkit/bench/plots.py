@@ -29,14 +29,14 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 __all__ = [
+    "LOSS_PLOT",
+    "MEMORY_PARTS",
+    "TIME_MEMORY_PLOT",
+    "loss_figure",
     "plot_losses",
     "plot_time_memory",
-    "write_plots",
-    "loss_figure",
     "time_memory_figure",
-    "LOSS_PLOT",
-    "TIME_MEMORY_PLOT",
-    "MEMORY_PARTS",
+    "write_plots",
 ]
 
 LOSS_PLOT = "loss_curves.png"
@@ -212,15 +212,16 @@ def _memory_panel(ax: Axes, result: BenchResult) -> None:
         ax.bar(x, heights, bottom=bottom, width=0.6, color=_PART_COLORS.get(key), label=key.replace("_", " "))
         bottom += heights
     for i, run in enumerate(runs):
-        label = fmt_bytes(sum(parts[i].values()))
+        # The peak, as the table prints it: the parts need not coexist, so their sum may exceed it.
+        label = fmt_bytes(sum(parts[i].values()) if is_missing(run.peak_memory_bytes) else run.peak_memory_bytes)
         if not is_missing(run.memory_saved_vs_fp32) and run.label != result.reference:
             label += "\n" + fmt_percent(-(run.memory_saved_vs_fp32 or 0.0), digits=0, signed=True)
         ax.text(x[i], bottom[i], label, ha="center", va="bottom", fontsize="small")
     ax.set_ylim(0, float(bottom.max()) * 1.25)
     ax.set_xticks(x, _tick_labels(runs))
     ax.set_ylabel(f"memory ({unit})")
-    what = "allocator peak" if result.device.get("type") == "cuda" else "resident training state"
-    ax.set_title(f"peak memory ({what}; label: change vs {result.reference})", fontsize="medium")
+    what = "allocator peak" if result.device.get("type") == "cuda" else "live-tensor peak"
+    ax.set_title(f"memory by part (label: {what}, change vs {result.reference})", fontsize="medium")
     ax.legend(fontsize="x-small", loc="upper right")
     ax.grid(True, axis="y", alpha=0.3)
 

@@ -23,16 +23,23 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .._compat import tree_map
 from ..distributed.strategy import unwrap
+from ..errors import one_line
 from ..policy import Policy
 from ..training.engine import Engine
-from ..errors import one_line
 from .flops import count_flops
-from .memory import SavedActivations, peak_rss_bytes, reset_peak_rss, training_state_bytes
+from .memory import (
+    SavedActivations,
+    StepPeak,
+    peak_rss_bytes,
+    reset_peak_rss,
+    training_state_bytes,
+)
+from .model_io import batch_loss, run_batch
 from .recipe import with_lr
 from .results import RunResult
 from .timing import StepTimer, summarize
-from .model_io import batch_loss, run_batch
 from .workload import Batch, Workload
 
 __all__ = ["PolicyRun"]
@@ -84,6 +91,7 @@ class PolicyRun:
         self.times: list[float] = []
         self.timer = StepTimer(device)
         self.first_steps: list[float] = []  # a compiled run's first steps, where it compiles
+        self._fresh_batches = False  # set while memory is measured (see _step)
         self._rng: tuple[torch.Tensor, torch.Tensor | None] | None = None
 
     @property
@@ -94,6 +102,10 @@ class PolicyRun:
     # -- lifecycle ---------------------------------------------------------------------------------
     def build(self) -> None:
         """Fresh copy of the workload's initial weights, its optimizer, and an Engine for this policy."""
+        self._setup(self._copy())
+
+    def _copy(self) -> nn.Module:
+        """The workload's initial weights on the device, with the run's RNG seeded (the first half of :meth:`build`)."""
         self.release()
         # Seeds CUDA too; the state is kept per run from here on. Each rank draws its own dropout masks, as
         # independent samples of one global batch would (the weights come from rank 0 whatever the seed).
@@ -103,6 +115,10 @@ class PolicyRun:
         model = copy.deepcopy(self.workload.model).to(self.device)
         if self.workload.channels_last:
             model = model.to(memory_format=torch.channels_last)
+        return model
+
+    def _setup(self, model: nn.Module) -> None:
+        """The optimizer and the Engine for this policy, set up on ``model`` (the second half of :meth:`build`)."""
         optimizer = with_lr(self.workload.optimizer(model.parameters()), self.workload.lr)
         self.engine = Engine(
             self.policy, clip_grad_norm=self.workload.clip_grad_norm, accumulate=self.workload.accumulate,
@@ -145,6 +161,8 @@ class PolicyRun:
         losses = []
         for i in range(k):
             batch = self.batches[(self.steps_done * k + i) % len(self.batches)]
+            if self._fresh_batches:  # measuring memory: the micro-batch is made, used and freed as a loader's would be
+                batch = tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, batch)
             with self.engine.autocast():
                 loss = batch_loss(self.model, batch, self.workload.loss_fn)
             self.engine.backward(loss)
@@ -171,7 +189,10 @@ class PolicyRun:
 
         The first step counts saved activations, the second (when ``flops``, eager) counts FLOPs; the rest warm up.
         A compiled run times its first two steps instead: they hold the compilation (:attr:`first_steps`).
-        Peaks cover building the run and ``warmup`` steps (at least two, so optimizer state exists).
+        Peaks cover the policy's setup and ``warmup`` steps (at least two, so optimizer state exists). Each
+        micro-batch is a copy made as the step takes it, so the peak holds the micro-batch in use, as a loop over a
+        loader would, not the bench's preloaded batches. The peak is :class:`~ampkit.memory.accounting.StepPeak`'s
+        on the CPU (``ampkit memory``'s definition; none for a compiled run) and the allocator's on CUDA.
         """
         cuda = self.device.type == "cuda"
         self.release()
@@ -182,8 +203,36 @@ class PolicyRun:
             torch.cuda.reset_peak_memory_stats(self.device)
             base = torch.cuda.memory_allocated(self.device)
         reset_peak_rss()
-        self.build()
+        model = self._copy()
+        # The CPU's peak is counted op by op under a dispatch mode, and only for an eager run: torch.compile skips,
+        # for the rest of the process, a frame it first meets under one, and sees nothing inside compiled code. The
+        # eager run stays eager throughout (an optimizer that compiles its own step, torchao's, compiles in the
+        # timed run's warm-up), as ampkit memory's step does.
+        live = StepPeak(model) if not cuda and self.compile is None else None
+        self._fresh_batches = True
+        try:
+            counting = live if live is not None else contextlib.nullcontext()
+            eager = torch.compiler.set_stance("force_eager") if live is not None else contextlib.nullcontext()
+            with counting, eager:
+                self._measure_steps(model, warmup, flops)
+        finally:
+            self._fresh_batches = False
         assert self.model is not None and self.optimizer is not None and self.engine is not None
+        breakdown = training_state_bytes(self.model, [self.optimizer], self.engine.masters)
+        breakdown["activations"] = self.result.activation_bytes or 0
+        self.result.memory_breakdown = breakdown
+        if cuda:
+            torch.cuda.synchronize(self.device)
+            self.result.peak_memory_bytes = torch.cuda.max_memory_allocated(self.device) - base
+        elif live is not None:
+            self.result.peak_memory_bytes = live.peak
+        # else a compiled run on the CPU: no peak is measured (None), rather than one of another definition
+        self.result.peak_rss_bytes = peak_rss_bytes()
+        self.release()
+
+    def _measure_steps(self, model: nn.Module, warmup: int, flops: bool) -> None:
+        self._setup(model)
+        assert self.model is not None
         compiled = self.compile is not None
         # An eager run's measuring steps stay eager even where an optimizer compiles its own step (torchao's, under
         # bf16-true-sr): torch.compile refuses to trace under the counters' hooks and modes. It compiles in the
@@ -192,31 +241,26 @@ class PolicyRun:
         with self._own_rng():
             with self.timer.step(), SavedActivations(self.model) as saved, measuring:
                 self._step()  # a compiled run compiles here
+            self.result.activation_bytes = saved.bytes
             if compiled:  # timed too: a second step may recompile (e.g. once the optimizer state exists)
                 with self.timer.step():
                     self._step()
             elif flops:  # eager only: a compiled step would trace again under FlopCounterMode (the runner copies the count)
                 try:
                     with torch.compiler.set_stance("force_eager"):
-                        self.result.flops_per_step = float(count_flops(self._step))
-                except Exception as exc:  # counting is a nicety; a model it cannot trace still gets timed
+                        counted = count_flops(self._step)
+                    self.result.flops_per_step = float(counted.total)
+                    self.result.flops_by_format = {k: float(v) for k, v in counted.by_format.items()}
+                    self.result.recomputed_flops = float(counted.recomputed)
+                except Exception as exc:  # noqa: BLE001 - counting is a nicety; a model it cannot trace still gets timed
                     log.warning("FLOP counting failed under %s (%s); no FLOP/s for this run", self.precision, one_line(exc, with_type=True))
                     self._step()
+            else:  # the second step, whose peak holds the optimizer state the first one created
+                self._step()
             for _ in range(max(0, warmup - 2)):
                 self._step()
         first = self.timer.flush()
         self.first_steps = first if compiled else []
-        breakdown = training_state_bytes(self.model, [self.optimizer], self.engine.masters)
-        breakdown["activations"] = saved.bytes
-        self.result.memory_breakdown = breakdown
-        self.result.activation_bytes = saved.bytes
-        if cuda:
-            torch.cuda.synchronize(self.device)
-            self.result.peak_memory_bytes = torch.cuda.max_memory_allocated(self.device) - base
-        else:
-            self.result.peak_memory_bytes = sum(breakdown.values())
-        self.result.peak_rss_bytes = peak_rss_bytes()
-        self.release()
 
     # -- after training ----------------------------------------------------------------------------
     @torch.no_grad()
@@ -290,6 +334,7 @@ class PolicyRun:
         mine = {
             "losses": losses, "times": times, "flops": r.flops_per_step, "peak": r.peak_memory_bytes,
             "activations": r.activation_bytes, "rss": r.peak_rss_bytes, "breakdown": r.memory_breakdown,
+            "by_format": r.flops_by_format, "recomputed": r.recomputed_flops,
         }
         ranks: list[Any] = [None] * self.world
         dist.all_gather_object(ranks, mine)
@@ -306,5 +351,11 @@ class PolicyRun:
         keys = dict.fromkeys(k for g in ranks for k in g["breakdown"])  # ordered, rank 0's first
         r.memory_breakdown = {k: max(g["breakdown"].get(k, 0) for g in ranks) for k in keys}
         flops = [g["flops"] for g in ranks]
-        r.flops_per_step = float(sum(flops)) if all(f is not None for f in flops) else None
+        if all(f is not None for f in flops):  # each rank counted its own slice: the step's FLOPs are their sum
+            r.flops_per_step = float(sum(flops))
+            formats = dict.fromkeys(k for g in ranks for k in g["by_format"])
+            r.flops_by_format = {k: float(sum(g["by_format"].get(k, 0.0) for g in ranks)) for k in formats}
+            r.recomputed_flops = float(sum(g["recomputed"] or 0.0 for g in ranks))
+        else:
+            r.flops_per_step, r.flops_by_format, r.recomputed_flops = None, {}, None
         return losses, times

@@ -21,14 +21,21 @@ from pathlib import Path
 from typing import Any
 
 from ..memory.fp8_layers import Fp8Plan
-from ..report.markdown import code_block, markdown_table, plot_links, plot_section, table_cell, write_markdown
+from ..report.markdown import (
+    code_block,
+    markdown_table,
+    plot_links,
+    plot_section,
+    table_cell,
+    write_markdown,
+)
 from .format import MISSING, fmt_bytes
 from .fp8_table import fp8_markdown
 from .plots import MEMORY_PARTS
 from .results import BenchResult, RunResult
-from .table import legend_lines, table_rows, tolerance_line, verdict_lines
+from .table import definitions, legend_lines, table_rows, tolerance_line, verdict_lines
 
-__all__ = ["write_report", "render_report", "plot_links", "REPORT_NAME"]
+__all__ = ["REPORT_NAME", "plot_links", "render_report", "write_report"]
 
 REPORT_NAME = "report.md"
 
@@ -45,16 +52,24 @@ METHOD = """\
   tolerance and 32-true's eval noise: the 95% band of its figure from every eval batch scored alone. A policy
   better than 32-true beyond both shows training noise: the comparison is noisy, and a gap on the worse side no
   larger than that is unclear, not a loss.
-- Memory: on CPU, the exact bytes of parameters + gradients + optimizer state (+ fp32 master weights) + the
-  activations autograd saves for backward; on CUDA, the caching allocator's peak during the policy's run.
-  Each policy's memory is measured with that policy alone in the process.
+- Memory: the peak is the most bytes of live tensors from the policy's setup through its first steps, with the
+  micro-batch in use (each micro-batch is copied in as the step takes it, as from a loader): on CPU each storage
+  counted exactly, the same count as `ampkit memory`'s peak; on CUDA, the caching allocator's peak. The parts
+  (parameters, gradients, optimizer state, fp32 master weights, activations) are exact bytes; their sum need not
+  be the peak, since gradients grow in backward while activations are freed. Activations are what autograd saves
+  for backward in one micro-batch's forward: with `--accumulate K` each backward frees its micro-batch's graph
+  before the next, so they are one micro-batch's. Each policy's memory is measured with that policy alone in the process.
 - With `--compile`, each policy also trains compiled (`Engine(compile=...)`), in the same rounds as the others. Its
   first steps, where torch.compile traces and generates code, are taken while it is measured alone; their time
   less as many steady steps is its compile time, shown apart: no timed step includes it. A compiled twin's
   FLOPs are its eager twin's count (the same math).
 - With `--accumulate K`, a step is one optimizer update over K micro-batches: its time and throughput count all K.
-- FLOPs are counted by torch's `FlopCounterMode` on one training step (matmuls and convolutions); FLOP/s is
-  that count over the median step time.
+- FLOPs are counted by torch's `FlopCounterMode` on one training step (matmuls, convolutions, attention; every
+  micro-batch; every process under DDP): forward and backward, about 3x the forward's, with a forward recomputed
+  during backward (activation checkpointing) left out as work done twice. FLOP/s is that count over the median
+  step time. MFU (on a GPU `ampkit/policy/gpu_specs.py` lists) is the time those FLOPs would take at the GPU's
+  dense peak for the format each ran in (fp8, bf16/fp16, TF32 or fp32, read op by op as the step runs) over the
+  median step time; a figure above 100% is not shown: the row says the peak or the count is wrong.
 """
 
 
@@ -135,6 +150,7 @@ def render_report(result: BenchResult, out_dir: str | os.PathLike[str] = ".", pl
     rows = table_rows(result)
     lines += ["## Results", "", *markdown_table(rows.headers, rows.rows, rows.justify), ""]
     lines += [f"Speed-up and memory saved are against `{result.reference}`; {MISSING} marks a figure not measured.", ""]
+    lines += [*(f"{line}" for line in definitions(result)), ""]
     lines += ["## Verdicts", "", *(f"- {table_cell(v)}" for v in verdict_lines(result))]
     tolerance = tolerance_line(result)
     lines += ["", tolerance, ""] if tolerance else [""]

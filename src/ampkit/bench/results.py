@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["RunResult", "BenchResult", "SCHEMA_VERSION", "STATUSES"]
+__all__ = ["SCHEMA_VERSION", "STATUSES", "BenchResult", "RunResult"]
 
 SCHEMA_VERSION = 1
 
@@ -82,12 +82,17 @@ class RunResult:
     speedup_high: float | None = None
     """Upper end of that interval. A speed-up whose interval holds 1.0 is within the noise: "inconclusive"."""
     peak_memory_bytes: int | None = None
-    """CUDA: the allocator's peak during this policy's run. CPU: parameters + gradients + optimizer state +
-    saved activations, counted exactly (the training step's resident tensors)."""
+    """The most bytes of live tensors from the policy's setup through its first steps, measured alone, with the
+    micro-batch in use (weights, gradients, optimizer state, masters, saved activations, temporaries). CPU: each
+    storage counted exactly (:class:`ampkit.memory.accounting.StepPeak`, what ``ampkit memory`` calls peak).
+    CUDA: ``torch.cuda.max_memory_allocated`` over the same span, less what was allocated before it. None for a
+    compiled run on the CPU, whose tensors inside compiled code no counter sees."""
     memory_breakdown: dict[str, int] = field(default_factory=dict)
-    """Exact bytes of ``parameters``, ``gradients``, ``optimizer_state``, ``master_weights`` and ``activations``."""
+    """Exact bytes of ``parameters``, ``gradients``, ``optimizer_state``, ``master_weights`` and ``activations``.
+    Their sum need not be the peak: gradients grow in backward while activations are freed."""
     activation_bytes: int | None = None
-    """Bytes the autograd graph saves for backward in one step (parameters themselves excluded)."""
+    """The most bytes the autograd graph holds saved for backward at once: one micro-batch's forward, however many
+    micro-batches a step accumulates (parameters themselves excluded)."""
     peak_rss_bytes: int | None = None
     """Process peak resident set size while this policy's run was measured alone (CPU; Linux VmHWM)."""
     memory_saved_vs_fp32: float | None = None
@@ -117,12 +122,22 @@ class RunResult:
     final_loss_scale: float | None = None
     """The loss scale at the end; None for policies that do not scale the loss."""
     flops_per_step: float | None = None
-    """Floating-point operations of one training step, from torch's FlopCounterMode (matmuls and convolutions)."""
+    """Useful floating-point operations of one training step (all its micro-batches), by torch's FlopCounterMode
+    formulas (matmuls, convolutions, attention): forward and backward, a forward recomputed in backward left out."""
+    flops_by_format: dict[str, float] = field(default_factory=dict)
+    """``flops_per_step`` by the format the ops multiplied in: ``fp8``, ``16-bit``, ``tf32``, ``fp32``, ``other``
+    (:mod:`ampkit.bench.flops`)."""
+    recomputed_flops: float | None = None
+    """FLOPs of forwards run again during backward (activation checkpointing), not counted in ``flops_per_step``."""
     achieved_flops: float | None = None
     """flops_per_step / median step time (FLOP/s)."""
     mfu: float | None = None
-    """achieved_flops / the device's peak for the policy's compute dtype (GPU only; None when the peak is unknown).
-    Under DDP, over the peak of all ``nproc`` devices."""
+    """Model FLOPs utilisation (GPU only): the time ``flops_by_format`` would take at the GPU's dense peak for each
+    format, over the median step time; for one format, achieved_flops over that format's peak. Under DDP, over
+    the peaks of all ``nproc`` devices. None on a CPU, or when ``mfu_note`` says why."""
+    mfu_note: str | None = None
+    """Why a GPU run has no ``mfu``: no peak known for the GPU or for a format, or a figure above 100% (a wrong peak
+    or a wrong count), which is never reported as measured."""
     verdict: str | None = None
     """One line: faster or slower, memory saved, the eval metric against the reference's, then :attr:`outcome`."""
     outcome: str | None = None
@@ -183,7 +198,7 @@ class BenchResult:
         return _finite(data)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "BenchResult":
+    def from_dict(cls, data: dict[str, Any]) -> BenchResult:
         """Rebuild from ``to_dict()`` output (unknown keys are ignored, so newer files still load)."""
         known = {f.name for f in dataclasses.fields(cls)}
         run_fields = {f.name for f in dataclasses.fields(RunResult)}
@@ -198,7 +213,7 @@ class BenchResult:
         return write_text_atomic(path, json.dumps(self.to_dict(), indent=2) + "\n")
 
     @classmethod
-    def read_json(cls, path: str | Path) -> "BenchResult":
+    def read_json(cls, path: str | Path) -> BenchResult:
         """Load a results.json written by :meth:`write_json`."""
         return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
 

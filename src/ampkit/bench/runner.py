@@ -5,8 +5,9 @@ Fairness, step by step:
 1. **Same start.** Every run trains a deep copy of the workload's model (same weights), on the same batches in
    the same order, with its own RNG seeded identically (same dropout masks).
 2. **Memory alone.** Each policy first runs a few steps on a throwaway copy while no other run is alive, so its
-   memory figures are its own: the CUDA allocator's peak, or on CPU the exact bytes of parameters, gradients,
-   optimizer state, masters and saved activations (plus the process peak RSS). FLOPs are counted there too.
+   memory figures are its own: the CUDA allocator's peak, or on CPU the peak of live tensor bytes (``ampkit
+   memory``'s definition), beside the exact bytes of parameters, gradients, optimizer state, masters and one
+   micro-batch's saved activations (plus the process peak RSS). FLOPs are counted there too, by format for MFU.
 3. **Time interleaved.** Then all runs are built, warmed up (untimed), and trained in rounds of equal chunks,
    the order rotating each round, so a machine that speeds up or slows down (turbo, a neighbour's job,
    thermal throttling) spreads over every policy instead of biasing the one that ran at that moment.
@@ -55,23 +56,23 @@ import torch
 import torch.distributed as dist
 
 from .. import __version__
+from .._util.model_io import to_device
 from ..distributed.agreement import agree_max
 from ..errors import one_line
-from ..training.micro_batching import batch_rows, split_batch
 from ..memory.fp8_layers import Fp8Plan, fp8_layer_plan, planned_policy
 from ..policy import get_policy
-from ..policy.fp8 import DEFAULT_TOKENS, FP8Policy
 from ..policy.device import as_device, cpu_bf16_native, cpu_fp16_native, cpu_name
-from .flops import peak_flops
+from ..policy.fp8 import DEFAULT_TOKENS, FP8Policy
+from ..training.micro_batching import batch_rows, split_batch
+from .flops import mfu
 from .policy_run import PolicyRun
 from .progress import NullReporter, Reporter
 from .recipe import check_recipe, recipe_settings, runs_to_build
 from .results import BenchResult
 from .verdict import Tolerance, apply_verdicts, check_tolerance
 from .workload import Batch, Workload
-from .._util.model_io import to_device
 
-__all__ = ["run_bench", "device_info", "shard_batch", "check_shardable", "REFERENCE"]
+__all__ = ["REFERENCE", "check_shardable", "device_info", "run_bench", "shard_batch"]
 
 log = logging.getLogger("ampkit")
 
@@ -146,7 +147,7 @@ def _guard(run: PolicyRun, what: str, fn: Any, *args: Any, world: int = 1) -> No
         fn(*args)
     except (KeyboardInterrupt, SystemExit):
         raise
-    except Exception as exc:  # one policy's failure is a finding for its row, not the end of the bench
+    except Exception as exc:  # noqa: BLE001 - one policy's failure is a finding for its row, not the end of the bench
         log.warning("%s failed while %s: %s", run.label, what, exc)
         run.fail(exc)
     if world > 1:
@@ -177,15 +178,15 @@ def _chunks(total: int, rounds: int) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(rounds)]
 
 
-def _mfu(result: BenchResult, device: torch.device, world: int = 1) -> None:
-    if device.type != "cuda":
+def _mfu(result: BenchResult, world: int = 1) -> None:
+    """Each GPU run's MFU, or the reason it has none (:func:`ampkit.bench.flops.mfu`: one definition for every row)."""
+    if result.device.get("type") != "cuda":
         return  # no meaningful published peak for a CPU's mixed vector/matrix units
     for run in result.runs:
-        if run.achieved_flops is None:
+        if not run.flops_by_format or not run.step_time_median_s:
             continue
-        policy = get_policy(run.precision)
-        peak = peak_flops(result.device.get("name", ""), policy.compute_dtype, tf32=run.precision == "tf32")
-        run.mfu = run.achieved_flops / (peak * world) if peak else None  # achieved_flops counts every rank
+        # flops_by_format counts every rank's FLOPs, so over the peaks of all `world` GPUs.
+        run.mfu, run.mfu_note = mfu(run.flops_by_format, run.step_time_median_s, result.device.get("name", ""), world)
 
 
 def run_bench(
@@ -265,7 +266,7 @@ def _fp8_plans(workload: Workload, runs: Sequence[PolicyRun]) -> dict[str, Fp8Pl
             if run.precision not in plans:
                 try:
                     plans[run.precision] = fp8_layer_plan(workload.model, workload.train_batches[0], run.precision)
-                except Exception as exc:  # a forward fake tensors cannot run: the run goes on with the policy's defaults
+                except Exception as exc:  # noqa: BLE001 - a forward fake tensors cannot run: the run goes on with the policy's defaults
                     log.warning("could not plan %s's layers from the batch (%s); it converts the layers its filter picks at "
                                 "%d rows", run.precision, one_line(exc, with_type=True), DEFAULT_TOKENS)
                     unplanned.add(run.precision)
@@ -313,7 +314,9 @@ def _run(
     eager = {run.precision: run.result for run in runs if run.compile is None}
     for run in runs:  # a compiled twin does the eager run's math: its FLOPs are counted once, eagerly
         if run.compile is not None:
-            run.result.flops_per_step = eager[run.precision].flops_per_step
+            counted = eager[run.precision]
+            run.result.flops_per_step, run.result.recomputed_flops = counted.flops_per_step, counted.recomputed_flops
+            run.result.flops_by_format = dict(counted.flops_by_format)
 
     for run in runs:  # 3. all runs alive, warmed up outside the timing
         reporter.update(f"{run.label}: warm-up")
@@ -351,5 +354,5 @@ def _run(
         fp8_layers={name: plan.to_dict() for name, plan in fp8_plans.items()},
         runs=[run.result for run in runs],
     )
-    _mfu(result, device, world)
+    _mfu(result, world)
     return result

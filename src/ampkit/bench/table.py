@@ -28,12 +28,11 @@ from rich.text import Text
 
 from ..memory.fp8_layers import Fp8Plan
 from ..report.tables import TableRows, column_widths, table_width
-
 from .format import (
     MISSING,
     fmt_bytes,
-    fmt_flops,
     fmt_float,
+    fmt_flops,
     fmt_number,
     fmt_percent,
     fmt_ratio,
@@ -44,7 +43,10 @@ from .quality import QUALITY, metric_words
 from .results import BenchResult, RunResult
 from .verdict import PAYS_SPEEDUP, SAME_SPEED, VERDICTS
 
-__all__ = ["TableRows", "build_table", "legend_lines", "render", "run_notes", "table_rows", "tolerance_line", "verdict_lines"]
+__all__ = [
+    "TableRows", "build_table", "definitions", "legend_lines", "render", "run_notes", "table_rows", "tolerance_line",
+    "verdict_lines",
+]
 
 log = logging.getLogger("ampkit")
 
@@ -76,17 +78,56 @@ def first_non_finite_step(run: RunResult) -> int | None:
 
 
 def run_notes(run: RunResult, *, limit: int | None = NOTE_CHARS) -> str:
-    """What the row cannot say in figures: the error of a failed run, where a diverged run's loss broke."""
+    """What the row cannot say in figures: the error of a failed run, where a diverged run's loss broke, why no MFU."""
     if run.error:
         text = run.error.strip()
         if limit is not None:
             text = text.splitlines()[0] if text else text
             text = text if len(text) <= limit else text[: limit - 1] + "…"
         return text
+    notes = []
     if run.status == "diverged":
         step = first_non_finite_step(run)
-        return f"loss not finite from step {step}" if step else "loss diverged"
-    return ""
+        notes.append(f"loss not finite from step {step}" if step else "loss diverged")
+    why = _no_mfu(run)
+    return "; ".join(notes + ([why] if why else []))
+
+
+def _no_mfu(run: RunResult) -> str | None:
+    """Why the MFU cell holds no figure; an MFU above 100% (a results.json from before the check) is one reason."""
+    if run.mfu is not None and run.mfu > 1.0:
+        return f"MFU n/a: {run.mfu:.0%} recorded, above the GPU's dense peak: a wrong peak or FLOP count"
+    return run.mfu_note
+
+
+def _mfu_cell(run: RunResult) -> str:
+    if _no_mfu(run):
+        return "n/a"  # the Notes column says why
+    return fmt_percent(run.mfu)
+
+
+def definitions(result: BenchResult) -> list[str]:
+    """What the memory and MFU columns measure, printed under the table (and in report.md)."""
+    if result.device.get("type") == "cuda":
+        peak = "torch.cuda.max_memory_allocated"
+    else:
+        peak = "the most bytes of live tensors (ampkit memory's peak, each storage once)"
+    lines = [
+        (f"Peak memory: {peak} from the policy's setup through its first steps, with the micro-batch in use. "
+         "Activations: saved for backward by one micro-batch (accumulated micro-batches free theirs in turn).")
+    ]
+    if result.device.get("type") != "cuda" and any(r.compile is not None and r.ok for r in result.runs):
+        lines.append("Compiled runs on the CPU have no peak: nothing counts the tensors inside compiled code.")
+    if _has_mfu(result):
+        lines.append(
+            "MFU: the time the step's useful FLOPs (forward and backward, recomputation excluded) would take at the GPU's "
+            "dense peak for the format each ran in (fp8, bf16/fp16, TF32 or fp32), over the median step time."
+        )
+    return lines
+
+
+def _has_mfu(result: BenchResult) -> bool:
+    return any(r.mfu is not None or r.mfu_note for r in result.runs)
 
 
 def _step_time(run: RunResult) -> str:
@@ -173,8 +214,8 @@ def _columns(result: BenchResult) -> list[_Column]:
         _Column("Loss\nscale", lambda r: fmt_float(r.final_loss_scale, 8)),  # powers of two up to 2^26 in full
         _Column("FLOP/s", lambda r: fmt_flops(r.achieved_flops)),
     ]
-    if any(r.mfu is not None for r in runs):
-        cols.append(_Column("MFU", lambda r: fmt_percent(r.mfu)))
+    if _has_mfu(result):
+        cols.append(_Column("MFU", _mfu_cell))
     if any(run_notes(r) for r in runs):
         cols.append(_Column("Notes", run_notes, figure=False, justify="left"))
     return cols
@@ -308,7 +349,7 @@ def render(result: BenchResult, console: Console, *, transpose: bool | None = No
         verdicts.append(f"{result.eval_noise}\n", style="dim")
     if result.recovery:
         verdicts.append(f"{result.recovery}\n")
-    for line in legend_lines(result):
+    for line in [*legend_lines(result), *definitions(result)]:
         verdicts.append(f"{line}\n", style="dim")
     verdicts.rstrip()
     table = build_table(result)

@@ -1,5 +1,8 @@
 """Exact byte accounting of a training step: training state, saved activations and the peak of live tensors.
 
+The peak is defined once, here (:class:`StepPeak`), and both ``ampkit memory`` and ``ampkit bench`` (on the CPU,
+where no allocator keeps one) report it: the most bytes of live tensor storages at any moment of the steps.
+
 Everything here counts *storages*, once each, so views and tied weights are not counted twice, and works the
 same on real tensors and on fake ones (``torch._subclasses.FakeTensorMode``), which is what lets
 :func:`ampkit.memory.estimate` predict on a laptop what :func:`ampkit.memory.measure` measures on the device.
@@ -17,14 +20,17 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from .._compat import TorchDispatchMode, tree_leaves
 
-__all__ = ["storage_key", "tensor_bytes", "SavedActivations", "training_state_bytes", "LiveBytes"]
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+__all__ = ["LiveBytes", "SavedActivations", "StepPeak", "storage_key", "tensor_bytes", "training_state_bytes"]
 
 
 def storage_key(t: torch.Tensor) -> int:
@@ -52,40 +58,54 @@ def tensor_bytes(tensors: Iterable[Any]) -> int:
 
 
 class SavedActivations:
-    """Context manager counting the bytes autograd saves for backward while it is active.
+    """Context manager counting the most bytes autograd holds saved for backward at once while it is active.
 
     Each storage counts once (views share it); storages of the models' parameters and buffers are not
     activations and are left out. Under autocast the 16-bit copies of weights that ops save are counted: they
     are memory the step holds until backward, as activations are.
+
+    A forward that follows a backward starts a new count, and :attr:`bytes` is the largest: the backward used
+    (and freed) the graph before, so accumulating gradients over K micro-batches holds one micro-batch's
+    activations, not K (a graph kept with ``retain_graph=True`` is the exception, and is not seen).
+
+    >>> model = nn.Linear(64, 64)
+    >>> with SavedActivations(model) as saved:
+    ...     for _ in range(4):                           # 4 micro-batches, each backward frees its graph
+    ...         model(torch.randn(8, 64)).sum().backward()
+    >>> saved.bytes                                      # one micro-batch's input: 8 x 64 x 4 bytes
+    2048
     """
 
     def __init__(self, *models: nn.Module) -> None:
         self._excluded = {storage_key(t) for m in models for t in [*m.parameters(), *m.buffers()]}
-        self._seen: dict[int, int] = {}
+        self._seen: dict[int, int] = {}  # the current forward's saved storages
+        self._most = 0  # the largest finished count
+        self._backward_ran = False
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        if self._backward_ran:  # the first save after a backward: a new micro-batch's forward
+            self._most, self._seen, self._backward_ran = self.bytes, {}, False
         key = storage_key(t)
         if key not in self._excluded:
             self._seen.setdefault(key, t.untyped_storage().nbytes())
         return t  # saved as is: counting must not change what backward sees
 
-    @staticmethod
-    def _unpack(t: torch.Tensor) -> torch.Tensor:
+    def _unpack(self, t: torch.Tensor) -> torch.Tensor:
+        self._backward_ran = True  # only a backward (or a recompute inside one) unpacks
         return t
 
     @property
     def bytes(self) -> int:
-        """Distinct bytes saved for backward so far."""
-        return sum(self._seen.values())
+        """The most distinct bytes saved for backward at once so far."""
+        return max(self._most, sum(self._seen.values()))
 
-    def __enter__(self) -> "SavedActivations":
+    def __enter__(self) -> Self:
         self._hooks.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._hooks.__exit__(*exc)
-
 
 def training_state_bytes(model: nn.Module, optimizers: Iterable[torch.optim.Optimizer], masters: Any = None) -> dict[str, int]:
     """Exact bytes of ``parameters``, ``gradients``, ``optimizer_state`` and ``master_weights`` of a run.
@@ -188,3 +208,26 @@ class LiveBytes(TorchDispatchMode):
             if isinstance(leaf, torch.Tensor):
                 self._add(leaf)
         return out
+
+
+class StepPeak(LiveBytes):
+    """The peak memory of training: the most bytes of live tensor storages at any moment, each storage once.
+
+    Enter it with the model before ``Engine.setup`` and run the steps inside: the model's parameters and buffers
+    count from the start (so a policy's conversion, old and new weights side by side, shows), as does
+    ``batch``, a batch in use throughout (None when each step brings its own, created inside); every tensor made
+    inside counts while it lives: gradients, optimizer state, master weights, saved activations, temporaries.
+    This is the one definition of "peak" that ``ampkit memory`` (:func:`ampkit.memory.estimate`) and
+    ``ampkit bench`` on the CPU print; on CUDA ``torch.cuda.max_memory_allocated`` measures the same, plus the
+    allocator's rounding and kernel workspaces.
+
+    >>> model, x = nn.Linear(256, 256), torch.ones(4, 256)
+    >>> with StepPeak(model, x) as peak:
+    ...     model(x).sum().backward()
+    >>> peak.peak - 2 * tensor_bytes(model.parameters()) - tensor_bytes([x])  # weights and gradients, x, two scalars
+    8
+    """
+
+    def __init__(self, model: nn.Module, batch: Any = None) -> None:
+        super().__init__()
+        self.track([*model.parameters(), *model.buffers(), *tree_leaves(batch)])  # by storage: nothing kept alive

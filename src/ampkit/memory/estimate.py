@@ -31,15 +31,15 @@ from torch import nn
 
 from .._compat import tree_leaves, tree_map
 from .._util.model_io import batch_loss, batch_parts, default_loss
-from ..training.engine import Engine
 from ..policy import Policy, get_policy
-from ..policy.fp8 import FP8Policy
 from ..policy.device import as_device
-from .accounting import LiveBytes, SavedActivations, tensor_bytes, training_state_bytes
+from ..policy.fp8 import FP8Policy
+from ..training.engine import Engine
+from .accounting import SavedActivations, StepPeak, tensor_bytes, training_state_bytes
 from .cuda_attention import CudaAttention
 from .fake import FakeCopies, rebuild_optimizer
 
-__all__ = ["MemoryEstimate", "estimate", "measure", "LossFn"]
+__all__ = ["LossFn", "MemoryEstimate", "estimate", "measure"]
 
 LossFn = Callable[[Any, Any], torch.Tensor]
 
@@ -143,22 +143,24 @@ def _account(
     precision: str,
     loss_fn: LossFn,
     engine_options: dict[str, Any],
-    live: LiveBytes,
 ) -> dict[str, int]:
-    """Two training steps of ``model`` under ``precision``; the first one's saved activations are counted."""
-    live.track([*model.parameters(), *model.buffers(), *tree_leaves(batch)])
-    engine = Engine(precision, **engine_options)
-    if optimizer is not None:
-        model, optimizer = engine.setup(model, optimizer)
-    else:
-        model = engine.setup(model)
-    model.train()
-    # The step is counted op by op under a dispatch mode, which torch.compile refuses to trace; an optimizer that
-    # compiles its own step (torchao's, under bf16-true-sr) runs it eagerly here: the same state, more temporaries.
-    with torch.compiler.set_stance("force_eager"):
-        with SavedActivations(model) as saved:
-            _step(model, engine, batch, loss_fn, optimizer is not None)
-        _step(model, engine, batch, loss_fn, optimizer is not None)  # optimizer state exists from the first step on
+    """Two training steps of ``model`` under ``precision``; the first one's saved activations are counted.
+
+    ``peak`` is :class:`~ampkit.memory.accounting.StepPeak`'s, from the setup on, with ``batch`` held throughout.
+    """
+    with StepPeak(model, batch) as live:
+        engine = Engine(precision, **engine_options)
+        if optimizer is not None:
+            model, optimizer = engine.setup(model, optimizer)
+        else:
+            model = engine.setup(model)
+        model.train()
+        # The step is counted op by op under a dispatch mode, which torch.compile refuses to trace; an optimizer that
+        # compiles its own step (torchao's, under bf16-true-sr) runs it eagerly here: the same state, more temporaries.
+        with torch.compiler.set_stance("force_eager"):
+            with SavedActivations(model) as saved:
+                _step(model, engine, batch, loss_fn, optimizer is not None)
+            _step(model, engine, batch, loss_fn, optimizer is not None)  # optimizer state exists from the first step on
     parts = training_state_bytes(model, [optimizer] if optimizer is not None else [], engine.masters)
     return {**parts, "activations": saved.bytes, "peak": live.peak, "batch": tensor_bytes(tree_leaves(batch))}
 
@@ -206,15 +208,14 @@ def estimate(
     if target.type == "cuda" and not torch.cuda.is_available():
         # Fake CUDA tensors need CUDA's runtime for autograd; without it the step runs on fake CPU tensors.
         run_on, simulated, run_policy = torch.device("cpu"), "cpu", _simulated_precision(resolved)
-    live = LiveBytes()
     # Simulated on the CPU, attention takes the kernels a GPU would (the CPU's keep T x T scores for backward).
     attention = CudaAttention() if simulated else None
     with FakeCopies() as fake:
         fake_model = fake.model(model, run_on)
         fake_opt = rebuild_optimizer(optimizer, model, fake_model)
         fake_batch = fake.batch(example_batch, run_on)
-        with live, attention or contextlib.nullcontext():
-            parts = _account(fake_model, fake_opt, fake_batch, run_policy, loss_fn, engine_options, live)
+        with attention or contextlib.nullcontext():
+            parts = _account(fake_model, fake_opt, fake_batch, run_policy, loss_fn, engine_options)
     return MemoryEstimate(
         precision=requested, device=str(target), batch_size=_batch_size(example_batch), simulated_on=simulated, method="estimate",
         attention=attention.describe() if attention else None, **parts,
@@ -264,13 +265,11 @@ def measure(
     if target.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("measure() on cuda needs a visible GPU and a CUDA build of torch; use estimate(..., device='cuda') here.")
     gc.collect()
-    live = LiveBytes()
     with _cuda_peak(target) as cuda:
         real_model = copy.deepcopy(model).to(target)
         real_opt = rebuild_optimizer(optimizer, model, real_model)
         real_batch = tree_map(lambda t: t.to(target) if isinstance(t, torch.Tensor) else t, example_batch)
-        with live:
-            parts = _account(real_model, real_opt, real_batch, policy, loss_fn, engine_options, live)
+        parts = _account(real_model, real_opt, real_batch, policy, loss_fn, engine_options)
         del real_model, real_opt, real_batch
     return MemoryEstimate(
         precision=get_policy(policy).name, device=str(target), batch_size=_batch_size(example_batch), method="measure",

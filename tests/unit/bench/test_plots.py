@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from ampkit.bench.plots import LOSS_PLOT, TIME_MEMORY_PLOT, loss_figure, plot_losses, time_memory_figure, write_plots
+from ampkit.bench.plots import (
+    LOSS_PLOT,
+    TIME_MEMORY_PLOT,
+    loss_figure,
+    plot_losses,
+    time_memory_figure,
+    write_plots,
+)
 from ampkit.bench.results import BenchResult, RunResult
 from ampkit.errors import AmpkitError
 
@@ -70,6 +77,16 @@ def test_memory_without_breakdown_uses_the_peak(throughput_result: BenchResult) 
     memory_ax = time_memory_figure(throughput_result).axes[1]
     assert [t.get_text() for t in memory_ax.get_legend().get_texts()] == ["peak memory"]
     assert [p.get_height() for p in memory_ax.patches] == pytest.approx([22.0, 19.0])
+
+
+def test_each_bar_is_labelled_with_the_peak_the_table_prints(bench_result: BenchResult) -> None:
+    # The parts need not coexist (gradients grow in backward while activations are freed): a peak below their sum
+    # is the figure, and the bar's label says it, as the table's Peak memory column does.
+    ref = bench_result.run("32-true")
+    assert ref is not None
+    ref.peak_memory_bytes = 20 * 2**20  # the parts sum to 22 MiB
+    texts = _texts(time_memory_figure(bench_result))
+    assert "20.0 MiB" in texts and "22.0 MiB" not in texts
 
 
 def test_only_failed_runs_still_give_pictures(tmp_path: Path) -> None:

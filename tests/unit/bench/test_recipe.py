@@ -16,7 +16,7 @@ from ampkit.bench.quality import eval_noise
 from ampkit.bench.recipe import check_recipe, clip_from, compile_mode, runs_to_build
 from ampkit.bench.results import BenchResult
 from ampkit.bench.runner import run_bench
-from ampkit.bench.table import table_rows
+from ampkit.bench.table import definitions, table_rows
 from ampkit.bench.user import EvalLoss
 from ampkit.bench.workload import Accuracy, Workload, default_optimizer
 
@@ -139,11 +139,15 @@ def test_compiled_twins_run_beside_their_eager_runs_with_compile_time_apart(fres
         assert compiled.speedup_vs_eager == pytest.approx(eager.step_time_median_s / compiled.step_time_median_s)
         assert compiled.speedup_vs_fp32 == pytest.approx(result.runs[0].step_time_median_s / compiled.step_time_median_s)
         assert compiled.flops_per_step == eager.flops_per_step > 0  # the same math, counted once
+        assert compiled.flops_by_format == eager.flops_by_format
+        # The CPU's peak counts tensors op by op, which compiled code hides: none rather than one of another kind.
+        assert compiled.peak_memory_bytes is None and eager.peak_memory_bytes > 0
         # Checked against the tolerance like any policy: here compile changes nothing beyond rounding.
         assert compiled.within_tolerance is True
         torch.testing.assert_close(torch.tensor(compiled.losses), torch.tensor(eager.losses), rtol=1e-3, atol=1e-3)
         assert compiled.verdict.startswith(compiled.label + ":") and "(not in the step time)" in compiled.verdict
     assert "bf16-mixed eager" in result.runs[3].verdict  # "1.1x faster than", "as fast as"
+    assert "Compiled runs on the CPU have no peak" in " ".join(definitions(result))
     rows = table_rows(result)
     assert {"Speed-up vs eager", "Compile time"} <= set(rows.headers)
     assert rows.rows[0][rows.headers.index("Compile time")] == "—" and rows.rows[1][rows.headers.index("Compile time")] != "—"

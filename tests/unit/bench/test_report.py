@@ -55,6 +55,15 @@ def test_results_table_matches_the_terminal_columns(bench_result: BenchResult, t
     assert 'RuntimeError: "addmm_impl_cpu_" not implemented' in by_policy["bf16-true"][-1]
 
 
+def test_the_figures_are_defined_under_the_results_table_and_in_the_method(bench_result: BenchResult) -> None:
+    text = render_report(bench_result)
+    results = _section(text, "Results")
+    assert "Peak memory: the most bytes of live tensors" in results and "MFU: the time the step's useful FLOPs" in results
+    method = _section(text, "How this was measured")
+    assert "same count as `ampkit memory`'s peak" in method and "one micro-batch's" in method
+    assert "(activation checkpointing) left out" in method and "dense peak for the format" in method
+
+
 def test_pipes_and_newlines_in_an_error_stay_inside_their_cell(tmp_path: Path) -> None:
     run = RunResult(precision="bf16-true", status="failed", error="shape a|b mismatch")
     text = render_report(BenchResult(workload="w", runs=[run]), tmp_path)

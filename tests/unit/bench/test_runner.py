@@ -8,9 +8,12 @@ import pytest
 import torch
 from torch import nn
 
+from ampkit.bench import flops, runner
+from ampkit.bench.flops import peak_flops
 from ampkit.bench.policy_run import PolicyRun
 from ampkit.bench.runner import run_bench
 from ampkit.bench.workload import Accuracy, Workload, default_optimizer
+from ampkit.policy.gpu_specs import GpuSpec
 
 STEPS, WARMUP = 8, 2
 
@@ -92,8 +95,9 @@ def test_memory_is_exact_on_cpu_and_smaller_in_16_bits() -> None:
     result = run_bench(_workload(), ["32-true", "bf16-mixed", "bf16-true"], "cpu", rounds=1)
     n = sum(p.numel() for p in _workload().model.parameters())
     fp32, mixed, half = (result.run(p) for p in ("32-true", "bf16-mixed", "bf16-true"))
-    for run in (fp32, mixed, half):
-        assert run.peak_memory_bytes == sum(run.memory_breakdown.values())
+    for run in (fp32, mixed, half):  # the peak itself is checked against ampkit.memory in test_policy_run.py
+        parts = run.memory_breakdown
+        assert run.peak_memory_bytes >= parts["parameters"] + parts["optimizer_state"] + parts["activations"]
         assert run.peak_rss_bytes is None or run.peak_rss_bytes > run.peak_memory_bytes
     assert fp32.memory_breakdown["parameters"] == 4 * n and half.memory_breakdown["parameters"] == 2 * n
     assert mixed.activation_bytes < fp32.activation_bytes
@@ -165,3 +169,30 @@ def test_a_policy_the_device_cannot_run_is_an_unsupported_row() -> None:
     tf32 = result.run("tf32")
     assert tf32.status == "unsupported" and "CUDA" in tf32.error and tf32.losses == []
     assert result.run("32-true").status == "ok"
+
+
+def _on_a_gpu_named(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    # MFU is a GPU figure; the CPU run's counted FLOPs and times stand in for a GPU's, under the GPU's name.
+    monkeypatch.setattr(runner, "device_info", lambda device: {"type": "cuda", "name": name, "capability": "9.0"})
+
+
+def test_mfu_on_a_known_gpu_is_over_the_peak_of_the_format_the_matmuls_ran_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    _on_a_gpu_named(monkeypatch, "NVIDIA H200")
+    result = run_bench(_workload(), ["32-true", "bf16-true"], "cpu", rounds=1)
+    for run in result.runs:  # bf16-true multiplies in bf16 (as bf16-mixed does): it is held to the 16-bit peak
+        fmt = "fp32" if run.precision == "32-true" else "16-bit"
+        assert run.flops_by_format == {fmt: run.flops_per_step} and run.recomputed_flops == 0
+        assert run.mfu == pytest.approx(run.flops_per_step / peak_flops("NVIDIA H200", fmt) / run.step_time_median_s)
+        assert run.mfu_note is None
+
+
+def test_an_mfu_above_100_percent_or_without_a_peak_is_never_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    _on_a_gpu_named(monkeypatch, "NVIDIA H200")
+    slow = GpuSpec("H200", bf16_tflops=1e-9, tf32_tflops=1e-9, fp32_tflops=1e-9, fp8_tflops=None, bandwidth_tbs=1.0)
+    monkeypatch.setattr(flops, "gpu_spec", lambda name: slow)  # a peak far below what the step measures
+    run = run_bench(_workload(), ["32-true"], "cpu", rounds=1).runs[0]
+    assert run.mfu is None and "of H200's dense peak is impossible" in run.mfu_note
+    monkeypatch.undo()
+    _on_a_gpu_named(monkeypatch, "NVIDIA Future GPU")
+    run = run_bench(_workload(), ["32-true"], "cpu", rounds=1).runs[0]
+    assert run.mfu is None and "no dense peak is known for 'NVIDIA Future GPU'" in run.mfu_note

@@ -168,3 +168,34 @@ def test_eval_marks_and_verdict_words_are_printed_with_their_one_definition(benc
         assert f"{mark} (after an eval figure): {QUALITY[mark]}." in text
     assert f"does not pay: {VERDICTS['does not pay']}" not in text  # only the words this result uses
     assert text.index("What the words mean:") > text.index("Eval tolerance:")
+
+
+def test_a_gpu_run_without_mfu_says_why_in_its_row(bench_result: BenchResult) -> None:
+    why = "MFU n/a: no dense peak is known for 'NVIDIA Future GPU' (ampkit/policy/gpu_specs.py lists the GPUs it knows)"
+    run = bench_result.run("16-mixed")
+    assert run is not None
+    run.mfu, run.mfu_note = None, why
+    row = _row(bench_result, "16-mixed")
+    assert row["MFU"] == "n/a" and row["Notes"] == why
+    assert why in _render(bench_result)
+
+
+def test_an_mfu_above_100_percent_is_never_printed_as_measured(bench_result: BenchResult) -> None:
+    # A results.json written before the check (the first H200 run's bf16-true row held 2.735) reads back as is.
+    run = bench_result.run("bf16-mixed")
+    assert run is not None
+    run.mfu = 2.735
+    row = _row(bench_result, "bf16-mixed")
+    assert row["MFU"] == "n/a" and "274%" not in row["MFU"]
+    assert row["Notes"].startswith("MFU n/a: 274% recorded") and "wrong peak or FLOP count" in row["Notes"]
+    assert "274%" not in _render(bench_result).split("Notes")[0]
+
+
+def test_the_memory_and_mfu_figures_are_defined_under_the_table(bench_result: BenchResult, throughput_result: BenchResult) -> None:
+    text = _render(bench_result)
+    assert "Peak memory: the most bytes of live tensors" in text and "ampkit memory's peak" in text
+    assert "Activations: saved for backward by one micro-batch" in text
+    assert "MFU: the time the step's useful FLOPs" in text and "dense peak for the format each ran in" in text
+    throughput_result.device = {"type": "cuda", "name": "NVIDIA H200"}
+    text = _render(throughput_result)
+    assert "Peak memory: torch.cuda.max_memory_allocated" in text and "MFU:" not in text  # no run has an MFU there

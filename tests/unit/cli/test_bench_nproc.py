@@ -66,13 +66,15 @@ def test_two_processes_train_under_ddp_and_match_one_process(model_module: Path,
 
     workload = user_workload("nproc_toy:mlp", None, steps=6, warmup=2, base=get_workload("digits", size="small", seed=0))
     workload.steps, workload.warmup = 6, 2  # what the CLI does: the base workload's own steps are 150
-    single = run_bench(workload, ["32-true"], "cpu", rounds=1, count_flops=False).runs[0]
+    single = run_bench(workload, ["32-true"], "cpu", rounds=1).runs[0]
     assert single.status == "ok"
     ddp = runs["32-true"]["losses"]
     assert len(ddp) == len(single.losses) == 6
     for step, (a, b) in enumerate(zip(ddp, single.losses)):
         assert abs(a - b) <= 1e-4 * abs(b), (step, a, b)
-    assert single.flops_per_step is None and runs["32-true"]["flops_per_step"] > 0
+    # Each rank counts the FLOPs of its half of the rows: their sum is the step's, the single process's count.
+    assert runs["32-true"]["flops_per_step"] == single.flops_per_step > 0
+    assert runs["32-true"]["flops_by_format"] == single.flops_by_format == {"fp32": single.flops_per_step}
 
 
 def test_a_batch_that_does_not_split_is_refused_before_anything_starts(cli_error: Callable[[list[str]], str]) -> None:
