@@ -109,6 +109,14 @@ class Policy:
         """The context the forward pass and loss run in."""
         return contextlib.nullcontext()
 
+    def backward_context(self, device_type: str) -> ContextManager[None]:
+        """The context the backward pass runs in (the engine's ``backward`` and ``grad``).
+
+        Autocast needs none (backward ops run in the dtype their forward chose), but a process-global math mode
+        does: the backward's matmuls read it when they run, after the forward's context has exited.
+        """
+        return contextlib.nullcontext()
+
     # -- convenience ----------------------------------------------------------------------------
     def with_keep_fp32(self, *modules: str | type[nn.Module]) -> "Policy":
         """A copy of this policy that also keeps ``modules`` in fp32.

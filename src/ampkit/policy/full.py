@@ -70,3 +70,8 @@ class TF32Precision(Policy):
 
     def forward_context(self, device_type: str) -> ContextManager[None]:
         return _tf32_matmuls()
+
+    def backward_context(self, device_type: str) -> ContextManager[None]:
+        # The backward's matmuls (two per forward matmul: two thirds of the step's FLOPs) read the setting when
+        # they run, outside the forward's context: without this, tf32 ran its backward in full fp32.
+        return _tf32_matmuls()

@@ -296,7 +296,8 @@ class Engine:
             loss = loss / size
         if self.scaler is not None:
             loss = self.scaler.scale(loss)
-        loss.backward(**kwargs)
+        with self.policy.backward_context(self.device.type):
+            loss.backward(**kwargs)
         self._state.backwards += 1  # gradients of the engine's making: an optimizer.step() of the user's own is refused
         if self.hooks.active:
             self.hooks.run("after_backward", self)
@@ -330,7 +331,8 @@ class Engine:
         """
         self._require_setup("grad")
         scaled = self.scaler.scale(outputs) if self.scaler is not None else outputs
-        grads = torch.autograd.grad(scaled, list(inputs), create_graph=create_graph)
+        with self.policy.backward_context(self.device.type):
+            grads = torch.autograd.grad(scaled, list(inputs), create_graph=create_graph)
         if self.scaler is None:
             return grads
         return tuple(torch._foreach_mul(list(grads), self.scaler.inv_scale()))

@@ -246,3 +246,49 @@ def test_tf32_context_works_alongside_torch_per_backend_precision_api() -> None:
         assert torch.backends.cuda.matmul.fp32_precision == "tf32"
     finally:
         torch.backends.cuda.matmul.fp32_precision, torch.backends.mkldnn.matmul.fp32_precision = saved
+
+
+# ------------------------------------------------------------------------------------- tf32 backward
+class _Tf32AnyDevice(TF32Precision):
+    """tf32 with its device check lifted, so the engine's use of its contexts runs on the CPU."""
+
+    def _support(self, device: torch.device) -> Support:
+        return Support(True, True, "test: contexts only")
+
+
+def _tf32_seen_in_forward_and_backward(engine_grad: bool) -> tuple[bool, bool]:
+    from ampkit import Engine
+    from ampkit._compat import cuda_allows_tf32
+
+    model = mlp()
+    engine = Engine(_Tf32AnyDevice())
+    model, opt = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    seen: dict[str, bool] = {}
+    x = torch.randn(4, 6, requires_grad=engine_grad)
+    with engine.autocast():
+        hidden = model[0](x)
+        seen["forward"] = cuda_allows_tf32("matmul")
+        # The hook runs when the backward reaches this tensor: the matmuls beneath it run under the same setting.
+        hidden.register_hook(lambda g: seen.__setitem__("backward", cuda_allows_tf32("matmul")))
+        loss = model[3](model[2](model[1](hidden))).sum()
+    if engine_grad:
+        engine.grad(loss, [x])
+    else:
+        engine.backward(loss)
+    return seen["forward"], seen["backward"]
+
+
+@pytest.mark.parametrize("engine_grad", [False, True], ids=["backward", "grad"])
+def test_tf32_runs_the_backwards_matmuls_in_tf32_too(matmul_precision: None, engine_grad: bool) -> None:
+    # The backward holds two of every three matmul FLOPs; it used to run outside the forward's context, in fp32.
+    set_ieee_matmuls()
+    forward, backward = _tf32_seen_in_forward_and_backward(engine_grad)
+    assert (forward, backward) == (True, True)
+    assert cuda_matmuls_are_ieee()  # the user's setting is back after the backward
+
+
+def test_32_true_runs_its_backward_with_the_users_setting(matmul_precision: None) -> None:
+    # Control: the plain policy's backward context changes nothing.
+    set_ieee_matmuls()
+    with FullPrecision().backward_context("cuda"):
+        assert cuda_matmuls_are_ieee()
