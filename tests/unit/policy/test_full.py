@@ -262,7 +262,7 @@ def _tf32_seen_in_forward_and_backward(engine_grad: bool) -> tuple[bool, bool]:
 
     model = mlp()
     engine = Engine(_Tf32AnyDevice())
-    model, opt = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    model, _ = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
     seen: dict[str, bool] = {}
     x = torch.randn(4, 6, requires_grad=engine_grad)
     with engine.autocast():
