@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .._compat import tree_map
+from .._compat import graphs_compiled, tree_map
 from ..distributed.strategy import unwrap
 from ..errors import one_line
 from ..policy import Policy
@@ -89,6 +89,7 @@ class PolicyRun:
         self.steps_done = 0
         self.losses: list[torch.Tensor] = []
         self.times: list[float] = []
+        self.compiled: list[bool] = []  # per timed step, parallel to times: whether torch.compile compiled during it
         self.timer = StepTimer(device)
         self.first_steps: list[float] = []  # a compiled run's first steps, where it compiles
         self._fresh_batches = False  # set while memory is measured (see _step)
@@ -126,7 +127,7 @@ class PolicyRun:
         )
         self.model, self.optimizer = self.engine.setup(model, optimizer)
         self.model.train()
-        self.steps_done, self.losses, self.times = 0, [], []
+        self.steps_done, self.losses, self.times, self.compiled = 0, [], [], []
 
     def release(self) -> None:
         """Drop the model, optimizer and engine so their memory can be reused."""
@@ -176,8 +177,12 @@ class PolicyRun:
         with self._own_rng():
             for _ in range(steps):
                 if timed:
+                    # A step that compiles (an optimizer compiling its step at its second call, a recompile) is
+                    # compilation, not a step time: flagged here by a counter read, left out in summarize().
+                    graphs = graphs_compiled()
                     with self.timer.step():
                         self._step()
+                    self.compiled.append(graphs_compiled() != graphs)
                 else:
                     self._step()
             if timed:
@@ -305,9 +310,15 @@ class PolicyRun:
         """
         r = self.result
         losses: list[float] = torch.stack(self.losses).float().cpu().tolist() if self.losses else []
-        times = list(self.times)
+        times, compiled = list(self.times), list(self.compiled)
         if self.world > 1:
-            losses, times = self._combine_ranks(losses, times)
+            losses, times, compiled = self._combine_ranks(losses, times, compiled)
+        compiling = [t for t, c in zip(times, compiled) if c]
+        r.compiling_steps = len(compiling)
+        if len(compiling) == len(times):
+            compiling = []  # nothing steady to time instead: the times stay, and the row's note says they compiled
+        else:
+            times = [t for t, c in zip(times, compiled) if not c]
         if losses:
             r.losses = list(losses)
             tail = losses[-max(1, len(losses) // 10) :]
@@ -324,17 +335,22 @@ class PolicyRun:
                 r.achieved_flops = r.flops_per_step / stats["median"]
             if self.first_steps:
                 r.compile_time_s = max(0.0, sum(self.first_steps) - len(self.first_steps) * stats["median"])
+            if compiling:
+                compiling_s = max(0.0, sum(compiling) - len(compiling) * stats["median"])
+                r.compile_time_s = (r.compile_time_s or 0.0) + compiling_s
         if self.engine is not None:
             r.skipped_steps = self.engine.skipped_steps
             r.final_loss_scale = self.engine.scale
 
-    def _combine_ranks(self, losses: list[float], times: list[float]) -> tuple[list[float], list[float]]:
+    def _combine_ranks(
+        self, losses: list[float], times: list[float], compiled: list[bool]
+    ) -> tuple[list[float], list[float], list[bool]]:
         """Every rank's losses, times, memory and FLOPs in one collective; returns the combined losses and times."""
         r = self.result
         mine = {
             "losses": losses, "times": times, "flops": r.flops_per_step, "peak": r.peak_memory_bytes,
             "activations": r.activation_bytes, "rss": r.peak_rss_bytes, "breakdown": r.memory_breakdown,
-            "by_format": r.flops_by_format, "recomputed": r.recomputed_flops,
+            "by_format": r.flops_by_format, "recomputed": r.recomputed_flops, "compiled": compiled,
         }
         ranks: list[Any] = [None] * self.world
         dist.all_gather_object(ranks, mine)
@@ -342,6 +358,7 @@ class PolicyRun:
             raise RuntimeError(f"the ranks recorded different step counts ({[len(g['losses']) for g in ranks]}); every rank must train the same steps.")
         losses = [sum(step) / self.world for step in zip(*(g["losses"] for g in ranks))]
         times = [max(step) for step in zip(*(g["times"] for g in ranks))]  # the slowest rank sets the pace
+        compiled = [any(step) for step in zip(*(g["compiled"] for g in ranks))]  # a step any rank compiled in
 
         def largest(key: str) -> int | None:
             values = [g[key] for g in ranks if g[key] is not None]
@@ -358,4 +375,4 @@ class PolicyRun:
             r.recomputed_flops = float(sum(g["recomputed"] or 0.0 for g in ranks))
         else:
             r.flops_per_step, r.flops_by_format, r.recomputed_flops = None, {}, None
-        return losses, times
+        return losses, times, compiled

@@ -53,7 +53,8 @@ class RunResult:
     each repeated block (``--compile``). Tables name the run by :attr:`label`."""
     compile_time_s: float | None = None
     """A compiled run's compilation: the time of its first steps (where torch.compile traces and generates code)
-    less as many steady steps at the median step time. Not part of ``step_time_median_s``. None when eager."""
+    less as many steady steps at the median step time, plus the same excess of any :attr:`compiling_steps`. Not part of
+    ``step_time_median_s``. None when nothing compiled."""
     status: str = "ok"
     """One of :data:`STATUSES`."""
     error: str | None = None
@@ -66,6 +67,10 @@ class RunResult:
     """90th percentile of the step times."""
     timed_steps: int = 0
     """How many step times the median is taken over."""
+    compiling_steps: int = 0
+    """Steps after the warm-up during which torch.compile compiled (an optimizer that compiles its step at its
+    second call, a recompile): left out of the step times, their time beyond the median added to
+    ``compile_time_s``; when every timed step compiled, they stay in and the row's note says so."""
     step_times_s: list[float] = field(default_factory=list)
     """Every timed step's wall time, in order (warm-up excluded): the sample the median and its spread come from."""
     throughput: float | None = None

@@ -89,6 +89,11 @@ def run_notes(run: RunResult, *, limit: int | None = NOTE_CHARS) -> str:
     if run.status == "diverged":
         step = first_non_finite_step(run)
         notes.append(f"loss not finite from step {step}" if step else "loss diverged")
+    if run.compiling_steps:
+        held = "every timed step compiled: the step time holds compilation" if run.compiling_steps >= run.timed_steps else (
+            f"{run.compiling_steps} step(s) after the warm-up compiled: left out of the step time"
+        )
+        notes.append(f"{held} (raise --warmup)")
     why = _no_mfu(run)
     return "; ".join(notes + ([why] if why else []))
 
