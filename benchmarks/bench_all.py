@@ -18,6 +18,7 @@ from pathlib import Path
 
 from ampkit.bench.format import fmt_bytes, fmt_ratio, fmt_seconds
 from ampkit.bench.results import BenchResult, RunResult
+from ampkit.bench.table import legend_lines
 
 WORKLOADS = ("digits", "gpt", "segment", "resnet")
 
@@ -25,7 +26,7 @@ WORKLOADS = ("digits", "gpt", "segment", "resnet")
 def table(result: BenchResult) -> str:
     """One workload's results as a Markdown table: the figures a reader compares first."""
     metric = next((r.eval_metric_name for r in result.runs if r.eval_metric_name), None)
-    head = ["policy", "status", "step (median)", "p10-p90", "speed-up", "peak memory", "activations", "memory saved", "state B/param", "final loss", metric or "eval", "within tol."]
+    head = ["policy", "status", "step (median)", "p10-p90", "speed-up", "peak memory", "activations", "memory saved", "state B/param", "final loss", metric or "eval", "vs 32-true"]
     ref_params = result.runs[0].memory_breakdown.get("parameters") if result.runs else None
     n_params = ref_params / 4 if ref_params else None  # the reference holds every parameter in fp32
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -40,7 +41,8 @@ def table(result: BenchResult) -> str:
             fmt_bytes(r.peak_memory_bytes), act, saved, _bytes_per_param(r, n_params),
             f"{r.final_loss:.4f}" if r.final_loss is not None else "—",
             f"{r.eval_metric:.4f}" if r.eval_metric is not None else "—",
-            {True: "yes", False: "**no**", None: "—"}[r.within_tolerance],
+            # One-sided, against tolerance and the reference's eval noise (ampkit.bench.quality defines each word).
+            "—" if r.precision == "32-true" or r.quality is None else (f"**{r.quality}**" if r.quality == "worse" else r.quality),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -77,6 +79,13 @@ def main() -> None:
             print(f"- {r.verdict}")
         if result.recovery:
             print(f"- {result.recovery}")
+        if result.eval_noise:
+            print(f"- {result.eval_noise}")
+        legend = legend_lines(result)
+        if legend:
+            print(f"\n{legend[0]}\n")
+            for line in legend[1:]:
+                print(f"- {line}")
         print()
 
 
