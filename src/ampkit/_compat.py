@@ -17,6 +17,7 @@ single-process run never needs.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import sys
@@ -76,6 +77,7 @@ __all__ = [
     "fully_shard",  # noqa: F822 - resolved by __getattr__ on first use
     "graphs_compiled",
     "in_backward_node",
+    "module_instances_share_compiled_code",
     "node_sequence_nr",
     "optimizer_has_step_hooks",
     "own_code",
@@ -201,6 +203,29 @@ def compile_in_place(module: torch.nn.Module, options: dict[str, Any], template:
 def compile_template() -> Callable[..., Any]:
     """A code object for :func:`compile_in_place` to share among the modules of one compilation (see :func:`own_code`)."""
     return own_code(_call_template())
+
+
+@functools.cache
+def module_instances_share_compiled_code() -> bool:
+    """Whether modules of one shape compiled through one :func:`compile_template` share one graph (probed once).
+
+    torch 2.13's dynamo guards a block's call by what it computes, so same-shape blocks share a compile; torch 2.7's
+    guards the identity of each block's bound ``_call_impl``, so every block recompiles the shared code (and past
+    ``recompile_limit`` runs eagerly). Probed, not read from the version: the release between that changed it is
+    not pinned down here. Two tiny Linear layers on the eager backend: a fraction of a second, once per process.
+
+    >>> isinstance(module_instances_share_compiled_code(), bool)
+    True
+    """
+    template = compile_template()
+    pair = [torch.nn.Linear(1, 1), torch.nn.Linear(1, 1)]
+    for module in pair:
+        compile_in_place(module, {"backend": "eager"}, template)
+    before = graphs_compiled()
+    with torch.no_grad():
+        for module in pair:
+            module(torch.ones(1, 1))
+    return graphs_compiled() - before == 1
 
 
 def compiled_original(model: object) -> torch.nn.Module | None:

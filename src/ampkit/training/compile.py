@@ -25,9 +25,15 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import nn
 
-from .._compat import compile_in_place, compile_template, compiled_original
+from .._compat import (
+    compile_in_place,
+    compile_template,
+    compiled_original,
+    module_instances_share_compiled_code,
+)
 from .._util.blocks import repeated_blocks
 from .regions import lone_blocks_reason, shape_groups
 
@@ -122,12 +128,18 @@ def apply_compile(models: list[nn.Module], plan: CompilePlan) -> list[str]:
             regions.append(prefix)
             continue
         blocks = _blocks(model)
-        groups = shape_groups(model, blocks)
+        if module_instances_share_compiled_code():
+            groups = shape_groups(model, blocks)
+            reason = lone_blocks_reason(type(model).__name__, groups)
+        else:  # this torch recompiles shared code per block: a code object each, so none hits the recompile limit
+            groups = [[name] for name in blocks]
+            reason = (f"compile='regional': torch {torch.__version__} guards each block's call by identity, so each of "
+                      f"the {len(blocks)} blocks of {type(model).__name__} compiles on its own ({len(blocks)} compiles); "
+                      "torch 2.13 compiles once per block shape.")
         for group in groups:
             template = compile_template()
             for name in group:
                 compile_in_place(model.get_submodule(name), plan.options, template)
-        reason = lone_blocks_reason(type(model).__name__, groups)
         if reason:
             log.warning("%s%s", prefix, reason)
         regions += [prefix + name for name in blocks]

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from ampkit import Engine
+from ampkit._compat import module_instances_share_compiled_code
 from ampkit.training.compile import CompilePlan, compile_plan
 
 STEPS = 3
@@ -166,13 +167,16 @@ def test_regional_compiles_each_distinct_block_shape_once_and_never_recompiles()
     with torch._dynamo.config.patch(error_on_recompile=True):
         train(engine, resnet_like(), steps=2, sgd=True)
     assert engine.compiled == ["1.0", "1.1", "1.2", "1.3", "1.4"]
-    assert counter.graphs == 3
+    # On a torch whose dynamo guards each block's call by identity (2.7), each block compiles once, on its own code.
+    assert counter.graphs == (3 if module_instances_share_compiled_code() else 5)
 
 
 def test_regional_shares_one_compile_among_blocks_that_differ_only_in_attributes_forward_never_reads() -> None:
     """A transformer's layers often record their index (transformers' layer_idx), which forward reads only with a
     KV cache: dynamo then never guards on it, and one compile serves every layer. Only torch's own layers' settings
     (a conv's stride, a dropout's p) split blocks by shape."""
+    if not module_instances_share_compiled_code():
+        pytest.skip(f"torch {torch.__version__} guards each block's call by identity: blocks never share a compile")
     net = model()
     for i, block in enumerate([net[1], net[2]]):
         block.layer_idx = i
@@ -186,6 +190,12 @@ def test_regional_shares_one_compile_among_blocks_that_differ_only_in_attributes
 def test_regional_names_the_blocks_that_compile_on_their_own(caplog: pytest.LogCaptureFixture) -> None:
     """A block whose shape no other block has gains nothing from regional compilation: said at setup, by name;
     blocks that all share their shape get no warning."""
+    if not module_instances_share_compiled_code():
+        with caplog.at_level(logging.WARNING, logger="ampkit"):
+            Engine("32-true", compile={"backend": GraphCounter(), "regional": True}).setup(resnet_like())
+        (said,) = [r.message for r in caplog.records if "compile='regional'" in r.message]
+        assert "each of the 5 blocks of Sequential compiles on its own (5 compiles)" in said
+        return
     with caplog.at_level(logging.WARNING, logger="ampkit"):
         Engine("32-true", compile={"backend": GraphCounter(), "regional": True}).setup(resnet_like())
     lone = [r.message for r in caplog.records if "compile='regional'" in r.message]
