@@ -55,9 +55,9 @@ from .quality import (
     Judgement,
     Tolerance,
     check_tolerance,
-    eval_noise,
     judge,
     metric_words,
+    paired_eval_noise,
     t_975,
 )
 from .results import BenchResult, RunResult
@@ -186,7 +186,8 @@ class _Comparison:
     def __init__(self, result: BenchResult, ref: RunResult, tolerance: Tolerance | None) -> None:
         self.ref, self.tolerance = ref, tolerance
         self.runs = [r for r in result.runs if r is not ref]
-        self.noise: EvalNoise | None = eval_noise(ref.eval_batch_metrics)
+        # Paired: every run is scored on the reference's eval batches, so a batch's difficulty cancels (quality.py).
+        self.noise: EvalNoise | None = paired_eval_noise(ref.eval_batch_metrics, [r.eval_batch_metrics for r in self.runs if r.ok])
         values = [r.eval_metric if r.ok else None for r in self.runs]
         if tolerance is None or ref.eval_metric is None:
             self.judged = Judged([Judgement(None, None) for _ in self.runs], 0.0, None)
@@ -245,9 +246,12 @@ class _Comparison:
             return None
         name = metric_words(tol.name)
         if self.noise is not None:
-            t = t_975(self.noise.batches - 1)
-            line = (f"Eval noise: {self.band()} ({t:.3g} standard errors of {ref.label}'s {name} over {self.noise.batches} "
-                    "eval batches, each scored alone): a gap within it is one this eval set cannot resolve.")
+            noise = self.noise
+            t = t_975(noise.dof if noise.dof is not None else noise.batches - 1)
+            runs = f"{noise.runs} run{'' if noise.runs == 1 else 's'}"
+            line = (f"Eval noise: {self.band()} ({t:.3g} standard errors of the per-batch differences from {ref.label}'s "
+                    f"{name} over {noise.batches} eval batches, each scored alone, pooled over {runs}): a gap within it "
+                    "is one this eval set cannot resolve.")
         else:
             n = len(ref.eval_batch_metrics)
             why = f"{n} eval batch{'' if n == 1 else 'es'} scored alone" if n else "no eval batch scored alone"

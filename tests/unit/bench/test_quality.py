@@ -52,3 +52,19 @@ def test_a_relative_tolerance_reads_as_a_percentage() -> None:
     assert PPL.describe("32-true") == "perplexity within 2% of 32-true" and PPL.with_amount(0.005).amount() == "0.5%"
     assert PPL.size(-0.35, 7.277) == "4.8%" and ACC.size(0.0312, 0.9) == "0.0312"
     assert Tolerance("eval_loss", False, 0.02, False).describe("32-true") == "eval loss within 0.02 of 32-true"
+
+
+def test_the_paired_noise_pools_each_runs_per_batch_differences_against_scipy() -> None:
+    from ampkit.bench.quality import paired_eval_noise
+
+    ref = [0.60, 0.95, 0.75, 0.99, 0.70]
+    a = [0.58, 0.96, 0.72, 0.99, 0.69]
+    b = [0.61, 0.93, 0.75, 0.97, 0.71]
+    noise = paired_eval_noise(ref, [a, b, [0.9] * 4, [None] * 5])  # runs not scored on the same batches are left out
+    assert noise is not None and (noise.batches, noise.runs, noise.dof) == (5, 2, 8)
+    d = [[x - y for x, y in zip(r, ref)] for r in (a, b)]
+    pooled = (stats.tvar(d[0]) + stats.tvar(d[1])) / 2
+    assert noise.standard_error == pytest.approx((pooled / 5) ** 0.5)
+    assert noise.band == pytest.approx(stats.t.ppf(0.975, 8) * (pooled / 5) ** 0.5, rel=1e-3)
+    assert paired_eval_noise(ref, [[v + 0.03 for v in ref]]).standard_error == pytest.approx(0.0, abs=1e-12)  # a shift is no noise
+    assert paired_eval_noise([0.9], [[0.8]]) is None and paired_eval_noise(ref, []) is None

@@ -7,12 +7,12 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
 from ampkit.bench.policy_run import PolicyRun
-from ampkit.bench.quality import eval_noise
 from ampkit.bench.recipe import check_recipe, clip_from, compile_mode, runs_to_build
 from ampkit.bench.results import BenchResult
 from ampkit.bench.runner import run_bench
@@ -115,9 +115,12 @@ def test_the_tolerance_flips_the_verdict_and_is_recorded() -> None:
     ref, run = strict.runs
     assert run.eval_metric != ref.eval_metric  # bf16 weights land elsewhere
     # Tolerance 0: the reference's eval noise alone decides, and only on the worse side (control: the band by hand).
-    noise = eval_noise(ref.eval_batch_metrics)
-    assert noise is not None and strict.eval_tolerance.startswith("eval loss within 0 of 32-true")
-    assert run.within_tolerance is (run.eval_metric - ref.eval_metric <= noise.band)
+    from scipy import stats
+
+    differences = np.subtract(run.eval_batch_metrics, ref.eval_batch_metrics)  # paired: the same eval batches
+    band = stats.t.ppf(0.975, len(differences) - 1) * stats.sem(differences)
+    assert strict.eval_tolerance.startswith("eval loss within 0 of 32-true")
+    assert run.within_tolerance is bool(run.eval_metric - ref.eval_metric <= band + 1e-12)
     assert "within 1 of 32-true" in loose.runs[1].verdict and loose.eval_tolerance.startswith("eval loss within 1 of 32-true")
     assert loose.recovery is not None and loose.recovery.startswith("16-bit weights: bf16-true, bf16-true-remainder keep 32-true's eval loss (")
     assert "; the leanest that does: bf16-true (peak" in loose.recovery

@@ -303,20 +303,27 @@ def _noisy_reference(per_batch: list[float]) -> RunResult:
     return _run("32-true", 0.010, peak_memory_bytes=1000, eval_metric=float(np.mean(per_batch)), eval_batch_metrics=per_batch)
 
 
-def _band(per_batch: list[float]) -> float:
-    """Control: the 95% half-width of the mean of ``per_batch`` by Student's t (scipy), computed apart from ampkit."""
+def _paired_band(*differences: list[float]) -> float:
+    """Control: the 95% half-width of a mean per-batch difference, variances pooled over runs (scipy, apart from ampkit)."""
     from scipy import stats
 
-    values = np.asarray(per_batch)
-    return float(stats.t.ppf(0.975, len(values) - 1) * values.std(ddof=1) / np.sqrt(len(values)))
+    n = len(differences[0])
+    pooled = float(np.mean([np.var(d, ddof=1) for d in differences]))
+    return float(stats.t.ppf(0.975, len(differences) * (n - 1)) * np.sqrt(pooled / n))
 
 
-def test_a_gap_within_the_references_eval_noise_is_not_a_loss_and_one_beyond_it_is() -> None:
+def test_a_gap_within_the_eval_noise_is_not_a_loss_and_one_beyond_it_is() -> None:
     per_batch = [0.84, 0.92, 0.88, 0.96, 0.90]  # 32-true's accuracy on each of five eval batches: mean 0.90
-    band = _band(per_batch)
+    wobble = [0.04, -0.04, 0.03, -0.03, 0.0]  # how each run differs from 32-true batch by batch, about its mean gap
+    band = _paired_band(wobble, wobble[::-1])
     assert band > ACC.tolerance  # the eval cannot resolve the 0.02 tolerance
-    inside = _run("bf16-mixed", 0.005, peak_memory_bytes=600, eval_metric=0.90 - band + 0.005)
-    outside = _run("bf16-true", 0.005, peak_memory_bytes=500, eval_metric=0.90 - band - 0.005)
+
+    def shifted(gap: float, wobble: list[float]) -> list[float]:
+        return [v - gap + w for v, w in zip(per_batch, wobble)]
+
+    inside_batches, outside_batches = shifted(band - 0.005, wobble), shifted(band + 0.005, wobble[::-1])
+    inside = _run("bf16-mixed", 0.005, peak_memory_bytes=600, eval_metric=float(np.mean(inside_batches)), eval_batch_metrics=inside_batches)
+    outside = _run("bf16-true", 0.005, peak_memory_bytes=500, eval_metric=float(np.mean(outside_batches)), eval_batch_metrics=outside_batches)
     result = BenchResult(workload="w", runs=[_noisy_reference(per_batch), inside, outside])
     apply_verdicts(result, ACC)
     assert inside.quality == "as good" and inside.within_tolerance is True
@@ -324,7 +331,22 @@ def test_a_gap_within_the_references_eval_noise_is_not_a_loss_and_one_beyond_it_
     assert outside.quality == "worse" and outside.verdict.endswith("does not pay on this model and device")
     assert f"beyond the eval noise ±{band:.3g}" in outside.verdict
     assert result.eval_noise is not None and result.eval_noise.startswith(f"Eval noise: ±{band:.3g} (")
-    assert "over 5 eval batches" in result.eval_noise
+    assert "over 5 eval batches" in result.eval_noise and "pooled over 2 runs" in result.eval_noise
+
+
+def test_the_eval_noise_is_paired_so_how_hard_each_batch_is_cancels() -> None:
+    # On gpt the reference's own spread over its 32 batches of different text made a band of 14% of perplexity
+    # around a 2% tolerance: any loss passed. Each run is scored on the same batches, so the difficulty cancels.
+    per_batch = [0.60, 0.95, 0.75, 0.99, 0.70]  # batches of very different difficulty
+    worse = [v - 0.05 + w for v, w in zip(per_batch, [0.002, -0.002, 0.001, -0.001, 0.0])]  # 0.05 worse on every one
+    run = _run("bf16-true", 0.005, peak_memory_bytes=500, eval_metric=float(np.mean(worse)), eval_batch_metrics=worse)
+    result = BenchResult(workload="w", runs=[_noisy_reference(per_batch), run])
+    apply_verdicts(result, ACC)
+    assert run.quality == "worse" and run.outcome == "does not pay"
+    from scipy import stats
+
+    unpaired = stats.t.ppf(0.975, 4) * stats.sem(per_batch)
+    assert unpaired > 0.05  # the unpaired band would have called this loss noise
 
 
 def test_with_one_eval_batch_the_noise_is_said_to_be_unmeasured() -> None:
