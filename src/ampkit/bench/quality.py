@@ -37,7 +37,7 @@ import numpy as np
 
 from .._util.values import check_tolerance
 
-__all__ = ["QUALITY", "EvalNoise", "Judged", "Judgement", "Tolerance", "check_tolerance", "eval_noise", "judge", "metric_words", "paired_eval_noise", "t_975"]
+__all__ = ["QUALITY", "EvalNoise", "Judged", "Judgement", "Tolerance", "check_tolerance", "judge", "metric_words", "paired_eval_noise", "t_975"]
 
 QUALITY: dict[str, str] = {
     "as good": "within the tolerance of 32-true's figure, or within its eval noise, either way",
@@ -142,24 +142,6 @@ class EvalNoise:
     def band(self) -> float:
         """The 95% half-width: Student's t for :attr:`dof` times the standard error."""
         return t_975(self.dof if self.dof is not None else self.batches - 1) * self.standard_error
-
-
-def eval_noise(per_batch: Sequence[float | None]) -> EvalNoise | None:
-    """The eval noise of a figure scored on each eval batch alone, or None with fewer than 2 finite batch figures.
-
-    The standard error is the sample standard deviation of the per-batch figures over the square root of their
-    number (batches of unequal size count alike, which slightly widens it).
-
-    >>> noise = eval_noise([0.88, 0.92, 0.90, 0.90])
-    >>> round(noise.standard_error, 4), round(noise.band, 4)
-    (0.0082, 0.026)
-    >>> eval_noise([0.9]) is None
-    True
-    """
-    values = [v for v in per_batch if v is not None and math.isfinite(v)]
-    if len(values) < 2 or len(values) != len(per_batch):
-        return None
-    return EvalNoise(float(np.std(values, ddof=1) / math.sqrt(len(values))), len(values))
 
 
 def paired_eval_noise(reference: Sequence[float | None], others: Sequence[Sequence[float | None]]) -> EvalNoise | None:
