@@ -10,8 +10,9 @@ machine lacks travel as wheels in ``.whl/`` at the repository root (torchao for 
 them, without the network or dependencies, into a temporary folder on the steps' ``PYTHONPATH``. A step that
 fails or runs out of time is recorded and the suite goes on. The folder gets ``env.json`` (device, driver, torch,
 CUDA, cuDNN and Triton versions, the commit), one ``<step>.log`` per step (the exact command first, then its raw
-output), the JSON each benchmark writes, the bench's own results folder, and ``summary.md``: the environment, a
-table of steps (status, seconds, command) and each step's figures. The suite exits 1 when a step failed or timed
+output), the JSON each benchmark writes, the test pass's failures as they were reported (``tests-failures.txt``)
+and its junit XML, the bench's own results folder, and ``summary.md``: the environment, a table of steps (status,
+seconds, command) and each step's figures. The suite exits 1 when a step failed or timed
 out, so a wrapper knows; DEVELOPERS.md says how to run it on a lent GPU and where its folder is committed.
 
 Nothing here asserts GPU results: it records them. The CPU smoke mode only proves every step still starts, runs
@@ -41,6 +42,11 @@ WHEELS = REPO / ".whl"  # packages the GPU machine lacks, carried as wheels (ign
 # Within 8 minutes on an H100/H200, so that a GPU window of 15 minutes holds the machine's start (a minute or two),
 # the whole suite and one rerun of what failed. The steps' budgets add up to it.
 DEFAULT_BUDGET_S = 480.0
+
+FAILURE_LOG = "tests-failures.txt"
+"""The tests step's failures, a line each, written the moment pytest reports them (benchmarks/failure_log.py)."""
+JUNIT_XML = "tests-junit.xml"
+"""The tests step's junit XML (every test's outcome), written when the pass ends."""
 
 
 @dataclass(frozen=True)
@@ -221,6 +227,8 @@ def command_for(step: Step, device: str, smoke: bool, out: Path) -> list[str]:
     argv = [sys.executable, *(step.smoke if smoke else step.full), "--device", device]
     if step.name == "bench":
         argv += ["--out", str(out / "bench")]
+    elif step.name == "tests":  # each failure on disk as it is reported, whatever ends the pass (see failure_log.py)
+        argv += ["-p", "benchmarks.failure_log", "--failure-log", str(out / FAILURE_LOG), "--junitxml", str(out / JUNIT_XML)]
     elif step.writes_json:
         argv += ["--json", str(out / f"{step.name}.json")]
     return argv
@@ -244,7 +252,8 @@ def with_time_limit(step: Step, command: list[str], limit_s: float, smoke: bool 
 def _pytest_extras(step: Step, smoke: bool, limit_s: float) -> list[str]:
     """Parallel workers and time limits when the plugins are installed (the GPU image has them; so has the dev extra,
     so the CPU smoke pass runs under them too): a per-test timeout, and a session timeout that stops the pass in
-    time to print its summary (what ran, what failed) rather than be killed with nothing."""
+    time to print its summary (what ran, what failed) rather than be killed with nothing. Its failures are named
+    even when it is killed: the failure file (:data:`FAILURE_LOG`) has them as they were reported."""
     extras = []
     if _importable("xdist"):
         extras += ["-n", "2" if smoke else "8"]  # 8 processes share one GPU; the GPU pass is mostly launch- and host-bound
@@ -385,7 +394,7 @@ def _cpu_name() -> str:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
         return platform.processor()
-    match = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
+    match = re.search(r"^model name\s*:\s*(.+)$", text, re.MULTILINE)
     return match.group(1).strip() if match else platform.processor()
 
 
@@ -431,20 +440,31 @@ def last_markdown_table(text: str, count: int = 1) -> str:
     return "\n\n".join("\n".join(block) for block in blocks[-count:])
 
 
-def pytest_digest(text: str) -> str:
-    """The pytest summary line and the failing tests, as Markdown.
+def pytest_digest(text: str, recorded: list[str] | None = None, killed: bool = False) -> str:
+    """The pytest summary line and the failing tests, as Markdown. ``recorded``: the failure file's lines
+    (:data:`FAILURE_LOG`, each failure as it was reported), which name the failures even when the pass ended before
+    its summary (``killed`` at its limit, or crashed); without them, the log's short-summary lines.
 
     >>> print(pytest_digest("..F\\nFAILED tests/a.py::test_x - boom\\n1 failed, 2 passed, 3 skipped in 4.0s\\n"))
     **1 failed, 2 passed, 3 skipped in 4.0s**
     <BLANKLINE>
     - FAILED tests/a.py::test_x - boom
+    >>> print(pytest_digest("..F.s [ 40%]\\n..", ["FAILED tests/a.py::test_x - boom"], killed=True))
+    **no pytest summary line: killed at 40% of the tests**
+    <BLANKLINE>
+    - FAILED tests/a.py::test_x - boom
     """
-    counts = re.findall(r"^=*\s*(\d+ (?:passed|failed|error|errors|skipped|deselected|xfailed|xpassed|warnings?).*?)\s*=*$", text, re.M)
-    lines = [f"**{counts[-1]}**" if counts else "**no pytest summary line (see the log)**"]
+    counts = re.findall(r"^=*\s*(\d+ (?:passed|failed|error|errors|skipped|deselected|xfailed|xpassed|warnings?).*?)\s*=*$", text, re.MULTILINE)
+    reached = re.findall(r"\[\s*(\d+)%\]", text)  # pytest's progress, at the end of each line of dots
+    if counts:
+        lines = [f"**{counts[-1]}**"]
+    else:
+        where = f" at {reached[-1]}% of the tests" if reached else ""
+        lines = [f"**no pytest summary line: {'killed' if killed else 'ended'}{where}**" if where or killed else "**no pytest summary line (see the log)**"]
     if re.search(r"session-timeout: [\d.]+ sec exceeded", text):  # pytest-timeout's message, not the command's flag
         lines.append("")
         lines.append("- stopped at its session timeout: the tests after it did not run (the counts are of those that did)")
-    failures = [line for line in text.splitlines() if line.startswith(("FAILED ", "ERROR "))]
+    failures = recorded or [line for line in text.splitlines() if line.startswith(("FAILED ", "ERROR "))]
     if failures:
         lines.append("")
         lines += [f"- {line[:300]}" for line in failures]
@@ -488,7 +508,9 @@ def _fmt(value: object, scale: float, pattern: str) -> str:
 def figures_of(result: StepResult, out: Path) -> str:
     text = result.log.read_text(errors="replace") if result.log and result.log.exists() else ""
     if result.step.name == "tests":
-        return pytest_digest(text)
+        recorded = out / FAILURE_LOG
+        lines = recorded.read_text(errors="replace").splitlines() if recorded.exists() else None
+        return pytest_digest(text, lines, killed=result.status == "timeout")
     if result.step.name == "bench":
         return bench_digest(out / "bench") or last_markdown_table(text)
     return last_markdown_table(text, result.step.tables)
@@ -504,8 +526,8 @@ def summary_markdown(env: dict[str, object], results: list[StepResult], smoke: b
         f"- Device: {gpu}" + (f" (capability {env['capability']}, {env['gpu_memory_gib']} GiB, driver {env['driver']})" if "gpu" in env else ""),
         f"- Host: {env['cpu']}, {env['cpu_count']} CPUs; Python {env['python']}",
         f"- torch {env['torch']} (CUDA {env['torch_cuda']}, cuDNN {env['cudnn']}), Triton {env['triton']}, transformers {env['transformers']}, torchao {env.get('torchao')}",
-        f"- ampkit commit {env['commit'] or 'unknown (no .git here: pass --commit)'}"
-        f"{' (with uncommitted changes)' if env['dirty'] else ''}; {env['date']}",
+        (f"- ampkit commit {env['commit'] or 'unknown (no .git here: pass --commit)'}"
+         f"{' (with uncommitted changes)' if env['dirty'] else ''}; {env['date']}"),
         f"- Wall time {wall_s:.0f} s of a {budget_s:.0f} s budget",
         "",
         "| step | status | seconds | command |",

@@ -3,14 +3,17 @@ windows), and its own machinery (limits, digests, refusals) does what it says. N
 
 from __future__ import annotations
 
+import dataclasses
 import doctest
 import importlib.util
 import json
+import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
-from collections.abc import Sequence
+from xml.etree import ElementTree
 
 import pytest
 
@@ -55,11 +58,32 @@ def test_every_step_is_smoked_in_ci_by_the_suite_or_by_a_test_of_its_script(suit
         assert Path(script).stem in test and smoked, f"{step.name}: no smoke test of {script} in {SMOKED_ELSEWHERE[step.name]}"
 
 
-def test_smoke_mode_runs_the_other_steps_and_writes_the_folder(suite: ModuleType, tmp_path: Path) -> None:
+PLANTED = "def test_planted_failure():\n    assert 1 + 1 == 3, 'planted: the summary must name this test'\n"
+
+
+def test_smoke_mode_runs_the_other_steps_and_names_a_failing_test_as_it_is_reported(
+    suite: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The tests step (its smoke files, under xdist and the timeouts as on the GPU) plus a failing test in a file of
+    # its own: the failure must be in the suite's failure file (written as reported, by the controller alone),
+    # in its junit XML, and listed under the tests step in summary.md; the other tests still pass.
+    planted = tmp_path / "test_planted.py"
+    planted.write_text(PLANTED)
+    steps = tuple(dataclasses.replace(s, smoke=(*s.smoke, str(planted))) if s.name == "tests" else s for s in suite.STEPS)
+    monkeypatch.setattr(suite, "STEPS", steps)
     out = tmp_path / "suite"
     others = [s.name for s in suite.STEPS if s.name not in SMOKED_ELSEWHERE]
     code = suite.main(["--device", "cpu", "--smoke", "--only", ",".join(others), "--out", str(out)])
-    _check_folder(suite, out, code, [s for s in suite.STEPS if s.name in others])
+    summary = (out / "summary.md").read_text()
+    assert code == 1 and "| tests | failed |" in summary, summary
+    recorded = (out / suite.FAILURE_LOG).read_text().splitlines()
+    # once (the controller writes, not the workers too); a file outside the rootdir has pytest's node id "::name"
+    assert len(recorded) == 1 and re.fullmatch(r"FAILED \S*::test_planted_failure - AssertionError: planted: the summary must name this test", recorded[0])
+    tests = summary.split("## tests")[1].split("\n## ")[0]
+    assert f"- {recorded[0]}" in tests and re.search(r"\*\*1 failed, \d+ passed", tests), tests
+    junit = ElementTree.parse(out / suite.JUNIT_XML).getroot()
+    assert sum(int(s.get("failures")) for s in junit.iter("testsuite")) == 1
+    _check_folder(suite, out, 0, [s for s in suite.STEPS if s.name in others and s.name != "tests"])
 
 
 @pytest.mark.slow
@@ -82,6 +106,7 @@ def _check_folder(suite: ModuleType, out: Path, code: int, steps: Sequence[Any])
     env = json.loads((out / "env.json").read_text())
     assert env["torch"] and env["python"] and env["device"] == "cpu"
     assert "passed" in summary.split("## tests")[1].split("##")[0], "the pytest digest shows the pass's counts"
+    assert (out / suite.FAILURE_LOG).exists(), "the tests step writes its failure file, empty when none failed"
 
 
 def test_a_step_past_its_limit_is_killed_and_keeps_what_it_printed(suite: ModuleType, tmp_path: Path) -> None:
@@ -121,6 +146,26 @@ def test_every_step_but_the_bench_keeps_to_a_time_limit_of_its_own_or_is_short(s
         assert step.time_limit_margin_s is not None or step.budget_s <= 30 or step.name == "bench", step.name
         if step.time_limit_margin_s is not None:
             assert step.time_limit_margin_s < step.budget_s / 2, step.name
+
+
+DEV_PLUGINS = ("xdist", "pytest_timeout", "pytest_benchmark", "pytest_cov", "pytest_mock", "hypothesis")
+
+
+def test_a_test_pass_killed_at_its_limit_still_lists_its_failures_in_the_summary(suite: ModuleType, tmp_path: Path) -> None:
+    # The 2026-11-28 pass: killed (or crashed) before pytest printed its summary, so the log names no failure; the
+    # failure file written as the tests were reported does.
+    (tests,) = [s for s in suite.STEPS if s.name == "tests"]
+    log = tmp_path / "02-tests.log"
+    log.write_text("$ python -m pytest\n\nbringing up nodes...\n..F.sss.F [ 95%]\n..")
+    (tmp_path / suite.FAILURE_LOG).write_text("FAILED tests/a.py::test_x - AssertionError: boom\nERROR tests/b.py::test_y - RuntimeError: setup\n")
+    result = suite.StepResult(tests, ["python"], status="timeout", log=log, notes=["killed at its limit of 130 s"])
+    result.figures = suite.figures_of(result, tmp_path)
+    summary = suite.summary_markdown({"cpu": "x", "cpu_count": 1, "python": "3", "torch": "2", "torch_cuda": None, "cudnn": None,
+                                      "triton": None, "transformers": None, "commit": "abc", "dirty": False, "date": "today", "device": "cuda"},
+                                     [result], smoke=False, budget_s=540, wall_s=130)
+    section = summary.split("## tests")[1]
+    assert "- FAILED tests/a.py::test_x - AssertionError: boom" in section and "- ERROR tests/b.py::test_y - RuntimeError: setup" in section
+    assert "killed at 95% of the tests" in section
 
 
 DEV_PLUGINS = ("xdist", "pytest_timeout", "pytest_benchmark", "pytest_cov", "pytest_mock", "hypothesis")
@@ -222,3 +267,10 @@ def test_list_prints_every_step_with_its_command(suite: ModuleType, capsys: pyte
 def test_the_digests_examples_hold(suite: ModuleType) -> None:
     failures, tried = doctest.testmod(suite)
     assert tried >= 3 and failures == 0
+
+
+def test_the_failure_logs_examples_hold() -> None:
+    import failure_log  # benchmarks/ is on the tests' path (pyproject's pythonpath)
+
+    failures, tried = doctest.testmod(failure_log)
+    assert tried >= 2 and failures == 0
