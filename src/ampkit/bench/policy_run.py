@@ -16,7 +16,7 @@ import copy
 import gc
 import logging
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -42,9 +42,25 @@ from .results import RunResult
 from .timing import StepTimer, summarize
 from .workload import Batch, Workload
 
-__all__ = ["PolicyRun"]
+__all__ = ["PolicyRun", "compile_phase"]
 
 log = logging.getLogger("ampkit")
+
+
+def compile_phase(engine: Engine) -> str | None:
+    """What ``engine`` compiles in its first steps, as a progress phase: the model (``compile=``), its optimizer step
+    (one compiled region: ``bf16-true-sr``'s library step, or a master-weight step under ``compile=``), both, or None.
+
+    >>> import ampkit
+    >>> engine = ampkit.Engine("32-true", compile={"backend": "eager"})
+    >>> _ = engine.setup(nn.Linear(2, 2))
+    >>> compile_phase(engine), compile_phase(ampkit.Engine("32-true"))
+    ('compiling the model', None)
+    """
+    parts = ["the model"] if engine.compiled else []
+    if engine.fused_step is not None or engine.library_step is not None:
+        parts.append("the optimizer step")
+    return "compiling " + " and ".join(parts) if parts else None
 
 
 class PolicyRun:
@@ -94,6 +110,12 @@ class PolicyRun:
         self.first_steps: list[float] = []  # a compiled run's first steps, where it compiles
         self._fresh_batches = False  # set while memory is measured (see _step)
         self._rng: tuple[torch.Tensor, torch.Tensor | None] | None = None
+        self.on_phase: Callable[[str], None] | None = None
+        """Told, once, what this run's engine compiles in its first steps (:func:`compile_phase`), as it builds the
+        first engine whose steps may compile: the runner's progress shows it (a minute of compiling on a GPU
+        otherwise looks like a hang)."""
+        self._phase_told = False
+        self._eager_only = False  # set while every step is forced eager (the CPU's memory steps): nothing compiles
 
     @property
     def alive(self) -> bool:
@@ -128,6 +150,10 @@ class PolicyRun:
         self.model, self.optimizer = self.engine.setup(model, optimizer)
         self.model.train()
         self.steps_done, self.losses, self.times, self.compiled = 0, [], [], []
+        phase = compile_phase(self.engine)
+        if phase is not None and self.on_phase is not None and not (self._phase_told or self._eager_only):
+            self._phase_told = True
+            self.on_phase(phase)
 
     def release(self) -> None:
         """Drop the model, optimizer and engine so their memory can be reused."""
@@ -215,13 +241,14 @@ class PolicyRun:
         # timed run's warm-up), as ampkit memory's step does.
         live = StepPeak(model) if not cuda and self.compile is None else None
         self._fresh_batches = True
+        self._eager_only = live is not None
         try:
             counting = live if live is not None else contextlib.nullcontext()
             eager = torch.compiler.set_stance("force_eager") if live is not None else contextlib.nullcontext()
             with counting, eager:
                 self._measure_steps(model, warmup, flops)
         finally:
-            self._fresh_batches = False
+            self._fresh_batches = self._eager_only = False
         assert self.model is not None and self.optimizer is not None and self.engine is not None
         breakdown = training_state_bytes(self.model, [self.optimizer], self.engine.masters)
         breakdown["activations"] = self.result.activation_bytes or 0

@@ -1,8 +1,9 @@
 """How the bench runner reports progress: a tiny protocol, a silent default, a rich progress bar for a terminal,
 and plain lines for a log (CI, ``nohup``, a pipe), where a bar cannot redraw and would show nothing.
 
-The runner describes what runs as ``"<run>: <phase>"`` (``"bf16-mixed: round 2/5"``, ``"bf16-mixed: done"``) and
-advances by steps: every run's memory-measuring and training steps, and one for its evaluation.
+The runner describes what runs as ``"<run>: <phase>"`` (``"bf16-mixed: round 2/5"``, ``"bf16-mixed: done"``,
+``"bf16-true-sr: compiling the optimizer step"``, see :func:`ampkit.bench.policy_run.compile_phase`) and advances by
+steps: every run's memory-measuring and training steps, and one for its evaluation.
 
     >>> reporter = NullReporter()
     >>> reporter.start(10); reporter.update("32-true: training", advance=5); reporter.finish()
@@ -83,9 +84,10 @@ class RichReporter:
 
 
 class PlainReporter:
-    """Progress as plain lines on ``stream`` (stderr by default), for a log: a line when a run starts and when it
-    is done, and between them at most one every ``interval`` seconds, each with the time since the start and the
-    steps done of the total (the runner's: every run's memory-measuring and training steps, one per evaluation).
+    """Progress as plain lines on ``stream`` (stderr by default), for a log: a line when a run starts, when it starts
+    compiling (a phase ``"compiling ..."``: the wait that follows is why) and when it is done, and between them at
+    most one every ``interval`` seconds, each with the time since the start and the steps done of the total (the
+    runner's: every run's memory-measuring and training steps, one per evaluation).
 
     ``clock`` (seconds) is ``time.monotonic``; a test passes its own.
 
@@ -125,7 +127,7 @@ class PlainReporter:
         run, _, phase = description.rpartition(": ")
         started = run not in self._runs
         self._runs.add(run)
-        if started or phase == "done" or now - self._last >= self._interval:
+        if started or phase == "done" or phase.startswith("compiling") or now - self._last >= self._interval:
             self._line(now, description)
 
     def finish(self) -> None:

@@ -306,6 +306,8 @@ def _run(
     measure_steps = max(2, warmup)
     reporter.start(len(runs) * (measure_steps + steps + 1))
 
+    for run in runs:  # what a run compiles, said where it starts (a region's first compile can take a minute on a GPU)
+        run.on_phase = lambda phase, label=run.label: reporter.update(f"{label}: {phase}")
     for run in runs:  # 2. memory and FLOPs, each policy alone
         reporter.update(f"{run.label}: measuring memory")
         _guard(run, "measuring memory", run.measure_alone, measure_steps, count_flops, world=world)

@@ -110,8 +110,8 @@ def add_bench(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -
     p.add_argument("--tensorboard", type=Path, metavar="DIR", help="log loss curves and summary figures for TensorBoard here")
     p.add_argument(
         "--no-progress", action="store_true",
-        help="no progress on stderr (by default a bar on a terminal; in a log, a line per run started and done and at "
-        "most one every 30 s between)",
+        help="no progress on stderr (by default a bar on a terminal; in a log, a line per run started, starting to "
+        "compile and done, and at most one every 30 s between)",
     )
     p.add_argument(
         "--nproc", type=positive, metavar="N",

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import io
 
+import pytest
 import torch
 from torch import nn
 
-from ampkit.bench.progress import PLAIN_INTERVAL_S, PlainReporter
+from ampkit.bench.policy_run import PolicyRun
+from ampkit.bench.progress import PLAIN_INTERVAL_S, NullReporter, PlainReporter
 from ampkit.bench.runner import run_bench
 from ampkit.bench.user import workload_from
+from ampkit.bench.workload import Batch, Workload
 
 
 class _Clock:
@@ -67,3 +70,78 @@ def test_the_interval_is_what_the_help_says() -> None:
     bench = next(a for a in build_parser()._actions if a.dest == "command").choices["bench"]
     no_progress = next(a for a in bench._actions if "--no-progress" in a.option_strings)
     assert f"most one every {PLAIN_INTERVAL_S:.0f} s" in no_progress.help  # the parsers import no bench: a copy
+
+
+def test_a_run_that_starts_compiling_says_so_at_once() -> None:
+    # On the H200 (2026-11-28) the log read "bf16-true-sr: measuring memory" and then nothing for more than 80 s: its
+    # optimizer step was compiling. A phase the user waits on is printed when it starts, however soon after the last.
+    out, clock = io.StringIO(), _Clock()
+    reporter = PlainReporter(out, clock=clock)
+    reporter.start(10)
+    reporter.update("sr: measuring memory")
+    clock.now += 1.0
+    reporter.update("sr: compiling the optimizer step")
+    clock.now += 1.0
+    reporter.update("sr: measuring memory", advance=2)  # back to the phase it was in: nothing new to say
+    assert _lines(out)[1:] == ["[0:00] 0/10 steps: sr: measuring memory", "[0:01] 0/10 steps: sr: compiling the optimizer step"]
+
+
+def _sr_or_skip() -> None:
+    from ampkit.policy.lowbit_optimizers import missing_library
+
+    if missing_library("sr") is not None:
+        pytest.skip(f"bf16-true-sr {missing_library('sr')}")
+
+
+def _tiny() -> tuple[Workload, list[Batch]]:
+    g = torch.Generator().manual_seed(0)
+    batches: list[Batch] = [(torch.randn(8, 4, generator=g), torch.randint(0, 2, (8,), generator=g)) for _ in range(2)]
+    return workload_from(nn.Linear(4, 2), batches, steps=2, warmup=1), batches
+
+
+def test_a_run_whose_engine_compiles_its_optimizer_step_names_it_once_where_it_may_compile() -> None:
+    # bf16-true-sr's engine steps through one compiled region (ampkit.training.fused_library_step). The run says so
+    # once, when it builds an engine whose steps may compile: not during the CPU's memory measurement (forced
+    # eager throughout), then at the timed build; the control (bf16-true: no region) never.
+    _sr_or_skip()
+    workload, batches = _tiny()
+    told: dict[str, list[str]] = {}
+    for precision in ("bf16-true", "bf16-true-sr"):
+        run = PolicyRun(workload, precision, torch.device("cpu"), batches, seed=0)
+        run.on_phase = told.setdefault(precision, []).append
+        run.measure_alone(2, flops=False)
+        assert told[precision] == [], "the CPU's memory steps run eagerly: nothing compiles there"
+        run.build()
+        run.build()  # another engine, the same run: said once
+    assert told == {"bf16-true": [], "bf16-true-sr": ["compiling the optimizer step"]}
+
+
+@pytest.mark.parametrize(
+    ("precision", "compiles"),
+    [("32-true", "compiling the model"), ("bf16-true-masters", "compiling the model and the optimizer step")],
+)
+def test_a_compiled_run_names_what_it_compiles(precision: str, compiles: str) -> None:
+    # compile=: the model compiles in the run's first steps, and a master-weight policy's step with it (the fused
+    # master step, ampkit.training.fused_master_step). Only the engine is built here: nothing is traced.
+    workload, batches = _tiny()
+    told: list[str] = []
+    run = PolicyRun(workload, precision, torch.device("cpu"), batches, seed=0, compile={"backend": "eager"}, mode="model")
+    run.on_phase = told.append
+    run.build()
+    assert told == [compiles]
+
+
+def test_the_bench_tells_its_reporter_once_per_run_what_it_compiles() -> None:
+    # The runner's wiring: the run's phase reaches the progress as "<run>: <phase>", once. The steps are forced
+    # eager here (what compiles is not this test's subject, and inductor would take most of a minute on a CPU).
+    _sr_or_skip()
+    workload, _ = _tiny()
+    seen: list[str] = []
+
+    class Recording(NullReporter):
+        def update(self, description: str, advance: int = 0) -> None:
+            seen.append(description)
+
+    with torch.compiler.set_stance("force_eager"):
+        run_bench(workload, ["32-true", "bf16-true-sr"], rounds=1, count_flops=False, reporter=Recording())
+    assert [d for d in seen if "compiling" in d] == ["bf16-true-sr: compiling the optimizer step"], seen
