@@ -115,7 +115,7 @@ class PolicyRun:
         first engine whose steps may compile: the runner's progress shows it (a minute of compiling on a GPU
         otherwise looks like a hang)."""
         self._phase_told = False
-        self._eager_only = False  # set while every step is forced eager (the CPU's memory steps): nothing compiles
+        self._eager_only = False  # set while every step is forced eager (an eager run's memory steps): nothing compiles
 
     @property
     def alive(self) -> bool:
@@ -241,10 +241,12 @@ class PolicyRun:
         # timed run's warm-up), as ampkit memory's step does.
         live = StepPeak(model) if not cuda and self.compile is None else None
         self._fresh_batches = True
-        self._eager_only = live is not None
+        # On CUDA too: the allocator would see a compiled step, but the throwaway engine's compile (its own code
+        # object, so the timed engine compiles again) cost the H200's default bench more than 80 s in bf16-true-sr.
+        self._eager_only = self.compile is None
         try:
             counting = live if live is not None else contextlib.nullcontext()
-            eager = torch.compiler.set_stance("force_eager") if live is not None else contextlib.nullcontext()
+            eager = torch.compiler.set_stance("force_eager") if self._eager_only else contextlib.nullcontext()
             with counting, eager:
                 self._measure_steps(model, warmup, flops)
         finally:

@@ -99,18 +99,19 @@ def _tiny() -> tuple[Workload, list[Batch]]:
     return workload_from(nn.Linear(4, 2), batches, steps=2, warmup=1), batches
 
 
-def test_a_run_whose_engine_compiles_its_optimizer_step_names_it_once_where_it_may_compile() -> None:
+def test_a_run_whose_engine_compiles_its_optimizer_step_names_it_once_where_it_may_compile(device: torch.device) -> None:
     # bf16-true-sr's engine steps through one compiled region (ampkit.training.fused_library_step). The run says so
-    # once, when it builds an engine whose steps may compile: not during the CPU's memory measurement (forced
-    # eager throughout), then at the timed build; the control (bf16-true: no region) never.
+    # once, when it builds an engine whose steps may compile: not during the memory measurement (an eager run's is
+    # forced eager throughout, on every device: on CUDA its third warm-up step compiled the throwaway engine's region,
+    # which the timed engine then compiled again), then at the timed build; the control (bf16-true: no region) never.
     _sr_or_skip()
     workload, batches = _tiny()
     told: dict[str, list[str]] = {}
     for precision in ("bf16-true", "bf16-true-sr"):
-        run = PolicyRun(workload, precision, torch.device("cpu"), batches, seed=0)
+        run = PolicyRun(workload, precision, device, batches, seed=0)
         run.on_phase = told.setdefault(precision, []).append
-        run.measure_alone(2, flops=False)
-        assert told[precision] == [], "the CPU's memory steps run eagerly: nothing compiles there"
+        run.measure_alone(4, flops=False)  # past the two steps that were always eager
+        assert told[precision] == [], "an eager run's memory steps run eagerly: nothing compiles there"
         run.build()
         run.build()  # another engine, the same run: said once
     assert told == {"bf16-true": [], "bf16-true-sr": ["compiling the optimizer step"]}
