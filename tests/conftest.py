@@ -6,6 +6,7 @@ out of the next.
 
     python -m pytest -q -m "not slow"                     # the CPU pass (CI)
     python -m pytest -q -m "not slow" --device cuda       # the same device-generic tests on a GPU
+    python -m pytest -q -m "not slow" --half fp16         # the CPU pass in the CUDA pass's precision (fp16, 16-mixed)
 """
 
 from __future__ import annotations
@@ -18,6 +19,10 @@ import pytest
 import torch
 
 DEVICE_TYPES = ("cpu", "cuda")
+
+# The 16-bit type of a device-generic test (``half_dtype``) and the mixed policy that goes with it (``mixed_policy``),
+# by the name ``--half`` takes. Without ``--half``, each device's own choice: fp16 on CUDA, bf16 on the CPU.
+HALF_TYPES = {"fp16": (torch.float16, "16-mixed"), "bf16": (torch.bfloat16, "bf16-mixed")}
 
 # Tests that start ranks fork them from a server process that imported these once for the session
 # (start_method="forkserver"): a spawned rank imports torch, torch.distributed and ampkit again, about 3 s per test
@@ -33,6 +38,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default="cpu",
         help="run the device-generic tests (those taking the `device` fixture or marked gpu) on this device: "
         "cpu (default), cuda or cuda:N. On cuda the CPU-only tests skip: the CPU pass runs them.",
+    )
+    parser.addoption(
+        "--half",
+        choices=tuple(HALF_TYPES),
+        default=None,
+        help="the 16-bit type of the device-generic tests (the `half_dtype` and `mixed_policy` fixtures): fp16 "
+        "(16-mixed, with loss scaling) or bf16 (bf16-mixed). Default: the device's own choice, fp16 on cuda and bf16 on "
+        "cpu. `--half fp16` on the CPU reproduces the CUDA pass's precision without a GPU (slowly: fp16 has no fast CPU "
+        "kernels).",
     )
 
 
@@ -60,6 +74,7 @@ def _restore_terminal_variables(config: pytest.Config) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     _restore_terminal_variables(config)
     config.test_device = _parse_device(config.getoption("--device"))  # type: ignore[attr-defined]
+    config.test_half = config.getoption("--half") or ("fp16" if config.test_device.type == "cuda" else "bf16")  # type: ignore[attr-defined]
     # Every sparse tensor a test builds is validated. Opting in globally also silences torch's "invariant checks
     # are implicitly disabled" warning (an error here), which torch 2.11 emits even for check_invariants=True.
     torch.sparse.check_sparse_tensor_invariants.enable()
@@ -84,6 +99,12 @@ def _parse_device(text: str) -> torch.device:
             raise pytest.UsageError(f"--device {text}: only {torch.cuda.device_count()} CUDA device(s) are visible.")
         device = torch.device("cuda", index)
     return device
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """Name the pass in its log: which device, and which 16-bit type its device-generic tests ran in."""
+    dtype, policy = HALF_TYPES[config.test_half]  # type: ignore[attr-defined]
+    return f"ampkit test pass: --device {config.test_device} --half {config.test_half} (half_dtype {dtype}, mixed_policy {policy})"  # type: ignore[attr-defined]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -114,17 +135,17 @@ def device(pytestconfig: pytest.Config) -> torch.device:
 
 
 @pytest.fixture(scope="session")
-def half_dtype(device: torch.device) -> torch.dtype:
-    """The 16-bit type a mixed-precision user picks on ``device``: fp16 on CUDA (tensor cores, Apex's default), bf16
-    on the CPU (fp16 has no fast CPU kernels)."""
-    return torch.float16 if device.type == "cuda" else torch.bfloat16
+def half_dtype(pytestconfig: pytest.Config, device: torch.device) -> torch.dtype:
+    """The 16-bit type of this pass (``--half``), by default the one a mixed-precision user picks on ``device``: fp16
+    on CUDA (tensor cores, Apex's default), bf16 on the CPU (fp16 has no fast CPU kernels)."""
+    return HALF_TYPES[pytestconfig.test_half][0]  # type: ignore[attr-defined]
 
 
 @pytest.fixture(scope="session")
-def mixed_policy(device: torch.device) -> str:
-    """The mixed-precision policy a user picks on ``device``: ``16-mixed`` (fp16 with loss scaling) on CUDA,
-    ``bf16-mixed`` on the CPU."""
-    return "16-mixed" if device.type == "cuda" else "bf16-mixed"
+def mixed_policy(pytestconfig: pytest.Config, device: torch.device) -> str:
+    """The mixed-precision policy of ``half_dtype``: ``16-mixed`` (fp16 with loss scaling, CUDA's default) or
+    ``bf16-mixed`` (the CPU's default)."""
+    return HALF_TYPES[pytestconfig.test_half][1]  # type: ignore[attr-defined]
 
 
 def _tf32_flags() -> tuple[bool, bool]:

@@ -40,6 +40,53 @@ def test_cpu_pass_runs_generic_and_cpu_only_tests_and_skips_gpu_ones(suite: pyte
     result.stdout.fnmatch_lines(["*RAN cpu torch.bfloat16 bf16-mixed*", "*RAN cpu-only*", "*needs a CUDA device: run `pytest --device cuda`*"])
 
 
+def test_half_fp16_gives_the_cpu_pass_the_cuda_pass_precision_and_says_so_in_the_header(suite: pytest.Pytester) -> None:
+    result = suite.runpytest("-s", "--half", "fp16")
+    result.assert_outcomes(passed=2, skipped=1)
+    result.stdout.fnmatch_lines(["ampkit test pass: --device cpu --half fp16 (half_dtype torch.float16, mixed_policy 16-mixed)", "*RAN cpu torch.float16 16-mixed*"])
+
+
+def test_an_unknown_half_is_a_usage_error_naming_the_choices(suite: pytest.Pytester) -> None:
+    result = suite.runpytest("--half", "fp32")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--half*invalid choice*'fp32'*fp16*bf16*"])
+
+
+DOCTESTED = '''
+import functools
+
+
+class Table:
+    @functools.cached_property
+    def width(self):
+        """A doctest that pytest finds no line number for (that of a cached_property, here).
+
+        >>> Table().width
+        3
+        """
+        return 3
+'''
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch reports one CUDA device, so that ``--device cuda`` gets past its check on a machine without one (the
+    sample's tests touch no CUDA memory)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+
+
+def test_cuda_pass_deselects_doctests_instead_of_marking_them_skipped(suite: pytest.Pytester, fake_cuda: None) -> None:
+    # A skip mark on such a doctest crashed the first GPU suite's test pass (pytest's report of a marked skip asserts
+    # a line number; here too, in-process): the CPU pass runs doctests, the CUDA pass leaves them out.
+    suite.makepyfile(doctested=DOCTESTED)
+    result = suite.runpytest_inprocess("--device", "cuda", "--doctest-modules", "-s", "-rs")
+    result.assert_outcomes(passed=2, skipped=1, deselected=1)
+    result.stdout.fnmatch_lines(["*RAN cuda:0 torch.float16 16-mixed*", "*RAN gpu*", "*CPU-only test*"])
+    assert suite.runpytest_inprocess("--doctest-modules").parseoutcomes() == {"passed": 3, "skipped": 1}
+
+
 def test_an_unknown_device_is_a_usage_error_naming_the_choices(suite: pytest.Pytester) -> None:
     result = suite.runpytest("--device", "tpu")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
