@@ -101,6 +101,13 @@ def _parse_device(text: str) -> torch.device:
     return device
 
 
+def _takes_the_device_fixture(item: pytest.Item) -> bool:
+    """Whether ``item`` is device-generic: it takes the ``device`` fixture, directly or through another fixture. A test
+    that parametrizes an argument of that name itself (a command line's device string) takes no fixture: CPU-only."""
+    parametrized = getattr(getattr(item, "callspec", None), "params", {})
+    return "device" in getattr(item, "fixturenames", ()) and "device" not in parametrized
+
+
 def pytest_report_header(config: pytest.Config) -> str:
     """Name the pass in its log: which device, and which 16-bit type its device-generic tests ran in."""
     dtype, policy = HALF_TYPES[config.test_half]  # type: ignore[attr-defined]
@@ -120,7 +127,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             config.hook.pytest_deselected(items=doctests)
             items[:] = [item for item in items if not isinstance(item, pytest.DoctestItem)]
     for item in items:
-        generic = "device" in getattr(item, "fixturenames", ())
+        generic = _takes_the_device_fixture(item)
         marked_gpu = item.get_closest_marker("gpu") is not None
         if device.type != "cuda" and marked_gpu:
             item.add_marker(needs_cuda)

@@ -87,6 +87,25 @@ def test_cuda_pass_deselects_doctests_instead_of_marking_them_skipped(suite: pyt
     assert suite.runpytest_inprocess("--doctest-modules").parseoutcomes() == {"passed": 3, "skipped": 1}
 
 
+PARAMETRIZED_DEVICE = """
+import pytest
+
+@pytest.mark.parametrize("device", ["meta", "cuda:x"])  # a command line's device string, not the pass's device
+def test_parses(device):
+    print("RAN parses", device)
+"""
+
+
+def test_a_test_parametrizing_its_own_device_argument_is_cpu_only(suite: pytest.Pytester, fake_cuda: None) -> None:
+    # Its `device` is a parameter, not the fixture: nothing in it runs on the pass's device (the CLI's device
+    # parsing tests are such), so the CUDA pass skips it as it skips every CPU-only test.
+    suite.makepyfile(test_parametrized=PARAMETRIZED_DEVICE)
+    result = suite.runpytest_inprocess("--device", "cuda", "-s", "-rs", "test_parametrized.py")
+    result.assert_outcomes(skipped=2)
+    result.stdout.fnmatch_lines(["*CPU-only test*"])
+    assert suite.runpytest_inprocess("test_parametrized.py").parseoutcomes() == {"passed": 2}
+
+
 def test_an_unknown_device_is_a_usage_error_naming_the_choices(suite: pytest.Pytester) -> None:
     result = suite.runpytest("--device", "tpu")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
