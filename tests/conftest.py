@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import warnings
 from pathlib import Path
 
 import pytest
@@ -155,16 +156,34 @@ def mixed_policy(pytestconfig: pytest.Config, device: torch.device) -> str:
     return HALF_TYPES[pytestconfig.test_half][1]  # type: ignore[attr-defined]
 
 
+def _cuda_sync_debug_mode() -> int | None:
+    """``torch.cuda.get_sync_debug_mode()`` once CUDA is initialised; None before (reading it would initialise CUDA).
+    Left at 1 ("warn") or 2 ("error"), every later host-device sync of the process warns or raises."""
+    return torch.cuda.get_sync_debug_mode() if torch.cuda.is_initialized() else None
+
+
+def _set_cuda_sync_debug_mode(mode: int) -> None:
+    with warnings.catch_warnings():  # torch's once-per-process notice that the mode is a prototype
+        warnings.filterwarnings("ignore", message="Synchronization debug mode is a prototype feature")
+        torch.cuda.set_sync_debug_mode(mode)
+
+
 def _tf32_flags() -> tuple[bool, bool]:
     return torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
 
 
 @pytest.fixture(autouse=True)
 def _restore_torch_globals():
-    """Fail a test that leaves autocast on, or changes the default dtype, matmul precision or TF32 switches."""
+    """Fail a test that leaves autocast on, or changes the default dtype, matmul precision, TF32 switches or CUDA's
+    sync debug mode, and put each back: left as it was, one test's leak would fail the tests after it."""
     dtype, precision, tf32 = torch.get_default_dtype(), torch.get_float32_matmul_precision(), _tf32_flags()
+    sync_mode = _cuda_sync_debug_mode()
     yield
     leaked = []
+    now, expected = _cuda_sync_debug_mode(), sync_mode or 0
+    if now is not None and now != expected:
+        leaked.append(f"CUDA sync debug mode left at {now}")
+        _set_cuda_sync_debug_mode(expected)
     for device_type in DEVICE_TYPES:
         if torch.is_autocast_enabled(device_type):
             leaked.append(f"{device_type} autocast still enabled")

