@@ -187,6 +187,7 @@ def _restore_torch_globals():
     for device_type in DEVICE_TYPES:
         if torch.is_autocast_enabled(device_type):
             leaked.append(f"{device_type} autocast still enabled")
+            torch.set_autocast_enabled(device_type, False)
     if torch.get_default_dtype() != dtype:
         leaked.append(f"default dtype changed to {torch.get_default_dtype()}")
         torch.set_default_dtype(dtype)

@@ -109,13 +109,14 @@ import torch
 
 def test_leaves_it_on(device):
     torch.cuda.set_sync_debug_mode("error")
+    torch.set_autocast_enabled("cpu", True)
 
 def test_next(device):
-    print("MODE", torch.cuda.get_sync_debug_mode())
+    print("MODE", torch.cuda.get_sync_debug_mode(), "AUTOCAST", torch.is_autocast_enabled("cpu"))
 """
 
 
-def test_a_test_leaving_the_cuda_sync_debug_mode_on_fails_and_the_next_starts_without_it(
+def test_a_test_leaving_the_cuda_sync_debug_mode_or_autocast_on_fails_and_the_next_starts_without_them(
     suite: pytest.Pytester, fake_cuda: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Left on "error" (or "warn"), every later sync in the worker raised: one test's leak became a run of failures.
@@ -126,8 +127,8 @@ def test_a_test_leaving_the_cuda_sync_debug_mode_on_fails_and_the_next_starts_wi
     suite.makepyfile(test_leak=LEAKS_SYNC_DEBUG_MODE)
     result = suite.runpytest_inprocess("--device", "cuda", "-s", "test_leak.py")
     result.assert_outcomes(passed=2, errors=1)
-    result.stdout.fnmatch_lines(["*MODE 0*"])  # printed by the next test, in the progress line
-    result.stdout.fnmatch_lines(["ERROR test_leak.py::test_leaves_it_on - AssertionError: CUDA sync debug mode *"])
+    result.stdout.fnmatch_lines(["*MODE 0 AUTOCAST False*"])  # printed by the next test, in the progress line
+    result.stdout.fnmatch_lines(["E * AssertionError: CUDA sync debug mode left at 2; cpu autocast still enabled"])
 
 
 def test_an_unknown_device_is_a_usage_error_naming_the_choices(suite: pytest.Pytester) -> None:
