@@ -6,18 +6,24 @@ out of the next.
 
     python -m pytest -q -m "not slow"                     # the CPU pass (CI)
     python -m pytest -q -m "not slow" --device cuda       # the same device-generic tests on a GPU
+    python -m pytest -q -m "not slow" --half fp16         # the CPU pass in the CUDA pass's precision (fp16, 16-mixed)
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
 
 DEVICE_TYPES = ("cpu", "cuda")
+
+# The 16-bit type of a device-generic test (``half_dtype``) and the mixed policy that goes with it (``mixed_policy``),
+# by the name ``--half`` takes. Without ``--half``, each device's own choice: fp16 on CUDA, bf16 on the CPU.
+HALF_TYPES = {"fp16": (torch.float16, "16-mixed"), "bf16": (torch.bfloat16, "bf16-mixed")}
 
 # Tests that start ranks fork them from a server process that imported these once for the session
 # (start_method="forkserver"): a spawned rank imports torch, torch.distributed and ampkit again, about 3 s per test
@@ -33,6 +39,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default="cpu",
         help="run the device-generic tests (those taking the `device` fixture or marked gpu) on this device: "
         "cpu (default), cuda or cuda:N. On cuda the CPU-only tests skip: the CPU pass runs them.",
+    )
+    parser.addoption(
+        "--half",
+        choices=tuple(HALF_TYPES),
+        default=None,
+        help="the 16-bit type of the device-generic tests (the `half_dtype` and `mixed_policy` fixtures): fp16 "
+        "(16-mixed, with loss scaling) or bf16 (bf16-mixed). Default: the device's own choice, fp16 on cuda and bf16 on "
+        "cpu. `--half fp16` on the CPU reproduces the CUDA pass's precision without a GPU (slowly: fp16 has no fast CPU "
+        "kernels).",
     )
 
 
@@ -60,6 +75,7 @@ def _restore_terminal_variables(config: pytest.Config) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     _restore_terminal_variables(config)
     config.test_device = _parse_device(config.getoption("--device"))  # type: ignore[attr-defined]
+    config.test_half = config.getoption("--half") or ("fp16" if config.test_device.type == "cuda" else "bf16")  # type: ignore[attr-defined]
     # Every sparse tensor a test builds is validated. Opting in globally also silences torch's "invariant checks
     # are implicitly disabled" warning (an error here), which torch 2.11 emits even for check_invariants=True.
     torch.sparse.check_sparse_tensor_invariants.enable()
@@ -86,6 +102,19 @@ def _parse_device(text: str) -> torch.device:
     return device
 
 
+def _takes_the_device_fixture(item: pytest.Item) -> bool:
+    """Whether ``item`` is device-generic: it takes the ``device`` fixture, directly or through another fixture. A test
+    that parametrizes an argument of that name itself (a command line's device string) takes no fixture: CPU-only."""
+    parametrized = getattr(getattr(item, "callspec", None), "params", {})
+    return "device" in getattr(item, "fixturenames", ()) and "device" not in parametrized
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """Name the pass in its log: which device, and which 16-bit type its device-generic tests ran in."""
+    dtype, policy = HALF_TYPES[config.test_half]  # type: ignore[attr-defined]
+    return f"ampkit test pass: --device {config.test_device} --half {config.test_half} (half_dtype {dtype}, mixed_policy {policy})"  # type: ignore[attr-defined]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     device: torch.device = config.test_device  # type: ignore[attr-defined]
     cpu_only = pytest.mark.skip(reason=f"CPU-only test (takes no `device` fixture): the CPU pass runs it, not --device {device}")
@@ -99,7 +128,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             config.hook.pytest_deselected(items=doctests)
             items[:] = [item for item in items if not isinstance(item, pytest.DoctestItem)]
     for item in items:
-        generic = "device" in getattr(item, "fixturenames", ())
+        generic = _takes_the_device_fixture(item)
         marked_gpu = item.get_closest_marker("gpu") is not None
         if device.type != "cuda" and marked_gpu:
             item.add_marker(needs_cuda)
@@ -114,17 +143,29 @@ def device(pytestconfig: pytest.Config) -> torch.device:
 
 
 @pytest.fixture(scope="session")
-def half_dtype(device: torch.device) -> torch.dtype:
-    """The 16-bit type a mixed-precision user picks on ``device``: fp16 on CUDA (tensor cores, Apex's default), bf16
-    on the CPU (fp16 has no fast CPU kernels)."""
-    return torch.float16 if device.type == "cuda" else torch.bfloat16
+def half_dtype(pytestconfig: pytest.Config, device: torch.device) -> torch.dtype:
+    """The 16-bit type of this pass (``--half``), by default the one a mixed-precision user picks on ``device``: fp16
+    on CUDA (tensor cores, Apex's default), bf16 on the CPU (fp16 has no fast CPU kernels)."""
+    return HALF_TYPES[pytestconfig.test_half][0]  # type: ignore[attr-defined]
 
 
 @pytest.fixture(scope="session")
-def mixed_policy(device: torch.device) -> str:
-    """The mixed-precision policy a user picks on ``device``: ``16-mixed`` (fp16 with loss scaling) on CUDA,
-    ``bf16-mixed`` on the CPU."""
-    return "16-mixed" if device.type == "cuda" else "bf16-mixed"
+def mixed_policy(pytestconfig: pytest.Config, device: torch.device) -> str:
+    """The mixed-precision policy of ``half_dtype``: ``16-mixed`` (fp16 with loss scaling, CUDA's default) or
+    ``bf16-mixed`` (the CPU's default)."""
+    return HALF_TYPES[pytestconfig.test_half][1]  # type: ignore[attr-defined]
+
+
+def _cuda_sync_debug_mode() -> int | None:
+    """``torch.cuda.get_sync_debug_mode()`` once CUDA is initialised; None before (reading it would initialise CUDA).
+    Left at 1 ("warn") or 2 ("error"), every later host-device sync of the process warns or raises."""
+    return torch.cuda.get_sync_debug_mode() if torch.cuda.is_initialized() else None
+
+
+def _set_cuda_sync_debug_mode(mode: int) -> None:
+    with warnings.catch_warnings():  # torch's once-per-process notice that the mode is a prototype
+        warnings.filterwarnings("ignore", message="Synchronization debug mode is a prototype feature")
+        torch.cuda.set_sync_debug_mode(mode)
 
 
 def _tf32_flags() -> tuple[bool, bool]:
@@ -133,13 +174,20 @@ def _tf32_flags() -> tuple[bool, bool]:
 
 @pytest.fixture(autouse=True)
 def _restore_torch_globals():
-    """Fail a test that leaves autocast on, or changes the default dtype, matmul precision or TF32 switches."""
+    """Fail a test that leaves autocast on, or changes the default dtype, matmul precision, TF32 switches or CUDA's
+    sync debug mode, and put each back: left as it was, one test's leak would fail the tests after it."""
     dtype, precision, tf32 = torch.get_default_dtype(), torch.get_float32_matmul_precision(), _tf32_flags()
+    sync_mode = _cuda_sync_debug_mode()
     yield
     leaked = []
+    now, expected = _cuda_sync_debug_mode(), sync_mode or 0
+    if now is not None and now != expected:
+        leaked.append(f"CUDA sync debug mode left at {now}")
+        _set_cuda_sync_debug_mode(expected)
     for device_type in DEVICE_TYPES:
         if torch.is_autocast_enabled(device_type):
             leaked.append(f"{device_type} autocast still enabled")
+            torch.set_autocast_enabled(device_type, False)
     if torch.get_default_dtype() != dtype:
         leaked.append(f"default dtype changed to {torch.get_default_dtype()}")
         torch.set_default_dtype(dtype)

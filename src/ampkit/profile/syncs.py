@@ -45,6 +45,9 @@ _COPIES = (torch.ops.aten._to_copy.default, torch.ops.aten.copy_.default)
 
 # What torch.cuda.set_sync_debug_mode("warn") says at each synchronising operation.
 _CUDA_SYNC_MESSAGE = r"called a synchronizing CUDA operation"
+# What set_sync_debug_mode itself says, once per process, after setting the mode (TORCH_WARN_ONCE): no news to the
+# user, and under an "error" filter it would raise with the mode already on.
+_CUDA_PROTOTYPE_NOTICE = r"Synchronization debug mode is a prototype feature"
 
 _LIBRARY_DIRS = tuple(
     os.path.dirname(m.__file__) + os.sep for m in (torch, sys.modules["ampkit"]) if getattr(m, "__file__", None)
@@ -112,6 +115,7 @@ class SyncFinder:
             catcher.__enter__()
             # Before pytest's or the user's "error" filters: a sync is to be counted here, not raised or shown.
             warnings.filterwarnings("always", message=_CUDA_SYNC_MESSAGE)
+            warnings.filterwarnings("ignore", message=_CUDA_PROTOTYPE_NOTICE)
             shown = warnings.showwarning
             warnings.showwarning = functools.partial(self._cuda_warning, shown)
             self._cuda = (catcher, torch.cuda.get_sync_debug_mode())

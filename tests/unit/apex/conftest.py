@@ -10,7 +10,21 @@ import pytest
 import torch
 
 from ampkit.apex import uninstall
+from ampkit.apex._properties import HALF_DTYPE_ENV, resolve_half_dtype
 from ampkit.apex._state import _amp_state
+
+
+@pytest.fixture(autouse=True)
+def _shim_default_is_the_pass_half_dtype(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A device-generic test's shim defaults to the pass's 16-bit type, which ``--half`` may set apart from the
+    device's own (fp16 on the CPU reproduces the CUDA pass): the test then checks Apex's default as the CUDA pass
+    sees it. Reads the pass's choice from the config, not the ``half_dtype`` fixture, which would make every test here
+    device-generic."""
+    if "device" not in request.fixturenames:
+        return
+    half = request.config.test_half  # type: ignore[attr-defined]  # "fp16" or "bf16", names the shim takes too
+    if resolve_half_dtype(request.config.test_device.type, half) != resolve_half_dtype(request.config.test_device.type):  # type: ignore[attr-defined]
+        monkeypatch.setenv(HALF_DTYPE_ENV, half)
 
 
 @pytest.fixture(autouse=True)

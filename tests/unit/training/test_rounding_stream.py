@@ -15,28 +15,33 @@ from ampkit.training.rounding_stream import _shard_coordinates
 REGION = {"backend": "aot_eager"}  # no inductor compile: the first step runs eagerly anyway
 
 
-def _sr_run(device: torch.device, steps: int, seed: int, inf_at: int | None = None) -> tuple[Engine, torch.Tensor, torch.Tensor]:
-    """``steps`` bf16-true-sr steps after ``torch.manual_seed(seed)``; the engine, and the global CPU generator's state
-    before and after them."""
+def _rng_states(device: torch.device) -> list[torch.Tensor]:
+    """The global CPU generator's state and, on CUDA, the device's: torchao draws from the weights' device's."""
+    return [torch.get_rng_state()] + ([torch.cuda.get_rng_state(device)] if device.type == "cuda" else [])
+
+
+def _sr_run(device: torch.device, steps: int, seed: int, inf_at: int | None = None) -> tuple[Engine, list[torch.Tensor], list[torch.Tensor]]:
+    """``steps`` bf16-true-sr steps after ``torch.manual_seed(seed)``; the engine, and the global generators' states
+    (:func:`_rng_states`) before and after them."""
     pytest.importorskip("torchao", reason="Requires: torchao (pip install -e '.[lowbit]')")
     torch.manual_seed(seed)
     model = nn.Linear(16, 8).to(device)
     engine = Engine("bf16-true-sr", fused_step=REGION, skip_nonfinite=inf_at is not None)
     model, _ = engine.setup(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
     gen = torch.Generator().manual_seed(1)
-    before = torch.get_rng_state()
+    before = _rng_states(device)
     for i in range(steps):
         loss = model(torch.randn(4, 16, generator=gen).to(device, torch.bfloat16)).float().square().mean()
         engine.backward(loss * float("inf") if i == inf_at else loss)
         engine.step()
-    return engine, before, torch.get_rng_state()
+    return engine, before, _rng_states(device)
 
 
 def test_the_rounding_leaves_the_scripts_random_stream_as_it_was(device: torch.device) -> None:
     # torchao draws its bits from the global generator: without a stream of its own, the next dropout mask would
     # depend on how many weights the optimizer rounded.
     engine, before, after = _sr_run(device, 2, seed=3)
-    assert torch.equal(before, after)
+    assert len(before) == len(after) and all(torch.equal(b, a) for b, a in zip(before, after))  # on CUDA, the GPU's too
     assert engine.rounding is not None and engine.rounding.draws == 2
 
 
