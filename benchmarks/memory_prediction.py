@@ -23,12 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from measured_rows import Deadline, Printer, add_time_limit, attempt
 
 from ampkit.bench.workloads import get_workload
 from ampkit.cli.env import collect_env
 from ampkit.memory import estimate, measure
+from ampkit.memory.workspaces import create_library_workspaces
 from ampkit.policy import get_policy, policy_names
-from measured_rows import Deadline, Printer, add_time_limit, attempt
 
 MiB = 2**20
 
@@ -39,16 +40,6 @@ def _policies(args: argparse.Namespace, device: torch.device) -> list[str]:
     if args.smoke:  # the reference and the mixed policy a user of this device picks
         return ["32-true", "16-mixed" if device.type == "cuda" else "bf16-mixed"]
     return [n for n in policy_names() if get_policy(n).support(device).supported]
-
-
-def _warm_up(device: torch.device) -> None:
-    """Create the device libraries' workspaces (cuBLAS, cuBLASLt) before the first measure, so that no row's allocator
-    peak carries them and every row is measured alike."""
-    if device.type == "cuda":
-        a = torch.ones(64, 64, device=device)
-        for dtype in (torch.float32, torch.float16, torch.bfloat16):
-            (a.to(dtype) @ a.to(dtype)).sum().item()
-        torch.cuda.synchronize(device)
 
 
 def _row(name: str, e: Any, m: Any, reference: int | None, seconds: tuple[float, float]) -> dict[str, Any]:
@@ -117,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     if cuda:
         print("# allocator: torch.cuda.max_memory_allocated over the measured steps, above what was allocated before "
               "(cuBLAS workspaces created beforehand, so no row carries them).")
-    _warm_up(device)
+    create_library_workspaces(device)
     deadline = Deadline(args.time_limit)
     emit = Printer().table(_head(cuda), lambda r: _line(r, cuda))
     rows: list[dict[str, Any]] = []

@@ -26,6 +26,7 @@ from torch import nn
 from .._compat import graphs_compiled, tree_map
 from ..distributed.strategy import unwrap
 from ..errors import one_line
+from ..memory.workspaces import create_library_workspaces
 from ..policy import Policy
 from ..training.engine import Engine
 from .flops import count_flops
@@ -229,7 +230,7 @@ class PolicyRun:
         self.release()
         gc.collect()  # once per policy (it costs ~0.1 s): the previous throwaway must be gone before peaks reset
         if cuda:
-            torch.cuda.synchronize(self.device)
+            create_library_workspaces(self.device)  # else the first policy measured (32-true) would carry them
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(self.device)
             base = torch.cuda.memory_allocated(self.device)
