@@ -250,8 +250,9 @@ STEPS: tuple[Step, ...] = (
         "The optimizer step alone: bf16-true-sr through torchao's own step and through ampkit's one compiled region, against the masters' (then bf16-true-kahan's as time allows)",
         # gpt small: the sr region's compile grows with the tensors it steps over (gpt large's took more than 80 s in
         # the bench), and what made bf16-true-sr slow on the first run (a compiled call per parameter) shows at any
-        # size. The rows are built in order (the masters', sr before, sr now, then kahan's): the limit leaves room
-        # for the region's compile after torchao's per-shape ones. The bench times the other policies' whole steps.
+        # size. The rows are measured a group at a time, each group printed when measured (the masters', sr before
+        # and now, then kahan's): the limit leaves room for the region's compile after torchao's per-shape ones.
+        # The bench times the other policies' whole steps.
         _script("lowbit_step.py", "--sizes", "small", "--rows", "bf16-true-sr,bf16-true-kahan", "--rounds", "4", "--steps", "10"),
         _script("lowbit_step.py", "--smoke"),
         budget_s=50,
