@@ -13,18 +13,20 @@ weights on the same synthetic batch, with SGD and momentum, model and inputs in 
 
 The AMP and Engine rows run with TF32 on, as NVIDIA's AMP runs do, so an fp32 op left outside autocast takes
 the fastest fp32 path. Each contender warms up (its first step carries cuDNN's algorithm search, its
-optimizer state and the loss scale settling), then the contenders run interleaved in rounds, the order flipping
-every round, and each step is timed with CUDA events (wall clock on CPU). The table gives the median step,
-images/s, the speed-ups over TF32 and over FP32, and each contender's first step (what its warm-up cost).
+optimizer state and the loss scale settling) and runs its first timed round at once; then the contenders run the
+other rounds interleaved, the order flipping every round, and each step is timed with CUDA events (wall clock on
+CPU). The table gives the median step over every round, images/s, the speed-ups over TF32 and over FP32, and each
+contender's first step (what its warm-up cost).
 
 **cuDNN's algorithm search** (``cudnn.benchmark``) times every candidate algorithm of every new convolution
 shape, forward and both backwards. In fp16/bf16 the candidates are fast; in true fp32 on a GPU (TF32 off) some
 are very slow, and the first GPU run spent more than 65 s in the FP32 contender's first backward at batch 256
 (``benchmarks/results/h200-2026-11-27/rerun-cnn-faulthandler.log``). So the search is on for every contender
 but FP32, which takes cuDNN's heuristic choice (``--fp32-search`` turns the search on for it too), and FP32 runs
-last, should the time limit (``--time-limit``) stop the run before it. Every row is printed the moment it is
-measured: a contender's warm-up as a comment line, then the table after the last round. Every global switch
-changed (TF32, cudnn.benchmark) is restored on exit.
+last, should the time limit (``--time-limit``) stop the run before it. Each contender's row is printed the moment
+it is measured, before the next contender starts (a first table: its first step, its warm-up, its first round's
+median step), then the table over every round after the last. Every global switch changed (TF32,
+cudnn.benchmark) is restored on exit.
 
     python benchmarks/cnn_throughput.py --device cuda --batch 128     # the GPU suite's run
     python benchmarks/cnn_throughput.py --device cpu --smoke          # tiny batch, image and width: the CI check
@@ -50,13 +52,13 @@ from datetime import date
 from pathlib import Path
 
 import torch
+from measured_rows import Deadline, Printer, add_time_limit
 from torch import nn
 from torch.nn import functional as F
 
 import ampkit
 from ampkit.bench.timing import StepTimer
 from ampkit.policy.device import cpu_name
-from measured_rows import Deadline, add_time_limit
 
 Step = Callable[[], None]
 NUM_CLASSES = 1000
@@ -213,10 +215,25 @@ def set_tf32(enabled: bool) -> None:
 
 
 # --------------------------------------------------------------------------------------------- measuring
+AS_MEASURED = (
+    "| contender, first round as measured | TF32 | cuDNN search | first step (s) | warm-up (s) | step (ms), first round median |\n"
+    "|---|---|---|---:|---:|---:|"
+)
+
+
+def as_measured_line(r: dict[str, object]) -> str:
+    """A contender's row the moment it is measured: its warm-up, then the median step of its first round."""
+    if r["status"] != "ok":
+        return f"| {r['name']} | {r['status']}: {str(r['reason']).replace('|', '/')} | | | | |"
+    return (f"| {r['name']} | {'on' if r['tf32'] else 'off'} | {'on' if r['cudnn_search'] else 'off'} | {r['first_step_s']:.2f} "
+            f"| {r['warmup_s']:.2f} | {r['first_round_ms']:.1f} |")
+
+
 def measure(args: argparse.Namespace, device: torch.device, deadline: Deadline | None = None) -> tuple[dict[str, dict[str, object]], str]:
-    """Every contender's row: warm-ups printed as they finish, then interleaved timed rounds until the last round or
-    the deadline (at least one round once a contender is warm)."""
+    """Every contender's row: each warms up and runs its first timed round, its row printed before the next starts
+    (a run cut at its limit keeps them), then the other rounds interleaved until the last or the deadline."""
     deadline = deadline or Deadline(None)
+    emit = Printer().table(AS_MEASURED, as_measured_line)
     base, source = resnet50(seed=0, width=args.width)
     print(f"# {source}; batch {args.batch}, {args.image}x{args.image} px", flush=True)
     g = torch.Generator(device=device).manual_seed(1)
@@ -236,14 +253,13 @@ def measure(args: argparse.Namespace, device: torch.device, deadline: Deadline |
                 step()
         return timer.flush()
 
+    times: dict[str, list[float]] = {}
     for c in CONTENDERS:
         support = ampkit.get_policy(c.needs).support(device)
-        if not support.supported:
-            results[c.name] = {"status": "n/a", "reason": support.reason}
-            continue
         late = deadline.passed()
-        if late:
-            results[c.name] = {"status": "skipped", "reason": late}
+        if not support.supported or late:
+            results[c.name] = {"status": "n/a", "reason": support.reason} if not support.supported else {"status": "skipped", "reason": late}
+            emit({"name": c.name, **results[c.name]})
             continue
         model = copy.deepcopy(base).to(device=device, memory_format=torch.channels_last)  # same initial weights
         step = make_step(c, model, x, y, device)
@@ -253,16 +269,16 @@ def measure(args: argparse.Namespace, device: torch.device, deadline: Deadline |
         warm = run(c, step, max(args.warmup, 1))  # the first step: cuDNN's search, optimizer state, the scale settling
         results[c.name].update(first_step_s=warm[0], warmup_s=time.perf_counter() - start)
         steps[c.name] = (c, step)
-        print(f"# warm-up {c.name}: first step {warm[0]:.2f} s, {len(warm)} steps in {time.perf_counter() - start:.2f} s"
-              f" (cuDNN search {'on' if search else 'off'})", flush=True)
+        times[c.name] = run(c, step, args.steps)  # its first round, at once: its row is printed before the next starts
+        results[c.name]["first_round_ms"] = 1e3 * statistics.median(times[c.name])
+        emit({"name": c.name, **results[c.name]})
 
-    times: dict[str, list[float]] = {name: [] for name in steps}
     order = list(steps)
-    for r in range(args.rounds):
-        if r and deadline.passed():
+    for r in range(1, args.rounds):  # the other rounds interleaved, the order flipping every round
+        if deadline.passed():
             print(f"# rounds: {r} of {args.rounds} done when the time limit was reached", flush=True)
             break
-        for name in order if r % 2 == 0 else order[::-1]:
+        for name in order[::-1] if r % 2 else order:
             times[name] += run(*steps[name], args.steps)
 
     for name, t in times.items():
@@ -328,12 +344,12 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     machine = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
     print(f"# cnn_throughput  {date.today()}  torch {torch.__version__}  device {device} ({machine}), {torch.get_num_threads()} threads")
     print(f"# command: python {' '.join(sys.argv if argv is None else ['benchmarks/cnn_throughput.py', *argv])}")
-    print(f"# channels_last, SGD momentum 0.9; {args.warmup} warm-up steps, then {args.rounds} interleaved rounds of {args.steps} "
-          "timed steps per contender; medians", flush=True)
+    print(f"# channels_last, SGD momentum 0.9; {args.warmup} warm-up steps, then {args.rounds} rounds of {args.steps} timed steps per "
+          "contender (the first right after its warm-up, the others interleaved); medians", flush=True)
     on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
     with restored_switches(), on_device:  # events and streams of the chosen GPU, not of GPU 0
         results, source = measure(args, device, Deadline(args.time_limit))
-    print("\n".join(table(results)), flush=True)
+    print("\n# every round: the median step of each contender over all its timed steps\n" + "\n".join(table(results)), flush=True)
     report = {"torch": torch.__version__, "device": str(device), "machine": machine, "model": source, "args": vars(args), "results": results}
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2), encoding="utf-8")

@@ -7,25 +7,33 @@ workload's norm, the update, zero_grad - with the parameters of a built-in workl
 AdamW settings), each engine given the same saved gradients before every timed step. Engines take turns in
 interleaved rounds; medians are compared side by side.
 
-Rows (each an ``ampkit.Engine`` over its own copy of the model):
+Rows (each an ``ampkit.Engine`` over its own copy of the model), by the name ``--rows`` takes (a policy's name takes
+all its rows):
 
+- ``bf16-true-masters`` and ``bf16-true-masters:fused``: fp32 masters, unfused (foreach copies, fused AdamW on the
+  masters) and as one compiled region (``fused_step=True``). The remedies are measured against both.
+- ``bf16-true-sr:torchao-step``: torchao's own step, one compiled call per parameter (``fused_step=False``): before.
+  ``bf16-true-sr:region``: ampkit's compiled region over every parameter (the default now).
+- ``bf16-true-kahan:foreach``: the path ampkit chose on the CPU before (it forced ``foreach=True`` off CUDA).
+  ``bf16-true-kahan:default``: what it runs now: the for-loop on the CPU, optimi's Triton kernels on CUDA.
 - ``bf16-true``: torch's fused AdamW on the bf16 weights: the floor, what no remedy can beat.
-- ``bf16-true-masters`` and ``... fused``: fp32 masters, unfused (foreach copies, fused AdamW on the masters) and
-  as one compiled region (``fused_step=True``). The remedies are measured against both.
-- ``bf16-true-kahan, optimi foreach``: the path ampkit chose on the CPU before (it forced ``foreach=True`` off CUDA).
-  ``bf16-true-kahan, optimi <path>``: what it runs now: the for-loop on the CPU, optimi's Triton kernels on CUDA.
-- ``bf16-true-sr, torchao's step``: torchao's own step, one compiled call per parameter (``fused_step=False``): before.
-  ``bf16-true-sr, one region``: ampkit's compiled region over every parameter (the default now).
 
-Per row: median step time (CUDA events on a GPU, through :class:`ampkit.bench.timing.StepTimer`), the host time of
-the call (on a GPU, how long the CPU took to enqueue it: a host time near the step time means launch-bound), the
-ratio to each masters' step, and the compile time of a compiled row (its first compiled step less a median step).
-Control: the weights after the run against the row's twin (same gradients, same number of steps).
+The rows are measured a group at a time, so that a run cut at its limit keeps what it measured: first the masters'
+step (and the fused one when chosen), then each remedy's rows, then bf16-true's; the masters' steps are timed beside
+every group, in its interleaved rounds, and each group's rows are printed the moment its rounds are done, before
+the next group's engines are built (and compiled).
 
-Each size's rows are printed as soon as its rounds are done; ``--time-limit S`` stops starting new engines or rounds
-after S seconds (the first round of the engines built always runs) and reports what was not started as skipped.
+Per row: median step time over its rounds (CUDA events on a GPU, through :class:`ampkit.bench.timing.StepTimer`), the
+host time of the call (on a GPU, how long the CPU took to enqueue it: a host time near the step time means
+launch-bound), the ratio to each masters' median step in the same rounds, and the compile time of a compiled row
+(its first compiled step less a median step). Control: the weights after the run against the row's twin (the same
+gradients, the same number of steps: twins are measured in the same group).
+
+``--time-limit S`` stops starting new groups, engines or rounds after S seconds (the first round of a group's engines
+always runs) and reports what was not started as skipped.
 
     python benchmarks/lowbit_step.py --sizes small
+    python benchmarks/lowbit_step.py --sizes small --rows bf16-true-sr:region   # the masters' step and that row
     python benchmarks/lowbit_step.py --device cuda --sizes large --json lowbit_step.json
 """
 
@@ -44,6 +52,7 @@ from datetime import date
 from typing import Any
 
 import torch
+from measured_rows import Deadline, add_time_limit
 
 import ampkit
 from ampkit.bench.runner import to_device
@@ -51,8 +60,11 @@ from ampkit.bench.timing import StepTimer
 from ampkit.bench.workload import call_model, output_as_float
 from ampkit.bench.workloads import get_workload
 from ampkit.policy.device import cpu_name
-from ampkit.policy.lowbit_optimizers import lowbit_twin, missing_library, quiet_library_logs
-from measured_rows import Deadline, add_time_limit
+from ampkit.policy.lowbit_optimizers import (
+    lowbit_twin,
+    missing_library,
+    quiet_library_logs,
+)
 
 DEFAULTS = {"sizes": None, "rounds": 6, "steps": 10, "warmup": 3, "backend": None}
 SMOKE = {"sizes": "tiny", "rounds": 2, "steps": 2, "warmup": 2, "backend": "aot_eager"}
@@ -68,6 +80,7 @@ class StepOnly:
                  batch: Any, device: torch.device, optimizer: Callable[[torch.nn.Module], torch.optim.Optimizer] | None = None,
                  eager: bool = False) -> None:
         self.label, self.twin, self.policy = label, twin, policy
+        self.name = label  # its --rows name, set by run_size
         self.engine = ampkit.Engine(policy, clip_grad_norm=workload.clip_grad_norm, fused_step=fused_step)
         opt = optimizer(model) if optimizer is not None else workload.optimizer(model.parameters())
         with quiet_library_logs("torchao", "torch.utils._pytree"):
@@ -135,85 +148,132 @@ def _kahan_foreach(workload: Any) -> Callable[[torch.nn.Module], torch.optim.Opt
     return build
 
 
+ROW_NAMES = ("bf16-true-masters", "bf16-true-masters:fused", "bf16-true-sr:torchao-step", "bf16-true-sr:region",
+             "bf16-true-kahan:foreach", "bf16-true-kahan:default", "bf16-true")
+"""Every row's ``--rows`` name: no commas (a label's ``bf16-true-sr, one region`` split in two), a policy's rows
+sharing its name before the colon."""
+MASTERS, MASTERS_FUSED = "bf16-true-masters", "bf16-true-masters:fused"
+REFERENCES = (MASTERS, MASTERS_FUSED)
+"""The steps every other row is measured against: built first, and timed beside every group."""
+
+
 def variants(device: torch.device, spec: Any, smoke: bool, only: list[str] | None = None) -> list[dict[str, Any]]:
-    """The rows, most telling first (should the time limit cut the rest): the masters' step, then each remedy's
-    before and now, then the compiled masters and the floor. With ``only``: the masters' step, and the rows named
-    there in full or by the policy before their comma (``bf16-true-sr`` names both of its rows)."""
+    """The rows in the order they are measured: the references (the masters' step, the fused one), then each remedy's
+    before and now (most telling first, should the time limit cut the rest), then the floor. With ``only``: the
+    masters' step, and the rows named there, by name or by their policy (the name before the colon)."""
     kahan_now = "optimi Triton" if device.type == "cuda" else "optimi for-loop"
-    rows: list[dict[str, Any]] = [{"label": "bf16-true-masters", "policy": "bf16-true-masters", "fused_step": False}]
+    rows: list[dict[str, Any]] = [
+        {"name": MASTERS, "label": "bf16-true-masters", "policy": "bf16-true-masters", "fused_step": False},
+        {"name": MASTERS_FUSED, "label": "bf16-true-masters fused", "policy": "bf16-true-masters", "fused_step": spec, "twin": MASTERS},
+    ]
     if missing_library("sr") is None:
         rows += [
-            {"label": "bf16-true-sr, torchao's step", "policy": "bf16-true-sr", "fused_step": False, "eager": smoke, "twin": "bf16-true-sr, one region"},
-            {"label": "bf16-true-sr, one region", "policy": "bf16-true-sr", "fused_step": spec},
+            {"name": "bf16-true-sr:torchao-step", "label": "bf16-true-sr, torchao's step", "policy": "bf16-true-sr", "fused_step": False,
+             "eager": smoke, "twin": "bf16-true-sr:region"},
+            {"name": "bf16-true-sr:region", "label": "bf16-true-sr, one region", "policy": "bf16-true-sr", "fused_step": spec},
         ]
     if missing_library("kahan") is None:
         rows += [
-            {"label": "bf16-true-kahan, optimi foreach", "policy": "bf16-true-kahan", "fused_step": None, "optimizer": "kahan-foreach", "twin": f"bf16-true-kahan, {kahan_now}"},
-            {"label": f"bf16-true-kahan, {kahan_now}", "policy": "bf16-true-kahan", "fused_step": None},
+            {"name": "bf16-true-kahan:foreach", "label": "bf16-true-kahan, optimi foreach", "policy": "bf16-true-kahan", "fused_step": None,
+             "optimizer": "kahan-foreach", "twin": "bf16-true-kahan:default"},
+            {"name": "bf16-true-kahan:default", "label": f"bf16-true-kahan, {kahan_now}", "policy": "bf16-true-kahan", "fused_step": None},
         ]
-    rows += [
-        {"label": "bf16-true-masters fused", "policy": "bf16-true-masters", "fused_step": spec, "twin": "bf16-true-masters"},
-        {"label": "bf16-true", "policy": "bf16-true", "fused_step": None},
-    ]
+    rows.append({"name": "bf16-true", "label": "bf16-true", "policy": "bf16-true", "fused_step": None})
     if only:
-        rows = [r for r in rows if r["label"] == "bf16-true-masters" or any(r["label"] == o or r["label"].startswith(f"{o},") for o in only)]
+        rows = [r for r in rows if r["name"] == MASTERS or r["name"] in only or r["name"].split(":")[0] in only]
     return rows
+
+
+def groups(rows: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The rows measured together: the references, then each policy's rows (a twin beside its row).
+
+    >>> [[r["name"] for r in g] for g in groups(variants(torch.device("cpu"), True, False, ["bf16-true"]))]
+    [['bf16-true-masters'], ['bf16-true']]
+    """
+    out: list[list[dict[str, Any]]] = []
+    for r in rows:
+        key = "references" if r["name"] in REFERENCES else r["name"].split(":")[0]
+        if out and out[-1][0].get("_group") == key:
+            out[-1].append(r | {"_group": key})
+        else:
+            out.append([r | {"_group": key}])
+    return out
+
+
+def _skipped(size: str, v: dict[str, Any], reason: str) -> dict[str, Any]:
+    return {"size": size, "row": v["name"], "engine": v["label"], "status": "skipped", "reason": reason}
 
 
 def run_size(workload_name: str, size: str, args: argparse.Namespace, device: torch.device, deadline: Deadline,
              emit: Callable[[dict[str, Any]], None]) -> list[dict[str, Any]]:
-    """Every row of one workload size: build (and compile) each engine, time them in interleaved rounds, emit the rows."""
+    """Every row of one workload size, a group at a time: build (and compile) the group's engines, time them beside
+    the references in interleaved rounds, emit the group's rows."""
     spec: Any = {"backend": args.backend} if args.backend else True
     late = deadline.passed()
     if late:
-        rows = [{"size": size, "engine": v["label"], "status": "skipped", "reason": late} for v in variants(device, spec, args.smoke, args.only)]
+        rows = [_skipped(size, v, late) for v in variants(device, spec, args.smoke, args.only)]
         for row in rows:
             emit(row)
         return rows
     w = get_workload(workload_name, size=size)
     batch = to_device(w.train_batches[0], device, w.channels_last)
     base = w.model.to(device)
-    engines: list[StepOnly] = []
-    skipped: list[dict[str, Any]] = []
-    for v in variants(device, spec, args.smoke, args.only):
-        late = deadline.passed()
-        if late:
-            skipped.append({"size": size, "engine": v["label"], "status": "skipped", "reason": late})
-            continue
-        optimizer = _kahan_foreach(w) if v.get("optimizer") == "kahan-foreach" else None
-        e = StepOnly(v["label"], v.get("twin"), v["policy"], v["fused_step"], w, copy.deepcopy(base), batch, device, optimizer, v.get("eager", False))
-        e.warm_up(args.warmup)
-        engines.append(e)
-    for r in range(args.rounds):
-        late = deadline.passed() if r > 0 else None  # the first round of what was built always runs
-        if late:
-            break
-        for e in engines if r % 2 == 0 else reversed(engines):
-            for _ in range(args.steps):
-                e.step()
-            e.flush()
-    rows = _rows(size, w, engines, device) + skipped
-    for row in rows:
-        emit(row)
+    params = sum(p.numel() for p in w.model.parameters())
+    references: list[StepOnly] = []
+    rows: list[dict[str, Any]] = []
+    for group in groups(variants(device, spec, args.smoke, args.only)):
+        built: list[StepOnly] = []
+        skipped: list[dict[str, Any]] = []
+        for v in group:
+            late = deadline.passed()
+            if late:
+                skipped.append(_skipped(size, v, late))
+                continue
+            optimizer = _kahan_foreach(w) if v.get("optimizer") == "kahan-foreach" else None
+            e = StepOnly(v["label"], v.get("twin"), v["policy"], v["fused_step"], w, copy.deepcopy(base), batch, device, optimizer, v.get("eager", False))
+            e.name = v["name"]
+            e.warm_up(args.warmup)
+            built.append(e)
+        is_references = group[0]["_group"] == "references"
+        timed = built if is_references else [*references, *built]
+        if built:
+            marks = {id(e): (len(e.times), len(e.host)) for e in timed}
+            for r in range(args.rounds):
+                if r > 0 and deadline.passed():  # the first round of what was built always runs
+                    break
+                for e in timed if r % 2 == 0 else reversed(timed):
+                    for _ in range(args.steps):
+                        e.step()
+                    e.flush()
+            rounds = {id(e): (e.times[marks[id(e)][0]:], e.host[marks[id(e)][1]:]) for e in timed}
+            group_rows = _rows(size, params, built, timed, rounds)
+        else:
+            group_rows = []
+        if is_references:
+            references = built
+        for row in group_rows + skipped:
+            emit(row)
+        rows += group_rows + skipped
     return rows
 
 
-def _rows(size: str, w: Any, engines: list[StepOnly], device: torch.device) -> list[dict[str, Any]]:
-    medians = {e.label: statistics.median(e.times) for e in engines}
-    by_label = {e.label: e for e in engines}
-    masters, fused = medians.get("bf16-true-masters"), medians.get("bf16-true-masters fused")
-    params = sum(p.numel() for p in w.model.parameters())
+def _rows(size: str, params: int, built: list[StepOnly], timed: list[StepOnly], rounds: dict[int, tuple[list[float], list[float]]]) -> list[dict[str, Any]]:
+    """The rows of ``built``, each from the steps it took in these rounds, against the references' in the same rounds."""
+    medians = {e.name: statistics.median(rounds[id(e)][0]) for e in timed}
+    masters, fused = medians.get(MASTERS), medians.get(MASTERS_FUSED)
+    by_name = {e.name: e for e in timed}
     rows = []
-    for e in engines:
-        m = medians[e.label]
+    for e in built:
+        times, host = rounds[id(e)]
+        m = medians[e.name]
         row: dict[str, Any] = {
-            "size": size, "engine": e.label, "status": "ok", "params": params, "tensors": len(e.params), "steps": len(e.times),
-            "step_s": m, "host_s": statistics.median(e.host), "vs_masters": m / masters if masters else None,
-            "vs_masters_fused": m / fused if fused else None, "compiled_calls": e.compiled_calls(),
+            "size": size, "row": e.name, "engine": e.label, "status": "ok", "params": params, "tensors": len(e.params), "steps": len(times),
+            "step_s": m, "host_s": statistics.median(host), "masters_s": masters, "vs_masters": m / masters if masters else None,
+            "masters_fused_s": fused, "vs_masters_fused": m / fused if fused else None, "compiled_calls": e.compiled_calls(),
         }
         if e.first_compiled_s is not None:
             row["compile_s"] = max(0.0, e.first_compiled_s - m)
-        twin = by_label.get(e.twin) if e.twin else None
+        twin = by_name.get(e.twin) if e.twin else None
         if twin is not None and len(twin.times) == len(e.times):
             row["control"] = _control(e, twin)
         rows.append(row)
@@ -226,18 +286,18 @@ def _control(e: StepOnly, twin: StepOnly) -> dict[str, Any]:
     differing = sum(int((x != y).sum()) for x, y in zip(a, b))
     total = sum(x.numel() for x in a)
     scale = max(float(y.float().abs().max()) for y in b)
-    return {"twin": twin.label, "differing_share": differing / total, "max_abs_diff": max(float((x.float() - y.float()).abs().max()) for x, y in zip(a, b)),
+    return {"twin": twin.name, "differing_share": differing / total, "max_abs_diff": max(float((x.float() - y.float()).abs().max()) for x, y in zip(a, b)),
             "weight_scale": scale, "stochastic": "sr" in e.policy}
 
 
-HEAD = ("| size | optimizer step | median | host | / masters | / masters fused | compile | weights vs twin |\n"
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |")
+HEAD = ("| size | row (--rows) | optimizer step | median | host | / masters (same rounds) | / masters fused (same rounds) | compile "
+        "| weights vs twin |\n| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | --- |")
 
 
 def line(r: dict[str, Any]) -> str:
     if r["status"] != "ok":
-        return f"| {r['size']} | {r['engine']} | {r['status']}: {r['reason']} | | | | | |"
-    ratio = lambda v: f"{v:.2f}x" if v is not None else "—"  # noqa: E731
+        return f"| {r['size']} | {r['row']} | {r['engine']} | {r['status']}: {r['reason']} | | | | | |"
+    ratio = lambda v: f"{v:.2f}x" if v is not None else "—"
     control = ""
     if "control" in r:
         c = r["control"]
@@ -246,7 +306,7 @@ def line(r: dict[str, Any]) -> str:
         else:
             control = f"{c['differing_share']:.1%} differ, max {c['max_abs_diff']:.2g}"
     compile_s = f"{r['compile_s']:.1f} s" if "compile_s" in r else ""
-    return (f"| {r['size']} | {r['engine']} | {r['step_s'] * 1e3:.2f} ms | {r['host_s'] * 1e3:.2f} ms | {ratio(r['vs_masters'])} | "
+    return (f"| {r['size']} | {r['row']} | {r['engine']} | {r['step_s'] * 1e3:.2f} ms | {r['host_s'] * 1e3:.2f} ms | {ratio(r['vs_masters'])} | "
             f"{ratio(r['vs_masters_fused'])} | {compile_s} | {control} |")
 
 
@@ -259,7 +319,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=None, help=f"timed steps per round per engine (default {DEFAULTS['steps']})")
     p.add_argument("--warmup", type=int, default=None,
                    help=f"untimed steps per engine first, at least 2: the state, the compile (default {DEFAULTS['warmup']})")
-    p.add_argument("--rows", default=None, help="rows to run, by label or by the policy before a label's comma, e.g. bf16-true-sr,bf16-true (the masters' step always runs)")
+    p.add_argument("--rows", default=None, help=f"rows to run, by name or by policy, comma-separated (the masters' step always runs): {', '.join(ROW_NAMES)}")
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (torch.set_num_threads; default: torch's)")
     add_time_limit(p)
@@ -267,6 +327,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--json", help="also write the run's facts and every row here")
     args = p.parse_args(argv)
     args.only = [r.strip() for r in args.rows.split(",") if r.strip()] if args.rows else None
+    known = {*ROW_NAMES, *(name.split(":")[0] for name in ROW_NAMES)}
+    unknown = [r for r in args.only or [] if r not in known]
+    if unknown:
+        p.error(f"--rows: no row named {', '.join(map(repr, unknown))}; name rows or policies, comma-separated: {', '.join(ROW_NAMES)} "
+                "(e.g. --rows bf16-true-sr:region,bf16-true-kahan)")
     for name, value in (SMOKE if args.smoke else DEFAULTS).items():
         if getattr(args, name) is None:
             setattr(args, name, value)

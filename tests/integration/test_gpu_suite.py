@@ -163,6 +163,19 @@ def test_every_step_but_the_bench_keeps_to_a_time_limit_of_its_own_or_is_short(s
         assert step.time_limit_margin_s is not None or own_work <= 30 or step.name == "bench", step.name
 
 
+def test_the_compile_step_measures_both_forms_side_by_side_and_skips_the_second_rather_than_be_cut(suite: ModuleType) -> None:
+    # 2026-11-28: compile='regional' alone, one row (0.85x, no spread), killed after it; 2026-11-27: the whole model
+    # (1.11x on a smaller GPT). Both forms now, the known one first (its compile 11.6 s), with rounds enough for a
+    # spread, and a time limit of their own: the whole model's row (its compile was 20.2 s at 6 blocks) starts only
+    # when it can end within the step's budget.
+    (step,) = [s for s in suite.STEPS if s.name == "compile"]
+    command = suite.with_time_limit(step, suite.command_for(step, "cuda", False, Path("/tmp/s")), step.budget_s)
+    assert command[command.index("--compile") + 1] == "regional,true" and int(command[command.index("--rounds") + 1]) >= 3
+    assert step.compiles and step.time_limit_margin_s is not None and step.time_limit_margin_s >= 20.2
+    build_and_eager_s, rounds_s = 4.0, 2.0  # 2026-11-28's log: gpt large built, eager warm-up; 3 rounds of 8 at ~34 ms
+    assert float(command[command.index("--time-limit") + 1]) >= build_and_eager_s + suite.FIRST_COMPILE_S + rounds_s
+
+
 def test_a_scripts_time_limit_leaves_out_the_process_start_and_its_longest_unit(suite: ModuleType) -> None:
     # A script's --time-limit runs from its own start (torch already imported), the suite's limit from the process's
     # spawn: passing the limit less the margin alone let cnn start a 13 s cuDNN search at 22 s of a 30 s limit.

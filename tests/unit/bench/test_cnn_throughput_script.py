@@ -6,7 +6,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -63,8 +65,50 @@ def test_smoke_run_prints_the_table_last_and_writes_the_same_figures(
         assert cells[3] == (f"{r['step_ms']:.1f}" if r["status"] == "ok" else "")
         if r["status"] == "ok":
             assert cells[7] == f"{r['first_step_s']:.2f}"
-    # each warm-up is printed the moment it ends, before the table: a run cut at its limit keeps them
-    assert sum(line.startswith("# warm-up ") for line in lines[: -2 - len(results)]) == len(ok)
+    # before it, each contender's row as it was measured (its warm-up and first round): a run cut at its limit keeps them
+    as_measured = [line for line in lines[: -2 - len(results)] if line.startswith("| ") and _cells(line)[0] in results]
+    assert [_cells(line)[0] for line in as_measured] == list(results)
+    for line in as_measured:
+        r = results[_cells(line)[0]]
+        if r["status"] == "ok":
+            assert _cells(line)[3:] == [f"{r['first_step_s']:.2f}", f"{r['warmup_s']:.2f}", f"{r['first_round_ms']:.1f}"]
+
+
+def test_each_contenders_row_is_printed_before_the_next_contender_starts(
+    script: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The 2026-11-28 H200 run was killed during the second contender's warm-up with only a comment line in its log:
+    # each contender's row (its warm-up and first round) must be in the log before the next one starts, under a
+    # table head, with nothing between the rows (the suite's summary shows the last table of the log). Steps faked:
+    # only the printing is under test here.
+    def fake_make_step(c: object, model: object, x: object, y: object, device: object) -> Callable[[], None]:
+        printed = capsys.readouterr().out
+        started.append((c.name, printed))  # type: ignore[attr-defined]
+        return lambda: None
+
+    started: list[tuple[str, str]] = []
+    monkeypatch.setattr(script, "make_step", fake_make_step)
+    out = tmp_path / "cnn.json"
+    script.main(["--device", "cpu", "--smoke", "--rounds", "2", "--json", str(out)])
+    results = json.loads(out.read_text())["results"]
+    ok = [name for name, r in results.items() if r["status"] == "ok"]
+    assert [name for name, _ in started] == ok
+    log = "".join(printed for _, printed in started) + capsys.readouterr().out
+    as_measured = re.search(r"^\| contender, first round as measured \|.*\n\|[-|: ]+\|\n((?:\|.*\n)+)", log, re.MULTILINE)
+    assert as_measured, log
+    rows = as_measured.group(1).splitlines()
+    assert [_cells(row)[0] for row in rows] == list(results)  # every contender, in order, contiguous
+    for (name, printed), earlier in zip(started[1:], ok):
+        assert f"| {earlier} |" in "".join(p for _, p in started[: ok.index(name) + 1]), f"{earlier}'s row came after {name} started"
+    for row in rows:
+        r = results[_cells(row)[0]]
+        if r["status"] == "ok":
+            assert _cells(row)[3:6] == [f"{r['first_step_s']:.2f}", f"{r['warmup_s']:.2f}", f"{r['first_round_ms']:.1f}"]
+    assert log.rstrip().splitlines()[-1].startswith("| FP32 |")  # then the table over every round, last
+
+
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split("|")]
 
 
 def test_a_spent_time_limit_skips_the_contenders_not_started_and_still_prints_the_table(
