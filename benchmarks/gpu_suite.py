@@ -502,6 +502,12 @@ def last_markdown_table(text: str, count: int = 1) -> str:
     '| b |\\n|---|\\n| 2 |'
     >>> last_markdown_table("| a |\\n|---|\\nx\\n| b |\\n|---|\\n", count=2)
     '| a |\\n|---|\\n\\n| b |\\n|---|'
+
+    Rows printed after other lines (a script's progress notes, a warning on stderr between rows) still belong to the
+    table above them: a table starts only at a header followed by its separator.
+
+    >>> last_markdown_table("| a |\\n|---|\\n| 1 |\\n# probe\\n| 2 |\\n")
+    '| a |\\n|---|\\n| 1 |\\n| 2 |'
     """
     blocks: list[list[str]] = []
     current: list[str] = []
@@ -513,7 +519,14 @@ def last_markdown_table(text: str, count: int = 1) -> str:
             current = []
     if current:
         blocks.append(current)
-    return "\n\n".join("\n".join(block) for block in blocks[-count:])
+    tables: list[list[str]] = []
+    for block in blocks:
+        starts_a_table = len(block) > 1 and set(block[1].replace("|", "").replace(" ", "")) <= set("-:") and "-" in block[1]
+        if tables and not starts_a_table:
+            tables[-1].extend(block)  # rows of the table above, after a line that is not one
+        else:
+            tables.append(block)
+    return "\n\n".join("\n".join(table) for table in tables[-count:])
 
 
 def pytest_digest(text: str, recorded: list[str] | None = None, killed: bool = False) -> str:
