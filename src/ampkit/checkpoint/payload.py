@@ -103,7 +103,7 @@ def _model_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
 
 
 def _engine_params(engine: "Engine") -> list[torch.Tensor]:
-    params = [p for m in engine.models for p in m.parameters()]
+    params: list[torch.Tensor] = [p for m in engine.models for p in m.parameters()]
     return params + (list(engine.masters.masters) if engine.masters is not None else [])
 
 
