@@ -385,7 +385,7 @@ def _cpu_name() -> str:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
         return platform.processor()
-    match = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
+    match = re.search(r"^model name\s*:\s*(.+)$", text, re.MULTILINE)
     return match.group(1).strip() if match else platform.processor()
 
 
@@ -439,7 +439,7 @@ def pytest_digest(text: str) -> str:
     <BLANKLINE>
     - FAILED tests/a.py::test_x - boom
     """
-    counts = re.findall(r"^=*\s*(\d+ (?:passed|failed|error|errors|skipped|deselected|xfailed|xpassed|warnings?).*?)\s*=*$", text, re.M)
+    counts = re.findall(r"^=*\s*(\d+ (?:passed|failed|error|errors|skipped|deselected|xfailed|xpassed|warnings?).*?)\s*=*$", text, re.MULTILINE)
     lines = [f"**{counts[-1]}**" if counts else "**no pytest summary line (see the log)**"]
     if re.search(r"session-timeout: [\d.]+ sec exceeded", text):  # pytest-timeout's message, not the command's flag
         lines.append("")
@@ -504,8 +504,10 @@ def summary_markdown(env: dict[str, object], results: list[StepResult], smoke: b
         f"- Device: {gpu}" + (f" (capability {env['capability']}, {env['gpu_memory_gib']} GiB, driver {env['driver']})" if "gpu" in env else ""),
         f"- Host: {env['cpu']}, {env['cpu_count']} CPUs; Python {env['python']}",
         f"- torch {env['torch']} (CUDA {env['torch_cuda']}, cuDNN {env['cudnn']}), Triton {env['triton']}, transformers {env['transformers']}, torchao {env.get('torchao')}",
-        f"- ampkit commit {env['commit'] or 'unknown (no .git here: pass --commit)'}"
-        f"{' (with uncommitted changes)' if env['dirty'] else ''}; {env['date']}",
+        (
+            f"- ampkit commit {env['commit'] or 'unknown (no .git here: pass --commit)'}"
+            f"{' (with uncommitted changes)' if env['dirty'] else ''}; {env['date']}"
+        ),
         f"- Wall time {wall_s:.0f} s of a {budget_s:.0f} s budget",
         "",
         "| step | status | seconds | command |",

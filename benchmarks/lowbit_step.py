@@ -237,7 +237,7 @@ HEAD = ("| size | optimizer step | median | host | / masters | / masters fused |
 def line(r: dict[str, Any]) -> str:
     if r["status"] != "ok":
         return f"| {r['size']} | {r['engine']} | {r['status']}: {r['reason']} | | | | | |"
-    ratio = lambda v: f"{v:.2f}x" if v is not None else "—"  # noqa: E731
+    ratio = lambda v: f"{v:.2f}x" if v is not None else "—"
     control = ""
     if "control" in r:
         c = r["control"]

@@ -7,10 +7,10 @@ import doctest
 import importlib.util
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
-from collections.abc import Sequence
 
 import pytest
 

@@ -79,7 +79,7 @@ def test_example_rejects_an_unknown_policy_in_one_line() -> None:
 
 def test_engine_overhead_benchmark_runs_and_prints_a_table(tmp_path: Path) -> None:
     out = run("benchmarks/engine_overhead.py", "--precision", "32-true,bf16-mixed", "--steps", "2", "--rounds", "2", "--warmup", "1", "--width", "32", "--json", str(tmp_path / "r.json"))
-    rows = [line for line in out.splitlines() if line.startswith("| 32-true") or line.startswith("| bf16-mixed")]
+    rows = [line for line in out.splitlines() if line.startswith(("| 32-true", "| bf16-mixed"))]
     assert len(rows) == 2
     assert (tmp_path / "r.json").exists()
 
@@ -93,7 +93,7 @@ def test_main_job_runs_the_default_bench_and_keeps_its_promises(tmp_path: Path) 
     assert done.returncode == 0, done.stderr
     data = json.loads((tmp_path / "results.json").read_text())
     runs = {r["precision"]: r for r in data["runs"]}
-    assert data["workload"] == "digits" and list(runs)[0] == "32-true"
+    assert data["workload"] == "digits" and next(iter(runs)) == "32-true"
     assert all(r["status"] == "ok" for r in runs.values())
     mixed, fp32 = runs["bf16-mixed"], runs["32-true"]
     assert mixed["activation_bytes"] < 0.8 * fp32["activation_bytes"]

@@ -30,9 +30,7 @@ import pickle
 from typing import Any, TypeGuard
 
 import torch
-from torch.distributed.checkpoint import FileSystemReader
-from torch.distributed.checkpoint import filesystem as _dcp_filesystem
-from torch.distributed.checkpoint import metadata as _dcp_metadata
+from torch.distributed.checkpoint import FileSystemReader, filesystem as _dcp_filesystem, metadata as _dcp_metadata
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
@@ -127,7 +125,7 @@ class SafeFileSystemReader(FileSystemReader):
                 metadata = _RestrictedUnpickler(stream).load()
             except CheckpointError:
                 raise
-            except Exception as exc:  # noqa: BLE001 - any unpickling failure means a damaged file
+            except Exception as exc:  # any unpickling failure means a damaged file
                 raise CheckpointError(f"{path} is truncated or corrupt ({type(exc).__name__}: {exc}); load an earlier checkpoint.") from exc
         if not isinstance(metadata, Metadata):
             raise CheckpointError(f"{path} does not hold torch.distributed.checkpoint metadata.")

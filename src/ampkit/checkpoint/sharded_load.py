@@ -82,7 +82,7 @@ def _check_against(flat: dict[str, Any], metadata: Metadata, directory: Path) ->
             )
 
 
-def load_shards(engine: "Engine", directory: Path, metadata: Metadata) -> None:
+def load_shards(engine: Engine, directory: Path, metadata: Metadata) -> None:
     """Read the shards into fresh tensors, then copy them into the engine's models and optimizers."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict

@@ -103,7 +103,7 @@ def test_a_step_that_runs_out_of_cuda_memory_is_split_and_matches_the_unsplit_st
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         engine = Engine(mixed_policy)
         model, opt = engine.setup(model, opt)
-        loss_fn = lambda b: nn.functional.cross_entropy(model(b[0]).float(), b[1])  # noqa: E731
+        loss_fn = lambda b: nn.functional.cross_entropy(model(b[0]).float(), b[1])
         with cuda_headroom(device, headroom) if headroom else contextlib.nullcontext():
             loss = engine.train_step(loss_fn, batch)
         gc.collect()

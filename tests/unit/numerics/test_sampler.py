@@ -233,7 +233,7 @@ def test_activation_above_fp16_max_is_overflow_of_that_module(device: torch.devi
     engine = Engine("bf16-mixed", numerics=1)
     train(engine, model, [(x, y)])
     s = engine.numerics.last
-    assert [w.name for w in s.worst if w.issue == "overflow"][0] == "mid"
+    assert next(w.name for w in s.worst if w.issue == "overflow") == "mid"
     assert s.modules["mid"]["outputs"].share("fp16", "overflow") == expected
     assert s.modules["fc1"]["outputs"].overflow["fp16"] == 0
     assert s.act_max_abs == out.float().abs().max().item()
@@ -321,7 +321,7 @@ def test_master_weights_sample_the_16_bit_gradients(device: torch.device) -> Non
 def test_several_models_are_prefixed_by_index() -> None:
     a, b = mlp(0), mlp(1)
     engine = Engine("bf16-mixed", numerics=1)
-    (a, b), opt = engine.setup([a, b], torch.optim.SGD([*a.parameters(), *b.parameters()], lr=0.1))
+    (a, b), _opt = engine.setup([a, b], torch.optim.SGD([*a.parameters(), *b.parameters()], lr=0.1))
     x, y = batches(1)[0]
     with engine.autocast():
         loss = loss_fn(a(x), y) + loss_fn(b(x), y)
@@ -415,7 +415,7 @@ def test_overflow_inside_a_module_kept_in_fp32_is_not_warned(caplog: pytest.LogC
         model[0].weight.mul_(1e6)  # outputs ~1e5-1e6: beyond fp16, held by fp32 in the kept module
     seen: list[NumericsSample] = []
     engine = Engine("16-mixed", keep_fp32=["0"], numerics=NumericsSampler(every=1, callback=seen.append))
-    model, opt = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.0))
+    model, _opt = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.0))
     with caplog.at_level(logging.INFO, logger="ampkit"):
         with engine.autocast():
             loss = model(torch.randn(16, 8)).float().square().mean()

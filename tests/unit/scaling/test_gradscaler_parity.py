@@ -13,6 +13,7 @@ bfloat16 autocast.
 from __future__ import annotations
 
 import copy
+import itertools
 from collections.abc import Callable
 
 import pytest
@@ -62,7 +63,7 @@ class _Run:
         self.model, self.opt = model, opt
         self.history: list[tuple[float, int]] = []  # (scale, growth tracker)
 
-    def assert_equal(self, other: "_Run", step: int) -> None:
+    def assert_equal(self, other: _Run, step: int) -> None:
         assert self.history[-1] == other.history[-1], f"step {step}: (scale, growth tracker)"
         for a, b in zip(self.model.parameters(), other.model.parameters(), strict=True):
             assert torch.equal(a, b), f"step {step}: parameters differ"
@@ -143,8 +144,8 @@ def test_bitwise_equal_to_torch_gradscaler(device, half_dtype, mixed_policy, nam
             ours.history.append((engine.scaler.get_scale(), int(engine.scaler.state_dict()["growth_tracker"])))
         control.assert_equal(ours, step)
     scales = [INIT] + [s for s, _ in control.history]
-    backoffs = sum(b < a for a, b in zip(scales, scales[1:]))
+    backoffs = sum(b < a for a, b in itertools.pairwise(scales))
     assert scales[1] < INIT, "the very first step must overflow and be skipped"
-    assert backoffs >= len(BAD_BATCHES) and any(b > a for a, b in zip(scales, scales[1:])), scales  # backed off and grew
+    assert backoffs >= len(BAD_BATCHES) and any(b > a for a, b in itertools.pairwise(scales)), scales  # backed off and grew
     if treatment == "engine":
         assert engine.skipped_steps == backoffs
