@@ -97,7 +97,7 @@ def apex_step(model: nn.Module, level: str, half: torch.dtype, **overrides: obje
 
 def engine_step(model: nn.Module, half: torch.dtype) -> Step:
     engine = ampkit.Engine("bf16-true-masters" if half == torch.bfloat16 else "16-true-masters")
-    model, opt = engine.setup(model, sgd(model))
+    model, _opt = engine.setup(model, sgd(model))
 
     def step(x: torch.Tensor, y: torch.Tensor) -> None:
         with engine.autocast():

@@ -22,6 +22,7 @@ it is measured. ``--time-limit S``: the bf16-mixed comparison and workloads not 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import sys
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name in (n.strip() for n in args.workloads.split(",") if n.strip()):
         late = deadline.passed()
-        row = {"workload": name, "status": "skipped", "reason": late} if late else attempt(lambda: one(name, args.size, device, args.steps, args.precision, deadline), device)
+        row = {"workload": name, "status": "skipped", "reason": late} if late else attempt(functools.partial(one, name, args.size, device, args.steps, args.precision, deadline), device)
         row.setdefault("workload", name)
         rows.append(row)
         emit(row)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import math
 import statistics
@@ -45,8 +46,8 @@ from torch import nn
 
 import ampkit
 from ampkit.bench.timing import StepTimer
-from ampkit.profile.op_count import count_step
 from ampkit.policy.device import cpu_name
+from ampkit.profile.op_count import count_step
 from measured_rows import Deadline, Printer, add_time_limit, attempt
 
 Step = Callable[[torch.Tensor, torch.Tensor], None]
@@ -289,7 +290,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
             for p in policies:
                 row: dict[str, object] = {"precision": p.name, "target_ms": target}
                 late = deadline.passed()
-                row |= {"status": "skipped", "reason": late} if late else attempt(lambda: sized_measure(p, target, args, device, deadline), device)
+                row |= {"status": "skipped", "reason": late} if late else attempt(functools.partial(sized_measure, p, target, args, device, deadline), device)
                 rows.append(row)
                 emit(row)
     report = {"torch": torch.__version__, "device": str(device), "machine": machine, "args": vars(args), "results": rows}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import sys
 import time
@@ -23,11 +24,11 @@ from pathlib import Path
 from typing import Any
 
 _STARTED = time.perf_counter()
-import torch  # noqa: E402  - its import is the first row
+import torch  # here, not at the top: its import is the first row
 
 IMPORT_S = time.perf_counter() - _STARTED
 
-from measured_rows import Printer, attempt  # noqa: E402
+from measured_rows import Printer, attempt
 
 HEAD = "| first contact | seconds | note |\n|---|---:|---|"
 
@@ -84,7 +85,7 @@ def measure(device: torch.device, emit: Callable[[dict[str, Any]], None]) -> lis
     rows = [{"what": "import torch", "status": "ok", "seconds": IMPORT_S, "note": f"torch {torch.__version__}"}]
     emit(rows[0])
     for what, work, note in steps:
-        row = {"what": what, "status": "n/a", "reason": "a CUDA-only cost"} if work is None else {"what": what, "note": note, **attempt(lambda: _timed(device, work), device)}
+        row = {"what": what, "status": "n/a", "reason": "a CUDA-only cost"} if work is None else {"what": what, "note": note, **attempt(functools.partial(_timed, device, work), device)}
         rows.append(row)
         emit(row)
     return rows

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import json
 import math
 import statistics
@@ -273,7 +274,7 @@ def run_model(spec: ModelSpec, args: argparse.Namespace, device: torch.device, d
             row |= {"status": "skipped", "reason": f"the filter converts no layer at {spec.tokens} tokens: trains as bf16-mixed",
                     "fp8_layers": 0, "linear_layers": len(plans)}
         else:
-            row |= attempt(lambda: train_case(base, policy, spec, batches, args, device), device)
+            row |= attempt(functools.partial(train_case, base, policy, spec, batches, args, device), device)
         if reference is None and row["status"] == "ok":
             reference = row  # bf16-mixed: the control
         if row["status"] == "ok" and reference is not None:
@@ -373,7 +374,7 @@ def measure_layers(models: tuple[ModelSpec, ...], args: argparse.Namespace, devi
         # Rowwise only where the filter converts: a shape it keeps in bf16 is the filter's call to check, and
         # tensorwise (the cheaper recipe) checks it; each measured recipe is one more compile.
         chosen = [(name, policy) for name, policy in recipes if plan.convert or name == "fp8-tensorwise"]
-        row |= attempt(lambda: measure_shape(tokens, k, n, chosen, args, device), device)
+        row |= attempt(functools.partial(measure_shape, tokens, k, n, chosen, args, device), device)
         if not plan.convert:
             row["fp8-rowwise_skipped"] = "not measured: the filter keeps this shape in bf16"
         measured = row.get("measured_fp8-tensorwise_speedup")

@@ -99,7 +99,7 @@ def run(workload_name: str, size: str, policies: list[str], rounds: int, steps: 
             row["speedup_vs_unfused"] = medians[twin.label] / medians[e.label]
             row["compile_s"] = compile_s[e.label] - medians[e.label]
             row["masters_max_rel_diff"] = max(
-                float(((a - b).abs().max() / b.abs().max().clamp(min=1e-12))) for a, b in zip(e.masters(), twin.masters())
+                float((a - b).abs().max() / b.abs().max().clamp(min=1e-12)) for a, b in zip(e.masters(), twin.masters())
             )
             row["fused_calls"] = e.engine.fused_step.calls if e.engine.fused_step is not None else 0
             # A region that failed to compile leaves the run on the unfused step: then this row times that.

@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
             for dtype_name in DTYPES:
                 try:
                     rows.append(one_row(name, dtype_name, weights, grads, device))
-                except Exception as error:  # a crash of ours, not a finding: reported in the row and the exit status
+                except Exception as error:  # noqa: BLE001 - a crash of ours, not a finding: reported in the row and the exit status
                     crashed = True
                     rows.append(Row(name, dtype_name, "ERROR", note=first_line(error)))
     finally:

@@ -52,7 +52,6 @@ from datetime import date
 from typing import Any
 
 import torch
-from measured_rows import Deadline, add_time_limit
 
 import ampkit
 from ampkit.bench.runner import to_device
@@ -65,6 +64,7 @@ from ampkit.policy.lowbit_optimizers import (
     missing_library,
     quiet_library_logs,
 )
+from measured_rows import Deadline, add_time_limit
 
 DEFAULTS = {"sizes": None, "rounds": 6, "steps": 10, "warmup": 3, "backend": None}
 SMOKE = {"sizes": "tiny", "rounds": 2, "steps": 2, "warmup": 2, "backend": "aot_eager"}

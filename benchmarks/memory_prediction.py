@@ -15,6 +15,7 @@ by then are reported skipped (the GPU suite's step).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -23,13 +24,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from measured_rows import Deadline, Printer, add_time_limit, attempt
 
 from ampkit.bench.workloads import get_workload
 from ampkit.cli.env import collect_env
 from ampkit.memory import estimate, measure
 from ampkit.memory.workspaces import create_library_workspaces
 from ampkit.policy import get_policy, policy_names
+from measured_rows import Deadline, Printer, add_time_limit, attempt
 
 MiB = 2**20
 
@@ -83,6 +84,20 @@ def _prepared(name: str, size: str) -> tuple[Any, Any, Any]:
     return model, batch, w
 
 
+def _one(name: str, size: str, policy: str, device: torch.device, workload: list[Any], reference: int | None) -> dict[str, Any]:
+    """One row: the estimate and the measurement of ``policy`` on the workload, built into ``workload`` at first use."""
+    if not workload:
+        workload.append(_prepared(name, size))
+    model, batch, w = workload[0]
+    options = {"loss_fn": w.loss_fn, "clip_grad_norm": w.clip_grad_norm}
+    t0 = time.perf_counter()
+    e = estimate(model, batch, w.optimizer, policy, device, **options)
+    t1 = time.perf_counter()
+    m = measure(model, batch, w.optimizer, policy, device, **options)
+    t2 = time.perf_counter()
+    return _row(name, e, m, reference, (t1 - t0, t2 - t1))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cpu")
@@ -115,22 +130,10 @@ def main(argv: list[str] | None = None) -> int:
     for name in workloads:
         reference = None
         workload: list[Any] = []  # built at its first row that starts, once
-
-        def one(policy: str) -> dict[str, Any]:
-            if not workload:
-                workload.append(_prepared(name, size))
-            model, batch, w = workload[0]
-            options = {"loss_fn": w.loss_fn, "clip_grad_norm": w.clip_grad_norm}
-            t0 = time.perf_counter()
-            e = estimate(model, batch, w.optimizer, policy, device, **options)
-            t1 = time.perf_counter()
-            m = measure(model, batch, w.optimizer, policy, device, **options)
-            t2 = time.perf_counter()
-            return _row(name, e, m, reference, (t1 - t0, t2 - t1))
-
         for policy in policies:
             late = deadline.passed()
-            row = {"workload": name, "policy": policy, "status": "skipped", "reason": late} if late else attempt(lambda: one(policy), device)
+            one = functools.partial(_one, name, size, policy, device, workload, reference)
+            row = {"workload": name, "policy": policy, "status": "skipped", "reason": late} if late else attempt(one, device)
             row.setdefault("workload", name)
             row.setdefault("policy", policy)
             if reference is None and row["status"] == "ok" and row["policy"] == "32-true":

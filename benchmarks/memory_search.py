@@ -20,8 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from ampkit.bench.workloads import get_workload
-from ampkit.memory import estimate
-from ampkit.memory import fit as fit_module
+from ampkit.memory import estimate, fit as fit_module
 from ampkit.memory.fit import largest_batch, parse_bytes, resize_batch
 
 GiB = 2**30

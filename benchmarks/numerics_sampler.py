@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import json
 import math
 import statistics
@@ -49,7 +50,7 @@ def default_precision(device: torch.device) -> str:
 
 def trainer(workload: Any, model: torch.nn.Module, precision: str, sampler: NumericsSampler | None):  # type: ignore[no-untyped-def]
     engine = ampkit.Engine(precision, clip_grad_norm=workload.clip_grad_norm, numerics=sampler)
-    model, opt = engine.setup(model, workload.optimizer(model.parameters()))
+    model, _opt = engine.setup(model, workload.optimizer(model.parameters()))
     model.train()
 
     on_gpu = next(model.parameters()).is_cuda
@@ -126,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name in (n.strip() for n in args.workloads.split(",") if n.strip()):
         late = deadline.passed()
-        row = {"workload": name, "status": "skipped", "reason": late} if late else attempt(lambda: one(name, args.size, precision, args.every, args.rounds, device, deadline), device)
+        row = {"workload": name, "status": "skipped", "reason": late} if late else attempt(functools.partial(one, name, args.size, precision, args.every, args.rounds, device, deadline), device)
         row.setdefault("workload", name)
         rows.append(row)
         emit(row)

@@ -36,8 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
-from torch.utils.data import default_collate
+from torch.utils.data import DataLoader, default_collate
 
 import ampkit
 from ampkit import Engine
@@ -107,7 +106,7 @@ def advice_applied(args: argparse.Namespace, device: torch.device, precision: st
     trials = profile["trials"]
     best = max(trials, key=lambda t: t["speedup"])
     given, advised = LoaderSettings(**trials[0]["settings"]), LoaderSettings(**best["settings"])
-    engine, model, step = _trainer(w, precision, device)
+    _engine, _model, step = _trainer(w, precision, device)
     loader = workload_loader(w)
     samples = None if args.ab_steps is None else args.ab_steps * w.items_per_batch  # None: whole epochs, as trained
     steps = len(loader) if args.ab_steps is None else args.ab_steps
@@ -161,7 +160,7 @@ def _trainer(w: Any, precision: str, device: torch.device) -> tuple[Engine, torc
 def syncs(args: argparse.Namespace, device: torch.device, precision: str) -> dict[str, Any]:
     """A loop that logs ``loss.item()`` every step: the profile's site, and the step with and without it."""
     w = build(args.size, seed=args.seed, augment=False)  # the data out of the way: the read-back is the subject
-    engine, model, step = _trainer(w, precision, device)
+    engine, _model, step = _trainer(w, precision, device)
     batches = [to_device(w.batch(i), device, w.channels_last) for i in range(8)]
     with Profiler(engine, warmup=args.warmup, plain_steps=0, timed=2, sync_steps=args.sync_steps, trace_steps=0) as profiler:
         for i in range(args.warmup + 2 + args.sync_steps):

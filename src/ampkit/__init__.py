@@ -41,10 +41,10 @@ _LAZY: dict[str, str] = {
 
 if TYPE_CHECKING:  # what type checkers and IDEs see: the names as eager imports would give them
     from .checkpoint import checkpoint_exists
-    from .training.engine import Engine
     from .memory.recompute import recompute, unrecompute
     from .policy import Policy, get_policy, policy_names
     from .scaling import DynamicLossScaler, LossScaler, ScalerConfig, StaticLossScaler
+    from .training.engine import Engine
 
 __all__ = [
     "__version__",

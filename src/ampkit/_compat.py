@@ -34,9 +34,9 @@ from torch.overrides import _get_current_function_mode_stack as current_function
 from torch.torch_version import TorchVersion
 from torch.utils._python_dispatch import (
     TorchDispatchMode,
+    _disable_current_modes as disable_current_modes,
     _get_current_dispatch_mode_stack,
 )
-from torch.utils._python_dispatch import _disable_current_modes as disable_current_modes
 from torch.utils._pytree import (
     tree_flatten,
     tree_leaves,

@@ -4,6 +4,10 @@ Only imports that run when a module is first imported count: module level, class
 module-level ``if``/``try``/``with``. An import inside a function is deferred until the call, and one under
 ``if TYPE_CHECKING:`` never runs, so neither makes an edge. Importing ``ampkit.a.b`` runs ``ampkit/a/__init__``
 first, so it is an edge to that package as well (unless the importer lives inside it: then it is already loading).
+
+The other two kinds are watched too. A deferred import may not close a cycle, and one pointing up a layer is
+listed with its reason. An import under ``TYPE_CHECKING`` that points up or sideways, or closes a cycle with the
+imports that run, is a dependency the layers hide: those are listed, and the list may only shrink.
 """
 
 from __future__ import annotations
@@ -46,6 +50,29 @@ ALLOWED_DEFERRED_UPWARD: dict[tuple[str, str], str] = {
     ("ampkit.training.engine_args", "ampkit.numerics.sampler"): "the same",
 }
 
+# Imports under `if TYPE_CHECKING:` that would point up or sideways, or close a cycle, if they ran: the type names a
+# module needs from a module that depends on it. Mostly the Engine, a shared record that other modules' functions
+# take and change (issue 36); each edge goes when its module stops needing the Engine's type. The set may only shrink.
+KNOWN_TYPE_CHECKING: set[tuple[str, str]] = {
+    # The Engine's own parts, typed by the class that imports them (issue 36, item 1: a step component).
+    ("ampkit.training.engine_state", "ampkit.training.engine"),
+    ("ampkit.training.hooks", "ampkit.training.engine"),
+    ("ampkit.training.micro_batching", "ampkit.training.engine"),
+    ("ampkit.training.misuse", "ampkit.training.engine"),
+    ("ampkit.training.optimizer_step", "ampkit.training.engine"),
+    # The checkpoint layer takes the Engine whose save()/load() call it (the deferred shortcut listed above).
+    ("ampkit.checkpoint", "ampkit.training.engine"),
+    ("ampkit.checkpoint.checks", "ampkit.training.engine"),
+    ("ampkit.checkpoint.dcp_state", "ampkit.training.engine"),
+    ("ampkit.checkpoint.payload", "ampkit.training.engine"),
+    ("ampkit.checkpoint.sharded", "ampkit.training.engine"),
+    ("ampkit.checkpoint.sharded_load", "ampkit.training.engine"),
+    # Engine(numerics=N) takes the sampler, a step hook that takes the Engine.
+    ("ampkit.numerics.sampler", "ampkit.training.engine"),
+    ("ampkit.training.engine", "ampkit.numerics"),
+    ("ampkit.training.engine", "ampkit.numerics.sampler"),
+}
+
 
 def _module_names(src: Path = SRC) -> dict[str, Path]:
     """Every module under ``src/ampkit`` by dotted name; a package is named by its ``__init__``'s package."""
@@ -84,6 +111,21 @@ def _eager_imports(body: list[ast.stmt], deferred: bool = False) -> list[ast.Imp
     return found
 
 
+def _type_checking_imports(body: list[ast.stmt]) -> list[ast.Import | ast.ImportFrom]:
+    """The imports under ``if TYPE_CHECKING:`` wherever the module body reaches one (not in functions)."""
+    found: list[ast.Import | ast.ImportFrom] = []
+    for node in body:
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            found += [n for stmt in node.body for n in ast.walk(stmt) if isinstance(n, (ast.Import, ast.ImportFrom))]
+            found += _type_checking_imports(node.orelse)
+        elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for field in ("body", "orelse", "finalbody"):
+                found += _type_checking_imports(getattr(node, field, []))
+            for clause in getattr(node, "handlers", []) + getattr(node, "cases", []):
+                found += _type_checking_imports(clause.body)
+    return found
+
+
 def _targets(node: ast.Import | ast.ImportFrom, importer: str, is_package: bool, modules: set[str]) -> set[str]:
     """The ampkit modules an import statement loads, its packages' ``__init__`` included."""
     if isinstance(node, ast.Import):
@@ -107,16 +149,38 @@ def _targets(node: ast.Import | ast.ImportFrom, importer: str, is_package: bool,
     return {name for name in loaded if name in modules and name not in ancestors and name != importer}
 
 
-def import_graph(src: Path = SRC, deferred: bool = False) -> dict[str, set[str]]:
-    """Module -> the ampkit modules it imports when it is imported (with ``deferred``: or when its functions run)."""
+def import_graph(src: Path = SRC, deferred: bool = False, type_checking: bool = False) -> dict[str, set[str]]:
+    """Module -> the ampkit modules it imports when it is imported (with ``deferred``: or when its functions run;
+    with ``type_checking``: or when a type checker reads it)."""
     paths = _module_names(src)
     modules = set(paths)
     graph = {}
     for name, path in paths.items():
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
         is_package = path.name == "__init__.py"
-        graph[name] = set().union(*(_targets(n, name, is_package, modules) for n in _eager_imports(tree.body, deferred)))
+        imports = _eager_imports(tree.body, deferred) + (_type_checking_imports(tree.body) if type_checking else [])
+        graph[name] = set().union(*(_targets(n, name, is_package, modules) for n in imports))
     return graph
+
+
+def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = {start}, [start]
+    while todo:
+        for nxt in graph.get(todo.pop(), ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
+def hidden_type_checking_edges(src: Path = SRC) -> set[tuple[str, str]]:
+    """The ``TYPE_CHECKING`` imports that point up or sideways, or close a cycle with the imports that run (or with
+    other such imports): the dependencies a type checker sees and the import graph does not."""
+    runs = import_graph(src, deferred=True)
+    typed = import_graph(src, deferred=True, type_checking=True)
+    only_typed = {a: targets - runs[a] for a, targets in typed.items()}
+    wrong = wrong_way_edges(only_typed)
+    return {(a, b) for a, targets in only_typed.items() for b in targets if (a, b) in wrong or a in _reachable(typed, b)}
 
 
 def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -229,6 +293,28 @@ def test_deferred_upward_imports_are_the_known_ones():
     assert not gone, f"these allowed deferred imports are gone, remove them from ALLOWED_DEFERRED_UPWARD: {gone}"
 
 
+def test_no_cycle_through_deferred_imports():
+    # A deferred import that closes a cycle runs, until the day someone moves it to the top of its module.
+    graph = import_graph(deferred=True)
+    for a, b in ALLOWED_DEFERRED_UPWARD:  # each listed with its reason (the test above)
+        graph[a].discard(b)
+    cycles = find_cycles(graph)
+    assert not cycles, "import cycles through imports inside functions (move the shared piece into a module both import):\n" + "\n".join(
+        " -> ".join(cycle) for cycle in cycles
+    )
+
+
+def test_type_checking_imports_hide_no_new_dependency():
+    edges = hidden_type_checking_edges()
+    new = sorted(edges - KNOWN_TYPE_CHECKING)
+    assert not new, (
+        "imports under TYPE_CHECKING that point up or sideways, or close a cycle (pass the function what it needs rather "
+        f"than the object that holds it, or move the type down a layer): {new}"
+    )
+    gone = sorted(KNOWN_TYPE_CHECKING - edges)
+    assert not gone, f"these TYPE_CHECKING imports hide no dependency any more: remove them from KNOWN_TYPE_CHECKING ({len(edges)} left): {gone}"
+
+
 def test_bottom_layer_imports_nothing_from_ampkit():
     graph = import_graph()
     upward = {module: sorted(targets) for module, targets in graph.items() if _package(module) in BOTTOM and targets}
@@ -311,3 +397,24 @@ def test_deferred_imports_count_only_when_asked(tmp_path):
     files = {"__init__.py": "", "policy.py": "def f():\n    from . import bench\n", "bench.py": ""}
     assert wrong_way_edges(_tree(tmp_path, files)) == set()
     assert wrong_way_edges(import_graph(tmp_path, deferred=True)) == {("ampkit.policy", "ampkit.bench")}
+
+
+def test_deferred_cycles_and_hidden_type_checking_imports_are_found(tmp_path):
+    files = {
+        "__init__.py": "",
+        "policy/__init__.py": "",
+        "policy/base.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..training.engine import Engine\n",  # up
+        "training/__init__.py": "",
+        "training/engine.py": "from . import step\nfrom ..policy import base\ndef f():\n    from . import table\n",
+        "training/step.py": "import typing\nif typing.TYPE_CHECKING:\n    from .engine import Engine\n",  # closes a cycle
+        "training/hooks.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .step import x\n",  # down, no cycle
+        "training/table.py": "from . import engine\n",  # with engine's deferred import: a cycle
+    }
+    graph = _tree(tmp_path, files)
+    assert find_cycles(graph) == [] and wrong_way_edges(graph) == set()  # nothing that runs at import is wrong
+    assert find_cycles(import_graph(tmp_path, deferred=True)) == [["ampkit.training.engine", "ampkit.training.table", "ampkit.training.engine"]]
+    assert hidden_type_checking_edges(tmp_path) == {
+        ("ampkit.policy.base", "ampkit.training"),
+        ("ampkit.policy.base", "ampkit.training.engine"),
+        ("ampkit.training.step", "ampkit.training.engine"),
+    }

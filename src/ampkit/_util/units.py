@@ -39,7 +39,7 @@ _BINARY = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 _SI = ("", "k", "M", "G", "T", "P", "E")
 
 
-def is_missing(value: float | int | None) -> bool:
+def is_missing(value: float | None) -> bool:
     """True for ``None`` and NaN: figures that should render as :data:`MISSING`.
 
     >>> is_missing(None), is_missing(float("nan")), is_missing(float("inf")), is_missing(0)

@@ -40,7 +40,7 @@ def _as_list(what: str, value: Any, ok: Any) -> tuple[list[Any], bool]:
 def _check_models(models: list[nn.Module], allow_not_fp32: bool) -> None:
     for m in models:
         if isinstance(m, _WRAPPERS):
-            raise RuntimeError(
+            raise RuntimeError(  # noqa: TRY004 - Apex's error: a call made too early, not a wrong type
                 f"This model is already wrapped in {type(m).__name__}. Call amp.initialize on the bare model and wrap "
                 "the model it returns: model, optimizer = amp.initialize(model, optimizer, ...); model = DDP(model)."
             )

@@ -35,7 +35,6 @@ original function on them.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -59,31 +58,20 @@ __all__ = [
 # ``x.sum()`` and ``x ** 2`` (Tensor.__pow__ is named "pow") are all caught. In-place forms are left out:
 # upcasting ``self`` would make them write into a copy.
 FP32_FUNCTIONS = frozenset(
-    """
-    acos asin cosh erfinv exp expm1 log log10 log2 log1p reciprocal rsqrt sinh tan pow __rpow__
-    cumprod cumsum dist norm prod std sum var renorm logsumexp pdist cdist
-    interpolate grid_sample softplus softmin softmax log_softmax gelu
-    layer_norm group_norm local_response_norm normalize cosine_similarity
-    poisson_nll_loss cosine_embedding_loss cross_entropy hinge_embedding_loss kl_div l1_loss mse_loss
-    margin_ranking_loss multilabel_margin_loss multilabel_soft_margin_loss multi_margin_loss nll_loss
-    binary_cross_entropy_with_logits smooth_l1_loss huber_loss soft_margin_loss triplet_margin_loss ctc_loss
-    """.split()
+    ["acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p", "reciprocal", "rsqrt", "sinh", "tan", "pow", "__rpow__", "cumprod", "cumsum", "dist", "norm", "prod", "std", "sum", "var", "renorm", "logsumexp", "pdist", "cdist", "interpolate", "grid_sample", "softplus", "softmin", "softmax", "log_softmax", "gelu", "layer_norm", "group_norm", "local_response_norm", "normalize", "cosine_similarity", "poisson_nll_loss", "cosine_embedding_loss", "cross_entropy", "hinge_embedding_loss", "kl_div", "l1_loss", "mse_loss", "margin_ranking_loss", "multilabel_margin_loss", "multilabel_soft_margin_loss", "multi_margin_loss", "nll_loss", "binary_cross_entropy_with_logits", "smooth_l1_loss", "huber_loss", "soft_margin_loss", "triplet_margin_loss", "ctc_loss"]
 )
 
 # Apex's FP16 list minus what CPU autocast already casts; the RNN names are those of torch._VF that
 # nn.RNNBase and the nn.*Cell modules call.
 HALF_FUNCTIONS = frozenset(
-    """
-    mv addmv addr
-    lstm gru rnn_tanh rnn_relu lstm_cell gru_cell rnn_tanh_cell rnn_relu_cell
-    """.split()
+    ["mv", "addmv", "addr", "lstm", "gru", "rnn_tanh", "rnn_relu", "lstm_cell", "gru_cell", "rnn_tanh_cell", "rnn_relu_cell"]
 )
 
 BANNED_FUNCTIONS = frozenset({"binary_cross_entropy"})
 
 # Apex's promote lists (torch functions and Tensor operators; in-place forms left to torch, which computes them
 # in self's type as Apex did): mixed 16-bit and wider floating inputs run in the wider type.
-PROMOTE_FUNCTIONS = frozenset("add sub mul div eq ne lt le gt ge addcdiv addcmul atan2 cross dot bilinear".split())
+PROMOTE_FUNCTIONS = frozenset(["add", "sub", "mul", "div", "eq", "ne", "lt", "le", "gt", "ge", "addcdiv", "addcmul", "atan2", "cross", "dot", "bilinear"])
 
 # Of those, the ones torch itself refuses on mixed types (the rest promote natively, but for a 0-dim wider tensor).
 _NO_NATIVE_PROMOTION = frozenset({"cross", "dot", "bilinear"})

@@ -43,16 +43,16 @@ class ScaleLoss:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         s = self.session
         if s is None or self.passthrough:  # s is tested too only for the type checker
-            return None
+            return
         if exc_type is not None:
             s.abandon_backward(self.optimizers)  # leave the gradients as they were before scale_loss
-            return None
+            return
         if self.delay_unscale:
             for opt in self.optimizers:
                 opt._amp_stash.has_scaled_grads = True
-            return None
+            return
         s.unscale_after_backward(self.optimizers, self.loss_id)
-        return None
+        return
 
     def backward(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError(f"amp.scale_loss(...) is a context manager, not the scaled loss. Use:\n{_WITH_FORM}")

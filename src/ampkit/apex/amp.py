@@ -55,7 +55,7 @@ def master_params(optimizer: Any) -> Iterator[torch.Tensor]:
         yield from group["params"]
 
 
-def state_dict(destination: "OrderedDict[str, Any] | None" = None) -> "OrderedDict[str, Any]":
+def state_dict(destination: OrderedDict[str, Any] | None = None) -> OrderedDict[str, Any]:
     """Apex's amp state (``loss_scaler0``: ``{"loss_scale", "unskipped"}``, ...) plus ``master_weights`` under O2.
 
     Save it beside the model and optimizer; restore with :func:`load_state_dict` after ``amp.initialize``.

@@ -53,7 +53,7 @@ def to_python_float(t: Any) -> float:
     return float(t[0])
 
 
-class tofp16(nn.Module):  # noqa: N801 - Apex's name
+class tofp16(nn.Module):  # Apex's name
     """A module that casts its input to fp16 (the first stage of :func:`network_to_half`).
 
     >>> tofp16()(torch.ones(1)).dtype
@@ -64,7 +64,7 @@ class tofp16(nn.Module):  # noqa: N801 - Apex's name
         return input.half()
 
 
-def BN_convert_float(module: nn.Module) -> nn.Module:  # noqa: N802 - Apex's name
+def BN_convert_float(module: nn.Module) -> nn.Module:  # Apex's name
     """Put every affine batch-norm layer of ``module`` back in fp32 (its statistics need the range); returns it.
 
     >>> net = BN_convert_float(nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2)).half())
@@ -258,7 +258,7 @@ class _Removed:
         )
 
 
-class FP16_Optimizer(_Removed):  # noqa: N801 - Apex's name
+class FP16_Optimizer(_Removed):  # Apex's name
     """Not provided; raises with its amp drop-in, ``amp.initialize(model, optimizer, opt_level="O2")``.
 
     >>> FP16_Optimizer(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1))  # doctest: +ELLIPSIS

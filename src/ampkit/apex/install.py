@@ -16,11 +16,11 @@ import importlib.metadata
 import logging
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Sequence
+from typing import Any
 
 from .. import __version__
 
@@ -103,7 +103,7 @@ class _ApexFinder(importlib.abc.MetaPathFinder):
         loader = _AliasLoader(PROVIDED[fullname])
         return importlib.machinery.ModuleSpec(fullname, loader, is_package=fullname in ("apex", "apex.parallel"))
 
-    def find_distributions(self, context: Any = importlib.metadata.DistributionFinder.Context()) -> Iterable[importlib.metadata.Distribution]:
+    def find_distributions(self, context: Any = importlib.metadata.DistributionFinder.Context()) -> Iterable[importlib.metadata.Distribution]:  # noqa: B008 - importlib's own signature; the context is only read
         """The ``apex`` distribution, while ampkit provides the package and no real Apex has metadata."""
         name = context.name
         if not self._ours() or name is not None and re.sub(r"[-_.]+", "_", name).lower() != "apex":

@@ -58,7 +58,7 @@ def _writer_class() -> type[SummaryWriter]:
     return SummaryWriter
 
 
-def _finite(value: float | int | None) -> bool:
+def _finite(value: float | None) -> bool:
     return value is not None and math.isfinite(value)
 
 

@@ -36,7 +36,7 @@ from torch import nn
 
 from ..errors import one_line
 from ..training.micro_batching import batch_rows
-from .model_io import LOSS_FN_HINT, call_model, batch_parts, default_loss
+from .model_io import LOSS_FN_HINT, batch_parts, call_model, default_loss
 from .workload import Batch, Metric, Workload
 
 __all__ = ["BenchData", "EvalLoss", "default_loss", "load_factory", "spec_parts", "user_workload", "workload_from"]
@@ -156,7 +156,7 @@ def load_factory(spec: str, option: str) -> Callable[[], Any]:
             raise ValueError(f"{option} {spec}: {module_name} has no attribute {attr!r}; check the name after the colon.")
         obj = getattr(obj, part)
     if not callable(obj):
-        raise ValueError(f"{option} {spec}: {attr} is a {type(obj).__name__}, not a callable; name a function that builds it.")
+        raise ValueError(f"{option} {spec}: {attr} is a {type(obj).__name__}, not a callable; name a function that builds it.")  # noqa: TRY004 - the CLI prints a ValueError as a usage error
     return obj
 
 
@@ -180,7 +180,7 @@ def _read(batches: Iterable[Any], limit: int | None, where: str, what: str) -> l
     out: list[Any] = []
     try:
         for b in itertools.islice(batches, limit):
-            out.append(b)
+            out.append(b)  # noqa: PERF402 - one at a time: when the iterable fails, len(out) names the batch
     except SystemExit as exc:
         raise ValueError(f"{where}: reading {what} batch {len(out)} exited ({_exit_text(exc)}); make the data iterable end, not exit.") from exc
     except Exception as exc:
@@ -213,7 +213,7 @@ def _as_bench_data(obj: Any, where: str) -> BenchData:
     if isinstance(obj, BenchData):
         return obj
     if isinstance(obj, (torch.Tensor, Mapping, str)) or not isinstance(obj, Iterable):
-        raise ValueError(
+        raise ValueError(  # noqa: TRY004 - the CLI prints a ValueError as a usage error
             f"{where} returned {type(obj).__name__}; return a list (or DataLoader) of batches, or an ampkit.bench.BenchData."
         )
     return BenchData(train=obj)
@@ -272,7 +272,7 @@ def workload_from(
     training batches are read.
     """
     if not isinstance(model, nn.Module):
-        raise ValueError(f"{'--model ' + str(model_spec) if cli else 'model'} is {type(model).__name__}; it must be a torch.nn.Module.")
+        raise ValueError(f"{'--model ' + str(model_spec) if cli else 'model'} is {type(model).__name__}; it must be a torch.nn.Module.")  # noqa: TRY004 - as above
     name = model_name(model, model_spec)
     model_at, data_at = (f"--model {model_spec}", f"--data {data_spec}") if cli else (name, data_spec)
     data = _as_bench_data(data, data_at)

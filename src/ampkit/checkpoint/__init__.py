@@ -16,10 +16,10 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from .checks import check_training_payload
-from .payload import apply_training_payload, engine_state, load_engine_state, training_payload
 from ..errors import CheckpointError
 from ..fileio.checkpoint_files import load_checkpoint, save_checkpoint
+from .checks import check_training_payload
+from .payload import apply_training_payload, engine_state, load_engine_state, training_payload
 
 if TYPE_CHECKING:
     from ..training.engine import Engine
@@ -36,7 +36,7 @@ __all__ = [
 ]
 
 
-def save_training_state(engine: "Engine", path: str | os.PathLike, extra: dict[str, Any] | None = None) -> None:
+def save_training_state(engine: Engine, path: str | os.PathLike[str], extra: dict[str, Any] | None = None) -> None:
     """Write everything needed to resume ``engine``'s run bitwise-exactly, atomically, to ``path``.
 
     Under a distributed strategy every rank must call it: see :mod:`ampkit.checkpoint.sharded`.
@@ -49,7 +49,7 @@ def save_training_state(engine: "Engine", path: str | os.PathLike, extra: dict[s
     save_checkpoint(training_payload(engine, extra), path)
 
 
-def checkpoint_exists(path: str | os.PathLike) -> bool:
+def checkpoint_exists(path: str | os.PathLike[str]) -> bool:
     """Whether :meth:`Engine.load` finds a checkpoint for ``path``: the file or directory, or the complete copy
     that a sharded save killed while swapping it into place left beside it.
 
@@ -62,7 +62,7 @@ def checkpoint_exists(path: str | os.PathLike) -> bool:
     return find_checkpoint(path) is not None
 
 
-def load_training_state(engine: "Engine", path: str | os.PathLike) -> dict[str, Any] | None:
+def load_training_state(engine: Engine, path: str | os.PathLike[str]) -> dict[str, Any] | None:
     """Restore what :func:`save_training_state` wrote. Validates everything first; on error nothing changes.
 
     A checkpoint written by a distributed run (a DDP file, an FSDP directory) loads here too, on any world
@@ -86,4 +86,5 @@ def load_training_state(engine: "Engine", path: str | os.PathLike) -> dict[str, 
             "resume it on the same number of ranks, or save at an accumulation boundary (engine.is_boundary)."
         )
     apply_training_payload(engine, payload)
-    return payload["extra"]
+    extra: dict[str, Any] | None = payload["extra"]  # as save() was given it
+    return extra

@@ -33,7 +33,7 @@ def single_process_intended() -> Iterator[None]:
         yield
 
 
-def sharded_state(engine: "Engine") -> dict[str, Any]:
+def sharded_state(engine: Engine) -> dict[str, Any]:
     """Model and optimizer state as DCP wants it: sharded tensors keyed by parameter name."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
@@ -45,7 +45,7 @@ def sharded_state(engine: "Engine") -> dict[str, Any]:
     return state
 
 
-def optimizer_owner(engine: "Engine", opt: torch.optim.Optimizer) -> torch.nn.Module:
+def optimizer_owner(engine: Engine, opt: torch.optim.Optimizer) -> torch.nn.Module:
     """The one model of ``engine`` whose parameters ``opt`` holds (DCP reads an optimizer's state through it)."""
     ids = {id(p) for g in opt.param_groups for p in g["params"]}
     for model in engine.models:

@@ -27,12 +27,10 @@ import io
 import os
 import pathlib
 import pickle
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
-from torch.distributed.checkpoint import FileSystemReader
-from torch.distributed.checkpoint import filesystem as _dcp_filesystem
-from torch.distributed.checkpoint import metadata as _dcp_metadata
+from torch.distributed.checkpoint import FileSystemReader, filesystem as _dcp_filesystem, metadata as _dcp_metadata
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
@@ -99,15 +97,21 @@ def storage_files(metadata: Metadata) -> dict[str, int]:
     for info in (metadata.storage_data or {}).values():
         name = getattr(info, "relative_path", None)
         offset, length = getattr(info, "offset", None), getattr(info, "length", None)
-        plain = isinstance(name, str) and name not in ("", ".", "..") and os.path.basename(name) == name and "\\" not in name
-        numbers = all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (offset, length))
-        if not plain or not numbers:
+        if not (_plain_file_name(name) and _byte_count(offset) and _byte_count(length)):
             raise CheckpointError(
                 f"the checkpoint's metadata names the data location {name!r} (offset {offset!r}, length {length!r}), "
                 "which is not a file inside the checkpoint directory; the metadata is corrupt or crafted."
             )
-        needed[name] = max(needed.get(name, 0), offset + length)  # type: ignore[operator]
+        needed[name] = max(needed.get(name, 0), offset + length)
     return needed
+
+
+def _plain_file_name(name: object) -> TypeGuard[str]:
+    return isinstance(name, str) and name not in ("", ".", "..") and os.path.basename(name) == name and "\\" not in name
+
+
+def _byte_count(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 class SafeFileSystemReader(FileSystemReader):
@@ -121,12 +125,12 @@ class SafeFileSystemReader(FileSystemReader):
                 metadata = _RestrictedUnpickler(stream).load()
             except CheckpointError:
                 raise
-            except Exception as exc:  # noqa: BLE001 - any unpickling failure means a damaged file
+            except Exception as exc:  # any unpickling failure means a damaged file
                 raise CheckpointError(f"{path} is truncated or corrupt ({type(exc).__name__}: {exc}); load an earlier checkpoint.") from exc
         if not isinstance(metadata, Metadata):
             raise CheckpointError(f"{path} does not hold torch.distributed.checkpoint metadata.")
         storage_files(metadata)  # refuse locations outside the directory before anything is read
-        if getattr(metadata, "storage_meta", None) is None:
+        if metadata.storage_meta is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
         return metadata

@@ -30,13 +30,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
-from .checks import check_training_payload
-from .payload import Undo, apply_payload, pending_grads, training_payload
+from ..distributed.strategy import FSDP
 from ..errors import CheckpointError, one_line
 from ..fileio.checkpoint_files import capture_rng_state, load_checkpoint, save_checkpoint
-from .sharded_dir import ENGINE_FILE, find_checkpoint, is_complete, remove_leftovers, swap_into_place
+from .checks import check_training_payload
 from .dcp_state import grouped, sharded_state, single_process_intended
-from ..distributed.strategy import FSDP
+from .payload import Undo, apply_payload, pending_grads, training_payload
+from .sharded_dir import ENGINE_FILE, find_checkpoint, is_complete, remove_leftovers, swap_into_place
 
 if TYPE_CHECKING:
     from ..training.engine import Engine
@@ -63,12 +63,13 @@ def _raise_if_any(error: str | None, what: str) -> None:
         raise CheckpointError(f"{what} failed on {where}{message}")
 
 
-def _gather_to_rank0(obj: Any) -> list[Any] | None:
+def _gather_to_rank0(obj: Any) -> list[Any]:
+    """Every rank's ``obj`` in rank order on rank 0; an empty list on the other ranks."""
     rank, world = _rank_world()
     if world == 1:
         return [obj]
-    out = [None] * world if rank == 0 else None
-    dist.gather_object(obj, out, dst=0)
+    out: list[Any] = [None] * world if rank == 0 else []
+    dist.gather_object(obj, out if rank == 0 else None, dst=0)
     return out
 
 
@@ -79,7 +80,7 @@ def _broadcast_from_rank0(obj: Any) -> Any:
     return box[0]
 
 
-def save_distributed(engine: "Engine", path: str | os.PathLike, extra: dict[str, Any] | None = None) -> None:
+def save_distributed(engine: Engine, path: str | os.PathLike[str], extra: dict[str, Any] | None = None) -> None:
     """Every rank calls it: rank 0 writes a file (DDP), or all ranks write a sharded directory (FSDP)."""
     rank, world = _rank_world()
     sharded = isinstance(engine.strategy, FSDP)
@@ -110,8 +111,8 @@ def save_distributed(engine: "Engine", path: str | os.PathLike, extra: dict[str,
             payload["ranks"] = {
                 "strategy": engine.strategy.name if engine.strategy is not None else None,
                 "world_size": world,
-                "rng": [g["rng"] for g in gathered],  # type: ignore[union-attr]
-                "pending_grads": [g["pending_grads"] for g in gathered],  # type: ignore[union-attr]
+                "rng": [g["rng"] for g in gathered],
+                "pending_grads": [g["pending_grads"] for g in gathered],
             }
             if sharded:
                 save_checkpoint(payload, tmp / ENGINE_FILE)
@@ -125,7 +126,7 @@ def save_distributed(engine: "Engine", path: str | os.PathLike, extra: dict[str,
     _raise_if_any(error, f"saving {target}")
 
 
-def _read(engine: "Engine", target: Path) -> tuple[Path, dict[str, Any], Any]:
+def _read(engine: Engine, target: Path) -> tuple[Path, dict[str, Any], Any]:
     """The checkpoint's location, its payload and (for a sharded directory) its checked DCP metadata."""
     found = find_checkpoint(target)
     if found is None:
@@ -149,7 +150,7 @@ def _read(engine: "Engine", target: Path) -> tuple[Path, dict[str, Any], Any]:
     return found, payload, metadata
 
 
-def load_distributed(engine: "Engine", path: str | os.PathLike) -> dict[str, Any] | None:
+def load_distributed(engine: Engine, path: str | os.PathLike[str]) -> dict[str, Any] | None:
     """Every rank calls it; validates on every rank, then restores (all or nothing). Returns the checkpoint's ``extra``."""
     rank, world = _rank_world()
     target = Path(os.fspath(path))
@@ -194,4 +195,5 @@ def load_distributed(engine: "Engine", path: str | os.PathLike) -> dict[str, Any
         )
     if grouped():
         dist.barrier()  # no rank trains on before every rank has its state
-    return payload["extra"]
+    extra: dict[str, Any] | None = payload["extra"]  # as save() was given it
+    return extra

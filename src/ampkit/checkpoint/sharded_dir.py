@@ -56,7 +56,7 @@ def swap_into_place(tmp: pathlib.Path, target: pathlib.Path, token: str) -> None
         shutil.rmtree(old) if old.is_dir() else old.unlink()
 
 
-def find_checkpoint(target: str | os.PathLike) -> pathlib.Path | None:
+def find_checkpoint(target: str | os.PathLike[str]) -> pathlib.Path | None:
     """The checkpoint to load for ``target``: itself if it exists, else the newest complete leftover of a swap, else None."""
     target = pathlib.Path(os.fspath(target))
     if target.exists():

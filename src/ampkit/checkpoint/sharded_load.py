@@ -69,10 +69,11 @@ def _check_against(flat: dict[str, Any], metadata: Metadata, directory: Path) ->
         wrong = []
         for key in sorted(mine & theirs):
             entry, shape = saved[key], _global_shape(flat[key])
-            if isinstance(entry, TensorStorageMetadata) != (shape is not None) or isinstance(entry, BytesStorageMetadata) == (shape is not None):
+            if isinstance(entry, TensorStorageMetadata) and shape is not None:
+                if tuple(entry.size) != shape:
+                    wrong.append(f"{key} {tuple(entry.size)} vs {shape}")
+            elif not (isinstance(entry, BytesStorageMetadata) and shape is None):
                 wrong.append(f"{key} (tensor vs value)")
-            elif shape is not None and tuple(entry.size) != shape:
-                wrong.append(f"{key} {tuple(entry.size)} vs {shape}")
         if missing or unexpected or wrong:
             fix = "Build the same model as the saved run" if what == "model" else "Build the optimizer the saved run used"
             raise CheckpointError(
@@ -81,7 +82,7 @@ def _check_against(flat: dict[str, Any], metadata: Metadata, directory: Path) ->
             )
 
 
-def load_shards(engine: "Engine", directory: Path, metadata: Metadata) -> None:
+def load_shards(engine: Engine, directory: Path, metadata: Metadata) -> None:
     """Read the shards into fresh tensors, then copy them into the engine's models and optimizers."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict

@@ -19,9 +19,9 @@ import logging
 
 import torch
 
+from ..report.out_dir import write_out
 from .checks import writable_dir
 from .console import stdout_console
-from ..report.out_dir import write_out
 from .parsers import add_doctor as register  # declared apart: `ampkit --help` imports none of this module
 from .workload_args import compile_arg, device_arg, recorded_command, workload_from_args, workload_size
 

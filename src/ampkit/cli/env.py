@@ -20,9 +20,9 @@ from rich.table import Table
 from rich.text import Text
 
 from .. import __version__
-from ..training.kernel_guards import KNOWN_DEFECTS, torch_affected
 from ..policy import ALIASES, get_policy, policy_names
 from ..policy.device import Support, cpu_bf16_native, cpu_fp16_native, cpu_name, cuda_bf16_supported
+from ..training.kernel_guards import KNOWN_DEFECTS, torch_affected
 from .parsers import add_env as register  # declared apart: `ampkit --help` imports none of this module
 
 __all__ = ["register", "run", "collect_env", "recommend", "RECOMMEND_ORDER"]

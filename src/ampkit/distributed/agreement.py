@@ -27,7 +27,7 @@ def _int_tensor(value: int) -> torch.Tensor:
     return torch.tensor([value], dtype=torch.int64, device=device)
 
 
-def _agree(value: int, op: dist.ReduceOp) -> int:
+def _agree(value: int, op: dist.ReduceOp.RedOpType) -> int:
     if world_size() == 1:
         return value
     t = _int_tensor(value)

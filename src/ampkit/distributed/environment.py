@@ -26,6 +26,7 @@ import logging
 import os
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -132,7 +133,8 @@ def init_distributed(
     backend = backend or ("nccl" if dev.type == "cuda" else "gloo")
     if backend == "nccl" and dev.type != "cuda":
         raise RuntimeError("backend='nccl' needs CUDA devices; use backend='gloo' (or leave it out) to train on the CPU.")
-    kwargs: dict[str, object] = {"timeout": timeout} if timeout is not None else {}
+    # Only what differs from torch's defaults is passed (Any: each key has its own type in init_process_group).
+    kwargs: dict[str, Any] = {"timeout": timeout} if timeout is not None else {}
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
         # Bound to its GPU, an NCCL group knows where a barrier's tensor lives (unbound, shutdown()'s barrier

@@ -16,7 +16,7 @@ import functools
 import logging
 import os
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import torch.distributed as dist
 
@@ -47,7 +47,7 @@ class RankZeroFilter(logging.Filter):
             return False
         if not getattr(record, "_ampkit_rank_marked", False):
             record.msg = f"[rank {r}] {record.msg}"
-            record._ampkit_rank_marked = True  # type: ignore[attr-defined]
+            record._ampkit_rank_marked = True
         return True
 
 
@@ -69,4 +69,4 @@ def rank_zero_only(fn: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         return fn(*args, **kwargs) if rank() == 0 else None
 
-    return wrapper  # type: ignore[return-value]
+    return cast(F, wrapper)  # wraps() keeps the signature; F says so to the type checker

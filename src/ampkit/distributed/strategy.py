@@ -36,7 +36,9 @@ Each strategy owns what differs across ranks, so the engine never asks which one
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -44,10 +46,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-
-import logging
-from collections.abc import Callable
-from contextlib import AbstractContextManager
 
 from .._compat import fsdp_problem
 from ..policy import Policy

@@ -24,6 +24,7 @@ import zipfile
 
 import torch
 
+from ..errors import CheckpointError
 from .atomic import (
     _as_path,
     _fsync_directory,
@@ -31,7 +32,6 @@ from .atomic import (
     remove_stale_temporaries,
     write_text_atomic,
 )
-from ..errors import CheckpointError
 from .rng import capture_rng_state, check_rng_state, restore_rng_state
 
 __all__ = [

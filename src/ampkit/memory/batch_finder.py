@@ -55,7 +55,7 @@ def _fits(trial: Callable[..., Any], batch_size: int, args: tuple[Any, ...], kwa
     failure: BaseException | None = None
     try:
         trial(batch_size, *args, **kwargs)
-    except Exception as exc:  # noqa: BLE001 - only allocation failures are kept; the rest re-raise below
+    except Exception as exc:  # only allocation failures are kept; the rest re-raise below
         if not is_out_of_memory(exc):
             raise
         failure = exc

@@ -17,14 +17,16 @@ from __future__ import annotations
 import copy
 import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
 
 from .._compat import FakeTensor, FakeTensorMode, TorchDispatchMode, disable_current_modes, tree_leaves, tree_map
-
 from .accounting import storage_key
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self from Python 3.11
 
 __all__ = ["FakeCopies", "AssumeCleanReads", "RealOutputDtypes", "rebuild_optimizer"]
 
@@ -37,7 +39,7 @@ class AssumeCleanReads(TorchDispatchMode):
     path (an optimizer's step counter, a bias correction, a norm).
     """
 
-    _FLAG_ARG = {"_amp_foreach_non_finite_check_and_unscale_": 1, "_amp_update_scale_": 2}
+    _FLAG_ARG: ClassVar[dict[str, int]] = {"_amp_foreach_non_finite_check_and_unscale_": 1, "_amp_update_scale_": 2}
 
     def __init__(self) -> None:
         super().__init__()
@@ -125,13 +127,13 @@ class FakeCopies:
         self._dtypes = RealOutputDtypes()
         self._reads = AssumeCleanReads()
 
-    def __enter__(self) -> "FakeCopies":
+    def __enter__(self) -> Self:
         self.mode.__enter__()
         self._dtypes.__enter__()
         self._reads.__enter__()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._reads.__exit__(*exc)
         self._dtypes.__exit__(*exc)
         self.mode.__exit__(*exc)

@@ -40,13 +40,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._util.blocks import repeated_blocks
 from .._util.model_io import default_loss
 from .._util.units import fmt_bytes, parse_bytes
-from .._util.blocks import repeated_blocks
 from ..policy import Policy, get_policy
 from .recompute_measure import _measure, _Measured
 from .recompute_report import RecomputeReport
 from .recompute_select import ModuleSpec, _resolve
+
 # _recomputed_forward stays importable here: models pickled while wrapped name it by this module's path.
 from .recompute_wrap import _is_recomputed, _recomputed_forward, _unwrap, _wrap  # noqa: F401
 

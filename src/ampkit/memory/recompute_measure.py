@@ -10,18 +10,21 @@ import weakref
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from .._compat import TorchDispatchMode, tree_leaves, tree_map
 from .._util.model_io import batch_loss
-from ..training.engine import Engine
 from ..policy import Policy
+from ..training.engine import Engine
 from .accounting import LiveBytes, storage_key, tensor_bytes
 from .estimate import _model_device
 from .fake import FakeCopies
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self from Python 3.11
 
 __all__: list[str] = []  # private helpers of ampkit.memory.recompute
 
@@ -75,7 +78,7 @@ class _Attribution(TorchDispatchMode):
     def _leave_block(self, module: nn.Module, args: Any, kwargs: Any, out: Any) -> None:
         self.current.pop()
 
-    def __enter__(self) -> "_Attribution":
+    def __enter__(self) -> Self:
         for m in self.blocks:
             self._handles.append(m.register_forward_pre_hook(self._enter_block, with_kwargs=True))
             self._handles.append(m.register_forward_hook(self._leave_block, with_kwargs=True, always_call=True))

@@ -31,7 +31,7 @@ import logging
 import sys
 from collections import deque
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -42,6 +42,9 @@ from .process import peak_rss_bytes, rss_bytes
 from .tracker_growth import _BLOCKS, _GrowthDetector
 from .tracker_results import MemorySample, MemorySummary
 from .tracker_watch import _device_of, _tensors_of
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self from Python 3.11
 
 __all__ = ["MemorySample", "MemorySummary", "MemoryTracker"]
 
@@ -177,7 +180,7 @@ class MemoryTracker:
         self._loss: Any = None  # as a step hook: the last micro-batch's loss, until the optimizer step
 
     # ------------------------------------------------------------------------------------------ context
-    def __enter__(self) -> MemoryTracker:
+    def __enter__(self) -> Self:
         if self._active or self._used:
             raise RuntimeError("A MemoryTracker tracks one run, in one `with` block; make a new one for the next run.")
         if self.accounted:

@@ -249,8 +249,8 @@ def policy_step(
     A compiled one runs without it: its hooks would be traced into the graph (or break it), and the graph checked
     must be the one a training run compiles.
     """
-    from ..training.engine import Engine  # the engine imports the policies; imported here to keep this module light
     from ..scaling import StaticLossScaler
+    from ..training.engine import Engine  # the engine imports the policies; imported here to keep this module light
 
     treated = copy.deepcopy(model).float()
     device = next((p.device for p in treated.parameters()), torch.device("cpu"))

@@ -41,8 +41,7 @@ from .compare import LossFn, StepComparison, compare_step, reference_step, seede
 from .compiled import CompileCheck, check_compiled
 from .engine_code import engine_code
 from .formats import FP16
-from .fp8_headroom import RECIPES as FP8_RECIPES
-from .fp8_headroom import Fp8Headroom, fp8_headroom
+from .fp8_headroom import RECIPES as FP8_RECIPES, Fp8Headroom, fp8_headroom
 from .recommend import Tailored, candidate_precisions, choose_precision, tailor
 from .recorder import ModuleRecorder
 from .scale import LossScaleAdvice, recommend_loss_scale

@@ -24,7 +24,7 @@ from rich.text import Text
 from .._util.units import MISSING, fmt_share
 from ..policy.fp8_matmuls import CONV1D, conv1d_note
 from ..report.tables import TableRows
-from .table import fmt_error, module_label
+from .cells import fmt_error, module_label
 
 __all__ = ["FP8_TOP", "headroom_rows", "headroom_summary", "render_headroom"]
 

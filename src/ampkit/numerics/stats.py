@@ -143,7 +143,7 @@ class StatsAccumulator:
                 parts.append(torch.linalg.vector_norm(torch.where(kept, x, 0.0), dtype=torch.float64) ** 2)
             self._squares.add_(torch.stack(parts))  # type: ignore[union-attr]
 
-    def summary(self) -> "TensorStats":
+    def summary(self) -> TensorStats:
         """The host-side statistics of everything added so far (one device-to-host transfer)."""
         return read_summaries([self])[0][0]
 
@@ -170,7 +170,7 @@ def _prime_at_least(n: int) -> int:
     return candidate
 
 
-def _from_state(v: list[float], rounding: bool) -> "TensorStats":
+def _from_state(v: list[float], rounding: bool) -> TensorStats:
     hist = [int(c) for c in v[:NBINS]]
     count, zeros, nonfinite, fp16_over, bf16_over = (int(c) for c in v[NBINS : NBINS + 5])
     max_abs, min_nonzero = v[NBINS + 5 : NBINS + 7]
@@ -181,7 +181,7 @@ def _from_state(v: list[float], rounding: bool) -> "TensorStats":
     )
 
 
-def read_summaries(accumulators: Sequence[StatsAccumulator], scalars: Sequence[torch.Tensor] = ()) -> tuple[list["TensorStats"], list[float]]:
+def read_summaries(accumulators: Sequence[StatsAccumulator], scalars: Sequence[torch.Tensor] = ()) -> tuple[list[TensorStats], list[float]]:
     """The summaries of ``accumulators`` and the values of ``scalars`` (0-dim tensors, or any tensor: its values
     flattened in order) in one device-to-host transfer.
 

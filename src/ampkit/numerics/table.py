@@ -27,8 +27,10 @@ from rich.text import Text
 
 from .._util.units import MISSING, fmt_float, fmt_share, is_missing
 from ..report.tables import TableRows, column_widths, table_width
+from .cells import fmt_cosine, fmt_error, module_label
 from .engine_code import engine_code
 from .formats import FP16
+from .fp8_table import render_headroom
 
 __all__ = [
     "TOP", "build_table", "comparison_lines", "comparison_summary", "compile_lines", "fmt_cosine", "fmt_error", "fmt_share",
@@ -40,31 +42,6 @@ log = logging.getLogger("ampkit")
 
 TOP = 20
 """Modules the terminal shows; the rest are in doctor.json (and report.md shows more)."""
-MODEL_LABEL = "(model)"
-"""How the root module (name ``""``) is shown: an empty cell would read as a missing name."""
-
-
-def fmt_error(x: float | None) -> str:
-    """A relative error in scientific notation, so a column of them lines up: ``4.9e-04``.
-
-    >>> fmt_error(0.000488), fmt_error(0.0), fmt_error(None)
-    ('4.9e-04', '0', '—')
-    """
-    return MISSING if is_missing(x) else "0" if x == 0 else f"{x:.1e}"
-
-
-def fmt_cosine(x: float | None) -> str:
-    """A cosine similarity to six decimals: the interesting ones differ from 1 in the fourth place or later.
-
-    >>> fmt_cosine(0.99998712), fmt_cosine(None)
-    ('0.999987', '—')
-    """
-    return MISSING if is_missing(x) else f"{x:.6f}"
-
-
-def module_label(name: str | None) -> str:
-    """A module's name as shown: the root module (``""``) is ``(model)``."""
-    return name if name else MODEL_LABEL
 
 
 def _severity(module: dict[str, Any]) -> float:
@@ -407,9 +384,6 @@ def render(data: dict[str, Any], console: Console, top: int = TOP) -> None:
             console.print(Padding(Text(line, style="red" if updates.get("lost") and not updates.get("prescribed") else ""), (0, 0, 0, 2), expand=False))
     fp8 = data.get("fp8_headroom")
     if fp8:
-        # The section imports this module's formatters: imported here, not at the top.
-        from .fp8_table import render_headroom
-
         console.print()
         render_headroom(fp8, console)
     check = data.get("compile_check")

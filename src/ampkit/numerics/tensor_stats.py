@@ -92,7 +92,7 @@ class TensorStats:
 
     # -- combining and export -----------------------------------------------------------------------
     @classmethod
-    def merge(cls, parts: Iterable["TensorStats"]) -> "TensorStats":
+    def merge(cls, parts: Iterable[TensorStats]) -> TensorStats:
         """The statistics of all values of ``parts`` together.
 
         >>> import torch

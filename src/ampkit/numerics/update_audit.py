@@ -140,7 +140,7 @@ class UpdateReport:
         return sum(u.decay_lost for u in self.params.values()) / decayed if decayed else None
 
     @classmethod
-    def merge(cls, reports: Sequence["UpdateReport"], top: int = 3) -> "UpdateReport":
+    def merge(cls, reports: Sequence[UpdateReport], top: int = 3) -> UpdateReport:
         """Several steps' audits as one: counts added up, discarded shares averaged over the steps.
 
         >>> one = UpdateReport({"w": ParamUpdate("w", count=4, moving=4, lost=4, discarded=1.0)}, discarded_share=1.0)
@@ -186,8 +186,10 @@ class UpdateReport:
         where = f" (worst: {', '.join(str(u) for u in self.worst)})" if self.worst else ""
         remedies = ", ".join(f"{name} (+{nbytes} B/param)" for name, nbytes in REMEDIES)
         return out + [
-            f"updates lost in 16-bit weights: {'; '.join(lost)}{where}: step masters or compensate the rounding with one of "
-            f"{remedies}, or `ampkit doctor` to find the cheapest that recovers fp32's training"
+            (
+                f"updates lost in 16-bit weights: {'; '.join(lost)}{where}: step masters or compensate the rounding with one of "
+                f"{remedies}, or `ampkit doctor` to find the cheapest that recovers fp32's training"
+            )
         ]
 
     def __str__(self) -> str:

@@ -9,8 +9,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections.abc import Sequence
+from contextlib import AbstractContextManager as ContextManager
 from dataclasses import dataclass, field
-from typing import ClassVar, ContextManager, Literal
+from typing import ClassVar, Literal
 
 import torch
 from torch import nn
@@ -101,7 +102,7 @@ class Policy:
         """The optimizers setup() steps and returns in place of ``optimizers`` (the same ones by default)."""
         return list(optimizers)
 
-    def sharded(self) -> "Policy":
+    def sharded(self) -> Policy:
         """This policy as FSDP2 runs it (the same by default; fp8-tensorwise all-gathers its weights in fp8)."""
         return self
 
@@ -118,7 +119,7 @@ class Policy:
         return contextlib.nullcontext()
 
     # -- convenience ----------------------------------------------------------------------------
-    def with_keep_fp32(self, *modules: str | type[nn.Module]) -> "Policy":
+    def with_keep_fp32(self, *modules: str | type[nn.Module]) -> Policy:
         """A copy of this policy that also keeps ``modules`` in fp32.
 
         >>> import ampkit

@@ -56,7 +56,7 @@ def as_device(device: torch.device | str | int | None) -> torch.device:
     return device
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cpu_flags() -> frozenset[str]:
     # /proc/cpuinfo is the ground truth on Linux; torch's private probes are only a fallback elsewhere.
     try:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager as ContextManager
 from dataclasses import dataclass
-from typing import ClassVar, ContextManager
+from typing import ClassVar
 
 import torch
 

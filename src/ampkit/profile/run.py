@@ -21,10 +21,10 @@ from torch.utils.data import DataLoader, Dataset
 
 from .. import __version__
 from .._util.model_io import batch_loss
+from ..bench.recipe import with_lr
 from ..bench.runner import device_info
 from ..bench.workload import Batch, Workload
 from ..training.engine import Engine
-from ..bench.recipe import with_lr
 from .advice import advise
 from .session import Profiler
 from .trials import try_loader_settings

@@ -33,6 +33,7 @@ overweight it.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import os
 import statistics
@@ -243,9 +244,9 @@ def _timed_epochs(
             start = now
         if cuda:
             torch.cuda.synchronize(device)  # once per epoch: the events' times are then known
-            seconds = [a.elapsed_time(b) / 1e3 for a, b in zip(ends, ends[1:])]
+            seconds = [a.elapsed_time(b) / 1e3 for a, b in itertools.pairwise(ends)]
         else:
-            seconds = [b - a for a, b in zip(ends, ends[1:])]
+            seconds = [b - a for a, b in itertools.pairwise(ends)]
         out.append(list(zip(seconds, waits)))
     return out
 

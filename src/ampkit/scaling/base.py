@@ -24,7 +24,7 @@ class LossScaler(ABC):
         self._scale = torch.full((), float(init_scale), dtype=torch.float32, device=self.device)
         self._one = torch.ones((), dtype=torch.float32, device=self.device)
 
-    def to(self, device: torch.device | str) -> "LossScaler":
+    def to(self, device: torch.device | str) -> LossScaler:
         """Move the scaler's state tensors to ``device`` (the engine does this at setup)."""
         device = torch.device(device)
         for name, value in vars(self).items():

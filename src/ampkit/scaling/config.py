@@ -76,7 +76,7 @@ class ScalerConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "ScalerConfig":
+    def from_dict(cls, data: dict[str, Any]) -> ScalerConfig:
         """Inverse of :meth:`to_dict`; unknown keys raise ValueError."""
         known = {f.name for f in fields(cls)}
         unknown = set(data) - known

@@ -66,7 +66,7 @@ def build_scaler(spec: Any, policy: Policy) -> LossScaler | None:
     if isinstance(spec, ScalerConfig):
         return DynamicLossScaler(spec)
     if isinstance(spec, bool) or not isinstance(spec, (str, int, float)):
-        raise ValueError(f"scaler={spec!r} is not understood; pass 'dynamic', 'none', a float (static scale), a ScalerConfig or a LossScaler.")
+        raise ValueError(f"scaler={spec!r} is not understood; pass 'dynamic', 'none', a float (static scale), a ScalerConfig or a LossScaler.")  # noqa: TRY004 - as every bad scaler=
     if isinstance(spec, (int, float)):
         return StaticLossScaler(float(spec))
     if spec == "dynamic":

@@ -40,8 +40,10 @@ _REMEDIES: dict[str, tuple[int, str]] = {
     "foreach": (logging.WARNING, "the affected parameter groups step with fused=False, foreach=True (same update)"),
     "host_skip": (
         logging.INFO,
-        "until the optimizer's first real step the engine decides on the host whether to step (one host read per "
-        "step, none on CPU) and never hands an overflowed step to the fused kernel",
+        (
+            "until the optimizer's first real step the engine decides on the host whether to step (one host read per "
+            "step, none on CPU) and never hands an overflowed step to the fused kernel"
+        ),
     ),
 }
 

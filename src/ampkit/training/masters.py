@@ -39,7 +39,7 @@ class MasterWeights:
         self._staging: list[torch.Tensor] | None = None
 
     @classmethod
-    def clone(cls, named_params: Iterable[tuple[str, nn.Parameter]], optimizers: Sequence[torch.optim.Optimizer]) -> "MasterWeights":
+    def clone(cls, named_params: Iterable[tuple[str, nn.Parameter]], optimizers: Sequence[torch.optim.Optimizer]) -> MasterWeights:
         """Clone fp32 masters of ``named_params`` that the optimizers hold, and put them in the optimizers."""
         optimized = {id(p) for opt in optimizers for g in opt.param_groups for p in g["params"]}
         pairs: list[tuple[str, nn.Parameter, nn.Parameter]] = []

@@ -86,7 +86,7 @@ def split_batch(batch: Any, start: int, stop: int) -> Any:
     return tree_unflatten([t[start:stop] if isinstance(t, torch.Tensor) and t.dim() > 0 else t for t in leaves], spec)
 
 
-def train_step(engine: "Engine", loss_fn: LossFn, batch: Any, optimizers: tuple[torch.optim.Optimizer, ...], reduction: str) -> torch.Tensor:
+def train_step(engine: Engine, loss_fn: LossFn, batch: Any, optimizers: tuple[torch.optim.Optimizer, ...], reduction: str) -> torch.Tensor:
     """Forward, backward and step of ``batch`` through ``engine``, split on out-of-memory. See ``Engine.train_step``."""
     if reduction not in ("mean", "sum"):
         raise ValueError(f"train_step(reduction={reduction!r}): pass 'mean' (the loss averages over samples) or 'sum'.")
@@ -126,7 +126,7 @@ def train_step(engine: "Engine", loss_fn: LossFn, batch: Any, optimizers: tuple[
             total = detached if total is None else total + detached
             done, passes = stop, passes + 1
             continue
-        except Exception as exc:  # noqa: BLE001 - only allocation failures are handled; the rest re-raise
+        except Exception as exc:  # only allocation failures are handled; the rest re-raise
             if not is_out_of_memory(exc) or engine.on_oom != "split":
                 raise
             failure = exc
@@ -157,7 +157,7 @@ def train_step(engine: "Engine", loss_fn: LossFn, batch: Any, optimizers: tuple[
     return total  # type: ignore[return-value]
 
 
-def _drop_partial_gradients(engine: "Engine", window_start: bool, done: int, in_backward: bool) -> str:
+def _drop_partial_gradients(engine: Engine, window_start: bool, done: int, in_backward: bool) -> str:
     """Leave no part of a failed batch in the gradients; say in the error what that cost."""
     if not done and not in_backward:
         return ""  # the failure came before this batch added anything
@@ -174,7 +174,7 @@ def _drop_partial_gradients(engine: "Engine", window_start: bool, done: int, in_
             "discarded; the next micro-batch starts a new window.")
 
 
-def _unrecoverable(engine: "Engine", rows: int, partial: bool, distributed: bool) -> str:
+def _unrecoverable(engine: Engine, rows: int, partial: bool, distributed: bool) -> str:
     if rows == 1:
         return "out of memory with a single row per pass; nothing smaller can be tried. Free device memory, recompute activations (ampkit.recompute) or shard the model."
     if distributed:

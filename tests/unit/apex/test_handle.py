@@ -73,7 +73,7 @@ def test_init_handle_is_recorded_and_initialize_o1_records_one():
     handle._deactivate()
     assert _amp_state.handle is handle
     m = nn.Linear(4, 4)
-    m, opt = amp.initialize(m, torch.optim.SGD(m.parameters(), lr=0.1), opt_level="O1", verbosity=0)
+    m, _opt = amp.initialize(m, torch.optim.SGD(m.parameters(), lr=0.1), opt_level="O1", verbosity=0)
     h = _amp_state.handle
     assert h is not handle and h.is_active()
     x = torch.randn(2, 4)

@@ -109,7 +109,7 @@ def test_o2_master_params_are_fp32_from_initialize_and_model_follows_them(device
 def test_o0_keeps_everything_fp32_and_exact(device):
     model = net(device)
     ref = net(device)
-    model, opt = amp.initialize(model, sgd(model), opt_level="O0", verbosity=0)
+    model, _opt = amp.initialize(model, sgd(model), opt_level="O0", verbosity=0)
     x = torch.randn(3, 4, device=device)
     ref.eval(), model.eval()
     assert torch.equal(model(x), ref(x))

@@ -12,9 +12,8 @@ pytestmark = pytest.mark.usefixtures("forget_apex_modules")
 
 def test_imports_through_apex_with_apexs_surface():
     install()
-    from apex.multi_tensor_apply import MultiTensorApply, multi_tensor_applier
-
     import apex
+    from apex.multi_tensor_apply import MultiTensorApply, multi_tensor_applier
 
     assert apex.multi_tensor_apply.multi_tensor_applier is multi_tensor_applier  # `import apex` then attribute access
     assert multi_tensor_applier.available is False and MultiTensorApply.available is False

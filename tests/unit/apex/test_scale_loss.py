@@ -268,10 +268,9 @@ def test_failed_backward_leaves_the_earlier_gradients_intact():
     with amp.scale_loss(model(torch.ones(1, 2)).sum(), opt) as scaled:
         scaled.backward()
     kept = model.weight.grad.clone()
-    with pytest.raises(ValueError, match="boom"):
-        with amp.scale_loss(model(torch.ones(1, 2)).sum(), opt) as scaled:
-            scaled.backward()
-            raise ValueError("boom")
+    with pytest.raises(ValueError, match="boom"), amp.scale_loss(model(torch.ones(1, 2)).sum(), opt) as scaled:
+        scaled.backward()
+        raise ValueError("boom")
     assert torch.equal(model.weight.grad, kept)
 
 

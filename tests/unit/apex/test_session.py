@@ -60,8 +60,8 @@ def test_checkpoint_and_restore_resumes_bitwise(opt_level, tmp_path):
     amp.load_state_dict(loaded["amp"])
     train(model2, opt2, batches[5:])
     got = model2.state_dict()
-    for k in expected:
-        assert torch.equal(got[k], expected[k]), k
+    for k, value in expected.items():
+        assert torch.equal(got[k], value), k
     assert amp._amp_state.loss_scalers[0].loss_scale() == scale
 
 

@@ -51,7 +51,7 @@ def test_an_inputs_dict_with_separate_targets_goes_to_the_loss_fn_as_logits() ->
     torch.manual_seed(0)
     net, batch = KwargsNet(), _batch()
     labels = batch.pop("labels")
-    lm_loss = lambda out, y: nn.functional.cross_entropy(out["logits"].flatten(0, 1), y.flatten())  # noqa: E731
+    lm_loss = lambda out, y: nn.functional.cross_entropy(out["logits"].flatten(0, 1), y.flatten())
     got = batch_loss(net, (batch, labels), lm_loss)
     assert torch.equal(got, nn.functional.cross_entropy(net(**batch)["logits"].flatten(0, 1), labels.flatten()))
     output, target = run_batch(net, (batch, labels))

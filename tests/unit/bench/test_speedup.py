@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ampkit.bench.speedup import MIN_TIMED_STEPS, speedup_interval
+from ampkit.bench.speedup import CONFIDENCE, MIN_TIMED_STEPS, RESAMPLES, speedup_interval
 
 
 def _skewed(median: float, n: int, seed: int) -> np.ndarray:
@@ -25,10 +25,24 @@ def test_the_interval_holds_the_true_ratio_and_narrows_with_more_steps() -> None
     assert widths[1] < widths[0] / 2  # ~1/sqrt(n): ten times the steps, about a third of the width
 
 
-def test_the_same_times_give_the_same_interval_and_leave_the_global_rng_alone() -> None:
+def test_the_interval_is_the_percentile_bootstrap_of_its_own_seeded_generator() -> None:
     ref, run = _skewed(0.010, 30, seed=3), _skewed(0.010, 30, seed=4)
+
+    def bootstrap(seed: int) -> tuple[float, float]:
+        """The control: the module's bootstrap written out, each sample resampled with replacement from one
+        generator seeded with ``seed``, the central CONFIDENCE of the ratios of the resampled medians."""
+        rng = np.random.default_rng(seed)
+        ratios = np.median(ref[rng.integers(0, ref.size, (RESAMPLES, ref.size))], axis=1) / np.median(
+            run[rng.integers(0, run.size, (RESAMPLES, run.size))], axis=1
+        )
+        tail = (1 - CONFIDENCE) / 2 * 100
+        low, high = np.percentile(ratios, [tail, 100 - tail])
+        return float(low), float(high)
+
+    np.random.seed(7)  # whatever the caller's global state is, the interval is the same and the state stays
     state = np.random.get_state()[1].copy()
-    assert speedup_interval(ref, run) == speedup_interval(ref, run)
+    assert speedup_interval(ref, run) == bootstrap(0)
+    assert speedup_interval(ref, run, seed=1) == bootstrap(1) != bootstrap(0)  # the seed is the one given
     assert (np.random.get_state()[1] == state).all()
 
 

@@ -192,7 +192,7 @@ def test_truncated_checkpoint_is_refused_and_nothing_changes(tmp_path: Path) -> 
 
 
 def test_checkpoint_of_another_model_is_refused_before_anything_is_loaded(tmp_path: Path) -> None:
-    engine, model = build("32-true", 1, seed=0)
+    engine, _model = build("32-true", 1, seed=0)
     engine.save(tmp_path / "c.pt")
     small = nn.Sequential(nn.Linear(8, 3))
     other = Engine("32-true")
@@ -204,7 +204,7 @@ def test_checkpoint_of_another_model_is_refused_before_anything_is_loaded(tmp_pa
 
 
 def test_unsafe_extra_is_refused_at_save_and_the_old_checkpoint_survives(tmp_path: Path) -> None:
-    engine, model = build("32-true", 1, seed=0)
+    engine, _model = build("32-true", 1, seed=0)
     path = tmp_path / "c.pt"
     engine.save(path)
     good = path.read_bytes()

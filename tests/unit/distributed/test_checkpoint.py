@@ -96,7 +96,7 @@ def test_a_ddp_checkpoint_loads_in_one_process_and_a_mid_window_one_is_refused(r
     boundary, mid = tmp_path / "boundary.pt", tmp_path / "mid.pt"
     run_ranks(_resume, "ddp", "32-true", str(boundary), 4)
     run_ranks(_resume, "ddp", "32-true", str(mid), 3)
-    model, engine = _setup(None, "32-true", 5, device)
+    _model, engine = _setup(None, "32-true", 5, device)
     assert engine.load(boundary) == {"micro": 4}
     assert engine.steps == 2
     model2, engine2 = _setup(None, "32-true", 5, device)

@@ -78,7 +78,7 @@ def test_ddp_gradients_equal_the_single_process_step_on_the_concatenated_batch(r
 def _skip_on_one_rank(rank: int, device: torch.device) -> dict:
     model = _model(device)
     engine = Engine("16-mixed", strategy="ddp")
-    model, opt = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    model, _opt = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
     world = dist.get_world_size()
     out = {"scales": [], "skipped": [], "params": []}
     for step, batch in enumerate(_batches(3, world, device)):
@@ -114,7 +114,7 @@ def _accumulate(rank: int, device: torch.device, through_engine_forward: bool) -
 
     model = _model(device)
     engine = Engine(strategy="ddp", accumulate=4)
-    model, opt = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    model, _opt = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
     calls = []
 
     def counting(state, bucket):
@@ -172,7 +172,7 @@ def _fused_and_unfused(rank: int, device: torch.device, _: object) -> dict:
     for key, fused in (("fused", {"backend": "aot_eager"}), ("unfused", False)):
         model = _model(device)
         engine = Engine("bf16-true-masters", strategy="ddp", fused_step=fused, clip_grad_norm=1.0)
-        model, opt = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+        model, _opt = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
         for batch in _batches(3, dist.get_world_size(), device):
             x, y = _rows(batch, rank)
             with engine.autocast():

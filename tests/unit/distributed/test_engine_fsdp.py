@@ -45,7 +45,7 @@ def _train(rank: int, device: torch.device, strategy: str, precision: str, steps
     model = _model(device)
     world = dist.get_world_size()
     engine = Engine(precision, strategy=strategy, clip_grad_norm=0.5, accumulate=accumulate)
-    model, opt = engine.setup(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
+    model, _opt = engine.setup(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
     out = {"norms": [], "skipped": [], "scales": []}
     for step, (x, y) in enumerate(_batches(steps, world, device)):
         x, y = x[rank * ROWS : (rank + 1) * ROWS], y[rank * ROWS : (rank + 1) * ROWS]
@@ -100,7 +100,7 @@ def test_deferred_reduction_over_a_window_equals_reducing_every_micro_batch(run_
 def _fsdp_params(rank: int, device: torch.device, compile_spec: object) -> dict:
     model = _model(device)
     engine = Engine("bf16-mixed" if device.type == "cpu" else "16-mixed", strategy="fsdp", compile=compile_spec)
-    model, opt = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    model, _opt = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
     for x, y in _batches(3, dist.get_world_size(), device):
         x, y = x[rank * ROWS : (rank + 1) * ROWS], y[rank * ROWS : (rank + 1) * ROWS]
         with engine.autocast():

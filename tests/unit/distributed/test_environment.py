@@ -35,7 +35,7 @@ def test_a_world_of_one_on_the_device_picks_its_backend_trains_and_ends(monkeypa
         control = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)).to(device)
         control.load_state_dict(model.state_dict())
         engine = Engine(strategy="ddp")
-        wrapped, opt = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        wrapped, _opt = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
         assert isinstance(wrapped, nn.parallel.DistributedDataParallel)
         assert wrapped.device_ids == ([device.index] if device.type == "cuda" else None)
         x = torch.randn(8, 4, generator=torch.Generator().manual_seed(1)).to(device)

@@ -20,7 +20,7 @@ from ampkit.fileio.checkpoint_files import capture_rng_state, load_checkpoint, r
 _CONSTRUCTED: list[str] = []
 
 
-def _construct_booby(tag: str) -> "_Booby":
+def _construct_booby(tag: str) -> _Booby:
     _CONSTRUCTED.append(f"reduce:{tag}")
     return _Booby(tag)
 

@@ -19,7 +19,7 @@ def _gpt2(spec: str) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
 
 def test_estimate_on_fake_tensors_equals_the_measured_step(hf_gpt2: str) -> None:
     model, batch = _gpt2(hf_gpt2)
-    adamw = lambda p: torch.optim.AdamW(p)  # noqa: E731
+    adamw = lambda p: torch.optim.AdamW(p)
     for policy in ("32-true", "bf16-mixed"):
         predicted, measured = estimate(model, batch, adamw, policy), measure(model, batch, adamw, policy)
         assert (predicted.total, predicted.peak, predicted.batch_size) == (measured.total, measured.peak, 8)

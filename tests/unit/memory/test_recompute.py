@@ -17,8 +17,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import ampkit
-from ampkit.bench.workloads.gpt import GPT, lm_cross_entropy
-from ampkit.bench.workloads.gpt import Block as GPTBlock
+from ampkit.bench.workloads.gpt import GPT, Block as GPTBlock, lm_cross_entropy
 from ampkit.bench.workloads.resnet import BasicBlock, ResNet18
 from ampkit.memory.accounting import LiveBytes, tensor_bytes
 from ampkit.memory.recompute import (
@@ -92,8 +91,8 @@ def grads_after_step(model: nn.Module, batch, loss_fn=F.cross_entropy, autocast:
 
 def assert_same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
     assert a.keys() == b.keys()
-    for k in a:
-        assert torch.equal(a[k], b[k]), k  # bitwise: recomputation runs the very same ops again
+    for k, value in a.items():
+        assert torch.equal(value, b[k]), k  # bitwise: recomputation runs the very same ops again
 
 
 # --------------------------------------------------------------------------------------------- gradients

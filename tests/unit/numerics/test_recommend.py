@@ -7,8 +7,8 @@ import torch
 
 from ampkit.numerics.compare import ModuleAgreement, StepComparison
 from ampkit.numerics.recommend import PREFERENCE, Tailored, candidate_precisions, choose_precision, overflowing_modules
-from ampkit.policy import get_policy
 from ampkit.numerics.stats import StatsAccumulator
+from ampkit.policy import get_policy
 
 
 def _tailored(precision: str, *, finite: bool = True, diverging: tuple[str, ...] = ()) -> Tailored:

@@ -152,10 +152,9 @@ def test_forward_context_restores_globals_on_normal_exit(name: str, device: torc
 
 def test_forward_context_restores_globals_when_the_body_raises(name: str, device: torch.device) -> None:
     before = _globals(device.type)
-    with pytest.raises(Boom):
-        with get_policy(name).forward_context(device.type):
-            torch.ones(1, device=device) @ torch.ones(1, device=device)
-            raise Boom
+    with pytest.raises(Boom), get_policy(name).forward_context(device.type):
+        torch.ones(1, device=device) @ torch.ones(1, device=device)
+        raise Boom
     assert _globals(device.type) == before
 
 
@@ -163,9 +162,8 @@ def test_forward_context_restores_an_enclosing_autocast(name: str, device: torch
     with torch.autocast(device.type, dtype=torch.float16):
         before = _globals(device.type)
         assert before[:2] == (True, torch.float16)
-        with pytest.raises(Boom):
-            with get_policy(name).forward_context(device.type):
-                raise Boom
+        with pytest.raises(Boom), get_policy(name).forward_context(device.type):
+            raise Boom
         assert _globals(device.type) == before
     assert not torch.is_autocast_enabled(device.type)
 
@@ -173,9 +171,8 @@ def test_forward_context_restores_an_enclosing_autocast(name: str, device: torch
 def test_forward_context_restores_a_non_default_dtype(name: str, device: torch.device) -> None:
     torch.set_default_dtype(torch.float64)
     try:
-        with pytest.raises(Boom):
-            with get_policy(name).forward_context(device.type):
-                raise Boom
+        with pytest.raises(Boom), get_policy(name).forward_context(device.type):
+            raise Boom
         assert torch.get_default_dtype() == torch.float64
     finally:
         torch.set_default_dtype(torch.float32)

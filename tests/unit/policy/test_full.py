@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import copy
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
@@ -18,8 +17,7 @@ from torch import nn
 
 from ampkit._compat import per_backend_fp32_precision
 from ampkit.errors import PolicyError, UnsupportedPolicyError
-from ampkit.policy import FullPrecision, Support, TF32Precision, get_policy
-from ampkit.policy import full as full_mod
+from ampkit.policy import FullPrecision, Support, TF32Precision, full as full_mod, get_policy
 from ampkit.policy.islands import is_fp32_island
 
 
@@ -160,10 +158,9 @@ def test_tf32_context_leaves_the_cpu_backend_alone(matmul_precision: None) -> No
 @per_backend_api
 def test_tf32_context_restores_after_an_exception(matmul_precision: None) -> None:
     torch.backends.cuda.matmul.fp32_precision = "ieee"
-    with pytest.raises(KeyError, match="boom"):
-        with TF32Precision().forward_context("cuda"):
-            assert cuda_precisions()[0] == "tf32"
-            raise KeyError("boom")
+    with pytest.raises(KeyError, match="boom"), TF32Precision().forward_context("cuda"):
+        assert cuda_precisions()[0] == "tf32"
+        raise KeyError("boom")
     assert cuda_precisions()[0] == "ieee"
 
 

@@ -6,10 +6,9 @@ Each forward is checked bitwise against a hand-built reference: the same fp32 we
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import copy
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import pytest
 import torch

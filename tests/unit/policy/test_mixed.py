@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import copy
+from typing import TYPE_CHECKING
 
 import pytest
 import torch

@@ -51,7 +51,7 @@ def test_trials_bars_speedups_and_baseline(profile_data: dict[str, Any]) -> None
     assert [p.get_width() for p in bars[UNATTRIBUTED]] == pytest.approx([60.0, 60.0, trials[2]["step_s"] * 1e3])
     assert [p.get_width() for p in bars["data"]] == pytest.approx([120.0, 21.0, 0.0])
     assert [t.get_text() for t in ax.texts] == ["1.00x", "2.22x", "2.40x"]
-    assert [t.get_text() for t in ax.get_yticklabels()][0] == "as given\n(baseline)"
+    assert next(t.get_text() for t in ax.get_yticklabels()) == "as given\n(baseline)"
     dotted = [line for line in ax.get_lines() if line.get_linestyle() == ":"]
     assert len(dotted) == 1 and dotted[0].get_xdata()[0] == pytest.approx(180.0)
 

@@ -10,8 +10,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from ampkit.profile import LoaderSettings, candidate_settings, loader_variant, try_loader_settings
-from ampkit.profile.trials import refinements
-from ampkit.profile.trials import loader_settings
+from ampkit.profile.trials import loader_settings, refinements
 
 DELAY = 0.01  # seconds per batch of per-sample work, slept: a worker overlaps it whatever the CPU load
 

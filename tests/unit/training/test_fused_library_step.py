@@ -190,7 +190,7 @@ def test_a_skipped_step_changes_nothing_and_draws_no_bits(device: torch.device) 
 
 
 def test_a_checkpoint_resumes_the_compiled_step_bit_for_bit(device: torch.device, tmp_path: Path) -> None:
-    engine, model, opt, _ = _engine_run(device, 3)
+    engine, model, _opt, _ = _engine_run(device, 3)
     engine.save(tmp_path / "ckpt.pt")
     _steps(engine, model, device, range(3, 7), seed=None)
     resumed = Engine("bf16-true-sr")

@@ -141,7 +141,7 @@ def test_a_learning_rate_schedule_does_not_recompile() -> None:
     # Each step used its own learning rate: the run matches the unfused one.
     # Loosely, and on the fp32 values: over several steps a last-bit difference can flip a bf16 rounding of the
     # model (and so the next gradients) by an ulp; a wrong rate would be off by a whole update, ~1e-2.
-    fp32 = lambda snap: {k: v for k, v in snap.items() if not k.startswith("model.")}  # noqa: E731
+    fp32 = lambda snap: {k: v for k, v in snap.items() if not k.startswith("model.")}
     torch.testing.assert_close(fp32(snapshot(engine, opt)), fp32(snapshot(plain, plain_opt)), rtol=1e-3, atol=1e-4)
 
 

@@ -205,7 +205,7 @@ def engine_run(
 ) -> tuple[list[torch.Tensor], Engine]:
     model = Net().to(device)
     engine = Engine(precision, scaler=ScalerConfig(init_scale=2.0**8))  # 2**16 would overflow these fp16 gradients
-    model, opt = engine.setup(model, make(model.parameters(), **kernel))
+    model, _opt = engine.setup(model, make(model.parameters(), **kernel))
     x = (1 + torch.rand(8, 40, generator=torch.Generator().manual_seed(2))).to(device)
     for i in range(3):
         with engine.autocast():

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
+from ampkit._compat import TorchDispatchMode
 from ampkit.training.remainder_bits import add_ties_, merge_, narrow_, split_, tie_bytes
 
 
@@ -66,6 +69,27 @@ def test_values_that_round_to_infinity_come_back_exactly() -> None:
     assert torch.equal(out.view(torch.int32), big.view(torch.int32))
 
 
-def test_empty_lists_are_a_no_op() -> None:
-    split_([], [], [])
-    merge_([], [], [])
+class _Dispatched(TorchDispatchMode):
+    """Records every op that reaches torch's dispatcher inside the block."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_empty_lists_launch_nothing_and_an_empty_tensor_round_trips() -> None:
+    # A parameter group may hold no parameter; torch's foreach ops refuse empty lists ("Tensor list must have at
+    # least one tensor"), so both functions return before them.
+    with _Dispatched() as dispatched:
+        split_([], [], [])
+        merge_([], [], [])
+    assert dispatched.ops == []
+    with _Dispatched() as dispatched:  # the control: the recorder sees the ops of a one-value round trip
+        _round_trip(torch.ones(1))
+    assert any("_foreach_copy_" in op for op in dispatched.ops)
+    weights, out = _round_trip(torch.empty(0))  # an empty parameter: zero tie bytes, nothing to pack
+    assert weights.shape == out.shape == (0,) and weights.dtype == torch.bfloat16 and out.dtype == torch.float32

@@ -102,7 +102,7 @@ def test_a_master_that_lands_on_a_tie_rounded_down_comes_back_exactly() -> None:
         model = nn.Linear(1, 1, bias=False)
         nn.init.ones_(model.weight)
         engine = Engine(policy)
-        model, opt = engine.setup(model, torch.optim.SGD(model.parameters(), lr=1.0))
+        model, _opt = engine.setup(model, torch.optim.SGD(model.parameters(), lr=1.0))
         seen = []
         for _ in range(2):
             engine.backward(-(2**-8) * model(torch.ones(1, 1)).float().sum())
@@ -148,7 +148,7 @@ def test_resume_is_bitwise(tmp_path: Path) -> None:
     batches = _batches(6)
     engine = Engine("bf16-true-remainder")
     model = _model()
-    model, optimizer = engine.setup(model, OPTIMIZERS["adamw"](model.parameters()))
+    model, _optimizer = engine.setup(model, OPTIMIZERS["adamw"](model.parameters()))
     _train(engine, model, batches[:3])
     engine.save(tmp_path / "ckpt.pt")
     ctrl_losses = _train(engine, model, batches[3:])
@@ -158,7 +158,7 @@ def test_resume_is_bitwise(tmp_path: Path) -> None:
     with torch.no_grad():
         for p in other.parameters():
             p.add_(1.0)  # different weights: the checkpoint must bring back all of them
-    other, other_opt = resumed.setup(other, OPTIMIZERS["adamw"](other.parameters()))
+    other, _other_opt = resumed.setup(other, OPTIMIZERS["adamw"](other.parameters()))
     resumed.load(tmp_path / "ckpt.pt")
     losses = _train(resumed, other, batches[3:])
     assert torch.equal(_bits(losses), _bits(ctrl_losses))

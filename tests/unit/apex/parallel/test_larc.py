@@ -159,8 +159,8 @@ def test_importable_under_apex_names():
 
     install()
     try:
-        from apex.parallel.LARC import LARC as by_module
         from apex.parallel import LARC as by_package
+        from apex.parallel.LARC import LARC as by_module
 
         assert by_module is LARC and by_package is LARC
     finally:

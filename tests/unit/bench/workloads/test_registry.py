@@ -144,7 +144,7 @@ def test_tiny_run_learns(name: str, tiny) -> None:
     if w.channels_last:
         model = model.to(memory_format=torch.channels_last)
     engine = ampkit.Engine("32-true", clip_grad_norm=w.clip_grad_norm)
-    model, optimizer = engine.setup(model, w.optimizer(model.parameters()))
+    model, _optimizer = engine.setup(model, w.optimizer(model.parameters()))
     before = _loss_on(model, w, w.batch(0))
     with torch.random.fork_rng(devices=[]):
         for step in range(w.steps):
