@@ -13,6 +13,7 @@ scheduler, counter, gradient and generator back as it was before the error is ra
 from __future__ import annotations
 
 import copy
+from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -24,22 +25,24 @@ from ..training.kernel_guards import guard_optimizer
 from .checks import check_engine_state
 
 if TYPE_CHECKING:
+    from typing_extensions import Self
+
     from ..training.engine import Engine
 
 __all__ = [
-    "pending_grads",
+    "Undo",
+    "apply_payload",
+    "apply_training_payload",
     "engine_state",
     "load_engine_state",
+    "pending_grads",
     "training_payload",
-    "apply_training_payload",
-    "apply_payload",
-    "Undo",
 ]
 
 _SAFE_LEAVES = (torch.Tensor, str, int, float, bool, type(None))
 
 
-def load_engine_state(engine: "Engine", state: dict[str, Any]) -> None:
+def load_engine_state(engine: Engine, state: dict[str, Any]) -> None:
     """Restore :func:`engine_state` after validating it against ``engine``; on any error nothing changes."""
     check_engine_state(engine, state)
     with Undo(engine, models=False):
@@ -58,7 +61,7 @@ class Undo:
     loaded is already there, so the host has room for one more model); the rest by its own state_dict.
     """
 
-    def __init__(self, engine: "Engine", *, models: bool = True) -> None:
+    def __init__(self, engine: Engine, *, models: bool = True) -> None:
         self.engine = engine
         self.tensors = [(t, _local(t).detach().to("cpu", copy=True)) for m in engine.models for t in _model_tensors(m)] if models else []
         self.grads = [(p, p.grad) for p in _engine_params(engine)]
@@ -68,10 +71,10 @@ class Undo:
         self.micro_batch_rows, self.step_state = engine.micro_batch_rows, copy.copy(engine.step_state)
         self.rng = capture_rng_state()
 
-    def __enter__(self) -> "Undo":
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         if exc is None:
             return
         self.restore()
@@ -91,7 +94,8 @@ class Undo:
         apply_engine_state(engine, self.counters)
         for p, grad in self.grads:
             p.grad = grad
-        engine.micro_batch_rows, engine.step_state = self.micro_batch_rows, self.step_state
+        engine.micro_batch_rows = self.micro_batch_rows
+        engine.step_state.restore(self.step_state)  # the last step's outcome too, which a load forgets
         with torch.no_grad():  # last: restoring master weights above wrote their 16-bit copies into the model
             for t, saved in self.tensors:
                 _local(t).copy_(saved)
@@ -102,7 +106,7 @@ def _model_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
     return [t for _, t in model.named_parameters()] + [t for _, t in model.named_buffers() if t is not None]
 
 
-def _engine_params(engine: "Engine") -> list[torch.Tensor]:
+def _engine_params(engine: Engine) -> list[torch.Tensor]:
     params = [p for m in engine.models for p in m.parameters()]
     return params + (list(engine.masters.masters) if engine.masters is not None else [])
 
@@ -124,7 +128,7 @@ def _check_safe(value: Any, where: str) -> None:
         )
 
 
-def training_payload(engine: "Engine", extra: dict[str, Any] | None, *, tensors: bool = True) -> dict[str, Any]:
+def training_payload(engine: Engine, extra: dict[str, Any] | None, *, tensors: bool = True) -> dict[str, Any]:
     """What a checkpoint holds; ``tensors=False`` leaves out models and optimizers (a sharded save writes those)."""
     if not engine.models:
         raise RuntimeError("engine.save() called before engine.setup(); there is nothing to save yet.")
@@ -139,13 +143,13 @@ def training_payload(engine: "Engine", extra: dict[str, Any] | None, *, tensors:
     }
 
 
-def apply_training_payload(engine: "Engine", payload: dict[str, Any]) -> None:
+def apply_training_payload(engine: Engine, payload: dict[str, Any]) -> None:
     """Restore a validated payload (models and optimizers only when it holds them); all or nothing."""
     with Undo(engine):
         apply_payload(engine, payload)
 
 
-def apply_payload(engine: "Engine", payload: dict[str, Any]) -> None:
+def apply_payload(engine: Engine, payload: dict[str, Any]) -> None:
     """Restore a validated payload without an :class:`Undo` of its own: for a caller that holds one around more."""
     if payload["models"] is not None:
         for opt, saved in zip(engine.optimizers, payload["optimizers"]):

@@ -1,9 +1,9 @@
-"""The interface every loss scaler shares, so the engine treats dynamic and static scaling alike."""
+"""The base every ampkit loss scaler shares, so the engine treats dynamic and static scaling alike (the step needs\nonly :class:`~ampkit.scaling.protocol.StepScaler`'s members, which it implements)."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -24,7 +24,7 @@ class LossScaler(ABC):
         self._scale = torch.full((), float(init_scale), dtype=torch.float32, device=self.device)
         self._one = torch.ones((), dtype=torch.float32, device=self.device)
 
-    def to(self, device: torch.device | str) -> "LossScaler":
+    def to(self, device: torch.device | str) -> LossScaler:
         """Move the scaler's state tensors to ``device`` (the engine does this at setup)."""
         device = torch.device(device)
         for name, value in vars(self).items():
@@ -63,6 +63,11 @@ class LossScaler(ABC):
     def get_scale(self) -> float:
         """The current scale as a Python float. Syncs with the device."""
         return float(self._scale.item())
+
+    @property
+    def on_collapse(self) -> Literal["raise", "warn"]:
+        """What the engine does when :meth:`collapse_reason` names a collapse (a scaler without one: raise)."""
+        return "raise"
 
     @abstractmethod
     def update(self, found_inf: torch.Tensor) -> None:

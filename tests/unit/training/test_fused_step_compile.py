@@ -120,7 +120,7 @@ def test_a_failure_when_the_region_recompiles_takes_that_step_unfused_as_the_con
                     net[0].bias.grad = None
                 engine.step()
             if step < 3:  # fused against unfused: the same update, rounded differently
-                tensors = lambda d: {k: v for k, v in d.items() if isinstance(v, torch.Tensor)}  # noqa: E731
+                tensors = lambda d: {k: v for k, v in d.items() if isinstance(v, torch.Tensor)}
                 torch.testing.assert_close(tensors(state(fused, fused_net, fused_opt)), tensors(state(plain, plain_net, plain_opt)))
             else:
                 assert_identical(state(fused, fused_net, fused_opt), state(plain, plain_net, plain_opt))
@@ -133,8 +133,8 @@ def test_a_collapse_reported_by_the_unfused_step_it_fell_back_to_still_turns_the
     from ampkit.errors import LossScaleCollapseError
 
     backend = FailingBackend()
-    engine, net, opt = setup({"backend": backend}, model(), precision="bf16-true-masters", skip_nonfinite=True)
-    monkeypatch.setattr(engine, "diagnose_collapse", lambda: "the scale collapsed (a stand-in diagnosis)")
+    engine, net, _ = setup({"backend": backend}, model(), precision="bf16-true-masters", skip_nonfinite=True)
+    monkeypatch.setattr(engine.optimizer_step, "diagnose_collapse", lambda: "the scale collapsed (a stand-in diagnosis)")
     data = batches(3)
     backward(engine, net, data[0])
     engine.step()
@@ -198,22 +198,26 @@ def test_inductor_failing_in_its_scheduler_falls_back_and_the_region_compiles_wi
 
     seen = []
 
-    def fuse_nodes(self: Scheduler, nodes: list[Any]) -> list[Any]:  # noqa: ARG001
+    def fuse_nodes(self: Scheduler, nodes: list[Any]) -> list[Any]:
         seen.append(inductor_config.loop_ordering_after_fusion)
         raise AssertionError  # bare, as inductor's `assert isinstance(snode, SchedulerNode)` (pytest rewrites ours)
 
     monkeypatch.setattr(Scheduler, "fuse_nodes", fuse_nodes)
     monkeypatch.setattr(_compat, "INDUCTOR_FOREACH_REORDER_ASSERTS", torch_asserts)
-    engine, net, opt = setup(True, model(), precision="bf16-true-masters")
+    engine, net, _ = setup(True, model(), precision="bf16-true-masters")
+
+    def train() -> None:
+        for batch in batches(3):
+            backward(engine, net, batch)
+            engine.step()
+
     # A cached graph would skip the scheduler: no caches.
     caches = {"enable_autograd_cache": False} if hasattr(functorch_config, "enable_autograd_cache") else {}
     with inductor_config.patch(loop_ordering_after_fusion=True, fx_graph_cache=False), functorch_config.patch(caches):
         # InductorError on recent torch (2.11, 2.13); older releases leave an uncached compile's error to dynamo's
         # BackendCompilerFailed.
         with pytest.warns(UserWarning, match="(InductorError|BackendCompilerFailed): AssertionError at .*in fuse_nodes") as caught:
-            for batch in batches(3):
-                backward(engine, net, batch)
-                engine.step()
+            train()
         assert inductor_config.loop_ordering_after_fusion is True  # the user's setting, untouched outside the region
     assert len(seen) == 1 and seen[0] is not torch_asserts  # off for the region only where this torch asserts
     assert engine.fused_step.calls == 0 and "AssertionError at" in engine.fused_step.failure
