@@ -12,17 +12,17 @@ from __future__ import annotations
 import functools
 import types
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
 
-from ..training.masters import MasterWeights
+from ..policy.masters import MasterWeights
 from ..scaling import DynamicLossScaler, LossScaler, ScalerConfig, StaticLossScaler
-from ..training.collapse import CollapseWatch
 from ..scaling.kernels import grads_of
+from ..training.collapse import CollapseWatch
 from ._properties import Properties
 
 __all__ = ["AmpSession", "LossScalerView", "OptimizerStash", "is_rank0"]
@@ -94,7 +94,7 @@ class LossScalerView:
 class OptimizerStash:
     """Per-optimizer amp state, stored as ``optimizer._amp_stash``."""
 
-    session: "AmpSession"
+    session: AmpSession
     step: Callable[..., Any]
     add_param_group: Callable[..., Any]
     masters: MasterWeights | None = None
@@ -261,13 +261,16 @@ class AmpSession:
                         m.grad = None  # model.zero_grad() would not clear these
                 return None
         self._report_clean(st)
-        if st.masters is not None and not any(m.grad is not None for m in st.masters.masters):
-            if any(p.grad is not None for p in st.masters.model_params):
-                raise RuntimeError(
-                    "O2 steps fp32 master weights, which receive gradients only from a backward inside "
-                    "`with amp.scale_loss(loss, optimizer) as scaled_loss: scaled_loss.backward()`; "
-                    "a plain loss.backward() leaves them empty."
-                )
+        if (
+            st.masters is not None
+            and not any(m.grad is not None for m in st.masters.masters)
+            and any(p.grad is not None for p in st.masters.model_params)
+        ):
+            raise RuntimeError(
+                "O2 steps fp32 master weights, which receive gradients only from a backward inside "
+                "`with amp.scale_loss(loss, optimizer) as scaled_loss: scaled_loss.backward()`; "
+                "a plain loss.backward() leaves them empty."
+            )
         out = st.step(closure) if closure is not None else st.step()
         if st.masters is not None:
             st.masters.copy_masters_to_model()
@@ -305,7 +308,7 @@ class AmpSession:
                 out.update(opt._amp_stash.masters.state_dict())
         return out
 
-    def state_dict(self) -> "OrderedDict[str, Any]":
+    def state_dict(self) -> OrderedDict[str, Any]:
         out: OrderedDict[str, Any] = OrderedDict()
         for i, view in enumerate(self.views):
             out[f"loss_scaler{i}"] = {"loss_scale": view.loss_scale(), "unskipped": view._unskipped}

@@ -36,7 +36,9 @@ Each strategy owns what differs across ranks, so the engine never asks which one
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -45,17 +47,13 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-import logging
-from collections.abc import Callable
-from contextlib import AbstractContextManager
-
 from .._compat import fsdp_problem
 from ..policy import Policy
 from .ddp import broadcast_from_rank0, no_sync, wrap_ddp
 from .environment import launched_by_torchrun
 from .fsdp import FSDPModule, adopt_sharded_params, set_gradient_sync, shard_model
 
-__all__ = ["Strategy", "SingleProcess", "DDP", "FSDP", "resolve_strategy", "detect_strategy", "choose_strategy", "unwrap"]
+__all__ = ["DDP", "FSDP", "SingleProcess", "Strategy", "choose_strategy", "detect_strategy", "resolve_strategy", "unwrap"]
 
 log = logging.getLogger("ampkit")
 
@@ -217,7 +215,7 @@ def choose_strategy(models: Sequence[nn.Module], requested: Strategy | None, pol
             )
         log.info("no process group (not launched by torchrun): strategy %r runs as a single process", strategy.name)
         return None
-    if strategy.applied_by_user and (policy.master_weights or policy.param_dtype != torch.float32):
+    if strategy.applied_by_user and policy.casts_parameters():
         raise ValueError(
             f"the model was wrapped for {strategy.name.upper()} before setup(), but policy {policy.name!r} casts "
             f"its parameters, which the wrapper has already registered: pass the plain model and "

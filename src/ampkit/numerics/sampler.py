@@ -47,8 +47,9 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ContextManager
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -60,7 +61,7 @@ from .update_audit import UpdateAudit
 if TYPE_CHECKING:  # the engine imports this module; importing it back at run time would be circular
     from ..training.engine import Engine
 
-__all__ = ["NumericsSampler", "NumericsSample", "ModuleIssue", "SAMPLE_VALUES"]
+__all__ = ["SAMPLE_VALUES", "ModuleIssue", "NumericsSample", "NumericsSampler"]
 
 SAMPLE_VALUES = 2**16
 """Values read per tensor on a sampled step: a 1% share measured on 65536 values has a standard error of 0.04
@@ -121,31 +122,31 @@ class NumericsSampler:
         return step % self.every == 0
 
     # -- step hooks (see ampkit.training.hooks) ---------------------------------------------------
-    def wrap_forward(self, engine: "Engine", forward: ContextManager[Any]) -> ContextManager[Any]:
+    def wrap_forward(self, engine: Engine, forward: AbstractContextManager[Any]) -> AbstractContextManager[Any]:
         """The last micro-batch of a sampled step records its activations (and, in its backward, their gradients)."""
         if self.activations and self.due(engine.steps + 1) and engine.is_boundary:
             return self.recording(engine, forward)
         return forward
 
-    def before_optimizer_step(self, engine: "Engine") -> None:
+    def before_optimizer_step(self, engine: Engine) -> None:
         """Sample a due step: its 16-bit gradients as the backward left them (scaled, not yet copied to masters).
         Where the optimizer steps 16-bit weights directly, the read waits for the step, whose update is audited."""
         if self.due(engine.steps):
             taken = self._take(engine)
             # Kahan sums and stochastic rounding carry what one step rounds away: no single step shows their loss.
-            if self.updates and not engine.policy.remedies_rounding and self._audit.arm(engine.optimizers, _param_names(engine)):
+            if self.updates and engine.policy.rounds_updates_away() and self._audit.arm(engine.optimizers, _param_names(engine)):
                 self._taken = taken
             else:
                 self._read(taken, None)
 
-    def after_optimizer_step(self, engine: "Engine") -> None:
+    def after_optimizer_step(self, engine: Engine) -> None:
         """Finish an audited sample: the applied update is known now."""
         if self._taken is not None:
             taken, self._taken = self._taken, None
             self._audit.disarm()
             self._read(taken, self._audit)
 
-    def recording(self, engine: "Engine", forward: ContextManager[Any]) -> ContextManager[Any]:
+    def recording(self, engine: Engine, forward: AbstractContextManager[Any]) -> AbstractContextManager[Any]:
         """``forward`` plus recorders on every model of ``engine``: the engine wraps the forward of the last
         micro-batch of a sampled step in it. The forward hooks go when the context exits; the hooks placed on
         the outputs fire in the backward. Several forwards of that micro-batch add to the same recorders."""
@@ -154,13 +155,13 @@ class NumericsSampler:
             self._pending = (step, [ModuleRecorder(m, rounding=False, max_values=SAMPLE_VALUES) for m in engine.models])
         return _entered_together(self._pending[1], forward)
 
-    def sample(self, engine: "Engine") -> NumericsSample:
+    def sample(self, engine: Engine) -> NumericsSample:
         """Read the current step's gradients (before they are unscaled or copied to masters) and the recorded
         activations; log, keep and hand the sample to ``callback``. One host-device sync. (The update audit needs
         the step itself: the engine's hooks take it; this reads the gradients alone.)"""
         return self._read(self._take(engine), None)
 
-    def _take(self, engine: "Engine") -> "_Taken":
+    def _take(self, engine: Engine) -> _Taken:
         """Everything the sample reads, still on the device: no sync."""
         step = engine.steps
         recorders = self._pending[1] if self._pending is not None and self._pending[0] == step else []
@@ -196,10 +197,10 @@ class NumericsSampler:
             step=step, slots=slots, activations=bool(recorders), fp32_modules=islands,
             # A copy: an audited sample is read after the step, and the step updates the scale.
             scale=scaler.scale_tensor.detach().clone() if scaler is not None else None,
-            fp16=scaler is not None or torch.float16 in (policy.param_dtype, policy.compute_dtype),
+            fp16=scaler is not None or policy.computes_in(torch.float16),
         )
 
-    def _read(self, taken: "_Taken", audit: UpdateAudit | None) -> NumericsSample:
+    def _read(self, taken: _Taken, audit: UpdateAudit | None) -> NumericsSample:
         """Bring ``taken`` (and the audit's figures) to the host in one transfer; build, report, return the sample."""
         scalars = [taken.scale] if taken.scale is not None else []
         audited = audit.stats() if audit is not None else None
@@ -238,13 +239,13 @@ class _Taken:
     fp32_modules: tuple[str, ...]
 
 
-def _param_names(engine: "Engine") -> dict[int, str]:
+def _param_names(engine: Engine) -> dict[int, str]:
     several = len(engine.models) > 1
     return {id(p): _qualified(i, name, several) for i, model in enumerate(engine.models) for name, p in model.named_parameters()}
 
 
 @contextlib.contextmanager
-def _entered_together(recorders: Sequence[ModuleRecorder], forward: ContextManager[Any]) -> Iterator[Any]:
+def _entered_together(recorders: Sequence[ModuleRecorder], forward: AbstractContextManager[Any]) -> Iterator[Any]:
     with contextlib.ExitStack() as stack:
         for rec in recorders:
             stack.enter_context(rec)

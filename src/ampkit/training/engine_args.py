@@ -71,7 +71,7 @@ def build_scaler(spec: Any, policy: Policy) -> StepScaler | None:
     ('DynamicLossScaler', None)
     """
     if spec is None:
-        spec = policy.loss_scaling
+        return policy.default_scaler()
     if isinstance(spec, torch.amp.GradScaler):
         raise ValueError(_grad_scaler_fix(spec))  # noqa: TRY004 - a ValueError, as for every Engine argument that cannot work
     if isinstance(spec, StepScaler):

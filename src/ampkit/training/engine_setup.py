@@ -96,7 +96,7 @@ def set_up(
     if library:
         check_library_step(fused_spec, opts)
     else:
-        check_fused_step(fused_spec, opts, policy.master_weights, remainders=policy.master_remainders)
+        check_fused_step(fused_spec, opts, True, untraceable=policy.master_store.untraceable)
     prepared = prepare_models(given, opts, policy, strategy)
     device, masters = prepared.device, prepared.masters
     # Each rank checks its own gradients for inf/NaN; the flags must be combined unless the gradients were all-reduced
@@ -117,8 +117,8 @@ def set_up(
         policy_name=policy.name,
     )
     compiled = apply_compile(prepared.models, plan) if plan is not None else []
-    if policy.needs_compile and plan is None and device.type == "cuda":
-        log.warning("%s without torch.compile runs each fp8 cast as kernels of its own: expect it slower than bf16-mixed. "
-                    "Pass Engine(compile=True).", policy.name)
+    advice = policy.compile_advice(device.type, compiled=plan is not None)
+    if advice is not None:
+        log.warning("%s", advice)
     run = Run(step, prepared.strategy, prepared.parallel, device, prepared.models, prepared.wrappers, prepared.named, compiled)
     return run, opts

@@ -39,6 +39,7 @@ import torch
 from .._compat import step_supports_amp_scaling
 from ..distributed.agreement import any_rank
 from ..errors import LossScaleCollapseError
+from ..policy.masters import MasterWeights
 from ..scaling.kernels import grads_of, unscale_grads_
 from ..scaling.protocol import StepScaler
 from .clipping import clip_grad_norm, clip_grad_value
@@ -47,7 +48,6 @@ from .fused_library_step import FusedLibraryStep
 from .fused_master_step import FusedMasterStep
 from .fused_step_compile import FusedStepFailed
 from .kernel_guards import first_step_pending, guard_optimizer
-from .masters import MasterWeights
 from .rounding_stream import RoundingStream
 from .step_state import StepState
 

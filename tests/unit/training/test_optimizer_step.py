@@ -16,10 +16,10 @@ import torch
 from torch import nn
 
 from ampkit import Engine
+from ampkit.policy.masters import MasterWeights
 from ampkit.profile.op_count import StepCounts, count_step
 from ampkit.scaling import DynamicLossScaler, ScalerConfig, StaticLossScaler
 from ampkit.training import optimizer_step
-from ampkit.training.masters import MasterWeights
 from ampkit.training.optimizer_step import OptimizerStep, StepSettings
 from ampkit.training.step_state import StepState
 

@@ -10,6 +10,7 @@ gradients live in persistent buffers that are overwritten, not reallocated, at e
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -29,6 +30,9 @@ class MasterWeights:
     torch.float32
     """
 
+    untraceable: ClassVar[str | None] = None
+    """Why the fused master step (one compiled region) cannot trace a step of these masters; None: it can."""
+
     def __init__(self, pairs: Sequence[tuple[str, nn.Parameter, nn.Parameter]]) -> None:
         self.names = [name for name, _, _ in pairs]
         self.model_params = [p for _, p, _ in pairs]
@@ -39,7 +43,7 @@ class MasterWeights:
         self._staging: list[torch.Tensor] | None = None
 
     @classmethod
-    def clone(cls, named_params: Iterable[tuple[str, nn.Parameter]], optimizers: Sequence[torch.optim.Optimizer]) -> "MasterWeights":
+    def clone(cls, named_params: Iterable[tuple[str, nn.Parameter]], optimizers: Sequence[torch.optim.Optimizer]) -> MasterWeights:
         """Clone fp32 masters of ``named_params`` that the optimizers hold, and put them in the optimizers."""
         optimized = {id(p) for opt in optimizers for g in opt.param_groups for p in g["params"]}
         pairs: list[tuple[str, nn.Parameter, nn.Parameter]] = []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ampkit.training.remainder_bits import add_ties_, merge_, narrow_, split_, tie_bytes
+from ampkit.policy.remainder_bits import add_ties_, merge_, narrow_, split_, tie_bytes
 
 
 def _patterns() -> torch.Tensor:
