@@ -30,16 +30,9 @@ from torch import nn
 
 from ..distributed.strategy import Strategy, resolve_strategy
 from ..policy import Policy, get_policy
-from ..scaling import ScalerConfig
-from ..scaling.protocol import StepScaler
+from ..scaling import ScalerConfig, StepScaler
 from .compile import compile_plan
-from .engine_args import (
-    build_sampler,
-    build_scaler,
-    check_accumulate,
-    check_setup_args,
-    step_settings,
-)
+from .engine_args import build_sampler, build_scaler, check_accumulate, step_settings
 from .engine_setup import Run, set_up
 from .engine_state import engine_state
 from .engine_view import EngineView
@@ -66,7 +59,8 @@ class Engine(EngineView):
         accumulate: micro-batches per optimizer step; the loss is divided accordingly.
         clip_grad_norm: clip the unscaled (master, where they exist) gradients to this total norm.
         clip_grad_value: clamp unscaled gradients to this absolute value (exclusive with clip_grad_norm).
-        scaler: loss scaling; default: the policy's (dynamic for fp16, none otherwise).
+        scaler: loss scaling; default: the policy's (dynamic for fp16, none otherwise); ``"dynamic"``, ``"none"``, a
+            float (static), a ScalerConfig, or a scaler of your own with the members of :class:`~ampkit.scaling.StepScaler`.
         skip_nonfinite: skip steps whose gradients hold inf/NaN; default: on when the loss is scaled.
         keep_fp32: module names or types that run in fp32, added to the policy's.
         micro_batch_rows: most samples :meth:`train_step` feeds through the model at once (default: the whole batch);
@@ -152,7 +146,7 @@ class Engine(EngineView):
         if self._run.models:
             raise RuntimeError("Engine.setup() was already called; create one Engine per training run.")
         self._run, opts = set_up(
-            check_setup_args(models, optimizers), optimizers, policy=self._policy, settings=self._settings, scaler=self._run.step.scaler,
+            models, optimizers, policy=self._policy, settings=self._settings, scaler=self._run.step.scaler,
             strategy=self._requested, plan=self._compile_plan, fused_spec=self._fused_spec, schedulers=schedulers,
             state=self._state, hooks=self._hooks, owner=self,
         )

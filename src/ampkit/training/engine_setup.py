@@ -35,7 +35,7 @@ from .compile import (
     check_compile_plan,
     unwrap_user_compiled,
 )
-from .engine_args import adopt_schedulers
+from .engine_args import adopt_schedulers, check_setup_args
 from .fused_library_step import build_library_step, check_library_step
 from .fused_master_step import build_fused_step, check_fused_step
 from .model_setup import prepare_models
@@ -73,7 +73,7 @@ class Run:
 
 
 def set_up(
-    given: list[nn.Module],
+    models: nn.Module | Sequence[nn.Module],
     optimizers: Sequence[torch.optim.Optimizer],
     *,
     policy: Policy,
@@ -87,9 +87,9 @@ def set_up(
     hooks: Hooks | None = None,
     owner: Any = None,
 ) -> tuple[Run, tuple[torch.optim.Optimizer, ...]]:
-    """Prepare ``given`` and ``optimizers`` for ``policy`` and build the step; returns the run and the optimizers the
+    """Prepare ``models`` and ``optimizers`` for ``policy`` and build the step; returns the run and the optimizers the
     loop steps (the policy's twins where it converts them). ``owner`` is what step hooks are called with."""
-    given, plan = unwrap_user_compiled(given, plan)
+    given, plan = unwrap_user_compiled(check_setup_args(models, optimizers), plan)
     opts = tuple(policy.convert_optimizers(optimizers))
     check_compile_plan(given, plan)  # before the policy and the strategy change the models
     library = not policy.master_weights  # no master step to fuse: the library's step may be (bf16-true-sr's)
