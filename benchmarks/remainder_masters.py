@@ -2,7 +2,7 @@
 
 ``bf16-true-remainder`` keeps each fp32 master as its bf16 weight plus an int16 remainder and a tie bit (2.125 B/param
 between steps instead of 8). The tie bit holds the one case an int16 cannot: a master whose low 16 bits are exactly
-0x8000 and that rounds *down* to its even bf16 weight (:mod:`ampkit.training.remainder_bits`). This script trains a
+0x8000 and that rounds *down* to its even bf16 weight (:mod:`ampkit.policy.remainder_bits`). This script trains a
 built-in workload under both policies from the same weights on the same batches, and after every step:
 
 - counts, in the fp32 masters of ``bf16-true-masters``, the values the step changed that land on such a tie: how
@@ -34,7 +34,7 @@ from ampkit.bench.workload import call_model, output_as_float
 from ampkit.bench.workloads import get_workload
 from ampkit.memory.accounting import tensor_bytes
 from ampkit.policy.device import cpu_name
-from ampkit.training.remainder_bits import REMAINDER_MAX
+from ampkit.policy.remainder_bits import REMAINDER_MAX
 
 SMOKE = {"workload": "gpt", "size": "tiny", "steps": 4}
 """What ``--smoke`` runs: seconds on a CPU, every code path of the script."""

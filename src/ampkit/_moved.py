@@ -23,7 +23,10 @@ __all__ = ["MOVED", "install"]
 MOVED: dict[str, str] = {
     "ampkit.engine": "ampkit.training.engine",
     "ampkit.step_state": "ampkit.training.step_state",
-    "ampkit.masters": "ampkit.training.masters",
+    "ampkit.masters": "ampkit.policy.masters",
+    "ampkit.training.masters": "ampkit.policy.masters",
+    "ampkit.training.remainder_masters": "ampkit.policy.remainder_masters",
+    "ampkit.training.remainder_bits": "ampkit.policy.remainder_bits",
     "ampkit.clipping": "ampkit.training.clipping",
     "ampkit.kernel_guards": "ampkit.training.kernel_guards",
     "ampkit.memory.micro_batching": "ampkit.training.micro_batching",

@@ -25,8 +25,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "_util", "_moved"),  # bottom: imports nothing from ampkit
     ("_compat",),  # every private torch API, behind version checks
     ("fileio",),  # atomic writes, safe torch.load, RNG snapshots
-    ("policy",),
-    ("scaling",),
+    ("scaling",),  # loss scalers and their kernels: below the policies, which build their default scaler
+    ("policy",),  # the policies and the parts they build (masters, casts, FSDP's mixed precision)
     ("distributed",),  # strategies: what differs across ranks
     ("training",),  # the engine, its step state, the optimizer step, masters, clipping, OOM splitting
     ("checkpoint",),  # one payload, single-file and sharded writers, the safe DCP reader

@@ -7,12 +7,17 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..policy.masters import MasterWeights
 from ..training.kernel_guards import guard_optimizer
-from ..training.masters import MasterWeights
 from ._casts import autocast_forward, is_autocast_forward
 from ._convert import cast_io, convert_model, has_amp_io, modules_to_convert
 from ._handle import AmpHandle
-from ._properties import check_opt_level, describe, resolve_half_dtype, resolve_properties
+from ._properties import (
+    check_opt_level,
+    describe,
+    resolve_half_dtype,
+    resolve_properties,
+)
 from ._session import AmpSession
 from ._state import _amp_state
 
@@ -40,7 +45,7 @@ def _as_list(what: str, value: Any, ok: Any) -> tuple[list[Any], bool]:
 def _check_models(models: list[nn.Module], allow_not_fp32: bool) -> None:
     for m in models:
         if isinstance(m, _WRAPPERS):
-            raise RuntimeError(  # noqa: TRY004 - Apex's error: a call made too early, not a wrong type
+            raise RuntimeError(  # noqa: TRY004 - a call-order mistake (wrapped before initialize), not a bad type
                 f"This model is already wrapped in {type(m).__name__}. Call amp.initialize on the bare model and wrap "
                 "the model it returns: model, optimizer = amp.initialize(model, optimizer, ...); model = DDP(model)."
             )
@@ -126,13 +131,13 @@ def initialize(
     half = resolve_half_dtype(device.type, half_dtype)
     overrides = {
         k: v
-        for k, v in dict(
-            cast_model_type=cast_model_type,
-            patch_torch_functions=patch_torch_functions,
-            keep_batchnorm_fp32=keep_batchnorm_fp32,
-            master_weights=master_weights,
-            loss_scale=loss_scale,
-        ).items()
+        for k, v in {
+            "cast_model_type": cast_model_type,
+            "patch_torch_functions": patch_torch_functions,
+            "keep_batchnorm_fp32": keep_batchnorm_fp32,
+            "master_weights": master_weights,
+            "loss_scale": loss_scale,
+        }.items()
         if v is not None
     }
     props = resolve_properties(opt_level, half, overrides)

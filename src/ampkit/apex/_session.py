@@ -19,10 +19,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..policy.masters import MasterWeights
 from ..scaling import DynamicLossScaler, LossScaler, ScalerConfig, StaticLossScaler
 from ..scaling.kernels import grads_of
 from ..training.collapse import CollapseWatch
-from ..training.masters import MasterWeights
 from ._properties import Properties
 
 __all__ = ["AmpSession", "LossScalerView", "OptimizerStash", "is_rank0"]
@@ -261,8 +261,11 @@ class AmpSession:
                         m.grad = None  # model.zero_grad() would not clear these
                 return None
         self._report_clean(st)
-        masters = st.masters
-        if masters is not None and not any(m.grad is not None for m in masters.masters) and any(p.grad is not None for p in masters.model_params):
+        if (
+            st.masters is not None
+            and not any(m.grad is not None for m in st.masters.masters)
+            and any(p.grad is not None for p in st.masters.model_params)
+        ):
             raise RuntimeError(
                 "O2 steps fp32 master weights, which receive gradients only from a backward inside "
                 "`with amp.scale_loss(loss, optimizer) as scaled_loss: scaled_loss.backward()`; "

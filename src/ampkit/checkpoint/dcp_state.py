@@ -48,7 +48,8 @@ def sharded_state(engine: Engine) -> dict[str, Any]:
 def optimizer_owner(engine: Engine, opt: torch.optim.Optimizer) -> torch.nn.Module:
     """The one model of ``engine`` whose parameters ``opt`` holds (DCP reads an optimizer's state through it)."""
     ids = {id(p) for g in opt.param_groups for p in g["params"]}
-    for model in engine.models:
+    models: list[torch.nn.Module] = list(engine.models)  # the engine's read-only properties are untyped
+    for model in models:
         if ids <= {id(p) for p in model.parameters()}:
             return model
     raise CheckpointError("a sharded checkpoint needs each optimizer to hold the parameters of one model; build one optimizer per model.")

@@ -12,7 +12,9 @@ scheduler, counter, gradient and generator back as it was before the error is ra
 
 from __future__ import annotations
 
+import collections
 import copy
+import numbers
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -30,16 +32,20 @@ if TYPE_CHECKING:
     from ..training.engine import Engine
 
 __all__ = [
-    "pending_grads",
+    "Undo",
+    "apply_payload",
+    "apply_training_payload",
     "engine_state",
     "load_engine_state",
+    "pending_grads",
     "training_payload",
-    "apply_training_payload",
-    "apply_payload",
-    "Undo",
 ]
 
-_SAFE_LEAVES = (torch.Tensor, str, int, float, bool, type(None))
+# Exactly these classes: a subclass of one (numpy's float64, an IntEnum, torch's version string, a namedtuple, a
+# defaultdict) pickles as itself, which a safe load refuses, so a file saved with it could never be resumed from.
+_SAFE_LEAVES = (str, int, float, bool, type(None))
+_SAFE_MAPPINGS = (dict, collections.OrderedDict)
+_SAFE_SEQUENCES = (list, tuple, torch.Size)
 
 
 def load_engine_state(engine: Engine, state: dict[str, Any]) -> None:
@@ -94,7 +100,8 @@ class Undo:
         apply_engine_state(engine, self.counters)
         for p, grad in self.grads:
             p.grad = grad
-        engine.micro_batch_rows, engine.step_state = self.micro_batch_rows, self.step_state
+        engine.micro_batch_rows = self.micro_batch_rows
+        engine.step_state.restore(self.step_state)  # the last step's outcome too, which a load forgets
         with torch.no_grad():  # last: restoring master weights above wrote their 16-bit copies into the model
             for t, saved in self.tensors:
                 _local(t).copy_(saved)
@@ -111,20 +118,34 @@ def _engine_params(engine: Engine) -> list[torch.Tensor]:
 
 
 def _check_safe(value: Any, where: str) -> None:
-    if isinstance(value, dict):
+    """Refuse at save what ``torch.load(weights_only=True)`` would refuse at load, naming the plain value to store."""
+    kind = type(value)
+    if kind in _SAFE_MAPPINGS:
         for k, v in value.items():
             _check_safe(k, where)
             _check_safe(v, f"{where}[{k!r}]")
-    elif isinstance(value, (list, tuple)):
+    elif kind in _SAFE_SEQUENCES:
         for i, v in enumerate(value):
             _check_safe(v, f"{where}[{i}]")
-    elif not isinstance(value, _SAFE_LEAVES):
+    elif kind not in _SAFE_LEAVES and not isinstance(value, torch.Tensor):
+        # The plain class it stands for (numpy's int64 is no int subclass, but an Integral all the same).
+        plain = next((t for t, abc in _PLAIN if isinstance(value, abc)), None)
+        if plain is not None:
+            raise CheckpointError(
+                f"{where} holds a {kind.__name__}, a {plain.__name__} of another class, which a safe (weights_only) load "
+                f"refuses; store {plain.__name__}(value)."
+            )
         # Name functions as such: "builtin_function_or_method" tells a user less than "a function".
-        what = f"a function ({getattr(value, '__name__', '?')})" if callable(value) and not isinstance(value, type) else f"a {type(value).__name__}"
+        what = f"a function ({getattr(value, '__name__', '?')})" if callable(value) and not isinstance(value, type) else f"a {kind.__name__}"
         raise CheckpointError(
             f"{where} holds {what}, which a safe (weights_only) load refuses; "
             "store only tensors, numbers, strings and lists/dicts of them."
         )
+
+
+_PLAIN: tuple[tuple[type, type], ...] = (
+    (bool, bool), (int, numbers.Integral), (float, numbers.Real), (str, str), (tuple, tuple), (list, list), (dict, dict),
+)
 
 
 def training_payload(engine: Engine, extra: dict[str, Any] | None, *, tensors: bool = True) -> dict[str, Any]:

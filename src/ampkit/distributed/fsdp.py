@@ -37,20 +37,16 @@ from torch import nn
 from .._compat import FSDPModule, MixedPrecisionPolicy, fully_shard
 from .._util.blocks import repeated_blocks
 from ..policy import Policy
-from ..policy.islands import make_fp32_island, match_modules
 
-__all__ = ["mixed_precision_policy", "shard_model", "fsdp_models", "set_gradient_sync", "FSDPModule"]
+__all__ = ["FSDPModule", "fsdp_models", "mixed_precision_policy", "set_gradient_sync", "shard_model"]
 
 _FP32_UNIT = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32, cast_forward_inputs=False)
 
 
 def mixed_precision_policy(policy: Policy) -> MixedPrecisionPolicy:
-    """FSDP2's mixed precision for ``policy``'s 16-bit part (see the table above); fp32 units use their own."""
-    if policy.master_weights:
-        return MixedPrecisionPolicy(param_dtype=policy.param_dtype, reduce_dtype=torch.float32)
-    if policy.param_dtype != torch.float32:
-        return MixedPrecisionPolicy(reduce_dtype=torch.float32)
-    return MixedPrecisionPolicy()
+    """FSDP2's mixed precision for ``policy``'s 16-bit part (see the table above): the policy's own
+    :meth:`~ampkit.policy.Policy.fsdp_mixed_precision`; fp32 units use their own."""
+    return policy.fsdp_mixed_precision()
 
 
 def fsdp_models(models: Sequence[nn.Module]) -> list[nn.Module]:
@@ -62,20 +58,6 @@ def set_gradient_sync(models: Sequence[nn.Module], sync: bool) -> None:
     """Whether the coming backward reduce-scatters gradients (False: accumulate them unsharded, locally)."""
     for m in fsdp_models(models):
         m.set_requires_gradient_sync(sync)  # type: ignore[operator]
-
-
-def _prepare_masters(model: nn.Module, policy: Policy, device_type: str, islands: list[tuple[str, nn.Module]]) -> None:
-    # Parameters stay fp32 (they become the master shards); buffers of the 16-bit part are cast, since FSDP
-    # casts parameters only and a fp32 buffer would promote the 16-bit activations it meets.
-    inside = {id(m) for _, island in islands for m in island.modules()}
-    for m in model.modules():
-        if id(m) in inside:
-            continue
-        for name, b in m._buffers.items():
-            if b is not None and b.is_floating_point() and b.dtype != policy.param_dtype:
-                m._buffers[name] = b.to(policy.param_dtype)
-    for _, island in islands:
-        make_fp32_island(island, device_type, output_dtype=policy.param_dtype)
 
 
 def shard_model(
@@ -99,12 +81,10 @@ def shard_model(
         from torch.distributed.device_mesh import init_device_mesh
 
         mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-    islands = policy.fp32_islands(model) if policy.master_weights else match_modules(model, policy.keep_fp32)
-    if policy.master_weights:
-        _prepare_masters(model, policy, device.type, islands)
-    else:
-        policy.convert_module(model, device.type)  # 16-bit storage for *-true, fp32 islands for keep_fp32
-    mp = mixed_precision_policy(policy)
+    # The policy's casts before sharding (16-bit storage for *-true, fp32 islands for keep_fp32; for master policies
+    # only the buffers), and the units that stay fp32.
+    islands = policy.prepare_for_sharding(model, device.type)
+    mp = policy.fsdp_mixed_precision()
     units: list[str] = []
     island_names = [name for name, _ in islands]
     for name, island in islands:
@@ -117,9 +97,7 @@ def shard_model(
             continue  # already sharded as (part of) an fp32 island
         fully_shard(model.get_submodule(name), mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
         units.append(name)
-    root_mp = mp
-    if policy.master_weights:  # the policy's contract: fp32 out of the model, so the user's loss runs in fp32
-        root_mp = MixedPrecisionPolicy(param_dtype=mp.param_dtype, reduce_dtype=mp.reduce_dtype, output_dtype=torch.float32)
+    root_mp = policy.fsdp_mixed_precision(root=True)  # master policies: fp32 out of the model, for the user's loss
     # The root's parameters are gathered again at once by backward, so resharding them after forward only costs.
     fully_shard(model, mesh=mesh, mp_policy=root_mp, reshard_after_forward=False)
     return units

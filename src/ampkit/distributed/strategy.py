@@ -53,7 +53,7 @@ from .ddp import broadcast_from_rank0, no_sync, wrap_ddp
 from .environment import launched_by_torchrun
 from .fsdp import FSDPModule, adopt_sharded_params, set_gradient_sync, shard_model
 
-__all__ = ["Strategy", "SingleProcess", "DDP", "FSDP", "resolve_strategy", "detect_strategy", "choose_strategy", "unwrap"]
+__all__ = ["DDP", "FSDP", "SingleProcess", "Strategy", "choose_strategy", "detect_strategy", "resolve_strategy", "unwrap"]
 
 log = logging.getLogger("ampkit")
 
@@ -215,7 +215,7 @@ def choose_strategy(models: Sequence[nn.Module], requested: Strategy | None, pol
             )
         log.info("no process group (not launched by torchrun): strategy %r runs as a single process", strategy.name)
         return None
-    if strategy.applied_by_user and (policy.master_weights or policy.param_dtype != torch.float32):
+    if strategy.applied_by_user and policy.casts_parameters():
         raise ValueError(
             f"the model was wrapped for {strategy.name.upper()} before setup(), but policy {policy.name!r} casts "
             f"its parameters, which the wrapper has already registered: pass the plain model and "

@@ -47,7 +47,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager as ContextManager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -61,7 +61,7 @@ from .update_audit import UpdateAudit
 if TYPE_CHECKING:  # the engine imports this module; importing it back at run time would be circular
     from ..training.engine import Engine
 
-__all__ = ["NumericsSampler", "NumericsSample", "ModuleIssue", "SAMPLE_VALUES"]
+__all__ = ["SAMPLE_VALUES", "ModuleIssue", "NumericsSample", "NumericsSampler"]
 
 SAMPLE_VALUES = 2**16
 """Values read per tensor on a sampled step: a 1% share measured on 65536 values has a standard error of 0.04
@@ -122,7 +122,7 @@ class NumericsSampler:
         return step % self.every == 0
 
     # -- step hooks (see ampkit.training.hooks) ---------------------------------------------------
-    def wrap_forward(self, engine: Engine, forward: ContextManager[Any]) -> ContextManager[Any]:
+    def wrap_forward(self, engine: Engine, forward: AbstractContextManager[Any]) -> AbstractContextManager[Any]:
         """The last micro-batch of a sampled step records its activations (and, in its backward, their gradients)."""
         if self.activations and self.due(engine.steps + 1) and engine.is_boundary:
             return self.recording(engine, forward)
@@ -134,7 +134,7 @@ class NumericsSampler:
         if self.due(engine.steps):
             taken = self._take(engine)
             # Kahan sums and stochastic rounding carry what one step rounds away: no single step shows their loss.
-            if self.updates and not engine.policy.remedies_rounding and self._audit.arm(engine.optimizers, _param_names(engine)):
+            if self.updates and engine.policy.rounds_updates_away() and self._audit.arm(engine.optimizers, _param_names(engine)):
                 self._taken = taken
             else:
                 self._read(taken, None)
@@ -146,7 +146,7 @@ class NumericsSampler:
             self._audit.disarm()
             self._read(taken, self._audit)
 
-    def recording(self, engine: Engine, forward: ContextManager[Any]) -> ContextManager[Any]:
+    def recording(self, engine: Engine, forward: AbstractContextManager[Any]) -> AbstractContextManager[Any]:
         """``forward`` plus recorders on every model of ``engine``: the engine wraps the forward of the last
         micro-batch of a sampled step in it. The forward hooks go when the context exits; the hooks placed on
         the outputs fire in the backward. Several forwards of that micro-batch add to the same recorders."""
@@ -197,7 +197,7 @@ class NumericsSampler:
             step=step, slots=slots, activations=bool(recorders), fp32_modules=islands,
             # A copy: an audited sample is read after the step, and the step updates the scale.
             scale=scaler.scale_tensor.detach().clone() if scaler is not None else None,
-            fp16=scaler is not None or torch.float16 in (policy.param_dtype, policy.compute_dtype),
+            fp16=scaler is not None or policy.computes_in(torch.float16),
         )
 
     def _read(self, taken: _Taken, audit: UpdateAudit | None) -> NumericsSample:
@@ -245,7 +245,7 @@ def _param_names(engine: Engine) -> dict[int, str]:
 
 
 @contextlib.contextmanager
-def _entered_together(recorders: Sequence[ModuleRecorder], forward: ContextManager[Any]) -> Iterator[Any]:
+def _entered_together(recorders: Sequence[ModuleRecorder], forward: AbstractContextManager[Any]) -> Iterator[Any]:
     with contextlib.ExitStack() as stack:
         for rec in recorders:
             stack.enter_context(rec)

@@ -209,6 +209,11 @@ class FP8Policy(BF16Mixed):
         return Fp8LayerPlan(name, cost.pays, f"{cost.speedup:.2f}x predicted on {spec.name}: {verdict} in fp8", cost, by_roofline=True)
 
     # -- hooks ----------------------------------------------------------------------------------
+    def compile_advice(self, device_type: str, compiled: bool) -> str | None:
+        if device_type != "cuda" or compiled:
+            return None
+        return f"{self.name} without torch.compile runs each fp8 cast as kernels of its own: expect it slower than bf16-mixed. Pass Engine(compile=True)."
+
     def sharded(self) -> FP8Policy:
         return dataclasses.replace(self, fp8_all_gather=self.recipe == "tensorwise")
 

@@ -16,10 +16,18 @@ import torch
 from torch import nn
 
 from .base import LossScaling, Policy
-from .device import Support, cpu_bf16_native, cuda_bf16_supported, cuda_fp16_tensor_cores, no_fp16_tensor_cores
+from .device import (
+    Support,
+    cpu_bf16_native,
+    cuda_bf16_supported,
+    cuda_fp16_tensor_cores,
+    no_fp16_tensor_cores,
+)
 from .islands import NORM_TYPES, cast_floating, make_fp32_island, match_modules
+from .masters import MasterWeights
+from .remainder_masters import RemainderMasters
 
-__all__ = ["BF16True", "FP16True", "BF16TrueMasters", "BF16TrueRemainder", "FP16TrueMasters"]
+__all__ = ["BF16True", "BF16TrueMasters", "BF16TrueRemainder", "FP16True", "FP16TrueMasters"]
 
 _IO_HOOK_MARK = "_ampkit_io_cast"
 
@@ -108,10 +116,11 @@ class BF16TrueMasters(_Half):
 @dataclass(frozen=True, kw_only=True)
 class BF16TrueRemainder(BF16TrueMasters):
     """``bf16-true-remainder``: ``bf16-true-masters``' training, bit for bit, with the masters kept as int16
-    remainders and tie bits of the bf16 weights (2.125 bytes per parameter instead of 8; see :mod:`ampkit.training.remainder_masters`)."""
+    remainders and tie bits of the bf16 weights (2.125 bytes per parameter instead of 8; see :mod:`ampkit.policy.remainder_masters`)."""
 
     name: str = "bf16-true-remainder"
     master_remainders: ClassVar[bool] = True
+    master_store: ClassVar[type[MasterWeights]] = RemainderMasters
     description: ClassVar[str] = "bf16 weights, fp32 norms, fp32 masters stored as int16 remainders"
 
 

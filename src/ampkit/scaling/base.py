@@ -1,9 +1,9 @@
-"""The interface every loss scaler shares, so the engine treats dynamic and static scaling alike."""
+"""The base every ampkit loss scaler shares, so the engine treats dynamic and static scaling alike (the step needs\nonly :class:`~ampkit.scaling.protocol.StepScaler`'s members, which it implements)."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -63,6 +63,11 @@ class LossScaler(ABC):
     def get_scale(self) -> float:
         """The current scale as a Python float. Syncs with the device."""
         return float(self._scale.item())
+
+    @property
+    def on_collapse(self) -> Literal["raise", "warn"]:
+        """What the engine does when :meth:`collapse_reason` names a collapse (a scaler without one: raise)."""
+        return "raise"
 
     @abstractmethod
     def update(self, found_inf: torch.Tensor) -> None:

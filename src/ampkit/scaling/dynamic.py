@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -104,6 +104,11 @@ class DynamicLossScaler(LossScaler):
                 f" (max_consecutive_skips={c.max_consecutive_skips}); the loss scale is now {scale:g}"
             )
         return None
+
+    @property
+    def on_collapse(self) -> Literal["raise", "warn"]:
+        """``config.on_collapse``: raise :class:`~ampkit.errors.LossScaleCollapseError`, or warn once per episode."""
+        return self.config.on_collapse
 
     @property
     def consecutive_skips(self) -> int:

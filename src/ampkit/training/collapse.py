@@ -29,6 +29,7 @@ import torch
 
 from ..errors import LossScaleCollapseError
 from ..scaling.diagnosis import collapse_message, nonfinite_parameters
+from ..scaling.protocol import StepScaler
 
 __all__ = ["CollapseWatch"]
 
@@ -42,7 +43,7 @@ class CollapseWatch:
         self.reported = False
         """Whether the current episode was reported already."""
 
-    def diagnose(self, scaler: Any, named_params: Iterable[tuple[str, torch.Tensor]], policy: str) -> str | None:
+    def diagnose(self, scaler: StepScaler | None, named_params: Iterable[tuple[str, torch.Tensor]], policy: str) -> str | None:
         """The message for a collapsed ``scaler`` (naming the non-finite parameters), or None when it has not collapsed."""
         reason = scaler.collapse_reason() if scaler is not None else None
         if reason is None:

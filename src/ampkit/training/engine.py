@@ -8,10 +8,14 @@
         engine.backward(loss)
         engine.step()            # updates the weights only at the accumulation boundary
 
-What differs across ranks belongs to the strategy (:mod:`ampkit.distributed.strategy`), the optimizer step to
-:mod:`~ampkit.training.optimizer_step` (no host-device sync beyond the one that decides whether to skip), where
-the run stands to a :class:`~ampkit.training.step_state.StepState`, and tools join through step hooks
-(:mod:`~ampkit.training.hooks`).
+The engine keeps the loop's side: the accumulation window and the counters (a
+:class:`~ampkit.training.step_state.StepState`), autocast and the scaled backward. What setup() builds is owned by
+its builders: the strategy's wrapping (:mod:`ampkit.distributed.strategy`), and the optimizer step
+(:class:`~ampkit.training.optimizer_step.OptimizerStep`), which owns the scaler, the masters, the compiled steps,
+the kernel guards, clipping and the collapse watch, and takes each window's step (no host-device sync beyond the
+one that decides whether to skip). Tools join through step hooks (:mod:`~ampkit.training.hooks`). The engine's
+settings and parts are read-only: assigning one raises an AttributeError naming what to do
+(:mod:`~ampkit.training.read_only`).
 """
 
 from __future__ import annotations
@@ -24,38 +28,19 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from ..distributed.agreement import world_size
-from ..distributed.strategy import SingleProcess, Strategy, resolve_strategy
+from ..distributed.strategy import Strategy, resolve_strategy
 from ..policy import Policy, get_policy
-from .collapse import CollapseWatch
-from .compile import (
-    apply_compile,
-    check_compile_plan,
-    compile_plan,
-    unwrap_user_compiled,
-)
-from .engine_args import (
-    adopt_schedulers,
-    build_sampler,
-    build_scaler,
-    check_engine_args,
-    check_setup_args,
-)
+from ..scaling import ScalerConfig, StepScaler
+from .compile import compile_plan
+from .engine_args import build_sampler, build_scaler, check_accumulate, step_settings
+from .engine_setup import Run, set_up
 from .engine_state import engine_state
-from .fused_library_step import FusedLibraryStep, build_library_step, check_library_step
-from .fused_master_step import (
-    FusedMasterStep,
-    build_fused_step,
-    check_fused_step,
-    check_fused_step_spec,
-)
-from .hooks import Hooks
-from .kernel_guards import guard_optimizer
-from .masters import MasterWeights
+from .engine_view import EngineView
+from .fused_master_step import check_fused_step_spec
+from .hooks import AnyHook, Hooks
+from .micro_batching import MicroBatcher
 from .misuse import DirectStepGuard, check_window_backward
-from .model_setup import prepare_models
-from .optimizer_step import optimizer_step, resolve_outcome
-from .rounding_stream import RoundingStream, rounding_stream
+from .optimizer_step import OptimizerStep
 from .step_state import StepState
 
 if TYPE_CHECKING:
@@ -66,7 +51,7 @@ __all__ = ["Engine"]
 log = logging.getLogger("ampkit")
 
 
-class Engine:
+class Engine(EngineView):
     """Runs the precision-sensitive parts of a training step and leaves the loop to the user.
 
     Args:
@@ -74,7 +59,8 @@ class Engine:
         accumulate: micro-batches per optimizer step; the loss is divided accordingly.
         clip_grad_norm: clip the unscaled (master, where they exist) gradients to this total norm.
         clip_grad_value: clamp unscaled gradients to this absolute value (exclusive with clip_grad_norm).
-        scaler: loss scaling; default: the policy's (dynamic for fp16, none otherwise).
+        scaler: loss scaling; default: the policy's (dynamic for fp16, none otherwise); ``"dynamic"``, ``"none"``, a
+            float (static), a ScalerConfig, or a scaler of your own with the members of :class:`~ampkit.scaling.StepScaler`.
         skip_nonfinite: skip steps whose gradients hold inf/NaN; default: on when the loss is scaled.
         keep_fp32: module names or types that run in fp32, added to the policy's.
         micro_batch_rows: most samples :meth:`train_step` feeds through the model at once (default: the whole batch);
@@ -122,53 +108,33 @@ class Engine:
         accumulate: int = 1,
         clip_grad_norm: float | None = None,
         clip_grad_value: float | None = None,
-        scaler: Any = None,
+        scaler: StepScaler | ScalerConfig | str | float | None = None,
         skip_nonfinite: bool | None = None,
         keep_fp32: Sequence[str | type[nn.Module]] = (),
         micro_batch_rows: int | None = None,
         on_oom: str = "split",
         strategy: str | Strategy | None = None,
         numerics: NumericsSampler | int | None = None,
-        hooks: Sequence[Any] = (),
+        hooks: Sequence[AnyHook] = (),
         compile: bool | str | dict[str, Any] | None = None,
         fused_step: bool | dict[str, Any] | None = None,
     ) -> None:
-        self.policy = get_policy(precision, keep_fp32=keep_fp32)
-        self.strategy: Strategy | None = resolve_strategy(strategy)
-        check_engine_args(accumulate, clip_grad_norm, clip_grad_value, micro_batch_rows, on_oom)
-        self.micro_batch_rows = micro_batch_rows
-        self.on_oom = on_oom
-        self.accumulate = accumulate
-        self.clip_grad_norm = clip_grad_norm
-        self.clip_grad_value = clip_grad_value
-        self.scaler = build_scaler(scaler, self.policy)
-        if self.scaler is not None and skip_nonfinite is False:
-            raise ValueError("A scaled loss must skip steps whose gradients overflowed; drop skip_nonfinite=False or pass scaler='none'.")
-        self.skip_nonfinite = self.scaler is not None or bool(skip_nonfinite)
-        self.numerics = build_sampler(numerics)
-        self.hooks = Hooks(([self.numerics] if self.numerics is not None else []) + list(hooks))
-        self.compile_plan = compile_plan(compile)
-        self.compiled: list[str] = []  # the compiled regions after setup ('' for a whole model)
+        self._policy = get_policy(precision, keep_fp32=keep_fp32)
+        self._requested = resolve_strategy(strategy)
+        self._accumulate = check_accumulate(accumulate)
+        self._batcher = MicroBatcher(micro_batch_rows, on_oom)
+        built = build_scaler(scaler, self._policy)
+        self._settings = step_settings(clip_grad_norm, clip_grad_value, skip_nonfinite, scaled=built is not None)
+        self._numerics = build_sampler(numerics)
+        self._hooks = Hooks(([self._numerics] if self._numerics is not None else []) + list(hooks))
+        self._compile_plan = compile_plan(compile)
         check_fused_step_spec(fused_step)
-        self._fused_step_spec = fused_step
-        self.fused_step: FusedMasterStep | None = None  # built at setup, where the policy keeps masters
-        self.library_step: FusedLibraryStep | None = None  # built at setup, where a library optimizer steps (bf16-true-sr)
-        self.rounding: RoundingStream | None = None  # built at setup, where an optimizer rounds at random (bf16-true-sr)
-
-        self.device = torch.device("cpu")
-        self.models: list[nn.Module] = []  # the modules themselves (inside any DDP wrapper): names, state, params
-        self.wrappers: list[nn.Module] = []  # what setup() returned and the loop calls: DDP wrappers or the models
-        self.reduce_found_flags = False  # combine the ranks' overflow flags before deciding to skip (set by setup)
-        self.optimizers: list[torch.optim.Optimizer] = []
-        self.schedulers: list[Any] = []
-        self.masters: MasterWeights | None = None
-        self.collapse = CollapseWatch()
-        self._parallel: Strategy | SingleProcess = SingleProcess()  # what runs: the strategy, or the do-nothing one
-        self._param_names: dict[int, str] = {}
-        self._named: list[tuple[str, nn.Parameter]] = []
+        self._fused_spec = fused_step
         self._warned_epoch_length = False  # a declared epoch cut short is named once per run
         # Accumulation position, step count and the last step's outcome; a checkpoint saves the counters through it.
         self._state = StepState()
+        # Before setup: no model, and a step that holds the scaler until setup() builds the real one.
+        self._run = Run(OptimizerStep(settings=self._settings, scaler=built, state=self._state), strategy=self._requested)
 
     # ------------------------------------------------------------------------------------------ setup
     def setup(self, models: nn.Module | Sequence[nn.Module], *optimizers: torch.optim.Optimizer, schedulers: Any = None) -> Any:
@@ -177,50 +143,18 @@ class Engine:
         Build the optimizers on the fp32 model and pass them here; for master-weight policies the optimizers'
         parameters are swapped for fp32 masters. Returns ``(model, *optimizers)``, or the model alone.
         """
-        if self.models:
+        if self._run.models:
             raise RuntimeError("Engine.setup() was already called; create one Engine per training run.")
-        given, plan = unwrap_user_compiled(check_setup_args(models, optimizers), self.compile_plan)
-        optimizers = tuple(self.policy.convert_optimizers(optimizers))  # bf16-true-kahan/-sr: the libraries' twins
-        check_compile_plan(given, plan)  # before the policy and the strategy change the models
-        library = not self.policy.master_weights  # no master step to fuse: the library's step may be (bf16-true-sr's)
-        if library:
-            check_library_step(self._fused_step_spec, optimizers)
-        else:
-            check_fused_step(self._fused_step_spec, optimizers, self.policy.master_weights, remainders=self.policy.master_remainders)
-        prepared = prepare_models(given, optimizers, self.policy, self.strategy)
-        self.strategy, self._parallel, self.device = prepared.strategy, prepared.parallel, prepared.device
-        self.masters, self.wrappers, self._named = prepared.masters, prepared.wrappers, prepared.named
-        model_list = prepared.models
-        # Each rank checks its own gradients for inf/NaN; the flags must be combined unless the gradients were
-        # all-reduced already (DDP), or ranks would disagree on skipping and their weights drift apart.
-        self.reduce_found_flags = world_size() > 1 and not self._parallel.grads_reduced
-        self._param_names = {id(p): n for n, p in self._named}
-        if self.masters is not None:
-            self._param_names.update({id(m): n for n, m in zip(self.masters.names, self.masters.masters)})
-
-        for opt in optimizers:
-            guard_optimizer(opt)  # known torch kernel defects, once the parameters' dtypes and devices are final
-        self.schedulers = adopt_schedulers(schedulers, optimizers)
-        self.rounding = rounding_stream(optimizers, self.device)  # one stream for every replica (DDP)
-        # FSDP's ranks each check their own shards; the fused step does not combine their flags.
-        sharded = "each rank's overflow flag must be combined with the others' (FSDP)" if self.reduce_found_flags else None
-        compile_options = plan.options if plan is not None else None
-        if library:
-            self.library_step = build_library_step(self._fused_step_spec, compile_options, optimizers)
-        else:
-            self.fused_step = build_fused_step(self._fused_step_spec, compile_options, optimizers, self.masters, sharded)
-        if self.scaler is not None:
-            self.scaler.to(self.device)
-        self.models, self.optimizers = model_list, list(optimizers)
+        self._run, opts = set_up(
+            models, optimizers, policy=self._policy, settings=self._settings, scaler=self._run.step.scaler,
+            strategy=self._requested, plan=self._compile_plan, fused_spec=self._fused_spec, schedulers=schedulers,
+            state=self._state, hooks=self._hooks, owner=self,
+        )
         guard = DirectStepGuard(self)  # an optimizer.step() of the user's own on the engine's gradients is refused
-        for opt in optimizers:
+        for opt in opts:
             opt.register_step_pre_hook(guard)
-        self.compiled = apply_compile(model_list, plan) if plan is not None else []
-        if self.policy.needs_compile and plan is None and self.device.type == "cuda":
-            log.warning("%s without torch.compile runs each fp8 cast as kernels of its own: expect it slower than bf16-mixed. "
-                        "Pass Engine(compile=True).", self.policy.name)
-        out_model = self.wrappers[0] if isinstance(models, nn.Module) else list(self.wrappers)
-        return (out_model, *optimizers) if optimizers else out_model
+        out_model = self._run.wrappers[0] if isinstance(models, nn.Module) else list(self._run.wrappers)
+        return (out_model, *opts) if opts else out_model
 
     # ------------------------------------------------------------------------------------------ loop
     def autocast(self) -> AbstractContextManager[Any]:
@@ -229,13 +163,14 @@ class Engine:
         Under DDP it also runs the forward of a micro-batch that does not end its accumulation window under
         ``no_sync``, since DDP decides during the forward whether the coming backward all-reduces.
         """
-        forward: AbstractContextManager[Any] = self.policy.forward_context(self.device.type)
-        if self._parallel.has_forward_context:
-            spread = self._parallel.forward_context(self.wrappers, self.is_boundary)
+        run = self._run
+        forward: AbstractContextManager[Any] = self._policy.forward_context(run.device.type)
+        if run.parallel.has_forward_context:
+            spread = run.parallel.forward_context(run.wrappers, self.is_boundary)
             if spread is not None:
                 spread.enter_context(forward)  # type: ignore[attr-defined]
                 forward = spread
-        return self.hooks.wrap_forward(self, forward) if self.hooks.active else forward
+        return self._hooks.wrap_forward(self, forward) if self._hooks.active else forward
 
     def start_epoch(self, num_micro_batches: int | None = None) -> None:
         """Declare the micro-batches of the coming epoch, so its last window may be short (``len(loader)``).
@@ -254,31 +189,10 @@ class Engine:
         >>> engine.steps, engine.micro_batches_pending  # windows of 3 and 2
         (2, 0)
         """
-        if num_micro_batches is not None and (isinstance(num_micro_batches, bool) or not isinstance(num_micro_batches, int) or num_micro_batches < 1):
-            raise ValueError(f"num_micro_batches must be a positive int (e.g. len(loader)), got {num_micro_batches!r}.")
-        warning = self._state.start_epoch(num_micro_batches, self.accumulate)
+        warning = self._state.start_epoch(num_micro_batches, self._accumulate)
         if warning is not None and not self._warned_epoch_length:
             self._warned_epoch_length = True
             log.warning("%s", warning)
-
-    @property
-    def micro_batches_pending(self) -> int:
-        """Micro-batches accumulated since the last optimizer step; 0 at a window boundary. No sync.
-
-        >>> model = nn.Linear(2, 1); engine = Engine(accumulate=3)
-        >>> model, opt = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
-        >>> pending = []
-        >>> for _ in range(4):
-        ...     engine.backward(model(torch.ones(1, 2)).sum()); _ = engine.step(); pending.append(engine.micro_batches_pending)
-        >>> pending
-        [1, 2, 0, 1]
-        """
-        return self._state.pending(self.accumulate)
-
-    @property
-    def is_boundary(self) -> bool:
-        """True when the next ``step()`` ends an accumulation window and updates the weights."""
-        return self._state.window(self.accumulate)[1]
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """Backward of ``loss`` divided by the window size and multiplied by the loss scale.
@@ -288,19 +202,18 @@ class Engine:
         self._require_setup("backward")
         if not isinstance(loss, torch.Tensor):
             raise TypeError(f"backward() takes the loss tensor, got {type(loss).__name__}.")
-        size, boundary = self._state.window(self.accumulate)
-        if self.hooks.active:
-            self.hooks.run("before_backward", self, loss)
-        self._parallel.before_backward(self.models, boundary)
+        run, hooks = self._run, self._hooks
+        size, boundary = self._state.window(self._accumulate)
+        if hooks.active:
+            hooks.run("before_backward", self, loss)
+        run.parallel.before_backward(run.models, boundary)
         if size > 1:
             loss = loss / size
-        if self.scaler is not None:
-            loss = self.scaler.scale(loss)
-        with self.policy.backward_context(self.device.type):
-            loss.backward(**kwargs)
-        self._state.backwards += 1  # gradients of the engine's making: an optimizer.step() of the user's own is refused
-        if self.hooks.active:
-            self.hooks.run("after_backward", self)
+        with self._policy.backward_context(run.device.type):
+            run.step.scale_loss(loss).backward(**kwargs)
+        self._state.note_backward()  # gradients of the engine's making: an optimizer.step() of the user's own is refused
+        if hooks.active:
+            hooks.run("after_backward", self)
 
     def train_step(self, loss_fn: Callable[[Any], torch.Tensor], batch: Any, *optimizers: torch.optim.Optimizer, reduction: str = "mean") -> torch.Tensor:
         """Forward (under :meth:`autocast`), backward and :meth:`step` of ``batch``; split into smaller passes on OOM.
@@ -318,10 +231,8 @@ class Engine:
         >>> engine.steps
         1
         """
-        from .micro_batching import train_step
-
         self._require_setup("train_step")
-        return train_step(self, loss_fn, batch, optimizers, reduction)
+        return self._batcher.train_step(self, loss_fn, batch, optimizers, reduction)
 
     def grad(self, outputs: torch.Tensor, inputs: Sequence[torch.Tensor], create_graph: bool = True) -> tuple[torch.Tensor, ...]:
         """Unscaled gradients of ``outputs`` w.r.t. ``inputs`` for gradient penalties (double backward).
@@ -330,12 +241,10 @@ class Engine:
         scale; an overflow shows up as inf in the penalty and the step is skipped. No sync.
         """
         self._require_setup("grad")
-        scaled = self.scaler.scale(outputs) if self.scaler is not None else outputs
-        with self.policy.backward_context(self.device.type):
-            grads = torch.autograd.grad(scaled, list(inputs), create_graph=create_graph)
-        if self.scaler is None:
-            return grads
-        return tuple(torch._foreach_mul(list(grads), self.scaler.inv_scale()))
+        step = self._run.step
+        with self._policy.backward_context(self._run.device.type):
+            grads = torch.autograd.grad(step.scale_loss(outputs), list(inputs), create_graph=create_graph)
+        return step.unscaled(grads)
 
     def step(self, *optimizers: torch.optim.Optimizer) -> bool:
         """End a micro-batch; at the window's end, unscale, clip, step (or skip) and zero the gradients.
@@ -351,82 +260,19 @@ class Engine:
         as with ``GradScaler``.
         """
         self._require_setup("step")
-        opts = list(optimizers) or self.optimizers
-        unknown = [type(o).__name__ for o in opts if not any(o is s for s in self.optimizers)]
-        if unknown:
-            raise ValueError(f"Optimizer(s) {unknown} were not passed to engine.setup(); pass them there first.")
-        state = self._state
-        size, boundary = state.window(self.accumulate)
+        step, state = self._run.step, self._state
+        opts = step.stepping(optimizers)
+        size, boundary = state.window(self._accumulate)
         if boundary and not state.backwards:
             check_window_backward(self, size)  # no engine.backward() in the window: refused where it trains wrong
-        state.micro += 1
-        state.resumed = False  # a micro-batch has ended since any load
-        if not boundary:
+        if not state.end_micro_batch(boundary):
             return False
-        if state.epoch_len is not None and state.micro >= state.epoch_len:
-            state.micro, state.epoch_len = 0, None  # the declared epoch is over
-        state.steps += 1
-        state.backwards = 0  # this step takes them: the optimizers' guard sees none pending while it runs
-        optimizer_step(self, opts)
+        step.step(opts)
         return True
 
-    def _require_setup(self, what: str) -> None:
-        if not self.models:
-            raise RuntimeError(f"engine.{what}() called before engine.setup(model, optimizer); call setup() first.")
-
-    # ------------------------------------------------------------------------------------------ outcome
-    @property
-    def steps(self) -> int:
-        """Optimizer steps taken (skipped ones included). No sync."""
-        return self._state.steps
-
-    @steps.setter
-    def steps(self, value: int) -> None:
-        self._state.steps = value
-
-    @property
-    def step_state(self) -> StepState:
-        """Where the run stands: the counters a checkpoint keeps (``to_dict``) and the last step's outcome."""
-        return self._state
-
-    @step_state.setter
-    def step_state(self, state: StepState) -> None:
-        self._state = state
-
-    def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
-        """The models' parameters by the names checkpoints use (``"0.weight"`` with several models); after setup."""
-        return list(self._named)
-
-    def add_hook(self, hook: Any) -> None:
+    def add_hook(self, hook: AnyHook) -> None:
         """Join a step hook (see :mod:`ampkit.training.hooks`) to this engine's steps from now on."""
-        self.hooks.add(hook)
-
-    def diagnose_collapse(self) -> str | None:
-        """The message for a collapsed loss scale, naming the parameters whose gradients are not finite; else None."""
-        named = [(self._param_names.get(id(p), "?"), p) for o in self.optimizers for g in o.param_groups for p in g["params"]]
-        return self.collapse.diagnose(self.scaler, named, self.policy.name)
-
-    @property
-    def step_was_skipped(self) -> bool:
-        """Whether the last optimizer step was skipped for non-finite gradients. May sync once."""
-        resolve_outcome(self)
-        return bool(self._state.found_host)  # None only before the first step, or right after a load
-
-    @property
-    def skipped_steps(self) -> int:
-        """Optimizer steps skipped so far. Syncs (waits for the outcomes still on their way)."""
-        resolve_outcome(self)
-        return self._state.skipped
-
-    @property
-    def grad_norm(self) -> float | None:
-        """Total norm of the unscaled gradients before clipping, at the last step (with clip_grad_norm). Syncs."""
-        return float(self._state.norm.item()) if self._state.norm is not None else None
-
-    @property
-    def scale(self) -> float | None:
-        """The current loss scale, or None without scaling. Syncs."""
-        return self.scaler.get_scale() if self.scaler is not None else None
+        self._hooks.add(hook)
 
     # ------------------------------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 Each error says what was passed and what to pass instead; they run in the constructor and in ``setup()``, before
 anything is changed.
 
-    >>> check_engine_args(accumulate=0, clip_grad_norm=None, clip_grad_value=None, micro_batch_rows=None, on_oom="split")
+    >>> check_accumulate(0)
     Traceback (most recent call last):
     ...
     ValueError: accumulate must be an int >= 1 (micro-batches per optimizer step), got 0.
@@ -18,27 +18,38 @@ import torch
 from torch import nn
 
 from ..policy import Policy
-from ..scaling import DynamicLossScaler, LossScaler, ScalerConfig, StaticLossScaler
+from ..scaling import DynamicLossScaler, ScalerConfig, StaticLossScaler
+from ..scaling.protocol import StepScaler
+from .optimizer_step import StepSettings
 
 if TYPE_CHECKING:  # at run time only when asked for: importing ampkit.numerics loads the whole doctor
     from ..numerics.sampler import NumericsSampler
 
-__all__ = ["check_engine_args", "check_setup_args", "build_scaler", "build_sampler", "adopt_schedulers", "check_optimizer_params"]
+__all__ = ["adopt_schedulers", "build_sampler", "build_scaler", "check_accumulate", "check_optimizer_params", "check_setup_args", "step_settings"]
 
 
-def check_engine_args(accumulate: Any, clip_grad_norm: Any, clip_grad_value: Any, micro_batch_rows: Any, on_oom: Any) -> None:
-    """Refuse an argument of the constructor that cannot work, naming the fix."""
+def check_accumulate(accumulate: Any) -> int:
+    """``accumulate`` when it is an int >= 1; else the error naming what it means."""
     if isinstance(accumulate, bool) or not isinstance(accumulate, int) or accumulate < 1:
         raise ValueError(f"accumulate must be an int >= 1 (micro-batches per optimizer step), got {accumulate!r}.")
+    return accumulate
+
+
+def step_settings(clip_grad_norm: Any, clip_grad_value: Any, skip_nonfinite: bool | None, *, scaled: bool) -> StepSettings:
+    """What the optimizer step does besides stepping (``scaled``: the loss is scaled, so skipping is on); refuses
+    what cannot work.
+
+    >>> step_settings(1.0, None, None, scaled=True)
+    StepSettings(clip_grad_norm=1.0, clip_grad_value=None, skip_nonfinite=True)
+    """
     for arg, value in (("clip_grad_norm", clip_grad_norm), ("clip_grad_value", clip_grad_value)):
         if value is not None and not (isinstance(value, (int, float)) and value > 0):
             raise ValueError(f"{arg} must be a positive number or None, got {value!r}.")
     if clip_grad_norm is not None and clip_grad_value is not None:
         raise ValueError("Pass clip_grad_norm or clip_grad_value, not both.")
-    if micro_batch_rows is not None and (isinstance(micro_batch_rows, bool) or not isinstance(micro_batch_rows, int) or micro_batch_rows < 1):
-        raise ValueError(f"micro_batch_rows must be an int >= 1 or None (the whole batch), got {micro_batch_rows!r}.")
-    if on_oom not in ("split", "raise"):
-        raise ValueError(f"on_oom={on_oom!r}: pass 'split' (retry in smaller passes) or 'raise'.")
+    if scaled and skip_nonfinite is False:
+        raise ValueError("A scaled loss must skip steps whose gradients overflowed; drop skip_nonfinite=False or pass scaler='none'.")
+    return StepSettings(clip_grad_norm, clip_grad_value, skip_nonfinite=scaled or bool(skip_nonfinite))
 
 
 def check_setup_args(models: Any, optimizers: Sequence[Any]) -> list[nn.Module]:
@@ -52,7 +63,7 @@ def check_setup_args(models: Any, optimizers: Sequence[Any]) -> list[nn.Module]:
     return model_list
 
 
-def build_scaler(spec: Any, policy: Policy) -> LossScaler | None:
+def build_scaler(spec: Any, policy: Policy) -> StepScaler | None:
     """The loss scaler ``scaler=`` names (default: the policy's), or None without scaling.
 
     >>> from ampkit.policy import get_policy
@@ -60,13 +71,15 @@ def build_scaler(spec: Any, policy: Policy) -> LossScaler | None:
     ('DynamicLossScaler', None)
     """
     if spec is None:
-        spec = policy.loss_scaling
-    if isinstance(spec, LossScaler):
+        return policy.default_scaler()
+    if isinstance(spec, torch.amp.GradScaler):
+        raise ValueError(_grad_scaler_fix(spec))  # noqa: TRY004 - a ValueError, as for every Engine argument that cannot work
+    if isinstance(spec, StepScaler):
         return spec
     if isinstance(spec, ScalerConfig):
         return DynamicLossScaler(spec)
     if isinstance(spec, bool) or not isinstance(spec, (str, int, float)):
-        raise ValueError(f"scaler={spec!r} is not understood; pass 'dynamic', 'none', a float (static scale), a ScalerConfig or a LossScaler.")  # noqa: TRY004 - as every bad scaler=
+        raise ValueError(f"scaler={spec!r} is not understood; pass 'dynamic', 'none', a float (static scale), a ScalerConfig or a LossScaler.")  # noqa: TRY004
     if isinstance(spec, (int, float)):
         return StaticLossScaler(float(spec))
     if spec == "dynamic":
@@ -74,6 +87,18 @@ def build_scaler(spec: Any, policy: Policy) -> LossScaler | None:
     if spec == "none":
         return None
     raise ValueError(f"scaler={spec!r} is not understood; pass 'dynamic', 'none', a float (static scale), a ScalerConfig or a LossScaler.")
+
+
+def _grad_scaler_fix(scaler: torch.amp.GradScaler) -> str:
+    """Why a GradScaler cannot be the engine's scaler, and the ScalerConfig that scales as it does."""
+    if not scaler.is_enabled():
+        return "scaler=torch.amp.GradScaler(enabled=False) scales nothing: pass scaler='none'."
+    config = (f"ScalerConfig(init_scale={scaler.get_scale():g}, growth_factor={scaler.get_growth_factor():g}, "
+              f"backoff_factor={scaler.get_backoff_factor():g}, growth_interval={scaler.get_growth_interval()})")
+    return (f"scaler=torch.amp.GradScaler(...): the engine unscales, checks and skips every optimizer of a step at once, which "
+            f"GradScaler's per-optimizer step() cannot; pass scaler=ampkit.{config}, its rules on the device (plus a floor and a "
+            "ceiling, see ScalerConfig), and drop the GradScaler's scale(), step() and update() calls: engine.backward() and "
+            "engine.step() make them.")
 
 
 def build_sampler(spec: Any) -> NumericsSampler | None:

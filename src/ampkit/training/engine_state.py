@@ -3,9 +3,10 @@ stochastic rounding's stream.
 
 :meth:`Engine.state_dict <ampkit.training.engine.Engine.state_dict>` returns :func:`engine_state`; a checkpoint
 stores it beside the models and optimizers (:mod:`ampkit.checkpoint.payload`) and, once it has validated it,
-puts it back with :func:`apply_engine_state`. It goes through the engine's public surface only:
-``step_state`` (a :class:`~ampkit.training.step_state.StepState`), ``named_parameters()``, the scaler's and
-the masters' own ``state_dict``.
+puts it back with :func:`apply_engine_state`. It goes through the engine's public surface only: ``step_state``
+(a :class:`~ampkit.training.step_state.StepState`), ``micro_batch_rows``, ``named_parameters()``, and the
+optimizer step's own ``state_dict`` / ``load_state_dict`` (:class:`~ampkit.training.optimizer_step.OptimizerStep`:
+the scaler's, the masters' and the rounding stream's).
 """
 
 from __future__ import annotations
@@ -41,31 +42,27 @@ def pending_grads(engine: Engine) -> dict[str, torch.Tensor] | None:
 
 
 def engine_state(engine: Engine) -> dict[str, Any]:
-    """The engine's own state (no model or optimizer tensors besides masters and pending gradients)."""
-    return {
+    """The engine's own state (no model or optimizer tensors besides masters and pending gradients), one flat dict
+    gathered from its owners: the loop's counters, the micro-batching's rows, the optimizer step's scaler, masters,
+    skipped count and rounding stream. The keys are the ones checkpoints have always had."""
+    state = {
         "policy": engine.policy.name,
         "accumulate": engine.accumulate,
         **engine.step_state.to_dict(),  # micro, epoch_len, steps
         "micro_batch_rows": engine.micro_batch_rows,
-        "skipped_steps": engine.skipped_steps,
-        "scaler": engine.scaler.state_dict() if engine.scaler is not None else None,
-        "masters": engine.masters.state_dict() if engine.masters is not None else None,
+        **engine.optimizer_step.state_dict(),  # skipped_steps, scaler, masters, rounding
         "pending_grads": pending_grads(engine),
-        "rounding": engine.rounding.state_dict() if engine.rounding is not None else None,  # bf16-true-sr's stream
     }
+    state["rounding"] = state.pop("rounding")  # last, where it was added (bf16-true-sr's stream)
+    return state
 
 
 def apply_engine_state(engine: Engine, state: dict[str, Any]) -> None:
-    """Put back :func:`engine_state` as it is (validated by the caller); forgets the last step's outcome."""
+    """Put back :func:`engine_state` through each owner (validated by the caller); forgets the last step's outcome."""
     engine.step_state.load_counters(state, state["skipped_steps"], engine.accumulate)  # that outcome was another process's last step
     if state.get("micro_batch_rows") is not None:  # learnt after an OOM; absent from older checkpoints
         engine.micro_batch_rows = state["micro_batch_rows"]
-    if engine.scaler is not None:
-        engine.scaler.load_state_dict(state["scaler"])
-    if engine.masters is not None:
-        engine.masters.load_state_dict(state["masters"])
-    if engine.rounding is not None and state.get("rounding") is not None:  # absent from older checkpoints
-        engine.rounding.load_state_dict(state["rounding"])
+    engine.optimizer_step.load_state_dict(state)
     if state["pending_grads"] is not None:
         by_name = dict(engine.named_parameters())
         for name, grad in state["pending_grads"].items():

@@ -45,12 +45,16 @@ from typing import Any
 import torch
 
 from .._compat import compiler_error, optimizer_has_step_hooks, own_code
-from .fused_step_compile import FusedStepFailed, region_compile_kwargs, steps_to_host, warn_fallback
+from ..policy.masters import MasterWeights
+from .fused_step_compile import (
+    FusedStepFailed,
+    region_compile_kwargs,
+    steps_to_host,
+    warn_fallback,
+)
 from .fused_step_region import step_region
-from .masters import MasterWeights
-from .remainder_masters import RemainderMasters
 
-__all__ = ["SUPPORTED", "FusedMasterStep", "fused_step_problem", "check_fused_step_spec", "check_fused_step", "build_fused_step"]
+__all__ = ["SUPPORTED", "FusedMasterStep", "build_fused_step", "check_fused_step", "check_fused_step_spec", "fused_step_problem"]
 
 log = logging.getLogger("ampkit")
 
@@ -59,9 +63,10 @@ SUPPORTED: tuple[type[torch.optim.Optimizer], ...] = (torch.optim.SGD, torch.opt
 
 
 def fused_step_problem(
-    optimizers: Sequence[torch.optim.Optimizer], has_masters: bool, distributed: str | None = None, *, remainders: bool = False
+    optimizers: Sequence[torch.optim.Optimizer], has_masters: bool, distributed: str | None = None, *, untraceable: str | None = None
 ) -> str | None:
-    """Why the fused master step cannot run here, in words that name the fix; None when it can.
+    """Why the fused master step cannot run here, in words that name the fix; None when it can. ``untraceable``: why
+    the policy's masters cannot be traced (:attr:`~ampkit.policy.masters.MasterWeights.untraceable`).
 
     >>> from torch import nn
     >>> print(fused_step_problem([torch.optim.Adagrad(nn.Linear(1, 1).parameters())], has_masters=True))
@@ -71,8 +76,8 @@ def fused_step_problem(
         return "only the master-weight policies ('bf16-true-masters', '16-true-masters') have a master step to fuse"
     if distributed is not None:
         return f"{distributed}; use fused_step=False"
-    if remainders:
-        return "the remainder masters rebuild fp32 masters around the step, which the region does not trace; use fused_step=False or 'bf16-true-masters'"
+    if untraceable is not None:
+        return untraceable
     names = ", ".join(c.__name__ for c in SUPPORTED[:-1]) + f" and {SUPPORTED[-1].__name__}"
     for opt in optimizers:
         if not isinstance(opt, SUPPORTED):
@@ -97,7 +102,7 @@ def check_fused_step_spec(spec: Any) -> None:
 
 
 def check_fused_step(
-    spec: bool | dict[str, Any] | None, optimizers: Sequence[torch.optim.Optimizer], has_masters: bool, *, remainders: bool = False
+    spec: bool | dict[str, Any] | None, optimizers: Sequence[torch.optim.Optimizer], has_masters: bool, *, untraceable: str | None = None
 ) -> None:
     """Refuse, before setup changes anything, a fused step that is insisted on (``True``, a dict) and cannot run.
 
@@ -108,7 +113,7 @@ def check_fused_step(
     ValueError: fused_step: only the master-weight policies ('bf16-true-masters', '16-true-masters') have a master step to fuse.
     """
     if spec is True or isinstance(spec, dict):
-        problem = fused_step_problem(optimizers, has_masters, remainders=remainders)
+        problem = fused_step_problem(optimizers, has_masters, untraceable=untraceable)
         if problem is not None:
             raise ValueError(f"fused_step: {problem}.")
 
@@ -127,7 +132,7 @@ def build_fused_step(
     """
     if spec is False or (spec is None and compile_options is None):
         return None
-    problem = fused_step_problem(optimizers, masters is not None, distributed, remainders=isinstance(masters, RemainderMasters))
+    problem = fused_step_problem(optimizers, masters is not None, distributed, untraceable=masters.untraceable if masters is not None else None)
     if problem is not None:
         if spec is None:
             if masters is not None:

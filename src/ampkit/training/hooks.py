@@ -32,16 +32,43 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import torch
 
 if TYPE_CHECKING:
     from .engine import Engine
 
-__all__ = ["StepHook", "HOOK_METHODS", "Hooks"]
+__all__ = ["HOOK_METHODS", "AnyHook", "HookPoint", "Hooks", "StepHook"]
 
-HOOK_METHODS = ("wrap_forward", "before_backward", "after_backward", "before_optimizer_step", "after_optimizer_step")
+HookPoint = Literal["wrap_forward", "before_backward", "after_backward", "before_optimizer_step", "after_optimizer_step"]
+"""The points of a step where hooks are called."""
+HOOK_METHODS: tuple[HookPoint, ...] = ("wrap_forward", "before_backward", "after_backward", "before_optimizer_step", "after_optimizer_step")
+
+
+# One protocol per hook point: a hook is an object that meets at least one of them (it defines the methods it needs).
+class _WrapsForward(Protocol):
+    def wrap_forward(self, engine: Engine, forward: AbstractContextManager[Any]) -> AbstractContextManager[Any]: ...
+
+
+class _BeforeBackward(Protocol):
+    def before_backward(self, engine: Engine, loss: torch.Tensor) -> None: ...
+
+
+class _AfterBackward(Protocol):
+    def after_backward(self, engine: Engine) -> None: ...
+
+
+class _BeforeOptimizerStep(Protocol):
+    def before_optimizer_step(self, engine: Engine) -> None: ...
+
+
+class _AfterOptimizerStep(Protocol):
+    def after_optimizer_step(self, engine: Engine) -> None: ...
+
+
+AnyHook = _WrapsForward | _BeforeBackward | _AfterBackward | _BeforeOptimizerStep | _AfterOptimizerStep
+"""What ``Engine(hooks=...)`` and ``engine.add_hook`` take: an object with at least one hook method, as typed above."""
 
 
 class StepHook:
@@ -66,13 +93,13 @@ class StepHook:
 class Hooks:
     """The engine's hooks, sorted by method once when added, so a step only runs the calls that exist."""
 
-    def __init__(self, hooks: Sequence[Any] = ()) -> None:
-        self.hooks: list[Any] = []
-        self.calls: dict[str, list[Callable[..., Any]]] = {name: [] for name in HOOK_METHODS}
+    def __init__(self, hooks: Sequence[AnyHook] = ()) -> None:
+        self.hooks: list[AnyHook] = []
+        self.calls: dict[HookPoint, list[Callable[..., Any]]] = {name: [] for name in HOOK_METHODS}
         for hook in hooks:
             self.add(hook)
 
-    def add(self, hook: Any) -> None:
+    def add(self, hook: AnyHook) -> None:
         """Add ``hook``; it must define at least one of :data:`HOOK_METHODS`."""
         methods = [name for name in HOOK_METHODS if callable(getattr(hook, name, None))]
         if not methods:
@@ -93,7 +120,7 @@ class Hooks:
         dispatch call per hook point."""
         return bool(self.hooks)
 
-    def run(self, name: str, *args: Any) -> None:
+    def run(self, name: HookPoint, *args: Any) -> None:
         for call in self.calls[name]:
             call(*args)
 

@@ -53,7 +53,7 @@ from .oom import OutOfMemoryError, is_out_of_memory, release_memory
 if TYPE_CHECKING:
     from .engine import Engine
 
-__all__ = ["batch_rows", "split_batch", "train_step"]
+__all__ = ["MicroBatcher", "batch_rows", "check_rows", "split_batch", "train_step"]
 
 log = logging.getLogger("ampkit")
 
@@ -86,8 +86,48 @@ def split_batch(batch: Any, start: int, stop: int) -> Any:
     return tree_unflatten([t[start:stop] if isinstance(t, torch.Tensor) and t.dim() > 0 else t for t in leaves], spec)
 
 
-def train_step(engine: Engine, loss_fn: LossFn, batch: Any, optimizers: tuple[torch.optim.Optimizer, ...], reduction: str) -> torch.Tensor:
-    """Forward, backward and step of ``batch`` through ``engine``, split on out-of-memory. See ``Engine.train_step``."""
+def check_rows(rows: Any) -> int | None:
+    """``rows`` as ``micro_batch_rows`` takes it (an int >= 1, or None for the whole batch); else the error.
+
+    >>> check_rows(0)
+    Traceback (most recent call last):
+    ...
+    ValueError: micro_batch_rows must be an int >= 1 or None (the whole batch), got 0.
+    """
+    if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 1):
+        raise ValueError(f"micro_batch_rows must be an int >= 1 or None (the whole batch), got {rows!r}.")
+    return rows
+
+
+class MicroBatcher:
+    """The engine's micro-batching: the rows :meth:`train_step` feeds at once (``Engine.micro_batch_rows``, learnt after
+    an out-of-memory error and kept in checkpoints), and what an out-of-memory error does (``on_oom``: ``"split"`` or
+    ``"raise"``). Only it changes the rows, and only where it is told to or learns them.
+
+    >>> batcher = MicroBatcher(rows=None, on_oom="split"); batcher.learn(64); batcher.rows
+    64
+    """
+
+    def __init__(self, rows: int | None, on_oom: str) -> None:
+        if on_oom not in ("split", "raise"):
+            raise ValueError(f"on_oom={on_oom!r}: pass 'split' (retry in smaller passes) or 'raise'.")
+        self.rows = check_rows(rows)
+        self.on_oom = on_oom
+
+    def learn(self, rows: int | None) -> None:
+        """Feed at most ``rows`` rows at once from now on (after an out-of-memory error, or as the user says)."""
+        self.rows = check_rows(rows)
+
+    def train_step(self, engine: Engine, loss_fn: LossFn, batch: Any, optimizers: tuple[torch.optim.Optimizer, ...], reduction: str) -> torch.Tensor:
+        """Forward, backward and step of ``batch`` through ``engine`` (see :func:`train_step`)."""
+        return train_step(engine, self, loss_fn, batch, optimizers, reduction)
+
+
+def train_step(
+    engine: Engine, batcher: MicroBatcher, loss_fn: LossFn, batch: Any, optimizers: tuple[torch.optim.Optimizer, ...], reduction: str
+) -> torch.Tensor:
+    """Forward, backward and step of ``batch`` through ``engine``, split on out-of-memory as ``batcher`` says (and
+    learns). See ``Engine.train_step``."""
     if reduction not in ("mean", "sum"):
         raise ValueError(f"train_step(reduction={reduction!r}): pass 'mean' (the loss averages over samples) or 'sum'.")
     n = batch_rows(batch)
@@ -97,7 +137,7 @@ def train_step(engine: Engine, loss_fn: LossFn, batch: Any, optimizers: tuple[to
             "a sample. Skip empty batches before calling it (e.g. DataLoader(drop_last=True), or filter them out)."
         )
     distributed = world_size() > 1
-    rows = min(n, engine.micro_batch_rows or n)
+    rows = min(n, batcher.rows or n)
     pieces: int | None = None
     if distributed:
         # Every rank must run the same number of backward passes, or DDP's all-reduces pair up wrongly: the
@@ -127,7 +167,7 @@ def train_step(engine: Engine, loss_fn: LossFn, batch: Any, optimizers: tuple[to
             done, passes = stop, passes + 1
             continue
         except Exception as exc:  # only allocation failures are handled; the rest re-raise
-            if not is_out_of_memory(exc) or engine.on_oom != "split":
+            if not is_out_of_memory(exc) or batcher.on_oom != "split":
                 raise
             failure = exc
         # Outside the except block, so the failed attempt's frames and activations can be freed.
@@ -147,7 +187,7 @@ def train_step(engine: Engine, loss_fn: LossFn, batch: Any, optimizers: tuple[to
         release_memory(failure)
         del failure
         rows = math.ceil(rows / 2)
-        engine.micro_batch_rows = rows
+        batcher.learn(rows)
         log.warning(
             "out of memory at %d rows per pass in step %d: splitting into passes of %d rows from now on "
             "(gradients unchanged; Engine(micro_batch_rows=%d) skips the failed try next time).",
@@ -169,7 +209,7 @@ def _drop_partial_gradients(engine: Engine, window_start: bool, done: int, in_ba
         m.zero_grad(set_to_none=True)
     if window_start:
         return " The gradients are as they were before this step."
-    engine.step_state.micro -= pending
+    engine.step_state.discard_window(engine.accumulate)
     return (f" The gradients of this accumulation window ({pending} earlier micro-batch(es)) held part of this batch and were "
             "discarded; the next micro-batch starts a new window.")
 

@@ -1,8 +1,8 @@
 """What ``Engine.setup()`` does to the models: the strategy's wrapping or sharding, master weights, the policy's casts.
 
 The strategy decides the order (a DDP or FSDP run broadcasts rank 0's weights first; FSDP's mixed precision
-carries the policy itself, so nothing is cast here); the engine's share, cloning fp32 masters and casting the
-modules, is handed to it as ``cast``.
+carries the policy itself, so nothing is cast here); the engine's share, the policy's masters
+(:meth:`~ampkit.policy.Policy.build_masters`) and its casts, is handed to it as ``cast``.
 
     >>> from torch import nn
     >>> from ampkit.policy import get_policy
@@ -22,9 +22,8 @@ from torch import nn
 
 from ..distributed.strategy import SingleProcess, Strategy, choose_strategy, unwrap
 from ..policy import Policy
+from ..policy.masters import MasterWeights
 from .engine_args import check_optimizer_params
-from .masters import MasterWeights
-from .remainder_masters import RemainderMasters
 
 __all__ = ["Prepared", "prepare_models"]
 
@@ -63,10 +62,9 @@ def prepare_models(given: list[nn.Module], optimizers: Sequence[torch.optim.Opti
     masters: list[MasterWeights] = []
 
     def cast(targets: list[nn.Module]) -> None:  # the policy, applied when the strategy says
-        if policy.master_weights:
-            converted = {id(p) for m in targets for c in policy.converted_modules(m) for p in c.parameters(recurse=False)}
-            store = RemainderMasters if policy.master_remainders else MasterWeights
-            masters.append(store.clone([(n, p) for n, p in names() if id(p) in converted], optimizers))
+        built = policy.build_masters(targets, names(), optimizers)  # before the cast: the fp32 values are cloned
+        if built is not None:
+            masters.append(built)
         for m in targets:
             policy.convert_module(m, device.type)
 

@@ -5,6 +5,11 @@ by :mod:`ampkit.checkpoint.payload` through :meth:`StepState.to_dict` / :meth:`S
 checkpoint's own keys. The outcome fields describe the last optimizer step only; they are never saved, and a
 load clears them, since they answer for a step the loaded run did not take here.
 
+Two owners write it, each its own fields and only through these methods: the engine's loop the counters
+(:meth:`StepState.end_micro_batch`, :meth:`StepState.start_epoch`, :meth:`StepState.load_counters`,
+:meth:`StepState.discard_window`), the optimizer step (:class:`~ampkit.training.optimizer_step.OptimizerStep`) the
+outcome (``norm``, ``diagnose_late``, :meth:`StepState.record_outcome`, :meth:`StepState.poll`).
+
 A step that nothing forced to read its overflow flag (a fused optimizer on an accelerator) sends the flag to the
 host with one copy into a pinned slot behind an event, and the host reads it once the copy has landed, at a later
 step, without waiting: the step makes no host-device sync, as torch's own GradScaler loop makes none.
@@ -72,6 +77,42 @@ class StepState:
         return cls(micro=counters["micro"], epoch_len=counters["epoch_len"], steps=counters["steps"])
 
     # ------------------------------------------------------------------------------------------ the window
+    def end_micro_batch(self, boundary: bool) -> bool:
+        """Count a micro-batch that ends (``boundary``: its window too); True when an optimizer step is due now.
+
+        >>> state = StepState(micro=1, epoch_len=2, backwards=2)
+        >>> state.end_micro_batch(boundary=True), state.to_dict(), state.backwards  # the declared epoch is over
+        (True, {'micro': 0, 'epoch_len': None, 'steps': 1}, 0)
+        """
+        self.micro += 1
+        self.resumed = False  # a micro-batch has ended since any load
+        if not boundary:
+            return False
+        if self.epoch_len is not None and self.micro >= self.epoch_len:
+            self.micro, self.epoch_len = 0, None
+        self.steps += 1
+        self.backwards = 0  # the step takes them: the optimizers' guard sees none pending while it runs
+        return True
+
+    def note_backward(self) -> None:
+        """An ``engine.backward()`` added gradients that the next optimizer step takes."""
+        self.backwards += 1
+
+    def discard_window(self, accumulate: int) -> int:
+        """Forget the micro-batches of the open window (their gradients were dropped); returns how many.
+
+        >>> state = StepState(micro=5); state.discard_window(accumulate=4), state.micro
+        (1, 4)
+        """
+        pending = self.pending(accumulate)
+        self.micro -= pending
+        return pending
+
+    def restore(self, saved: StepState) -> None:
+        """Become ``saved`` (a ``copy.copy`` taken before a load that failed), outcome included."""
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, getattr(saved, f.name))
+
     def pending(self, accumulate: int) -> int:
         """Micro-batches accumulated since the last optimizer step; 0 at a window boundary.
 
@@ -119,6 +160,8 @@ class StepState:
         >>> state.to_dict()
         {'micro': 0, 'epoch_len': 5, 'steps': 0}
         """
+        if num_micro_batches is not None and (isinstance(num_micro_batches, bool) or not isinstance(num_micro_batches, int) or num_micro_batches < 1):
+            raise ValueError(f"num_micro_batches must be a positive int (e.g. len(loader)), got {num_micro_batches!r}.")
         if self.resumed and self.epoch_len is not None and self.micro > 0:
             if num_micro_batches != self.epoch_len:
                 raise ValueError(

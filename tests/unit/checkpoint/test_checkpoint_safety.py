@@ -3,11 +3,14 @@ part-way (found only while applying) puts the whole run back, bitwise."""
 
 from __future__ import annotations
 
+import collections
+import enum
 import random
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -223,3 +226,41 @@ def test_a_load_keeps_the_kernel_guards_whatever_fused_flags_the_checkpoint_carr
     reader, reader_opt = sgd_run()
     reader.load(tmp_path / "c.pt")
     assert reader_opt.param_groups[0]["fused"] is False and not reader_opt._step_supports_amp_scaling
+
+
+class _Pair(NamedTuple):
+    step: int
+    loss: float
+
+
+class _Phase(enum.IntEnum):
+    WARMUP = 1
+
+
+@pytest.mark.parametrize(
+    "value, fix",
+    [
+        (np.float64(0.5), r"float\(value\)"),  # what a metric computed with numpy is
+        (np.int64(3), r"int\(value\)"),
+        (torch.__version__, r"str\(value\)"),  # a str subclass (TorchVersion)
+        (_Phase.WARMUP, r"int\(value\)"),
+        (_Pair(1, 0.5), r"tuple\(value\)"),
+        (collections.defaultdict(list), r"dict\(value\)"),
+    ],
+    ids=["numpy-float", "numpy-int", "torch-version", "int-enum", "namedtuple", "defaultdict"],
+)
+def test_an_extra_that_a_load_would_refuse_is_refused_at_save_naming_the_conversion(tmp_path: Path, value: object, fix: str) -> None:
+    """Only what torch.load(weights_only=True) reads back may be saved: a subclass of a number, a string, a tuple or a
+    dict pickles as its own class, which the load refuses, and the run could never be resumed from that file."""
+    engine, _ = _run(steps=1)
+    with pytest.raises(CheckpointError, match=rf"extra\['v'\] holds .*; store {fix}"):
+        engine.save(tmp_path / "c.pt", extra={"v": value})
+    assert not (tmp_path / "c.pt").exists()
+
+
+def test_plain_numbers_strings_and_containers_in_extra_round_trip(tmp_path: Path) -> None:
+    extra = {"epoch": 3, "loss": 0.25, "done": False, "name": "run", "none": None, "seen": [1, (2, 3)], "t": torch.ones(2), "nested": {"k": [1.5]}}
+    engine, _ = _run(steps=1)
+    engine.save(tmp_path / "c.pt", extra=extra)
+    back = engine.load(tmp_path / "c.pt")
+    assert back.keys() == extra.keys() and torch.equal(back.pop("t"), extra.pop("t")) and back == extra

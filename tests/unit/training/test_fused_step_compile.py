@@ -133,8 +133,8 @@ def test_a_collapse_reported_by_the_unfused_step_it_fell_back_to_still_turns_the
     from ampkit.errors import LossScaleCollapseError
 
     backend = FailingBackend()
-    engine, net, _opt = setup({"backend": backend}, model(), precision="bf16-true-masters", skip_nonfinite=True)
-    monkeypatch.setattr(engine, "diagnose_collapse", lambda: "the scale collapsed (a stand-in diagnosis)")
+    engine, net, _ = setup({"backend": backend}, model(), precision="bf16-true-masters", skip_nonfinite=True)
+    monkeypatch.setattr(engine.optimizer_step, "diagnose_collapse", lambda: "the scale collapsed (a stand-in diagnosis)")
     data = batches(3)
     backward(engine, net, data[0])
     engine.step()
@@ -204,16 +204,20 @@ def test_inductor_failing_in_its_scheduler_falls_back_and_the_region_compiles_wi
 
     monkeypatch.setattr(Scheduler, "fuse_nodes", fuse_nodes)
     monkeypatch.setattr(_compat, "INDUCTOR_FOREACH_REORDER_ASSERTS", torch_asserts)
-    engine, net, _opt = setup(True, model(), precision="bf16-true-masters")
+    engine, net, _ = setup(True, model(), precision="bf16-true-masters")
+
+    def train() -> None:
+        for batch in batches(3):
+            backward(engine, net, batch)
+            engine.step()
+
     # A cached graph would skip the scheduler: no caches.
     caches = {"enable_autograd_cache": False} if hasattr(functorch_config, "enable_autograd_cache") else {}
     with inductor_config.patch(loop_ordering_after_fusion=True, fx_graph_cache=False), functorch_config.patch(caches):
         # InductorError on recent torch (2.11, 2.13); older releases leave an uncached compile's error to dynamo's
         # BackendCompilerFailed.
-        with pytest.warns(UserWarning, match="(InductorError|BackendCompilerFailed): AssertionError at .*in fuse_nodes") as caught:  # noqa: PT031 - the first compiled step warns
-            for batch in batches(3):
-                backward(engine, net, batch)
-                engine.step()
+        with pytest.warns(UserWarning, match="(InductorError|BackendCompilerFailed): AssertionError at .*in fuse_nodes") as caught:
+            train()
         assert inductor_config.loop_ordering_after_fusion is True  # the user's setting, untouched outside the region
     assert len(seen) == 1 and seen[0] is not torch_asserts  # off for the region only where this torch asserts
     assert engine.fused_step.calls == 0 and "AssertionError at" in engine.fused_step.failure

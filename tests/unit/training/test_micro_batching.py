@@ -13,7 +13,7 @@ from torch import nn
 from ampkit import Engine
 from ampkit.memory.batch_finder import _older_objects_frozen as older_objects_frozen
 from ampkit.memory.oom import MemoryBudget
-from ampkit.training.micro_batching import batch_rows, split_batch
+from ampkit.training.micro_batching import MicroBatcher, batch_rows, split_batch
 
 N, D = 256, 128
 
@@ -27,12 +27,12 @@ def _older_objects_frozen():
         yield
 
 
-def _model(device: torch.device = torch.device("cpu")) -> nn.Module:
+def _model(device: torch.device | str = "cpu") -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(D, 512), nn.LayerNorm(512), nn.GELU(), nn.Linear(512, 10)).to(device)
 
 
-def _batch(seed: int = 1, device: torch.device = torch.device("cpu")) -> tuple[torch.Tensor, torch.Tensor]:
+def _batch(seed: int = 1, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)  # drawn on the CPU: every device sees the same values
     return torch.randn(N, D, generator=g).to(device), torch.randint(0, 10, (N,), generator=g).to(device)
 
@@ -138,7 +138,7 @@ def test_a_failed_forward_goes_on_from_the_failed_row_and_every_row_counts_once(
 def test_a_failed_backward_with_earlier_micro_batches_pending_raises_with_the_fix():
     model = _model()
     engine = Engine(accumulate=2)
-    model, _opt = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    model, _ = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
     x = _batch()[0]
     engine.train_step(lambda r: model(r).pow(2).mean(), x)  # first micro-batch of the window: fine
     state = {"n": 0}
@@ -174,7 +174,7 @@ def test_on_oom_raise_and_other_errors_propagate_unchanged():
 def test_micro_batch_rows_is_saved_and_restored(tmp_path):
     model = _model()
     engine = Engine(micro_batch_rows=48)
-    model, _opt = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    model, _ = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
     engine.train_step(lambda b: nn.functional.cross_entropy(model(b[0]), b[1]), _batch())
     engine.save(tmp_path / "ckpt.pt")
     restored = Engine()
@@ -334,3 +334,12 @@ def test_a_batch_of_zero_rows_is_refused_before_it_counts_a_step():
     with pytest.raises(ValueError, match="0 rows.*drop_last=True"):
         engine.train_step(lambda b: model(b).sum(), torch.zeros(0, D))
     assert engine.steps == 0 and engine.step_state.micro == 0
+
+
+def test_the_batcher_checks_the_rows_it_learns_and_what_an_oom_does() -> None:
+    batcher = MicroBatcher(rows=32, on_oom="split")
+    with pytest.raises(ValueError, match=r"micro_batch_rows must be an int >= 1 or None \(the whole batch\), got 0"):
+        batcher.learn(0)
+    assert batcher.rows == 32
+    with pytest.raises(ValueError, match=r"on_oom='retry': pass 'split' \(retry in smaller passes\) or 'raise'"):
+        MicroBatcher(rows=None, on_oom="retry")

@@ -10,6 +10,7 @@ gradients live in persistent buffers that are overwritten, not reallocated, at e
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -28,6 +29,9 @@ class MasterWeights:
     >>> opt.param_groups[0]["params"][0].dtype
     torch.float32
     """
+
+    untraceable: ClassVar[str | None] = None
+    """Why the fused master step (one compiled region) cannot trace a step of these masters; None: it can."""
 
     def __init__(self, pairs: Sequence[tuple[str, nn.Parameter, nn.Parameter]]) -> None:
         self.names = [name for name, _, _ in pairs]

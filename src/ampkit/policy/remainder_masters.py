@@ -1,10 +1,10 @@
 """fp32 master weights stored as the bf16 model weight plus an int16 remainder and a tie bit: 2.125 bytes per
 parameter, not 8.
 
-:class:`~ampkit.training.masters.MasterWeights` keeps an fp32 master and an fp32 gradient buffer per parameter
+:class:`~ampkit.policy.masters.MasterWeights` keeps an fp32 master and an fp32 gradient buffer per parameter
 for the whole run (8 bytes per parameter beside the 16-bit model). This store keeps only an int16 remainder
 and one tie bit per parameter between steps: with the bf16 weight the model already holds, they are the master,
-bit for bit (see :mod:`ampkit.training.remainder_bits` for why 16 bits alone cannot be exact).
+bit for bit (see :mod:`ampkit.policy.remainder_bits` for why 16 bits alone cannot be exact).
 
 The optimizer still holds, and steps, fp32 ``Parameter`` objects, so any torch optimizer works and its state
 stays fp32. Their storage exists only during the step: :meth:`copy_grads_to_masters` allocates it, rebuilds the
@@ -25,6 +25,7 @@ Between steps the fp32 masters have their shapes but no data: read them through 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -81,6 +82,10 @@ class RemainderMasters(MasterWeights):
     >>> torch.equal(masters.state_dict()["weight"], w0)  # the fp32 master, rebuilt exactly
     True
     """
+
+    untraceable: ClassVar[str | None] = (
+        "the remainder masters rebuild fp32 masters around the step, which the region does not trace; use fused_step=False or 'bf16-true-masters'"
+    )
 
     def __init__(self, pairs: Sequence[tuple[str, nn.Parameter, nn.Parameter]]) -> None:
         super().__init__(pairs)

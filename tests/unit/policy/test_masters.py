@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from ampkit.training.masters import MasterWeights
+from ampkit.policy.masters import MasterWeights
 
 
 def setup(dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cpu") -> tuple[nn.Module, torch.optim.Optimizer, MasterWeights, list[torch.Tensor]]:
@@ -20,7 +20,7 @@ def setup(dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cpu
 
 
 def test_masters_are_exact_fp32_copies_taken_before_the_cast(device: torch.device, half_dtype: torch.dtype) -> None:
-    model, _opt, masters, fp32 = setup(half_dtype, device)
+    model, _, masters, fp32 = setup(half_dtype, device)
     assert masters.names == ["0.weight", "0.bias", "1.weight", "1.bias"]
     for m, ref in zip(masters.masters, fp32):
         assert m.dtype == torch.float32 and m.device == ref.device and torch.equal(m, ref)  # no 16-bit round trip

@@ -12,9 +12,9 @@ from torch import nn
 from ampkit import Engine
 from ampkit.memory.accounting import tensor_bytes, training_state_bytes
 from ampkit.memory.estimate import estimate
+from ampkit.policy.remainder_bits import tie_bytes
+from ampkit.policy.remainder_masters import RemainderMasters
 from ampkit.training.fused_master_step import fused_step_problem
-from ampkit.training.remainder_bits import tie_bytes
-from ampkit.training.remainder_masters import RemainderMasters
 
 OptFactory = Callable[..., torch.optim.Optimizer]
 OPTIMIZERS: dict[str, OptFactory] = {
@@ -102,7 +102,7 @@ def test_a_master_that_lands_on_a_tie_rounded_down_comes_back_exactly() -> None:
         model = nn.Linear(1, 1, bias=False)
         nn.init.ones_(model.weight)
         engine = Engine(policy)
-        model, _opt = engine.setup(model, torch.optim.SGD(model.parameters(), lr=1.0))
+        model, _ = engine.setup(model, torch.optim.SGD(model.parameters(), lr=1.0))
         seen = []
         for _ in range(2):
             engine.backward(-(2**-8) * model(torch.ones(1, 1)).float().sum())
@@ -148,7 +148,7 @@ def test_resume_is_bitwise(tmp_path: Path) -> None:
     batches = _batches(6)
     engine = Engine("bf16-true-remainder")
     model = _model()
-    model, _optimizer = engine.setup(model, OPTIMIZERS["adamw"](model.parameters()))
+    model, _ = engine.setup(model, OPTIMIZERS["adamw"](model.parameters()))
     _train(engine, model, batches[:3])
     engine.save(tmp_path / "ckpt.pt")
     ctrl_losses = _train(engine, model, batches[3:])
@@ -158,7 +158,7 @@ def test_resume_is_bitwise(tmp_path: Path) -> None:
     with torch.no_grad():
         for p in other.parameters():
             p.add_(1.0)  # different weights: the checkpoint must bring back all of them
-    other, _other_opt = resumed.setup(other, OPTIMIZERS["adamw"](other.parameters()))
+    other, _ = resumed.setup(other, OPTIMIZERS["adamw"](other.parameters()))
     resumed.load(tmp_path / "ckpt.pt")
     losses = _train(resumed, other, batches[3:])
     assert torch.equal(_bits(losses), _bits(ctrl_losses))
@@ -169,7 +169,7 @@ def test_resume_is_bitwise(tmp_path: Path) -> None:
 def test_the_fused_master_step_is_refused_before_setup_changes_the_model() -> None:
     model = nn.Linear(2, 2)
     opt = torch.optim.AdamW(model.parameters())
-    assert fused_step_problem([opt], True, None, remainders=True) is not None
+    assert fused_step_problem([opt], True, None, untraceable=RemainderMasters.untraceable) is not None
     with pytest.raises(ValueError, match="fused_step=False"):
         Engine("bf16-true-remainder", fused_step=True).setup(model, opt)
     assert model.weight.dtype == torch.float32  # refused before the policy cast anything

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["split_", "merge_", "narrow_", "add_ties_", "tie_bytes", "REMAINDER_MAX"]
+__all__ = ["REMAINDER_MAX", "add_ties_", "merge_", "narrow_", "split_", "tie_bytes"]
 
 REMAINDER_MAX = 32767
 """The largest remainder int16 holds; ``+32768`` (a tie rounded down to even) is stored as this with its tie bit set."""
