@@ -71,6 +71,9 @@ KNOWN_TYPE_CHECKING: set[tuple[str, str]] = {
     ("ampkit.numerics.sampler", "ampkit.training.engine"),
     ("ampkit.training.engine", "ampkit.numerics"),
     ("ampkit.training.engine", "ampkit.numerics.sampler"),
+    # The same dependency, read back: EngineView (engine.numerics) types what Engine(numerics=N) built.
+    ("ampkit.training.engine_view", "ampkit.numerics"),
+    ("ampkit.training.engine_view", "ampkit.numerics.sampler"),
 }
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
@@ -38,13 +38,11 @@ from .compile import (
 from .engine_args import adopt_schedulers, check_setup_args
 from .fused_library_step import build_library_step, check_library_step
 from .fused_master_step import build_fused_step, check_fused_step
+from .hooks import Hooks
 from .model_setup import prepare_models
 from .optimizer_step import OptimizerStep, StepSettings
 from .rounding_stream import rounding_stream
 from .step_state import StepState
-
-if TYPE_CHECKING:
-    from .hooks import Hooks
 
 __all__ = ["Run", "set_up"]
 

@@ -22,17 +22,17 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
+from ..policy import Policy
+from .compile import CompilePlan
+from .engine_setup import Run
+from .hooks import Hooks
+from .micro_batching import MicroBatcher
+from .optimizer_step import StepSettings
 from .read_only import WRITABLE, read_only, refusal
 from .step_state import StepState
 
 if TYPE_CHECKING:
-    from ..numerics.sampler import NumericsSampler
-    from ..policy import Policy
-    from .compile import CompilePlan
-    from .engine_setup import Run
-    from .hooks import Hooks
-    from .micro_batching import MicroBatcher
-    from .optimizer_step import StepSettings
+    from ..numerics.sampler import NumericsSampler  # a layer up: Engine(numerics=N) takes the sampler
 
 __all__ = ["EngineView"]
 

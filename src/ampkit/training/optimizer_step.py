@@ -32,7 +32,7 @@ import contextlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -47,12 +47,10 @@ from .collapse import CollapseWatch
 from .fused_library_step import FusedLibraryStep
 from .fused_master_step import FusedMasterStep
 from .fused_step_compile import FusedStepFailed
+from .hooks import HookPoint, Hooks
 from .kernel_guards import first_step_pending, guard_optimizer
 from .rounding_stream import RoundingStream
 from .step_state import StepState
-
-if TYPE_CHECKING:
-    from .hooks import HookPoint, Hooks
 
 __all__ = ["OptimizerStep", "StepOutcome", "StepSettings"]
 
