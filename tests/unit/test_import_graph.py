@@ -59,7 +59,6 @@ KNOWN_TYPE_CHECKING: set[tuple[str, str]] = {
     ("ampkit.training.hooks", "ampkit.training.engine"),
     ("ampkit.training.micro_batching", "ampkit.training.engine"),
     ("ampkit.training.misuse", "ampkit.training.engine"),
-    ("ampkit.training.optimizer_step", "ampkit.training.engine"),
     # The checkpoint layer takes the Engine whose save()/load() call it (the deferred shortcut listed above).
     ("ampkit.checkpoint", "ampkit.training.engine"),
     ("ampkit.checkpoint.checks", "ampkit.training.engine"),
