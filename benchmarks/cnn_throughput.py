@@ -50,13 +50,13 @@ from datetime import date
 from pathlib import Path
 
 import torch
+from measured_rows import Deadline, add_time_limit
 from torch import nn
 from torch.nn import functional as F
 
 import ampkit
-from ampkit.bench.timing import StepTimer
 from ampkit.policy.device import cpu_name
-from measured_rows import Deadline, add_time_limit
+from ampkit.workloads.timing import StepTimer
 
 Step = Callable[[], None]
 NUM_CLASSES = 1000

@@ -30,14 +30,14 @@ from datetime import date
 from typing import Any
 
 import torch
+from measured_rows import Deadline, Printer, add_time_limit, attempt
 
 from ampkit.bench.format import fmt_share
 from ampkit.bench.runner import to_device
-from ampkit.bench.workloads import get_workload, workload_names
 from ampkit.numerics import diagnose
 from ampkit.policy import get_policy
 from ampkit.policy.device import cpu_name
-from measured_rows import Deadline, Printer, add_time_limit, attempt
+from ampkit.workloads import get_workload, workload_names
 
 SMOKE = {"size": "tiny", "workloads": "gpt", "steps": 1}
 """What ``--smoke`` runs: seconds on a CPU, every code path of the script."""

@@ -41,13 +41,13 @@ from datetime import date
 from pathlib import Path
 
 import torch
+from measured_rows import Deadline, Printer, add_time_limit, attempt
 from torch import nn
 
 import ampkit
-from ampkit.bench.timing import StepTimer
-from ampkit.profile.op_count import count_step
 from ampkit.policy.device import cpu_name
-from measured_rows import Deadline, Printer, add_time_limit, attempt
+from ampkit.profile.op_count import count_step
+from ampkit.workloads.timing import StepTimer
 
 Step = Callable[[torch.Tensor, torch.Tensor], None]
 Batch = tuple[torch.Tensor, torch.Tensor]

@@ -33,9 +33,9 @@ import torch
 
 import ampkit
 from ampkit.bench.runner import to_device
-from ampkit.bench.workload import call_model, output_as_float
-from ampkit.bench.workloads import get_workload
 from ampkit.policy.device import cpu_name
+from ampkit.workloads import get_workload
+from ampkit.workloads.workload import call_model, output_as_float
 
 SMOKE = {"workload": "digits", "size": "small", "rounds": 2, "steps": 2, "backend": "aot_eager"}
 """What ``--smoke`` runs: seconds on a CPU, every code path of the script (aot_eager: no C++ compilation)."""
@@ -99,7 +99,7 @@ def run(workload_name: str, size: str, policies: list[str], rounds: int, steps: 
             row["speedup_vs_unfused"] = medians[twin.label] / medians[e.label]
             row["compile_s"] = compile_s[e.label] - medians[e.label]
             row["masters_max_rel_diff"] = max(
-                float(((a - b).abs().max() / b.abs().max().clamp(min=1e-12))) for a, b in zip(e.masters(), twin.masters())
+                float((a - b).abs().max() / b.abs().max().clamp(min=1e-12)) for a, b in zip(e.masters(), twin.masters())
             )
             row["fused_calls"] = e.engine.fused_step.calls if e.engine.fused_step is not None else 0
             # A region that failed to compile leaves the run on the unfused step: then this row times that.

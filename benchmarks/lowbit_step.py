@@ -17,7 +17,7 @@ Rows (each an ``ampkit.Engine`` over its own copy of the model):
 - ``bf16-true-sr, torchao's step``: torchao's own step, one compiled call per parameter (``fused_step=False``): before.
   ``bf16-true-sr, one region``: ampkit's compiled region over every parameter (the default now).
 
-Per row: median step time (CUDA events on a GPU, through :class:`ampkit.bench.timing.StepTimer`), the host time of
+Per row: median step time (CUDA events on a GPU, through :class:`ampkit.workloads.timing.StepTimer`), the host time of
 the call (on a GPU, how long the CPU took to enqueue it: a host time near the step time means launch-bound), the
 ratio to each masters' step, and the compile time of a compiled row (its first compiled step less a median step).
 Control: the weights after the run against the row's twin (same gradients, same number of steps).
@@ -44,15 +44,19 @@ from datetime import date
 from typing import Any
 
 import torch
+from measured_rows import Deadline, add_time_limit
 
 import ampkit
 from ampkit.bench.runner import to_device
-from ampkit.bench.timing import StepTimer
-from ampkit.bench.workload import call_model, output_as_float
-from ampkit.bench.workloads import get_workload
 from ampkit.policy.device import cpu_name
-from ampkit.policy.lowbit_optimizers import lowbit_twin, missing_library, quiet_library_logs
-from measured_rows import Deadline, add_time_limit
+from ampkit.policy.lowbit_optimizers import (
+    lowbit_twin,
+    missing_library,
+    quiet_library_logs,
+)
+from ampkit.workloads import get_workload
+from ampkit.workloads.timing import StepTimer
+from ampkit.workloads.workload import call_model, output_as_float
 
 DEFAULTS = {"sizes": None, "rounds": 6, "steps": 10, "warmup": 3, "backend": None}
 SMOKE = {"sizes": "tiny", "rounds": 2, "steps": 2, "warmup": 2, "backend": "aot_eager"}

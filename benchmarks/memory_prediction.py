@@ -23,12 +23,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from measured_rows import Deadline, Printer, add_time_limit, attempt
 
-from ampkit.bench.workloads import get_workload
 from ampkit.cli.env import collect_env
 from ampkit.memory import estimate, measure
 from ampkit.policy import get_policy, policy_names
-from measured_rows import Deadline, Printer, add_time_limit, attempt
+from ampkit.workloads import get_workload
 
 MiB = 2**20
 

@@ -29,14 +29,14 @@ from datetime import date
 from typing import Any
 
 import torch
+from measured_rows import Deadline, Printer, add_time_limit, attempt
 
 import ampkit
 from ampkit.bench.runner import to_device
-from ampkit.bench.workload import call_model, output_as_float
-from ampkit.bench.workloads import get_workload
 from ampkit.numerics.sampler import NumericsSampler
 from ampkit.policy.device import cpu_name
-from measured_rows import Deadline, Printer, add_time_limit, attempt
+from ampkit.workloads import get_workload
+from ampkit.workloads.workload import call_model, output_as_float
 
 SMOKE = {"size": "tiny", "workloads": "gpt", "every": 4, "rounds": 2}
 """What ``--smoke`` runs: seconds on a CPU, every code path of the script."""

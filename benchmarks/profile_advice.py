@@ -36,17 +36,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
-from torch.utils.data import default_collate
+from measured_rows import Deadline, add_time_limit, attempt
+from torch.utils.data import DataLoader, default_collate
 
 import ampkit
 from ampkit import Engine
 from ampkit._util.model_io import batch_loss, to_device
-from ampkit.bench.workloads.digits_aug import build
 from ampkit.policy.device import cpu_name
 from ampkit.profile import LoaderSettings, Profiler, loader_variant, profile_workload
 from ampkit.profile.run import workload_loader
-from measured_rows import Deadline, add_time_limit, attempt
+from ampkit.workloads.digits_aug import build
 
 PHASE_ORDER = ("data", "copy", "forward", "backward", "optimizer", "other")
 

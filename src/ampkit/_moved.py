@@ -48,6 +48,17 @@ MOVED: dict[str, str] = {
     "ampkit.state": "ampkit.fileio.checkpoint_files",
     "ampkit._util.atomic_files": "ampkit.fileio.atomic",
     "ampkit.blocks": "ampkit._util.blocks",
+    # The workloads left the bench for a layer of their own, below every tool (bench, memory, doctor, profile).
+    "ampkit.bench.workloads": "ampkit.workloads",
+    "ampkit.bench.workloads.digits": "ampkit.workloads.digits",
+    "ampkit.bench.workloads.digits_aug": "ampkit.workloads.digits_aug",
+    "ampkit.bench.workloads.gpt": "ampkit.workloads.gpt",
+    "ampkit.bench.workloads.resnet": "ampkit.workloads.resnet",
+    "ampkit.bench.workloads.segment": "ampkit.workloads.segment",
+    "ampkit.bench.workload": "ampkit.workloads.workload",
+    "ampkit.bench.user": "ampkit.workloads.user",
+    "ampkit.bench.metrics": "ampkit.workloads.metrics",
+    "ampkit.bench.timing": "ampkit.workloads.timing",
 }
 """Old dotted name -> the module's name now."""
 
@@ -70,6 +81,11 @@ class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 def install() -> None:
-    """Answer the old names (idempotent). Last on the meta path: a real module of the same name would win."""
+    """Answer the old names (idempotent).
+
+    First on the meta path, where it answers for the names of :data:`MOVED` alone (no file bears them): an old
+    package's submodule (``ampkit.bench.workloads.gpt``) would otherwise be found by the path finder through the
+    moved package's folder and loaded a second time, as another module with its own classes.
+    """
     if not any(isinstance(f, _Alias) for f in sys.meta_path):
-        sys.meta_path.append(_Alias())
+        sys.meta_path.insert(0, _Alias())

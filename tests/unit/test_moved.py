@@ -74,3 +74,19 @@ def test_an_old_name_warns_naming_the_new_path_and_the_release_that_removes_it(o
     (warning,) = [w for w in caught if issubclass(w.category, FutureWarning)]
     assert str(warning.message) == f"{old} moved to {MOVED[old]}; import {MOVED[old]} instead (the old path goes in ampkit {REMOVED_IN})."
     assert warning.filename == __file__  # the line that imports the old path, not the import machinery's
+
+
+def test_an_old_name_warns_in_a_fresh_interpreter_at_the_importing_line():
+    code = "import warnings; warnings.simplefilter('error', FutureWarning)\nimport ampkit.bench.user"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 1 and "FutureWarning: ampkit.bench.user moved to ampkit.workloads.user" in done.stderr
+
+
+def test_a_moved_package_answers_for_its_old_submodules_with_the_moved_modules_themselves():
+    # ampkit.bench.workloads is ampkit.workloads now: its old submodule path must not load a second copy of gpt.py
+    # through the new folder (two GPT classes, two registries).
+    with _old_paths():
+        old_package = importlib.import_module("ampkit.bench.workloads")
+        old_module = importlib.import_module("ampkit.bench.workloads.gpt")
+    assert old_package is importlib.import_module("ampkit.workloads")
+    assert old_module is importlib.import_module("ampkit.workloads.gpt")

@@ -47,7 +47,6 @@ PUBLIC_MODULES = (
     "ampkit.apex.parallel.distributed",
     "ampkit.apex.parallel.sync_batchnorm",
     "ampkit.bench",
-    "ampkit.bench.workloads",
     "ampkit.blocks",
     "ampkit.checkpoint",
     "ampkit.checkpoint_checks",
@@ -63,6 +62,7 @@ PUBLIC_MODULES = (
     "ampkit.rng",
     "ampkit.scaling",
     "ampkit.state",
+    "ampkit.workloads",
 )
 
 # Dunder methods that are behaviour users rely on (calling, `with`, iterating); the rest are implementation.

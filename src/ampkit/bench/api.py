@@ -14,11 +14,12 @@ import torch
 from torch import nn
 
 from ..policy.device import as_device
-from .defaults import default_device, default_precisions, resolve_precisions
-from .recipe import check_accumulate
+from ..workloads.device import default_device
+from ..workloads.recipe import check_accumulate
+from ..workloads.user import workload_from
+from .defaults import default_precisions, resolve_precisions
 from .results import BenchResult
 from .runner import run_bench
-from .user import workload_from
 
 __all__ = ["bench_model"]
 
@@ -44,7 +45,7 @@ def bench_model(
     ``model``: an fp32 ``nn.Module`` (each policy trains a deep copy; ``model`` is left as it was).
     ``data``: a :class:`~ampkit.bench.BenchData`, or a list (or any iterable, e.g. a DataLoader) of batches:
     ``(inputs, targets)`` pairs or dicts of keyword arguments such as ``{"input_ids", "attention_mask",
-    "labels"}`` (see :mod:`ampkit.bench.user` for the contract). ``precisions``: names or aliases, a list or one
+    "labels"}`` (see :mod:`ampkit.workloads.user` for the contract). ``precisions``: names or aliases, a list or one
     comma-separated string; ``32-true``, the reference, always runs first. Default: every policy ``device``
     runs fast. ``steps`` counts optimizer steps per policy, ``warmup`` of them untimed (default: a tenth, at
     most 5). ``device``: default the GPU if there is one. ``tolerance``: as ``--tolerance``, how far a policy's

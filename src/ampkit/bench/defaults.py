@@ -1,22 +1,13 @@
-"""What ``ampkit bench`` runs when not told: the device, the workload, its size, and the policies.
+"""The policies ``ampkit bench`` runs when not told, and how ``--precision`` is read.
 
-The default is chosen per machine, from what the policies report about it (:meth:`Policy.support`):
+(The device, the workload and its size are chosen in :mod:`ampkit.workloads.defaults`, for every tool.) The
+default is chosen per machine, from what the policies report about it (:meth:`Policy.support`):
 
-- device: the GPU when there is one, else the CPU;
-- workload: the one that shows the effect best there and checks accuracy with an eval metric. On a CPU that is
-  ``digits`` (real data; measured on the development machine: bf16-mixed 1.65x faster than fp32 with 36%
-  less activation memory, against 1.44x for ``gpt``, whose CPU attention kernel is slower in bf16, and 1.24x
-  for ``segment``; ``resnet`` has no eval metric). On a GPU it is ``gpt``: transformer matmuls are what tensor
-  cores accelerate most;
-- size: ``small`` on CPU (<= 2 minutes on 2 cores), ``large`` on a GPU: for ``gpt``, GPT-2 small's transformer
-  at 8 x 1024 tokens a step, the shape GPU users train; a small model would only measure kernel-launch latency;
 - policies: ``32-true`` (the reference) and every other policy the device runs *fast*. Policies the device
   runs only slowly (fp16 on a CPU: no faster than fp32, ~170x slower for convolution backward) are left out
   of the default so it stays within its time budget; naming them in ``--precision`` runs them. So are the fp8
   policies, which pay only compiled and on large layers (``--precision fp8 --compile`` runs them).
 
-    >>> default_size(torch.device("cpu"))
-    'small'
     >>> "32-true" in default_precisions(torch.device("cpu"))[0]
     True
 """
@@ -29,22 +20,7 @@ from ..errors import UnsupportedPolicyError
 from ..policy import get_policy, policy_names
 from .runner import REFERENCE
 
-__all__ = ["default_device", "default_workload", "default_size", "default_precisions", "resolve_precisions"]
-
-
-def default_device() -> torch.device:
-    """The first CUDA device when there is one, else the CPU."""
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-
-
-def default_workload(device: torch.device) -> str:
-    """``gpt`` on a GPU, ``digits`` on a CPU: where each shows the effect best (see the module notes)."""
-    return "gpt" if device.type == "cuda" else "digits"
-
-
-def default_size(device: torch.device) -> str:
-    """``small`` on CPU (the 2-minute budget), ``large`` on a GPU."""
-    return "large" if device.type == "cuda" else "small"
+__all__ = ["default_precisions", "resolve_precisions"]
 
 
 def default_precisions(device: torch.device) -> tuple[list[str], dict[str, str]]:

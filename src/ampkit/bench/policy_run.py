@@ -28,6 +28,9 @@ from ..distributed.strategy import unwrap
 from ..errors import one_line
 from ..policy import Policy
 from ..training.engine import Engine
+from ..workloads.recipe import with_lr
+from ..workloads.timing import StepTimer, summarize
+from ..workloads.workload import Batch, Workload
 from .flops import count_flops
 from .memory import (
     SavedActivations,
@@ -37,10 +40,7 @@ from .memory import (
     training_state_bytes,
 )
 from .model_io import batch_loss, run_batch
-from .recipe import with_lr
 from .results import RunResult
-from .timing import StepTimer, summarize
-from .workload import Batch, Workload
 
 __all__ = ["PolicyRun"]
 

@@ -35,7 +35,7 @@ group's timeout.
 
     >>> import torch
     >>> from torch import nn
-    >>> from ampkit.bench.workload import Accuracy, Workload
+    >>> from ampkit.workloads import Accuracy, Workload
     >>> g = torch.Generator().manual_seed(0)
     >>> data = [(torch.randn(16, 8, generator=g), torch.randint(0, 4, (16,), generator=g)) for _ in range(4)]
     >>> w = Workload(name="toy", model=nn.Linear(8, 4), train_batches=data, eval_batches=data[:1],
@@ -61,49 +61,25 @@ from ..distributed.agreement import agree_max
 from ..errors import one_line
 from ..memory.fp8_layers import Fp8Plan, fp8_layer_plan, planned_policy
 from ..policy import get_policy
-from ..policy.device import as_device, cpu_bf16_native, cpu_fp16_native, cpu_name
+from ..policy.device import as_device
 from ..policy.fp8 import DEFAULT_TOKENS, FP8Policy
 from ..training.micro_batching import batch_rows, split_batch
+from ..workloads.device import device_info
+from ..workloads.recipe import check_recipe
+from ..workloads.workload import Batch, Workload
 from .flops import mfu
 from .policy_run import PolicyRun
 from .progress import NullReporter, Reporter
-from .recipe import check_recipe, recipe_settings, runs_to_build
+from .recipe import recipe_settings, runs_to_build
 from .results import BenchResult
 from .verdict import Tolerance, apply_verdicts, check_tolerance
-from .workload import Batch, Workload
 
-__all__ = ["REFERENCE", "check_shardable", "device_info", "run_bench", "shard_batch"]
+__all__ = ["REFERENCE", "check_shardable", "run_bench", "shard_batch"]
 
 log = logging.getLogger("ampkit")
 
 REFERENCE = "32-true"
 """The control every policy is compared with."""
-
-
-def device_info(device: torch.device) -> dict[str, Any]:
-    """What results.json records about the device the bench ran on.
-
-    >>> device_info(torch.device("cpu"))["type"]
-    'cpu'
-    """
-    if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        return {
-            "type": "cuda",
-            "name": props.name,
-            "capability": f"{props.major}.{props.minor}",
-            "memory_bytes": props.total_memory,
-            "cuda": torch.version.cuda,
-        }
-    if device.type == "cpu":
-        return {
-            "type": "cpu",
-            "name": cpu_name(),
-            "threads": torch.get_num_threads(),
-            "bf16_native": cpu_bf16_native(),
-            "fp16_native": cpu_fp16_native(),
-        }
-    return {"type": device.type, "name": str(device)}
 
 
 def shard_batch(batch: Any, rank: int, world: int) -> Any:

@@ -28,17 +28,17 @@ from rich.console import Console
 
 from ..bench.defaults import default_precisions, resolve_precisions
 from ..bench.progress import NullReporter, PlainReporter, Reporter, RichReporter
-from ..bench.recipe import check_recipe, clip_from
 from ..bench.results import BenchResult
 from ..bench.runner import check_shardable, run_bench
 from ..bench.verdict import check_tolerance
-from ..bench.workload import Workload
 from ..distributed.agreement import agree_max
 from ..distributed.environment import init_distributed, launched_by_torchrun, shutdown
 from ..distributed.launch import relaunch, report_exit_code, strip_option
 from ..distributed.rank_logging import rank
 from ..errors import AmpkitError, one_line
 from ..report.out_dir import write_out
+from ..workloads import Workload
+from ..workloads.recipe import check_recipe, clip_from
 from .checks import writable_dir
 from .console import stdout_console
 from .parsers import add_bench as register

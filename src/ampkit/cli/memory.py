@@ -20,16 +20,18 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from ..bench.format import fmt_bytes
+from .._util.units import fmt_bytes
 from ..bench.fp8_table import print_fp8_table
-from ..bench.workload import Workload
 from ..memory.estimate import BREAKDOWN, MemoryEstimate, estimate
 from ..memory.fit import Fit, largest_batch, resize_batch
 from ..memory.fp8_layers import Fp8Plan, fp8_layer_plan, planned_policy
 from ..policy import Policy, get_policy, policy_names
 from ..policy.fp8 import FP8Policy
+from ..workloads import Workload
 from .console import stdout_console
-from .parsers import add_memory as register  # declared apart: `ampkit --help` imports none of this module
+from .parsers import (
+    add_memory as register,  # declared apart: `ampkit --help` imports none of this module
+)
 from .workload_args import device_arg, workload_from_args, workload_size
 
 __all__ = ["register", "run"]

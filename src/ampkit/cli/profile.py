@@ -19,16 +19,20 @@ from typing import Any
 
 import torch
 
-from ..bench.defaults import default_size
-from ..bench.user import load_factory
-from ..bench.workload import Workload
 from ..policy import get_policy
+from ..workloads import Workload, load_factory
 from .checks import writable_dir
 from .console import stdout_console
 from .parsers import (
     add_profile as register,  # declared apart: `ampkit --help` imports none of this module
 )
-from .workload_args import compile_arg, device_arg, recorded_command, workload_from_args
+from .workload_args import (
+    compile_arg,
+    device_arg,
+    recorded_command,
+    workload_from_args,
+    workload_size,
+)
 
 __all__ = ["DEFAULT_WORKLOAD", "register", "run"]
 
@@ -89,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     compile = compile_arg(args.compile)
     device = device_arg(args.device, command="profile")
     precision = _precision(args, device)
-    size = default_size(device) if args.size == "auto" else args.size
+    size = workload_size(args, device)
     loader = _user_loader(args)
     workload = _workload(args, device, size, loader)
     console = stdout_console()

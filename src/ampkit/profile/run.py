@@ -1,7 +1,7 @@
 """``ampkit profile``'s run: train a workload through a DataLoader under a :class:`~ampkit.profile.session.Profiler`,
 time the loader's variants on the same step, and put it all, with the advice, in one ``profile.json`` dict.
 
-    >>> from ampkit.bench.workloads import get_workload
+    >>> from ampkit.workloads import get_workload
     >>> data = profile_workload(get_workload("gpt", size="tiny"), "32-true", "cpu", plain_steps=2, timed=3, sync_steps=1, trace_steps=1)
     >>> data["workload"]["name"], sorted(data["phases"])[:3], data["trials"]
     ('gpt', ['backward', 'copy', 'data'], [])
@@ -21,10 +21,10 @@ from torch.utils.data import DataLoader, Dataset
 
 from .. import __version__
 from .._util.model_io import batch_loss
-from ..bench.runner import device_info
-from ..bench.workload import Batch, Workload
 from ..training.engine import Engine
-from ..bench.recipe import with_lr
+from ..workloads.device import device_info
+from ..workloads.recipe import with_lr
+from ..workloads.workload import Batch, Workload
 from .advice import advise
 from .session import Profiler
 from .trials import try_loader_settings
@@ -50,7 +50,7 @@ def workload_loader(workload: Workload) -> DataLoader[Any]:
     pinned memory. A workload with a per-sample dataset (``Workload.samples``) is batched by the loader; one
     without is read a ready batch at a time.
 
-    >>> from ampkit.bench.workloads import get_workload
+    >>> from ampkit.workloads import get_workload
     >>> loader = workload_loader(get_workload("gpt", size="tiny"))
     >>> loader.batch_size is None, loader.num_workers
     (True, 0)

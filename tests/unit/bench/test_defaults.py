@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ampkit.bench.defaults import default_precisions, default_size, default_workload, resolve_precisions
+from ampkit.bench.defaults import default_precisions, resolve_precisions
 from ampkit.errors import PolicyError, UnsupportedPolicyError
 from ampkit.policy import get_policy
 
@@ -20,11 +20,6 @@ def test_cpu_default_is_the_reference_then_every_fast_policy() -> None:
     # fp16 runs on a CPU but is slow there; it is left out with the reason, not silently.
     assert "16-mixed" in left_out and "slow" in left_out["16-mixed"]
     assert "tf32" in left_out and "16-mixed" not in chosen
-
-
-def test_default_workload_and_size() -> None:
-    assert default_workload(CPU) == "digits" and default_workload(torch.device("cuda", 0)) == "gpt"
-    assert default_size(CPU) == "small" and default_size(torch.device("cuda", 0)) == "large"
 
 
 def test_precision_list_resolves_aliases_dedupes_and_puts_the_reference_first() -> None:

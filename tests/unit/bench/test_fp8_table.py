@@ -33,7 +33,7 @@ class EmulatedTensorwise(FP8Tensorwise):
 def _gpt():
     import dataclasses
 
-    from ampkit.bench.workloads import gpt
+    from ampkit.workloads import gpt
 
     return dataclasses.replace(gpt.build("tiny"), steps=3, warmup=1)
 
@@ -98,7 +98,7 @@ def test_a_model_fake_tensors_cannot_run_is_benched_without_a_plan(monkeypatch: 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return self.fc(x[x.sum(1) > -1e9])  # rows kept by a mask: a shape only real values know
 
-    from ampkit.bench.workload import Workload
+    from ampkit.workloads.workload import Workload
 
     g = torch.Generator().manual_seed(0)
     batches = [(torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)) for _ in range(3)]  # every row kept

@@ -9,7 +9,7 @@ from torch import nn
 
 from ampkit.bench.progress import PLAIN_INTERVAL_S, PlainReporter
 from ampkit.bench.runner import run_bench
-from ampkit.bench.user import workload_from
+from ampkit.workloads.user import workload_from
 
 
 class _Clock:

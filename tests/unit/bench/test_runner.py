@@ -12,8 +12,8 @@ from ampkit.bench import flops, runner
 from ampkit.bench.flops import peak_flops
 from ampkit.bench.policy_run import PolicyRun
 from ampkit.bench.runner import run_bench
-from ampkit.bench.workload import Accuracy, Workload, default_optimizer
 from ampkit.policy.gpu_specs import GpuSpec
+from ampkit.workloads.workload import Accuracy, Workload, default_optimizer
 
 STEPS, WARMUP = 8, 2
 

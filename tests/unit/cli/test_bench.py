@@ -44,7 +44,7 @@ def data():
     return [(torch.randn(16, 8, generator=g), torch.randint(0, 3, (16,), generator=g)) for _ in range(4)]
 
 def data_with_eval():
-    from ampkit.bench.user import BenchData
+    from ampkit.workloads.user import BenchData
 
     batches = data()
     return BenchData(train=batches[:3], eval=batches[3:])  # one eval batch of 16 samples: a handful

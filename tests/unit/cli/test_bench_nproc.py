@@ -61,8 +61,8 @@ def test_two_processes_train_under_ddp_and_match_one_process(model_module: Path,
 
     # The control: the same workload and steps in this process, no process group.
     from ampkit.bench.runner import run_bench
-    from ampkit.bench.user import user_workload
-    from ampkit.bench.workloads import get_workload
+    from ampkit.workloads import get_workload
+    from ampkit.workloads.user import user_workload
 
     workload = user_workload("nproc_toy:mlp", None, steps=6, warmup=2, base=get_workload("digits", size="small", seed=0))
     workload.steps, workload.warmup = 6, 2  # what the CLI does: the base workload's own steps are 150
