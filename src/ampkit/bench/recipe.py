@@ -12,7 +12,8 @@ workload's to build (:func:`ampkit.workloads.get_workload`); the rest is set on 
 - ``compile``: each policy also runs compiled (``Engine(compile=...)``), as its *compiled twin*, in the same
   interleaved rounds; the twin's compile time is kept apart from its step time.
 
-    >>> runs_to_build(["32-true", "bf16-mixed"], "regional")
+    >>> from ampkit.policy import get_policy
+    >>> [(p.name, mode) for p, mode in runs_to_build([get_policy("32-true"), get_policy("bf16-mixed")], "regional")]
     [('32-true', None), ('32-true', 'regional'), ('bf16-mixed', None), ('bf16-mixed', 'regional')]
     >>> compile_mode({"backend": "aot_eager"}), compile_mode(None)
     ('model', None)
@@ -23,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ..policy import Policy
 from ..training.compile import compile_plan
 from ..workloads import Workload
 
@@ -40,10 +42,10 @@ def compile_mode(spec: Any) -> str | None:
     return "regional" if plan.regional else "model"
 
 
-def runs_to_build(precisions: Sequence[str], compile: Any = None) -> list[tuple[str, str | None]]:
+def runs_to_build(policies: Sequence[Policy], compile: Any = None) -> list[tuple[Policy, str | None]]:
     """``(policy, compile mode)`` of every run, in table order: each policy, then its compiled twin when ``compile``."""
     mode = compile_mode(compile)
-    return [(p, m) for p in precisions for m in ((None,) if mode is None else (None, mode))]
+    return [(p, m) for p in policies for m in ((None,) if mode is None else (None, mode))]
 
 
 def recipe_settings(workload: Workload, compile: Any, tolerance: float | None, batch_size: int | None) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from .. import __version__
 from .._util.model_io import batch_loss
+from ..policy import Policy, get_policy
 from ..training.engine import Engine
 from ..workloads.device import device_info
 from ..workloads.recipe import with_lr
@@ -74,7 +75,7 @@ def _cycled(loader: Iterable[Any], count: int) -> Iterator[Any]:
 
 def profile_workload(
     workload: Workload,
-    precision: str,
+    precision: str | Policy,
     device: torch.device | str,
     *,
     compile: Any = None,
@@ -89,18 +90,19 @@ def profile_workload(
     seed: int = 0,
     context: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Profile ``workload`` trained under ``precision`` on ``device``, fed by ``loader`` (default:
-    :func:`workload_loader`), then time the loader's variants on the same step (``trials``; a workload whose
-    batches are ready in memory has no loader worth varying and gets none). Returns the ``profile.json`` dict;
-    ``context`` (the command, the workload's size) is merged into it.
+    """Profile ``workload`` trained under ``precision`` (a Policy, taken as it is, or a name) on ``device``, fed by
+    ``loader`` (default: :func:`workload_loader`), then time the loader's variants on the same step (``trials``; a
+    workload whose batches are ready in memory has no loader worth varying and gets none). Returns the
+    ``profile.json`` dict; ``context`` (the command, the workload's size) is merged into it.
     """
+    policy = get_policy(precision)  # the API's edge: a name becomes a Policy here, once
     device = torch.device(device)
     torch.manual_seed(seed)
     model = copy.deepcopy(workload.model).to(device)
     if workload.channels_last:
         model = model.to(memory_format=torch.channels_last)
     optimizer = with_lr(workload.optimizer(model.parameters()), workload.lr)
-    engine = Engine(precision, clip_grad_norm=workload.clip_grad_norm, accumulate=workload.accumulate, compile=compile)
+    engine = Engine(policy, clip_grad_norm=workload.clip_grad_norm, accumulate=workload.accumulate, compile=compile)
     model, optimizer = engine.setup(model, optimizer)
     model.train()
     given_loader = loader is not None

@@ -4,7 +4,8 @@ One layer below every tool (bench, memory, doctor, profile, and the coming tune)
 tool reads its workload here and never from another tool. :func:`choose_workload` applies the rules that turn
 ``-w``/``--size``/``--batch-size`` or ``--model``/``--data`` into a :class:`Workload`; :func:`get_workload` builds
 a built-in one by name (:mod:`~ampkit.workloads.registry`; the modules ``digits``, ``digits_aug``, ``gpt``,
-``resnet`` and ``segment`` beside it); :mod:`~ampkit.workloads.user` loads the user's factories.
+``resnet`` and ``segment`` beside it); :mod:`~ampkit.workloads.user` loads the user's factories;
+:func:`parse_precisions` makes the policies a tool runs into Policy objects, once.
 
     >>> from ampkit.workloads import choose_workload
     >>> choose_workload(size="tiny", device=default_device()).name in WORKLOADS
@@ -14,6 +15,7 @@ a built-in one by name (:mod:`~ampkit.workloads.registry`; the modules ``digits`
 from .choose import choose_workload
 from .defaults import default_size, default_workload, workload_size
 from .device import default_device, device_info
+from .precisions import parse_precisions
 from .registry import WORKLOADS, get_workload, workload_names
 from .user import BenchData, load_factory
 from .workload import SIZES, Accuracy, Batch, Metric, Workload
@@ -33,6 +35,7 @@ __all__ = [
     "device_info",
     "get_workload",
     "load_factory",
+    "parse_precisions",
     "workload_names",
     "workload_size",
 ]
