@@ -34,10 +34,10 @@ import torch
 
 from ampkit.bench.format import fmt_share
 from ampkit.bench.runner import to_device
-from ampkit.bench.workloads import get_workload, workload_names
 from ampkit.numerics import diagnose
 from ampkit.policy import get_policy
 from ampkit.policy.device import cpu_name
+from ampkit.workloads import get_workload, workload_names
 from measured_rows import Deadline, Printer, add_time_limit, attempt
 
 SMOKE = {"size": "tiny", "workloads": "gpt", "steps": 1}

@@ -25,9 +25,9 @@ import torch
 
 import ampkit
 from ampkit._util.model_io import batch_loss, run_batch, to_device
-from ampkit.bench.workloads import get_workload
 from ampkit.policy import FP8Rowwise, FP8Tensorwise
 from ampkit.policy.device import cpu_name
+from ampkit.workloads import get_workload
 
 SMOKE = {"workload": "gpt", "size": "tiny", "steps": 2}
 

@@ -51,11 +51,11 @@ from torch import nn
 
 import ampkit
 from ampkit._compat import compile_in_place
-from ampkit.bench.workloads.gpt import GPT, VOCAB, build, lm_cross_entropy, stdlib_corpus
 from ampkit.policy.device import cpu_name
 from ampkit.policy.fp8 import FP8Rowwise, FP8Tensorwise, missing_torchao
 from ampkit.policy.fp8_roofline import measure_linear_tokens, predict_linear
 from ampkit.policy.lowbit_optimizers import quiet_library_logs
+from ampkit.workloads.gpt import GPT, VOCAB, build, lm_cross_entropy, stdlib_corpus
 from measured_rows import Deadline, Printer, add_time_limit, attempt
 
 SMOKE = {"steps": 2, "warmup": 1, "reps": 2}

@@ -33,9 +33,9 @@ import torch
 
 import ampkit
 from ampkit.bench.runner import to_device
-from ampkit.bench.workload import call_model, output_as_float
-from ampkit.bench.workloads import get_workload
 from ampkit.policy.device import cpu_name
+from ampkit.workloads import get_workload
+from ampkit.workloads.workload import call_model, output_as_float
 
 SMOKE = {"workload": "digits", "size": "small", "rounds": 2, "steps": 2, "backend": "aot_eager"}
 """What ``--smoke`` runs: seconds on a CPU, every code path of the script (aot_eager: no C++ compilation)."""

@@ -25,11 +25,11 @@ from typing import Any
 
 import torch
 
-from ampkit.bench.workloads import get_workload
 from ampkit.cli.env import collect_env
 from ampkit.memory import estimate, measure
 from ampkit.memory.workspaces import create_library_workspaces
 from ampkit.policy import get_policy, policy_names
+from ampkit.workloads import get_workload
 from measured_rows import Deadline, Printer, add_time_limit, attempt
 
 MiB = 2**20

@@ -19,9 +19,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ampkit.bench.workloads import get_workload
 from ampkit.memory import estimate, fit as fit_module
 from ampkit.memory.fit import largest_batch, parse_bytes, resize_batch
+from ampkit.workloads import get_workload
 
 GiB = 2**30
 _GPT2 = {"small": (12, 768, 12), "medium": (24, 1024, 16), "large": (36, 1280, 20)}  # layers, width, heads

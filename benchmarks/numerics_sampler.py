@@ -33,10 +33,10 @@ import torch
 
 import ampkit
 from ampkit.bench.runner import to_device
-from ampkit.bench.workload import call_model, output_as_float
-from ampkit.bench.workloads import get_workload
 from ampkit.numerics.sampler import NumericsSampler
 from ampkit.policy.device import cpu_name
+from ampkit.workloads import get_workload
+from ampkit.workloads.workload import call_model, output_as_float
 from measured_rows import Deadline, Printer, add_time_limit, attempt
 
 SMOKE = {"size": "tiny", "workloads": "gpt", "every": 4, "rounds": 2}

@@ -31,11 +31,11 @@ from torch import nn
 
 import ampkit
 from ampkit.bench.runner import to_device
-from ampkit.bench.timing import StepTimer
-from ampkit.bench.workloads import get_workload, workload_names
 from ampkit.cli.env import collect_env
 from ampkit.memory.accounting import LiveBytes, tensor_bytes
 from ampkit.memory.recompute import RecomputeReport, recompute
+from ampkit.workloads import get_workload, workload_names
+from ampkit.workloads.timing import StepTimer
 
 Step = Callable[..., None]
 VARIANTS = ("none", "all blocks", "auto, half budget")

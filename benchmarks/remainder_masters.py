@@ -30,11 +30,11 @@ import torch
 
 import ampkit
 from ampkit.bench.runner import to_device
-from ampkit.bench.workload import call_model, output_as_float
-from ampkit.bench.workloads import get_workload
 from ampkit.memory.accounting import tensor_bytes
 from ampkit.policy.device import cpu_name
 from ampkit.policy.remainder_bits import REMAINDER_MAX
+from ampkit.workloads import get_workload
+from ampkit.workloads.workload import call_model, output_as_float
 
 SMOKE = {"workload": "gpt", "size": "tiny", "steps": 4}
 """What ``--smoke`` runs: seconds on a CPU, every code path of the script."""

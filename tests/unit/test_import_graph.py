@@ -31,9 +31,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("training",),  # the engine, its step state, the optimizer step, masters, clipping, OOM splitting
     ("checkpoint",),  # one payload, single-file and sharded writers, the safe DCP reader
     ("report",),  # figures, markdown and tables shared by the tools: below every tool, so each can use it
+    ("workloads",),  # what the tools run: built-in workloads, the user's model and data, batch rules, step timing
     ("memory", "numerics"),  # tools, siblings
-    ("bench",),
-    ("profile",),  # times the bench's workloads and their loaders
+    ("bench", "profile"),  # tools on the workloads, siblings: the profile times a workload without the bench
     ("apex",),  # the legacy amp API, on the training layer
     ("cli",),
 )
@@ -315,6 +315,27 @@ def test_type_checking_imports_hide_no_new_dependency():
     )
     gone = sorted(KNOWN_TYPE_CHECKING - edges)
     assert not gone, f"these TYPE_CHECKING imports hide no dependency any more: remove them from KNOWN_TYPE_CHECKING ({len(edges)} left): {gone}"
+
+
+def _reached(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every module ``start`` imports, directly or through others."""
+    seen, todo = set(), [start]
+    while todo:
+        for nxt in graph.get(todo.pop(), ()):
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
+def test_the_commands_read_their_workload_from_the_workloads_layer_not_from_the_bench():
+    # What bench, doctor, memory and profile share (the workload flags, the built-in workloads, the user's model
+    # and data) is the layer below them all: reading it must not import the bench tool, even in a function.
+    graph = import_graph(deferred=True)
+    assert "ampkit.workloads" in graph
+    for shared in ("ampkit.cli.workload_args", "ampkit.workloads"):
+        bench = sorted(m for m in _reached(graph, shared) if m == "ampkit.bench" or m.startswith("ampkit.bench."))
+        assert not bench, f"{shared} reaches the bench tool: {bench}"
 
 
 def test_bottom_layer_imports_nothing_from_ampkit():

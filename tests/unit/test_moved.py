@@ -1,4 +1,4 @@
-"""Modules that moved into the layered layout answer to their old names, as the very same module objects."""
+"""Modules that moved into the layered layout answer to their old names, as the very same module objects, and warn."""
 
 from __future__ import annotations
 
@@ -6,15 +6,27 @@ import importlib
 import pickle
 import subprocess
 import sys
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
-from ampkit._moved import MOVED
+from ampkit._moved import MOVED, REMOVED_IN
+
+
+@contextmanager
+def _old_paths() -> Iterator[None]:
+    """Old paths imported on purpose: their FutureWarning is what the warning tests check, not these."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        yield
 
 
 @pytest.mark.parametrize("old", sorted(MOVED))
 def test_an_old_name_imports_the_moved_module_itself(old):
-    module = importlib.import_module(old)
+    with _old_paths():
+        module = importlib.import_module(old)
     assert module is importlib.import_module(MOVED[old])
     assert module.__name__ == MOVED[old]  # its own identity is kept: pickles and reprs name the new path
     parent, _, child = old.rpartition(".")
@@ -22,11 +34,12 @@ def test_an_old_name_imports_the_moved_module_itself(old):
 
 
 def test_from_imports_and_patching_go_through_the_old_name(monkeypatch):
-    from ampkit.engine import Engine
+    with _old_paths():
+        import ampkit.engine
+        from ampkit.engine import Engine
     from ampkit.training import engine
 
     assert Engine is engine.Engine
-    import ampkit.engine
 
     monkeypatch.setattr(ampkit.engine, "log", "patched")
     assert engine.log == "patched"
@@ -38,14 +51,42 @@ def test_an_object_pickled_under_an_old_path_loads():
 
     old = pickle.dumps(StepState(), protocol=2).replace(b"ampkit.training.step_state", b"ampkit.step_state")
     assert b"ampkit.step_state" in old
-    assert isinstance(pickle.loads(old), StepState)
+    with _old_paths():
+        assert isinstance(pickle.loads(old), StepState)
 
 
 def test_old_names_work_in_a_fresh_interpreter():
     code = "import ampkit.state as s, ampkit.fileio.checkpoint_files as f; assert s is f; from ampkit.distributed.checkpoint import save_distributed"
-    subprocess.run([sys.executable, "-c", code], check=True)
+    subprocess.run([sys.executable, "-W", "ignore::FutureWarning", "-c", code], check=True)
 
 
 def test_an_unknown_name_still_fails():
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module("ampkit.no_such_module")
+
+
+@pytest.mark.parametrize("old", sorted(MOVED))
+def test_an_old_name_warns_naming_the_new_path_and_the_release_that_removes_it(old):
+    sys.modules.pop(old, None)  # as its first import: a test before this one may have imported it already
+    with pytest.warns(FutureWarning) as caught:
+        __import__(old)  # as an import statement imports it: from this line, not from importlib's
+    assert sys.modules[old] is importlib.import_module(MOVED[old])
+    (warning,) = [w for w in caught if issubclass(w.category, FutureWarning)]
+    assert str(warning.message) == f"{old} moved to {MOVED[old]}; import {MOVED[old]} instead (the old path goes in ampkit {REMOVED_IN})."
+    assert warning.filename == __file__  # the line that imports the old path, not the import machinery's
+
+
+def test_an_old_name_warns_in_a_fresh_interpreter_at_the_importing_line():
+    code = "import warnings; warnings.simplefilter('error', FutureWarning)\nimport ampkit.bench.user"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 1 and "FutureWarning: ampkit.bench.user moved to ampkit.workloads.user" in done.stderr
+
+
+def test_a_moved_package_answers_for_its_old_submodules_with_the_moved_modules_themselves():
+    # ampkit.bench.workloads is ampkit.workloads now: its old submodule path must not load a second copy of gpt.py
+    # through the new folder (two GPT classes, two registries).
+    with _old_paths():
+        old_package = importlib.import_module("ampkit.bench.workloads")
+        old_module = importlib.import_module("ampkit.bench.workloads.gpt")
+    assert old_package is importlib.import_module("ampkit.workloads")
+    assert old_module is importlib.import_module("ampkit.workloads.gpt")

@@ -1,14 +1,13 @@
 """``ampkit bench``: the same training run under several precision policies, measured side by side.
 
-A :class:`Workload` (built-in, or the user's model and data) is trained from identical weights on identical
+A :class:`Workload` (built-in, or the user's model and data: :mod:`ampkit.workloads`) is trained from identical weights on identical
 batches under each policy; the runner records time, memory, loss and eval figures into a :class:`BenchResult`.
 :func:`bench_model` runs it from Python on a model and data, as ``ampkit bench --model --data`` does.
 """
 
+from ..workloads import Accuracy, Batch, BenchData, Metric, Workload
 from .api import bench_model
 from .results import BenchResult, RunResult
 from .runner import run_bench
-from .user import BenchData
-from .workload import Accuracy, Batch, Metric, Workload
 
-__all__ = ["Workload", "Metric", "Accuracy", "Batch", "BenchData", "BenchResult", "RunResult", "run_bench", "bench_model"]
+__all__ = ["Accuracy", "Batch", "BenchData", "BenchResult", "Metric", "RunResult", "Workload", "bench_model", "run_bench"]

@@ -13,12 +13,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..policy import Policy
 from ..policy.device import as_device
-from .defaults import default_device, default_precisions, resolve_precisions
-from .recipe import check_accumulate
+from ..workloads.device import default_device
+from ..workloads.recipe import check_accumulate
+from ..workloads.user import workload_from
+from .defaults import default_precisions, resolve_precisions
 from .results import BenchResult
 from .runner import run_bench
-from .user import workload_from
 
 __all__ = ["bench_model"]
 
@@ -26,7 +28,7 @@ __all__ = ["bench_model"]
 def bench_model(
     model: nn.Module,
     data: Any,
-    precisions: str | Sequence[str] | None = None,
+    precisions: str | Sequence[str | Policy] | None = None,
     *,
     steps: int = 100,
     warmup: int | None = None,
@@ -44,8 +46,9 @@ def bench_model(
     ``model``: an fp32 ``nn.Module`` (each policy trains a deep copy; ``model`` is left as it was).
     ``data``: a :class:`~ampkit.bench.BenchData`, or a list (or any iterable, e.g. a DataLoader) of batches:
     ``(inputs, targets)`` pairs or dicts of keyword arguments such as ``{"input_ids", "attention_mask",
-    "labels"}`` (see :mod:`ampkit.bench.user` for the contract). ``precisions``: names or aliases, a list or one
-    comma-separated string; ``32-true``, the reference, always runs first. Default: every policy ``device``
+    "labels"}`` (see :mod:`ampkit.workloads.user` for the contract). ``precisions``: names or aliases, a list or one
+    comma-separated string, or Policy objects (``ampkit.get_policy("bf16", keep_fp32=["head"])``), run as given;
+    ``32-true``, the reference, always runs first. Default: every policy ``device``
     runs fast. ``steps`` counts optimizer steps per policy, ``warmup`` of them untimed (default: a tenth, at
     most 5). ``device``: default the GPU if there is one. ``tolerance``: as ``--tolerance``, how far a policy's
     eval metric may land from 32-true's (default: the metric's own). ``accumulate``: batches per optimizer step
@@ -68,15 +71,13 @@ def bench_model(
     if steps <= warmup:
         raise ValueError(f"bench_model(steps={steps}, warmup={warmup}): steps must exceed warmup so some steps are timed.")
     dev = default_device() if device is None else as_device(device)
-    if precisions is None:
-        names = default_precisions(dev)[0]
-    else:
-        names = resolve_precisions(precisions if isinstance(precisions, str) else ",".join(precisions), dev)
+    # The edge: names become Policy objects here, once; the runner and the engine take them as they are.
+    policies = default_precisions(dev)[0] if precisions is None else resolve_precisions(precisions, dev)
     check_accumulate(accumulate, "bench_model(accumulate=...)")  # before the data is read: K batches a step
     workload = workload_from(model, data, steps=steps, warmup=warmup, accumulate=accumulate)
     workload.clip_grad_norm = clip_grad_norm
     workload.lr = lr
     return run_bench(
-        workload, names, dev, seed=seed, rounds=rounds, settings={"batch_items": workload.items_per_batch, "unit": workload.unit},
+        workload, policies, dev, seed=seed, rounds=rounds, settings={"batch_items": workload.items_per_batch, "unit": workload.unit},
         tolerance=tolerance, compile=compile,
     )

@@ -29,6 +29,9 @@ from ..errors import one_line
 from ..memory.workspaces import create_library_workspaces
 from ..policy import Policy
 from ..training.engine import Engine
+from ..workloads.recipe import with_lr
+from ..workloads.timing import StepTimer, summarize
+from ..workloads.workload import Batch, Workload
 from .flops import count_flops
 from .memory import (
     SavedActivations,
@@ -38,10 +41,7 @@ from .memory import (
     training_state_bytes,
 )
 from .model_io import batch_loss, run_batch
-from .recipe import with_lr
 from .results import RunResult
-from .timing import StepTimer, summarize
-from .workload import Batch, Workload
 
 __all__ = ["PolicyRun", "compile_phase"]
 
@@ -65,7 +65,8 @@ def compile_phase(engine: Engine) -> str | None:
 
 
 class PolicyRun:
-    """Trains ``workload`` under ``precision`` on ``device``; its figures accumulate in :attr:`result`.
+    """Trains ``workload`` under ``policy`` on ``device``; its figures accumulate in :attr:`result`, under the
+    policy's name.
 
     ``compile``: what ``Engine(compile=...)`` gets (None: eager); ``mode`` names it in the result (see
     :func:`ampkit.bench.recipe.compile_mode`). A compiled run compiles in its first steps, which are the first
@@ -77,7 +78,7 @@ class PolicyRun:
     def __init__(
         self,
         workload: Workload,
-        precision: str,
+        policy: Policy,
         device: torch.device,
         batches: Sequence[Batch],
         seed: int,
@@ -92,13 +93,13 @@ class PolicyRun:
         self.compile = compile
         self.strategy = strategy
         self.rank, self.world = rank, world
-        self.precision = precision
-        self.policy: str | Policy = precision
-        """What the engine gets: the name, or the policy with settings (an fp8 policy's rows per micro-batch)."""
+        self.precision = policy.name
+        self.policy = policy
+        """What the engine gets, as given; an fp8 policy's run gets the policy set to its layer plan instead."""
         self.device = device
         self.batches = batches
         self.seed = seed
-        self.result = RunResult(precision=precision, throughput_unit=workload.unit, compile=mode)
+        self.result = RunResult(precision=policy.name, throughput_unit=workload.unit, compile=mode)
         self.label = self.result.label
         self.model: nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None

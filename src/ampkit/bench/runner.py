@@ -35,7 +35,7 @@ group's timeout.
 
     >>> import torch
     >>> from torch import nn
-    >>> from ampkit.bench.workload import Accuracy, Workload
+    >>> from ampkit.workloads import Accuracy, Workload
     >>> g = torch.Generator().manual_seed(0)
     >>> data = [(torch.randn(16, 8, generator=g), torch.randint(0, 4, (16,), generator=g)) for _ in range(4)]
     >>> w = Workload(name="toy", model=nn.Linear(8, 4), train_batches=data, eval_batches=data[:1],
@@ -60,50 +60,26 @@ from .._util.model_io import to_device
 from ..distributed.agreement import agree_max
 from ..errors import one_line
 from ..memory.fp8_layers import Fp8Plan, fp8_layer_plan, planned_policy
-from ..policy import get_policy
-from ..policy.device import as_device, cpu_bf16_native, cpu_fp16_native, cpu_name
+from ..policy import Policy, get_policy
+from ..policy.device import as_device
 from ..policy.fp8 import DEFAULT_TOKENS, FP8Policy
 from ..training.micro_batching import batch_rows, split_batch
+from ..workloads.device import device_info
+from ..workloads.recipe import check_recipe
+from ..workloads.workload import Batch, Workload
 from .flops import mfu
 from .policy_run import PolicyRun
 from .progress import NullReporter, Reporter
-from .recipe import check_recipe, recipe_settings, runs_to_build
+from .recipe import recipe_settings, runs_to_build
 from .results import BenchResult
 from .verdict import Tolerance, apply_verdicts, check_tolerance
-from .workload import Batch, Workload
 
-__all__ = ["REFERENCE", "check_shardable", "device_info", "run_bench", "shard_batch"]
+__all__ = ["REFERENCE", "check_shardable", "run_bench", "shard_batch"]
 
 log = logging.getLogger("ampkit")
 
 REFERENCE = "32-true"
 """The control every policy is compared with."""
-
-
-def device_info(device: torch.device) -> dict[str, Any]:
-    """What results.json records about the device the bench ran on.
-
-    >>> device_info(torch.device("cpu"))["type"]
-    'cpu'
-    """
-    if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        return {
-            "type": "cuda",
-            "name": props.name,
-            "capability": f"{props.major}.{props.minor}",
-            "memory_bytes": props.total_memory,
-            "cuda": torch.version.cuda,
-        }
-    if device.type == "cpu":
-        return {
-            "type": "cpu",
-            "name": cpu_name(),
-            "threads": torch.get_num_threads(),
-            "bf16_native": cpu_bf16_native(),
-            "fp16_native": cpu_fp16_native(),
-        }
-    return {"type": device.type, "name": str(device)}
 
 
 def shard_batch(batch: Any, rank: int, world: int) -> Any:
@@ -191,7 +167,7 @@ def _mfu(result: BenchResult, world: int = 1) -> None:
 
 def run_bench(
     workload: Workload,
-    precisions: Sequence[str],
+    precisions: Sequence[str | Policy],
     device: torch.device | str = "cpu",
     *,
     seed: int = 0,
@@ -205,8 +181,9 @@ def run_bench(
 ) -> BenchResult:
     """Train ``workload`` under each policy in ``precisions`` on ``device`` and return every figure.
 
-    Policies are canonical names (resolve aliases with :func:`ampkit.get_policy` first). The reference
-    (``32-true``) is compared against only if it is among them; the CLI always adds it.
+    ``precisions``: Policy objects, run as they are, or names and aliases, each made a Policy here, once; a name
+    that is no policy raises PolicyError. The reference (``32-true``) is compared against only if it is among them;
+    the CLI always adds it.
 
     With a process group initialised (under torchrun) every rank must call it with the same arguments; the runs
     train under DDP on each rank's slice of the batches, and rank 0's result holds the combined figures (see the
@@ -220,6 +197,7 @@ def run_bench(
     each policy's compiled twin, trained beside it in the same rounds (see :mod:`ampkit.bench.recipe`). The
     workload's ``accumulate`` and ``clip_grad_norm`` apply to every run.
     """
+    policies = [get_policy(p) for p in precisions]  # the API's edge: below it only Policy objects travel
     check_recipe(workload)
     runs_to_build([], compile)  # a compile spec torch.compile cannot take is refused before anything runs
     if tolerance is not None:
@@ -230,14 +208,14 @@ def run_bench(
     # The runs reseed the global RNG; the caller's RNG state is theirs and comes back untouched.
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         recipe = recipe_settings(workload, compile, tolerance, _rows(workload.train_batches[0]))
-        runs = runs_to_build(precisions, compile)
+        runs = runs_to_build(policies, compile)
         result = _run(workload, runs, compile, device, seed, rounds, count_flops, reporter or NullReporter(), command, {**recipe, **(settings or {})})
-    _judge(result, workload, tolerance)
+    _judge(result, workload, tolerance, policies)
     return result
 
 
-def _judge(result: BenchResult, workload: Workload, amount: float | None) -> None:
-    """The verdicts, against the workload's metric tolerance or ``amount`` in its place."""
+def _judge(result: BenchResult, workload: Workload, amount: float | None, policies: Sequence[Policy]) -> None:
+    """The verdicts, against the workload's metric tolerance or ``amount`` in its place, of the runs of ``policies``."""
     tolerance = None
     if workload.metric is not None and workload.eval_batches:
         m = workload.metric()
@@ -247,7 +225,7 @@ def _judge(result: BenchResult, workload: Workload, amount: float | None) -> Non
             result.eval_samples = sum(batch_rows(b) for b in workload.eval_batches)
         except ValueError:
             result.eval_samples = None  # batches without one sample dimension: the count is left unsaid
-    apply_verdicts(result, tolerance)
+    apply_verdicts(result, tolerance, {p.name: p for p in policies})
 
 
 def _rows(batch: Batch) -> int | None:
@@ -262,22 +240,22 @@ def _fp8_plans(workload: Workload, runs: Sequence[PolicyRun]) -> dict[str, Fp8Pl
     plans: dict[str, Fp8Plan] = {}
     unplanned: set[str] = set()
     for run in runs:
-        if run.result.status != "unsupported" and isinstance(get_policy(run.precision), FP8Policy) and run.precision not in unplanned:
+        if run.result.status != "unsupported" and isinstance(run.policy, FP8Policy) and run.precision not in unplanned:
             if run.precision not in plans:
                 try:
-                    plans[run.precision] = fp8_layer_plan(workload.model, workload.train_batches[0], run.precision)
+                    plans[run.precision] = fp8_layer_plan(workload.model, workload.train_batches[0], run.policy)
                 except Exception as exc:  # noqa: BLE001 - a forward fake tensors cannot run: the run goes on with the policy's defaults
                     log.warning("could not plan %s's layers from the batch (%s); it converts the layers its filter picks at "
                                 "%d rows", run.precision, one_line(exc, with_type=True), DEFAULT_TOKENS)
                     unplanned.add(run.precision)
                     continue
-            run.policy = planned_policy(plans[run.precision])
+            run.policy = planned_policy(plans[run.precision], run.policy)
     return plans
 
 
 def _run(
     workload: Workload,
-    to_build: Sequence[tuple[str, str | None]],
+    to_build: Sequence[tuple[Policy, str | None]],
     compile: Any,
     device: torch.device,
     seed: int,
@@ -299,7 +277,7 @@ def _run(
         for p, mode in to_build
     ]
     for run in runs:  # the CLI refuses these up front; a library caller gets a row that says why
-        support = get_policy(run.precision).support(device)
+        support = run.policy.support(device)
         if not support.supported:
             run.result.status, run.result.error = "unsupported", support.reason
     fp8_plans = _fp8_plans(workload, runs)

@@ -43,11 +43,12 @@ a point or two between policies is then chance as much as precision.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import torch
 
 from ..errors import PolicyError
-from ..policy import get_policy
+from ..policy import Policy, get_policy
 from .format import fmt_bytes, fmt_float
 from .quality import (
     EvalNoise,
@@ -303,9 +304,12 @@ def _unmeasured(run: RunResult, comparison: _Comparison) -> str:
     return "no eval metric for this run"
 
 
-def apply_verdicts(result: BenchResult, tolerance: Tolerance | None) -> None:
+def apply_verdicts(result: BenchResult, tolerance: Tolerance | None, policies: Mapping[str, Policy] | None = None) -> None:
     """Fill speed-up (and its interval), memory saved, quality, within-tolerance, verdict and outcome of every run
-    against ``result.reference``, by the rule of this module's docstring; and the result's eval noise and recovery."""
+    against ``result.reference``, by the rule of this module's docstring; and the result's eval noise and recovery.
+
+    ``policies``: the Policy each run trained under, by its name (the runner's); a run not in it (a result read back
+    from results.json) is looked up by name in the registry."""
     ref = result.run(result.reference)
     if tolerance is not None:
         result.eval_tolerance = tolerance.describe(result.reference)
@@ -329,7 +333,7 @@ def apply_verdicts(result: BenchResult, tolerance: Tolerance | None) -> None:
         run.within_tolerance = {"as good": True, "better": True, "worse": False}.get(judgement.word or "")
         twin = result.run(run.precision) if run.compile is not None else None
         run.verdict, run.outcome = _verdict(run, comparison, result.eval_samples, twin)
-    result.recovery = _recovery(comparison)
+    result.recovery = _recovery(comparison, policies or {})
 
 
 def recovery_verdict(result: BenchResult, tolerance: Tolerance | None) -> str | None:
@@ -350,14 +354,14 @@ def recovery_verdict(result: BenchResult, tolerance: Tolerance | None) -> str | 
     ref = result.run(result.reference)
     if ref is None or not ref.ok:
         return None
-    return _recovery(_Comparison(result, ref, tolerance))
+    return _recovery(_Comparison(result, ref, tolerance), {})
 
 
-def _recovery(comparison: _Comparison) -> str | None:
+def _recovery(comparison: _Comparison, policies: Mapping[str, Policy]) -> str | None:
     ref, tolerance = comparison.ref, comparison.tolerance
     if tolerance is None or ref.eval_metric is None:
         return None
-    runs = [r for r in comparison.runs if r.ok and r.compile is None and r.eval_metric is not None and _stores_16_bit(r.precision)]
+    runs = [r for r in comparison.runs if r.ok and r.compile is None and r.eval_metric is not None and _stores_16_bit(r.precision, policies)]
     if len(runs) < 2:
         return None
     words = [comparison.of(run).word for run in runs]
@@ -388,8 +392,8 @@ def _recovery(comparison: _Comparison) -> str | None:
     return "16-bit weights: " + "; ".join(parts)
 
 
-def _stores_16_bit(precision: str) -> bool:
+def _stores_16_bit(precision: str, policies: Mapping[str, Policy]) -> bool:
     try:
-        return get_policy(precision).param_dtype != torch.float32
+        return (policies.get(precision) or get_policy(precision)).param_dtype != torch.float32
     except PolicyError:  # a run of a policy this ampkit does not know (an old results.json)
         return False

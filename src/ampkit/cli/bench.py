@@ -26,19 +26,19 @@ import torch
 import torch.distributed as dist
 from rich.console import Console
 
+from .._util.values import clip_from
 from ..bench.defaults import default_precisions, resolve_precisions
 from ..bench.progress import NullReporter, PlainReporter, Reporter, RichReporter
-from ..bench.recipe import check_recipe, clip_from
 from ..bench.results import BenchResult
 from ..bench.runner import check_shardable, run_bench
-from ..bench.verdict import check_tolerance
-from ..bench.workload import Workload
 from ..distributed.agreement import agree_max
 from ..distributed.environment import init_distributed, launched_by_torchrun, shutdown
 from ..distributed.launch import relaunch, report_exit_code, strip_option
 from ..distributed.rank_logging import rank
 from ..errors import AmpkitError, one_line
+from ..policy import Policy
 from ..report.out_dir import write_out
+from ..workloads import Workload
 from .checks import writable_dir
 from .console import stdout_console
 from .parsers import add_bench as register
@@ -59,19 +59,23 @@ _COMPILE = {"model": True, "regional": "regional"}
 """``--compile MODE`` -> what ``Engine(compile=...)`` gets."""
 
 
+def _precisions(args: argparse.Namespace, device: torch.device) -> tuple[list[Policy], dict[str, str]]:
+    """The policies to run, reference first, and {policy left out by default: why}: ``--precision`` made into
+    Policy objects here, once (the names were checked before torch's import; the device is checked here)."""
+    if args.precision is None:
+        return default_precisions(device)
+    return resolve_precisions(args.precision, device), {}
+
+
 def _workload(args: argparse.Namespace, device: torch.device, size: str) -> Workload:
-    """The workload the arguments describe, checked against ``--steps``/``--warmup``, ``--tolerance`` and the recipe
-    (``--batch-size``, ``--accumulate``, ``--clip``, ``--lr``)."""
-    if args.tolerance is not None:
-        check_tolerance(args.tolerance, "--tolerance")  # before the workload is built: that may take a while
-    clip = clip_from(args.clip) if args.clip is not None else None
+    """The workload the arguments describe, checked against ``--steps``/``--warmup`` and ``--tolerance``; its recipe
+    set from ``--batch-size``, ``--accumulate``, ``--clip`` and ``--lr`` (each value checked before torch's import)."""
     workload = workload_from_args(
         args, device, size, steps=args.steps, warmup=args.warmup, data_use="train it on", batch_size=args.batch_size, accumulate=args.accumulate,
     )
     if args.clip is not None:
-        workload.clip_grad_norm = clip
+        workload.clip_grad_norm = clip_from(args.clip)
     workload.lr = args.lr
-    check_recipe(workload)
     if workload.steps <= workload.warmup:
         raise ValueError(f"--steps {workload.steps} must exceed --warmup {workload.warmup} so some steps are timed.")
     if args.tolerance is not None and (workload.metric is None or not workload.eval_batches):
@@ -120,8 +124,7 @@ def _launch(args: argparse.Namespace, nproc: int) -> int:
                 f"use --nproc {gpus} or fewer, or --device cpu to run {nproc} processes on the CPU."
             )
     size = workload_size(args, device)
-    if args.precision is not None:
-        resolve_precisions(args.precision, device)
+    _precisions(args, device)  # refused here, once for all the workers, with exit code 2
     workload = _workload(args, device, size)
     try:
         check_shardable(workload.train_batches, nproc, workload.steps)
@@ -172,10 +175,7 @@ def _bench(args: argparse.Namespace, device: torch.device, *, main: bool = True,
     console = stdout_console(quiet=not main)
     _check_dirs(args)
     size = workload_size(args, device)
-    if args.precision is not None:
-        precisions, left_out = resolve_precisions(args.precision, device), {}
-    else:
-        precisions, left_out = default_precisions(device)
+    policies, left_out = _precisions(args, device)
     workload = _workload(args, device, size)
     if args.fp8 is not None and main:  # the plan on its own; an fp8 policy's run prints its own after the results
         from ..bench.fp8_table import print_fp8_table
@@ -187,7 +187,7 @@ def _bench(args: argparse.Namespace, device: torch.device, *, main: bool = True,
     where = f"{device.type} x {world} processes (DDP)" if world > 1 else str(device)
     console.print(f"[bold]ampkit bench[/bold]: {workload.name}{sized} on {where}: {workload.description}")
     compiled = f", each also compiled ({args.compile})" if args.compile else ""
-    console.print(f"policies: {', '.join(precisions)}{compiled}; {workload.steps} steps each, {workload.warmup} of them warm-up")
+    console.print(f"policies: {', '.join(p.name for p in policies)}{compiled}; {workload.steps} steps each, {workload.warmup} of them warm-up")
     if workload.accumulate > 1:
         items = f"{workload.items_per_batch * workload.accumulate:,} {workload.unit}"
         console.print(f"a step: one optimizer update over {workload.accumulate} batches ({items}); step time and throughput count all of them")
@@ -200,7 +200,7 @@ def _bench(args: argparse.Namespace, device: torch.device, *, main: bool = True,
     # A bar on a terminal; plain lines in a log (CI, a pipe), where a bar shows nothing for the whole run.
     reporter: Reporter = NullReporter() if not main or args.no_progress else RichReporter() if sys.stderr.isatty() else PlainReporter(sys.stderr)
     result = run_bench(
-        workload, precisions, device, seed=args.seed, rounds=args.rounds, reporter=reporter, command=command,
+        workload, policies, device, seed=args.seed, rounds=args.rounds, reporter=reporter, command=command,
         settings={"size": size, "batch_items": workload.items_per_batch, "unit": workload.unit},
         tolerance=None if args.tolerance is None else float(args.tolerance), compile=_COMPILE.get(args.compile),
     )

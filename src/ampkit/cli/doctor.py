@@ -39,8 +39,9 @@ def run(args: argparse.Namespace) -> int:
     writable_dir(args.out, "--out")
     compile = compile_arg(args.compile, args.compile_backend)  # bad flags are refused before the workload is built
     device = device_arg(args.device, command="doctor")
-    if args.precision is not None:
-        get_policy(args.precision).check_device(device)
+    target = get_policy(args.precision) if args.precision is not None else None  # made a Policy here, once
+    if target is not None:
+        target.check_device(device)
     size = workload_size(args, device)
     steps_needed = args.steps + 1  # the reference steps, then the batch the policy step is compared on
     workload = workload_from_args(args, device, size, steps=max(steps_needed, 2), warmup=1)
@@ -52,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         model = model.to(memory_format=torch.channels_last)
     command = recorded_command(args)
     diagnosis = diagnose(
-        model, batches, workload.loss_fn, steps=args.steps, target=args.precision, optimizer=workload.optimizer, seed=args.seed,
+        model, batches, workload.loss_fn, steps=args.steps, target=target, optimizer=workload.optimizer, seed=args.seed,
         compile=compile, update_steps=args.update_steps, fp8_recipe=None if args.fp8_recipe == "none" else args.fp8_recipe,
         context={"command": command, "workload": {"name": workload.name, "description": workload.description, "size": size if args.data is None else None}},
     )

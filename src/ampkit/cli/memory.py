@@ -20,16 +20,18 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from ..bench.format import fmt_bytes
+from .._util.units import fmt_bytes
 from ..bench.fp8_table import print_fp8_table
-from ..bench.workload import Workload
 from ..memory.estimate import BREAKDOWN, MemoryEstimate, estimate
 from ..memory.fit import Fit, largest_batch, resize_batch
 from ..memory.fp8_layers import Fp8Plan, fp8_layer_plan, planned_policy
 from ..policy import Policy, get_policy, policy_names
 from ..policy.fp8 import FP8Policy
+from ..workloads import Workload, parse_precisions
 from .console import stdout_console
-from .parsers import add_memory as register  # declared apart: `ampkit --help` imports none of this module
+from .parsers import (
+    add_memory as register,  # declared apart: `ampkit --help` imports none of this module
+)
 from .workload_args import device_arg, workload_from_args, workload_size
 
 __all__ = ["register", "run"]
@@ -38,22 +40,18 @@ _HEADERS = {"parameters": "params", "gradients": "grads", "optimizer_state": "op
             "activations": "activ."}
 
 
-def _policies(text: str | None, device: torch.device) -> list[str]:
+def _policies(text: str | None, device: torch.device) -> list[Policy]:
+    """``--precision`` made into Policy objects, once; by default every policy (a GPU's prediction needs no GPU
+    here) or every one the CPU runs. A policy the CPU cannot run is refused for a CPU prediction."""
     if text is None:
-        if device.type == "cuda":
-            return policy_names()  # a prediction for a GPU that need not be here: every policy
-        return [n for n in policy_names() if get_policy(n).support(device).supported]
-    names: list[str] = []
-    for part in text.split(","):
-        if part.strip():
-            name = get_policy(part.strip()).name
-            if device.type == "cpu" and not get_policy(name).support(device).supported:
-                raise ValueError(f"--precision {name} does not run on cpu: {get_policy(name).support(device).reason}.")
-            if name not in names:
-                names.append(name)
-    if not names:
-        raise ValueError("--precision is empty; name at least one policy, e.g. --precision 32-true,bf16-mixed.")
-    return names
+        every = [get_policy(n) for n in policy_names()]
+        return every if device.type == "cuda" else [p for p in every if p.support(device).supported]
+
+    def predicted_here(typed: str, policy: Policy) -> None:
+        if device.type == "cpu" and not policy.support(device).supported:
+            raise ValueError(f"--precision {policy.name} does not run on cpu: {policy.support(device).reason}.")
+
+    return parse_precisions(text, check=predicted_here)
 
 
 def _example(workload: Workload, batch_size: int | None) -> Any:
@@ -75,8 +73,8 @@ def run(args: argparse.Namespace) -> int:
 
     plans = _fp8_plans(args.fp8, policies, model, batch)
     rows: list[tuple[MemoryEstimate, Fit | None]] = []
-    for name in policies:
-        policy = _planned(name, plans)
+    for given in policies:
+        policy = _planned(given, plans)
         e = estimate(model, batch, workload.optimizer, policy, device, **options)
         fit = largest_batch(model, batch, workload.optimizer, policy, device, budget=budget, **options) if budget else None
         rows.append((e, fit))
@@ -101,15 +99,17 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _fp8_plans(gpu: str | None, policies: list[str], model: torch.nn.Module, batch: Any) -> dict[str, Fp8Plan]:
-    """The layer plan of each fp8 policy measured (or of fp8-tensorwise when only --fp8 asks), at the batch's rows."""
-    wanted = [n for n in policies if isinstance(get_policy(n), FP8Policy)] or (["fp8-tensorwise"] if gpu else [])
-    return {n: fp8_layer_plan(model, batch, n, gpu=None if gpu in (None, "auto") else gpu) for n in wanted}
+def _fp8_plans(gpu: str | None, policies: list[Policy], model: torch.nn.Module, batch: Any) -> dict[str, Fp8Plan]:
+    """The layer plan of each fp8 policy measured (or of fp8-tensorwise when only --fp8 asks), at the batch's rows,
+    by the policy's name."""
+    wanted: list[str | FP8Policy] = [p for p in policies if isinstance(p, FP8Policy)] or (["fp8-tensorwise"] if gpu else [])
+    plans = (fp8_layer_plan(model, batch, p, gpu=None if gpu in (None, "auto") else gpu) for p in wanted)
+    return {plan.policy: plan for plan in plans}
 
 
-def _planned(name: str, plans: dict[str, Fp8Plan]) -> str | Policy:
-    """The policy ``name``, an fp8 one set to convert what its plan's table says."""
-    return planned_policy(plans[name]) if name in plans else name
+def _planned(policy: Policy, plans: dict[str, Fp8Plan]) -> Policy:
+    """``policy``; an fp8 one set to convert what its plan's table says."""
+    return planned_policy(plans[policy.name], policy) if isinstance(policy, FP8Policy) and policy.name in plans else policy
 
 
 def _table(rows: list[tuple[MemoryEstimate, Fit | None]], workload: Workload, device: torch.device, budget: int | None, console: Console) -> None:

@@ -26,7 +26,7 @@ from .checks import memory_size, non_negative, positive
 __all__ = ["SIZES", "add_bench", "add_doctor", "add_env", "add_memory", "add_profile"]
 
 SIZES = ("tiny", "small", "large")
-"""The built-in workload sizes, as :data:`ampkit.bench.workload.SIZES` (a test holds the two equal): repeated here
+"""The built-in workload sizes, as :data:`ampkit.workloads.SIZES` (a test holds the two equal): repeated here
 because that module imports torch, which ``--help`` does without."""
 
 

@@ -19,16 +19,20 @@ from typing import Any
 
 import torch
 
-from ..bench.defaults import default_size
-from ..bench.user import load_factory
-from ..bench.workload import Workload
-from ..policy import get_policy
+from ..policy import Policy, get_policy
+from ..workloads import Workload, load_factory
 from .checks import writable_dir
 from .console import stdout_console
 from .parsers import (
     add_profile as register,  # declared apart: `ampkit --help` imports none of this module
 )
-from .workload_args import compile_arg, device_arg, recorded_command, workload_from_args
+from .workload_args import (
+    compile_arg,
+    device_arg,
+    recorded_command,
+    workload_from_args,
+    workload_size,
+)
 
 __all__ = ["DEFAULT_WORKLOAD", "register", "run"]
 
@@ -39,12 +43,15 @@ DEFAULT_WORKLOAD = "digits-aug"
 an input-bound loop with something for the advice to fix."""
 
 
-def _precision(args: argparse.Namespace, device: torch.device) -> str:
+def _policy(args: argparse.Namespace, device: torch.device) -> Policy:
+    """``--precision`` made a Policy here, once, and checked on ``device``; by default bf16-mixed where it is fast."""
     if args.precision is not None:
-        get_policy(args.precision).check_device(device)
-        return get_policy(args.precision).name
-    support = get_policy("bf16-mixed").support(device)
-    return "bf16-mixed" if support.supported and support.fast else "32-true"
+        policy = get_policy(args.precision)
+        policy.check_device(device)
+        return policy
+    mixed = get_policy("bf16-mixed")
+    support = mixed.support(device)
+    return mixed if support.supported and support.fast else get_policy("32-true")
 
 
 def _user_loader(args: argparse.Namespace) -> torch.utils.data.DataLoader[Any] | None:
@@ -88,13 +95,13 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--trace writes trace.json into --out DIR: add --out DIR.")
     compile = compile_arg(args.compile)
     device = device_arg(args.device, command="profile")
-    precision = _precision(args, device)
-    size = default_size(device) if args.size == "auto" else args.size
+    policy = _policy(args, device)
+    size = workload_size(args, device)
     loader = _user_loader(args)
     workload = _workload(args, device, size, loader)
     console = stdout_console()
     console.print(
-        f"[dim]ampkit profile: {workload.name} under {precision} on {device}: {args.warmup} warm-up steps, "
+        f"[dim]ampkit profile: {workload.name} under {policy.name} on {device}: {args.warmup} warm-up steps, "
         f"{args.plain_steps} plain, {args.steps} timed, {args.sync_steps} with syncs counted, {args.trace_steps} traced"
         f"{'' if args.no_trials else ', then the DataLoader variants'}...[/dim]"
     )
@@ -104,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
         "workload_flags": _workload_flags(args, size),
     }
     data = profile_workload(
-        workload, precision, device, compile=compile, loader=loader, warmup=args.warmup, plain_steps=args.plain_steps, timed=args.steps,
+        workload, policy, device, compile=compile, loader=loader, warmup=args.warmup, plain_steps=args.plain_steps, timed=args.steps,
         sync_steps=args.sync_steps, trace_steps=args.trace_steps, trials=not args.no_trials,
         trace_dir=args.out if args.trace else None, seed=args.seed, context=context,
     )

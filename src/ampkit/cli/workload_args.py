@@ -1,8 +1,9 @@
 """What bench, doctor and memory read alike from their arguments: the device, the workload, the command line.
 
 The flags themselves are declared once in :mod:`ampkit.cli.parsers` (which imports no torch, for ``--help``);
-this module turns their values into a ``torch.device``, a :class:`~ampkit.bench.workload.Workload` and the
-command line a result file records, so every subcommand accepts, defaults and refuses them the same way.
+this module turns their values into a ``torch.device``, a :class:`~ampkit.workloads.Workload` (by the rules of
+:mod:`ampkit.workloads.choose`) and the command line a result file records, so every subcommand accepts, defaults
+and refuses them the same way.
 
     >>> import argparse
     >>> args = argparse.Namespace(device="cpu", size="auto", argv=["doctor", "-w", "gpt"])
@@ -19,9 +20,11 @@ import sys
 
 import torch
 
-from ..bench.defaults import default_device, default_size, default_workload
-from ..bench.workload import Workload
 from ..policy.device import as_device
+from ..workloads.choose import choose_workload
+from ..workloads.defaults import workload_size as size_for
+from ..workloads.device import default_device
+from ..workloads.workload import Workload
 from .checks import device_text
 
 __all__ = ["compile_arg", "device_arg", "recorded_command", "typed_argv", "workload_from_args", "workload_size"]
@@ -73,48 +76,20 @@ def compile_arg(compile: str | None, backend: str | None = None) -> bool | str |
 
 def workload_size(args: argparse.Namespace, device: torch.device) -> str:
     """``--size``, with ``auto`` resolved for ``device`` (small on a CPU, large on a GPU)."""
-    return default_size(device) if args.size == "auto" else args.size
+    return size_for(args.size, device)
 
 
 def workload_from_args(
     args: argparse.Namespace, device: torch.device, size: str, *, steps: int | None = None, warmup: int | None = None,
     data_use: str = "run it on", batch_size: int | None = None, accumulate: int = 1,
 ) -> Workload:
-    """The workload ``-w``/``--model``/``--data``/``--seed`` describe, at ``size``, with ``steps``/``warmup`` set.
-
-    A built-in workload keeps its own steps and warm-up where ``steps``/``warmup`` are None; the user's data has
-    none of its own, so there they default to ``-w``'s (when ``--model`` trains on a built-in's data) or to 100
-    steps and a tenth of them (at most 5) as warm-up. ``--model`` alone is refused before anything of the user's
-    is imported; ``data_use`` says what the command does with the data, for that message. ``batch_size``
-    rebuilds a built-in workload's batches (the user's ``--data`` makes its own: refused there); ``accumulate``
-    micro-batches make each step, so the user's data is read for ``steps * accumulate`` batches.
-    """
-    # Here: the workloads import scikit-learn and friends, only when a command runs.
-    from ..bench.user import user_workload
-    from ..bench.workloads import get_workload
-
-    if args.model is None and args.data is None:
-        name = default_workload(device) if args.workload is None else args.workload
-        workload = get_workload(name, size=size, seed=args.seed, batch_size=batch_size)
-    else:
-        if args.data is None and args.workload is None:
-            raise ValueError(f"--model without --data needs --workload NAME (the data to {data_use}), or --data pkg.module:factory.")
-        if args.data is not None and batch_size is not None:
-            raise ValueError(
-                f"--batch-size {batch_size} applies to a built-in workload's data; your --data {args.data} makes its own "
-                "batches: return batches of that many rows from it (or drop --batch-size)."
-            )
-        base = get_workload(args.workload, size=size, seed=args.seed, batch_size=batch_size) if args.workload is not None else None
-        steps = steps or (base.steps if base else 100)
-        warmup = warmup if warmup is not None else (base.warmup if base else min(5, steps // 10))
-        workload = user_workload(args.model, args.data, steps=steps, warmup=warmup, base=base, accumulate=accumulate)
-    # --model on a built-in workload's data copies that workload, its steps included: the run's settings win.
-    if steps is not None:
-        workload.steps = steps
-    if warmup is not None:
-        workload.warmup = warmup
-    workload.accumulate = accumulate
-    return workload
+    """The workload ``-w``/``--model``/``--data``/``--seed`` describe, at ``size``, with ``steps``/``warmup`` set,
+    by the rules of :func:`ampkit.workloads.choose_workload` (``data_use``: what the command does with the data,
+    for the message refusing ``--model`` alone)."""
+    return choose_workload(
+        args.workload, args.model, args.data, device=device, size=size, seed=args.seed, steps=steps, warmup=warmup,
+        batch_size=batch_size, accumulate=accumulate, data_use=data_use,
+    )
 
 
 def typed_argv(args: argparse.Namespace) -> list[str]:

@@ -125,9 +125,10 @@ def fp8_layer_plan(model: nn.Module, example_batch: Any, policy: str | FP8Policy
     return Fp8Plan(planned.name, spec.name, most, layers)
 
 
-def planned_policy(plan: Fp8Plan) -> FP8Policy:
+def planned_policy(plan: Fp8Plan, policy: FP8Policy | None = None) -> FP8Policy:
     """The plan's policy set to convert exactly the layers the plan converts (each decided at its own rows), on the
-    plan's GPU.
+    plan's GPU. ``policy``: the policy object the plan was made for, whose other settings (``keep_fp32``) it keeps;
+    default: the plan's policy by name.
 
     >>> from torch import nn
     >>> p = planned_policy(fp8_layer_plan(nn.Sequential(nn.Linear(64, 64)), (torch.zeros(4, 64), None), gpu="L4"))
@@ -135,7 +136,8 @@ def planned_policy(plan: Fp8Plan) -> FP8Policy:
     ('fp8-tensorwise', ChosenLayers(names=frozenset()), 4, 'L4')
     """
     chosen = ChosenLayers(frozenset(p.name for p in plan.layers if p.convert))
-    return dataclasses.replace(get_policy(plan.policy), layers=chosen, tokens=plan.tokens or None, target=plan.gpu)  # type: ignore[arg-type]
+    base = policy if policy is not None else get_policy(plan.policy)
+    return dataclasses.replace(base, layers=chosen, tokens=plan.tokens or None, target=plan.gpu)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from torch import nn
 
 from .._util.model_io import batch_loss, default_loss, to_device
 from .._util.units import fmt_share
-from ..policy import get_policy
+from ..policy import Policy, get_policy
 from ..training.compile import check_compile_plan, compile_plan
 from .compare import LossFn, StepComparison, compare_step, reference_step, seeded
 from .compiled import CompileCheck, check_compiled
@@ -214,7 +214,7 @@ def diagnose(
     loss_fn: LossFn = default_loss,
     *,
     steps: int = 3,
-    target: str | None = None,
+    target: str | Policy | None = None,
     optimizer: Optimizer | None = None,
     device: torch.device | str | None = None,
     seed: int = 0,
@@ -232,7 +232,7 @@ def diagnose(
         loss_fn: ``loss_fn(output, targets)``, given a tensor output in fp32; default: the output's ``.loss``, else
             cross-entropy or MSE by the targets' dtype (:func:`ampkit.bench.model_io.default_loss`).
         steps: fp32 reference steps whose statistics are collected (the optimizer steps between them).
-        target: tailor for this policy only (e.g. ``"16-mixed"`` for a GPU without bf16); default: choose among
+        target: tailor for this policy only (a name, e.g. ``"16-mixed"`` for a GPU without bf16, or a Policy); default: choose among
             the mixed policies that run fast on ``device``.
         compile: also run the recommended policy's step compiled as ``Engine(compile=compile)`` would (True,
             ``"regional"`` or torch.compile options) and compare it with the eager step, module by module

@@ -1,7 +1,7 @@
 """``ampkit profile``'s run: train a workload through a DataLoader under a :class:`~ampkit.profile.session.Profiler`,
 time the loader's variants on the same step, and put it all, with the advice, in one ``profile.json`` dict.
 
-    >>> from ampkit.bench.workloads import get_workload
+    >>> from ampkit.workloads import get_workload
     >>> data = profile_workload(get_workload("gpt", size="tiny"), "32-true", "cpu", plain_steps=2, timed=3, sync_steps=1, trace_steps=1)
     >>> data["workload"]["name"], sorted(data["phases"])[:3], data["trials"]
     ('gpt', ['backward', 'copy', 'data'], [])
@@ -21,10 +21,11 @@ from torch.utils.data import DataLoader, Dataset
 
 from .. import __version__
 from .._util.model_io import batch_loss
-from ..bench.recipe import with_lr
-from ..bench.runner import device_info
-from ..bench.workload import Batch, Workload
+from ..policy import Policy, get_policy
 from ..training.engine import Engine
+from ..workloads.device import device_info
+from ..workloads.recipe import with_lr
+from ..workloads.workload import Batch, Workload
 from .advice import advise
 from .session import Profiler
 from .trials import try_loader_settings
@@ -50,7 +51,7 @@ def workload_loader(workload: Workload) -> DataLoader[Any]:
     pinned memory. A workload with a per-sample dataset (``Workload.samples``) is batched by the loader; one
     without is read a ready batch at a time.
 
-    >>> from ampkit.bench.workloads import get_workload
+    >>> from ampkit.workloads import get_workload
     >>> loader = workload_loader(get_workload("gpt", size="tiny"))
     >>> loader.batch_size is None, loader.num_workers
     (True, 0)
@@ -74,7 +75,7 @@ def _cycled(loader: Iterable[Any], count: int) -> Iterator[Any]:
 
 def profile_workload(
     workload: Workload,
-    precision: str,
+    precision: str | Policy,
     device: torch.device | str,
     *,
     compile: Any = None,
@@ -89,18 +90,19 @@ def profile_workload(
     seed: int = 0,
     context: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Profile ``workload`` trained under ``precision`` on ``device``, fed by ``loader`` (default:
-    :func:`workload_loader`), then time the loader's variants on the same step (``trials``; a workload whose
-    batches are ready in memory has no loader worth varying and gets none). Returns the ``profile.json`` dict;
-    ``context`` (the command, the workload's size) is merged into it.
+    """Profile ``workload`` trained under ``precision`` (a Policy, taken as it is, or a name) on ``device``, fed by
+    ``loader`` (default: :func:`workload_loader`), then time the loader's variants on the same step (``trials``; a
+    workload whose batches are ready in memory has no loader worth varying and gets none). Returns the
+    ``profile.json`` dict; ``context`` (the command, the workload's size) is merged into it.
     """
+    policy = get_policy(precision)  # the API's edge: a name becomes a Policy here, once
     device = torch.device(device)
     torch.manual_seed(seed)
     model = copy.deepcopy(workload.model).to(device)
     if workload.channels_last:
         model = model.to(memory_format=torch.channels_last)
     optimizer = with_lr(workload.optimizer(model.parameters()), workload.lr)
-    engine = Engine(precision, clip_grad_norm=workload.clip_grad_norm, accumulate=workload.accumulate, compile=compile)
+    engine = Engine(policy, clip_grad_norm=workload.clip_grad_norm, accumulate=workload.accumulate, compile=compile)
     model, optimizer = engine.setup(model, optimizer)
     model.train()
     given_loader = loader is not None

@@ -47,8 +47,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..bench.timing import summarize
 from ..training.hooks import StepHook
+from ..workloads.timing import summarize
 from .advice import advise
 from .idle import device_idle
 from .op_shares import PhaseRanges, op_breakdown

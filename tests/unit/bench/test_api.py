@@ -52,3 +52,12 @@ def test_accumulate_reads_that_many_batches_per_step_and_clip_none_turns_clippin
 def test_a_recipe_that_cannot_run_is_refused(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         bench_model(nn.Linear(8, 3), batches(4), "32-true", steps=3, warmup=1, rounds=1, device="cpu", **kwargs)  # type: ignore[arg-type]
+
+
+def test_policy_objects_are_taken_as_given_beside_names() -> None:
+    from ampkit.policy import BF16Mixed
+
+    toy = BF16Mixed(name="toy-bf16-mixed")  # no registered name: only the object itself can run it
+    result = bench_model(nn.Linear(8, 3), batches(3), ["bf16", toy], steps=3, warmup=1, rounds=1, device="cpu")
+    assert [(r.precision, r.status) for r in result.runs] == [("32-true", "ok"), ("bf16-mixed", "ok"), ("toy-bf16-mixed", "ok")]
+    assert result.run("toy-bf16-mixed").losses == result.run("bf16-mixed").losses  # control: the same policy by name

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from ampkit.bench.model_io import batch_loss, default_loss, prediction, run_batch
-from ampkit.bench.user import BenchData, workload_from
+from ampkit.workloads.user import BenchData, workload_from
 
 
 class KwargsNet(nn.Module):

@@ -8,8 +8,8 @@ from torch import nn
 
 from ampkit.bench.results import BenchResult
 from ampkit.bench.runner import run_bench
-from ampkit.bench.workload import Workload, default_optimizer
 from ampkit.memory import measure
+from ampkit.workloads.workload import Workload, default_optimizer
 
 ROWS = 8
 POLICIES = ["32-true", "bf16-mixed"]

@@ -11,8 +11,8 @@ from torch import nn
 from ampkit.bench.policy_run import PolicyRun
 from ampkit.bench.progress import PLAIN_INTERVAL_S, NullReporter, PlainReporter
 from ampkit.bench.runner import run_bench
-from ampkit.bench.user import workload_from
-from ampkit.bench.workload import Batch, Workload
+from ampkit.workloads.user import workload_from
+from ampkit.workloads.workload import Batch, Workload
 
 
 class _Clock:

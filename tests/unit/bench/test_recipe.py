@@ -12,13 +12,16 @@ import pytest
 import torch
 from torch import nn
 
+from ampkit._util.values import clip_from
 from ampkit.bench.policy_run import PolicyRun
-from ampkit.bench.recipe import check_recipe, clip_from, compile_mode, runs_to_build
+from ampkit.bench.recipe import compile_mode, runs_to_build
 from ampkit.bench.results import BenchResult
 from ampkit.bench.runner import run_bench
 from ampkit.bench.table import definitions, table_rows
-from ampkit.bench.user import EvalLoss
-from ampkit.bench.workload import Accuracy, Workload, default_optimizer
+from ampkit.policy import get_policy
+from ampkit.workloads.recipe import check_recipe
+from ampkit.workloads.user import EvalLoss
+from ampkit.workloads.workload import Accuracy, Workload, default_optimizer
 
 # Dynamo's own warning when the optimizer reads .grad through a traced graph; torch's, not ampkit's.
 pytestmark = pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf:UserWarning")
@@ -71,8 +74,8 @@ def _control(w: Workload, clip: float | None, lr: float = 1e-3) -> list[float]:
 def test_accumulating_two_batches_gives_the_weights_of_one_batch_twice_as_large() -> None:
     large = _batches(2 * ROWS, 4)
     halves = [(x[i : i + ROWS], y[i : i + ROWS]) for x, y in large for i in (0, ROWS)]
-    once = PolicyRun(_workload(large), "32-true", torch.device("cpu"), large, seed=0)
-    twice = PolicyRun(_workload(halves, accumulate=2), "32-true", torch.device("cpu"), halves, seed=0)
+    once = PolicyRun(_workload(large), get_policy("32-true"), torch.device("cpu"), large, seed=0)
+    twice = PolicyRun(_workload(halves, accumulate=2), get_policy("32-true"), torch.device("cpu"), halves, seed=0)
     for run in (once, twice):
         run.build()
         run.train(4, timed=False)
@@ -175,8 +178,9 @@ def test_the_default_compiler_reports_its_compile_time_apart(fresh_dynamo: None)
 
 
 def test_runs_to_build_pairs_each_policy_with_its_twin() -> None:
-    assert runs_to_build(["32-true", "bf16-mixed"]) == [("32-true", None), ("bf16-mixed", None)]
-    assert runs_to_build(["32-true"], True) == [("32-true", None), ("32-true", "model")]
+    fp32, mixed = get_policy("32-true"), get_policy("bf16-mixed")
+    assert runs_to_build([fp32, mixed]) == [(fp32, None), (mixed, None)]
+    assert runs_to_build([fp32], True) == [(fp32, None), (fp32, "model")]
     assert compile_mode({"regional": True}) == "regional"
     with pytest.raises(ValueError, match="compile='regional'"):
         compile_mode("per-block")

@@ -12,8 +12,8 @@ from ampkit.bench import flops, runner
 from ampkit.bench.flops import peak_flops
 from ampkit.bench.policy_run import PolicyRun
 from ampkit.bench.runner import run_bench
-from ampkit.bench.workload import Accuracy, Workload, default_optimizer
 from ampkit.policy.gpu_specs import GpuSpec
+from ampkit.workloads.workload import Accuracy, Workload, default_optimizer
 
 STEPS, WARMUP = 8, 2
 
@@ -196,3 +196,24 @@ def test_an_mfu_above_100_percent_or_without_a_peak_is_never_reported(monkeypatc
     _on_a_gpu_named(monkeypatch, "NVIDIA Future GPU")
     run = run_bench(_workload(), ["32-true"], "cpu", rounds=1).runs[0]
     assert run.mfu is None and "no dense peak is known for 'NVIDIA Future GPU'" in run.mfu_note
+
+
+def test_policy_objects_run_as_given_and_are_never_looked_up_again_by_name() -> None:
+    # Policies the registry does not know by these names: a layer that turned a run's name back into a policy
+    # (the runner's support check, the engine, the verdict's 16-bit-weights test) would fail or misjudge them.
+    from ampkit.policy import BF16True, BF16TrueMasters, FullPrecision, get_policy
+
+    def short() -> Workload:
+        w = _workload()
+        w.steps, w.warmup = 4, 1  # enough for losses and verdicts; the test is about which policy ran
+        return w
+
+    toys = [FullPrecision(), BF16True(name="toy-bf16-true", keep_fp32=("body.3",)), BF16TrueMasters(name="toy-masters")]
+    result = run_bench(short(), toys, "cpu", rounds=1, count_flops=False)
+    assert [(r.precision, r.status) for r in result.runs] == [("32-true", "ok"), ("toy-bf16-true", "ok"), ("toy-masters", "ok")]
+    # Control: the registered policies with the same settings train the same numbers and earn the same recovery line.
+    named = run_bench(short(), ["32-true", get_policy("bf16-true", keep_fp32=["body.3"]), "bf16-true-masters"], "cpu", rounds=1, count_flops=False)
+    assert result.run("toy-bf16-true").losses == named.run("bf16-true").losses
+    assert result.run("toy-masters").losses == named.run("bf16-true-masters").losses
+    assert named.recovery is not None
+    assert result.recovery == named.recovery.replace("bf16-true-masters", "toy-masters").replace("bf16-true", "toy-bf16-true")

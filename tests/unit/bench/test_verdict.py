@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from ampkit.bench.results import BenchResult, RunResult
-from ampkit.bench.user import EvalLoss
 from ampkit.bench.verdict import (
     FEW_EVAL_SAMPLES,
     PAYS_SPEEDUP,
@@ -17,6 +16,7 @@ from ampkit.bench.verdict import (
     apply_verdicts,
     check_tolerance,
 )
+from ampkit.workloads.user import EvalLoss
 
 ACC = Tolerance("accuracy", higher_is_better=True, tolerance=0.02, relative=False)
 PPL = Tolerance("perplexity", higher_is_better=False, tolerance=0.02, relative=True)

@@ -89,7 +89,7 @@ def test_out_probe_leaves_the_new_directory_empty(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("command", ["memory", "doctor", "bench"])
 def test_missing_bench_extra_names_the_install_command(command: str, monkeypatch: pytest.MonkeyPatch, cli_error: Callable[[list[str]], str]) -> None:
-    from ampkit.bench.workloads import digits
+    from ampkit.workloads import digits
 
     digits._digits.cache_clear()  # a cached load would not import scikit-learn again
     monkeypatch.setitem(sys.modules, "sklearn", None)

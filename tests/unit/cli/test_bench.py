@@ -44,7 +44,7 @@ def data():
     return [(torch.randn(16, 8, generator=g), torch.randint(0, 3, (16,), generator=g)) for _ in range(4)]
 
 def data_with_eval():
-    from ampkit.bench.user import BenchData
+    from ampkit.workloads.user import BenchData
 
     batches = data()
     return BenchData(train=batches[:3], eval=batches[3:])  # one eval batch of 16 samples: a handful
@@ -248,3 +248,24 @@ def test_in_a_log_progress_is_plain_lines_on_stderr(capsys: pytest.CaptureFixtur
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("progress: ") and err[-1].endswith(" steps: finished")
     assert [line.split(" steps: ", 1)[1] for line in err[1:]] == ["32-true: measuring memory", "32-true: done", "finished"]
+
+
+def test_a_bench_run_turns_each_precision_name_into_a_policy_once(toy: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    # A name becomes a Policy through the registry's lookup of that name. The command line looks each one up once;
+    # below it only Policy objects travel (the runner, each run's engine, the fp8 plans, the verdicts), so a run of
+    # two policies looks up two names, however many engines and verdicts it builds.
+    from ampkit.policy import registry
+
+    looked_up: list[str] = []
+    real = registry.canonical_name
+
+    def counted(name: str) -> str | None:
+        looked_up.append(name)
+        return real(name)
+
+    monkeypatch.setattr(registry, "canonical_name", counted)
+    argv = ["bench", "--model", f"{toy}:model", "--data", f"{toy}:data_with_eval", "--precision", "bf16", "--tolerance", "0.5",
+            "--steps", "2", "--warmup", "1", "--rounds", "1", "--no-progress"]
+    assert main(argv) == 0
+    assert sorted(looked_up) == ["32-true", "bf16"]
+    assert "bf16-mixed" in capsys.readouterr().out

@@ -61,8 +61,8 @@ def test_two_processes_train_under_ddp_and_match_one_process(model_module: Path,
 
     # The control: the same workload and steps in this process, no process group.
     from ampkit.bench.runner import run_bench
-    from ampkit.bench.user import user_workload
-    from ampkit.bench.workloads import get_workload
+    from ampkit.workloads import get_workload
+    from ampkit.workloads.user import user_workload
 
     workload = user_workload("nproc_toy:mlp", None, steps=6, warmup=2, base=get_workload("digits", size="small", seed=0))
     workload.steps, workload.warmup = 6, 2  # what the CLI does: the base workload's own steps are 150
@@ -143,6 +143,6 @@ def test_the_default_policies_all_run_on_two_processes(tmp_path: Path) -> None:
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     runs = {r["precision"]: r for r in json.loads((tmp_path / "out" / "results.json").read_text())["runs"]}
-    assert list(runs) == default_precisions(torch.device("cpu"))[0]
+    assert list(runs) == [p.name for p in default_precisions(torch.device("cpu"))[0]]
     assert {name: run["error"] for name, run in runs.items() if run["status"] != "ok"} == {}
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from ampkit.bench.workloads import get_workload
 from ampkit.cli.main import main
 from ampkit.memory import estimate
+from ampkit.workloads import get_workload
 
 pytest.importorskip("sklearn", reason="Requires: scikit-learn (pip install -e '.[dev]')")
 

@@ -6,8 +6,8 @@ import argparse
 
 import pytest
 
-from ampkit.bench.workload import SIZES
 from ampkit.cli import parsers
+from ampkit.workloads import SIZES
 
 
 def test_sizes_are_the_workload_sizes() -> None:

@@ -22,7 +22,7 @@ from ampkit.policy.gpu_specs import gpu_spec
 
 
 def _gpt():
-    from ampkit.bench.workloads import gpt
+    from ampkit.workloads import gpt
 
     w = gpt.build("tiny")
     return w.model, w.train_batches[0]
@@ -60,6 +60,16 @@ def test_keep_fp32_and_the_recipe_carry_into_the_plan() -> None:
     plan = fp8_layer_plan(model, (torch.empty(8192, 4096, device="meta"), None), get_policy("fp8-rowwise", keep_fp32=["1"]))
     assert plan.policy == "fp8-rowwise" and [p.convert for p in plan.layers] == [True, False]
     assert "keep_fp32" in plan.layers[1].reason
+
+
+def test_the_planned_policy_keeps_the_settings_of_the_policy_object_it_was_planned_for() -> None:
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(4096, 8192), nn.Linear(8192, 4096))
+    given = get_policy("fp8-rowwise", keep_fp32=["1"])
+    plan = fp8_layer_plan(model, (torch.empty(8192, 4096, device="meta"), None), given)
+    policy = planned_policy(plan, given)
+    assert policy.keep_fp32 == ("1",) and (policy.name, policy.tokens) == ("fp8-rowwise", 8192)
+    assert planned_policy(plan).keep_fp32 == ()  # control: by the plan's name alone, the setting is lost
 
 
 def test_the_planned_policy_converts_what_the_plan_says() -> None:

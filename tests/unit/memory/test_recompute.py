@@ -17,8 +17,6 @@ from torch import nn
 from torch.nn import functional as F
 
 import ampkit
-from ampkit.bench.workloads.gpt import GPT, Block as GPTBlock, lm_cross_entropy
-from ampkit.bench.workloads.resnet import BasicBlock, ResNet18
 from ampkit.memory.accounting import LiveBytes, tensor_bytes
 from ampkit.memory.recompute import (
     RecomputeReport,
@@ -26,6 +24,8 @@ from ampkit.memory.recompute import (
     recomputed_modules,
     unrecompute,
 )
+from ampkit.workloads.gpt import GPT, Block as GPTBlock, lm_cross_entropy
+from ampkit.workloads.resnet import BasicBlock, ResNet18
 
 D, H, B = 32, 128, 16  # width, hidden width, batch of the hand-counted model
 

@@ -192,7 +192,7 @@ def test_conversion_leaves_conv1d_layers_as_they_are_and_warns_naming_them(hf_co
 
 # -- training ------------------------------------------------------------------------------------
 def _gpt(device: torch.device):
-    from ampkit.bench.workloads import gpt
+    from ampkit.workloads import gpt
 
     w = gpt.build("tiny")
     return w, w.model.to(device)
@@ -251,8 +251,8 @@ def test_resume_is_bitwise(device: torch.device, tmp_path: Path) -> None:
 
 def test_recompute_gives_the_same_gradients(device: torch.device) -> None:
     """Checkpointed blocks recompute their fp8 casts in backward; with dynamic scales they are the same casts."""
-    from ampkit.bench.workloads.gpt import Block
     from ampkit.memory.recompute import recompute
+    from ampkit.workloads.gpt import Block
 
     policy = _policy(FP8Tensorwise, device, layers="all")
     plain, _, plain_engine = _train(policy, device, 3)

@@ -3,7 +3,7 @@
 The workload whose input pipeline, not the model, sets the step time when samples are loaded in the training
 process: what ``ampkit profile``'s loader advice (``num_workers``, ``pin_memory``, ``persistent_workers``,
 ``prefetch_factor``) has to find and fix. Model, split, batch order, eval set and weights are those of
-:mod:`~ampkit.bench.workloads.digits` at the same size and seed; only the training images differ: each is a
+:mod:`~ampkit.workloads.digits` at the same size and seed; only the training images differ: each is a
 random affine + elastic warp of its digit (Simard et al., 2003), sampled on a grid ``upsample`` times finer than
 8x8 and area-averaged back down (anti-aliased). The finer grid is what makes the work heavy, and it grows with
 the size (``tiny`` stays fast for tests).
@@ -46,10 +46,10 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, default_collate
 
-from ..workload import SIZES, Batch, Workload
 from . import digits
+from .workload import SIZES, Batch, Workload
 
-__all__ = ["build", "AugmentedDigits"]
+__all__ = ["AugmentedDigits", "build"]
 
 # The supersampling factor per size: the per-sample cost grows with its square (the warp and the smoothing of
 # the displacement field run on (8*upsample)^2 points). small's 5 puts one batch's data work at 50-75% of a
@@ -116,7 +116,9 @@ def _checked(i: int, n: int, what: str) -> int:
 
 def _warp(image: np.ndarray, upsample: int, rng: np.random.Generator) -> np.ndarray:
     """A random affine + elastic warp of an 8x8 ``image``, sampled on an ``8*upsample`` grid and area-averaged back."""
-    from scipy import ndimage  # here, not at import: scipy comes with scikit-learn, which only digits needs
+    from scipy import (
+        ndimage,  # here, not at import: scipy comes with scikit-learn, which only digits needs
+    )
 
     n = 8 * upsample
     # The centres of the fine grid's points, in original-pixel coordinates (pixel k spans [k - 0.5, k + 0.5]).

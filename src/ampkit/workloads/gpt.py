@@ -23,10 +23,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..metrics import LanguageModelMetrics
-from ..workload import SIZES, Batch, Workload, default_optimizer
+from .metrics import LanguageModelMetrics
+from .workload import SIZES, Batch, Workload, default_optimizer
 
-__all__ = ["build", "GPT", "lm_cross_entropy", "stdlib_corpus", "CORPUS_FILES", "VOCAB"]
+__all__ = ["CORPUS_FILES", "GPT", "VOCAB", "build", "lm_cross_entropy", "stdlib_corpus"]
 
 VOCAB = 256  # byte-level
 

@@ -18,9 +18,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..workload import SIZES, Batch, Workload, default_optimizer
+from .workload import SIZES, Batch, Workload, default_optimizer
 
-__all__ = ["build", "ResNet18", "BasicBlock"]
+__all__ = ["BasicBlock", "ResNet18", "build"]
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ampkit.bench.metrics import SegmentationMetrics
-from ampkit.bench.workloads import segment
+from ampkit.workloads import segment
+from ampkit.workloads.metrics import SegmentationMetrics
 
 
 def test_make_shapes_is_deterministic() -> None:

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import ampkit
-from ampkit.bench.workload import SIZES, Workload
-from ampkit.bench.workloads import WORKLOADS, get_workload, workload_names
+from ampkit.workloads import WORKLOADS, get_workload, workload_names
+from ampkit.workloads.workload import SIZES, Workload
 
 NAMES = ["digits", "digits-aug", "segment", "gpt", "resnet"]
 
@@ -71,7 +71,7 @@ def test_unknown_size_lists_the_sizes(name: str) -> None:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_builders_reject_an_unknown_size_too(name: str) -> None:
-    module = __import__(f"ampkit.bench.workloads.{name.replace('-', '_')}", fromlist=["build"])
+    module = __import__(f"ampkit.workloads.{name.replace('-', '_')}", fromlist=["build"])
     with pytest.raises(ValueError, match="tiny, small, large"):
         module.build("huge")
 
@@ -79,7 +79,7 @@ def test_builders_reject_an_unknown_size_too(name: str) -> None:
 def test_importing_the_registry_and_building_gpt_does_not_import_sklearn() -> None:
     # Only digits needs scikit-learn; `ampkit bench -w gpt` must work without it.
     code = (
-        "import sys; from ampkit.bench.workloads import get_workload; get_workload('gpt', 'tiny'); "
+        "import sys; from ampkit.workloads import get_workload; get_workload('gpt', 'tiny'); "
         "print('sklearn' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -1,6 +1,6 @@
-"""Eval metrics for the built-in bench workloads beyond :class:`~ampkit.bench.workload.Accuracy`.
+"""Eval metrics for the built-in workloads beyond :class:`~ampkit.workloads.workload.Accuracy`.
 
-Both follow the :class:`~ampkit.bench.workload.Metric` protocol: ``update()`` only launches device work (no
+Both follow the :class:`~ampkit.workloads.workload.Metric` protocol: ``update()`` only launches device work (no
 ``.item()``, no boolean indexing, nothing whose output size depends on the data), so an eval loop over many
 batches never waits on the accelerator; ``compute()`` reads the totals back once.
 
@@ -17,7 +17,7 @@ import math
 import torch
 from torch.nn import functional as F
 
-__all__ = ["SegmentationMetrics", "LanguageModelMetrics"]
+__all__ = ["LanguageModelMetrics", "SegmentationMetrics"]
 
 
 class SegmentationMetrics:

@@ -8,21 +8,21 @@ from pathlib import Path
 import pytest
 import torch
 
-from ampkit.bench.user import (
+from ampkit.workloads.user import (
     EvalLoss,
     default_loss,
     load_factory,
     spec_parts,
     user_workload,
 )
-from ampkit.bench.workload import Accuracy, Workload
+from ampkit.workloads.workload import Accuracy, Workload
 
 MODULE = """
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 from ampkit.bench import Accuracy
-from ampkit.bench.user import BenchData
+from ampkit.workloads.user import BenchData
 
 g = torch.Generator().manual_seed(0)
 X, Y = torch.randn(64, 6, generator=g), torch.randint(0, 3, (64,), generator=g)

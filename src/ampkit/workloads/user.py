@@ -1,4 +1,4 @@
-"""Benchmark the user's own model: ``--model pkg.module:factory`` and ``--data pkg.module:factory``.
+"""The user's own model and data, for every tool: ``--model pkg.module:factory`` and ``--data pkg.module:factory``.
 
 The contract (also in the README):
 
@@ -10,7 +10,7 @@ The contract (also in the README):
   collator returns (``input_ids``, ``attention_mask``, ``labels``), passed as ``model(**batch)``.
 - Without a loss function, a model output carrying a ``.loss`` (a ``transformers`` ModelOutput given labels)
   is the loss; otherwise integer targets get cross-entropy and floating targets mean squared error, of the
-  output's ``.logits`` or first tensor (:mod:`ampkit.bench.model_io`). Without a metric, eval batches are
+  output's ``.logits`` or first tensor (:mod:`ampkit._util.model_io`). Without a metric, eval batches are
   scored by their mean loss (lower is better, within 2% counts as equal).
 - Tables and reports name the workload by the model's class (``GPT2LMHeadModel``).
 - ``path/to/file.py:factory`` works too. Modules are imported with the current directory on ``sys.path``.
@@ -34,9 +34,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._util.model_io import LOSS_FN_HINT, batch_parts, call_model, default_loss
 from ..errors import one_line
 from ..training.micro_batching import batch_rows
-from .model_io import LOSS_FN_HINT, batch_parts, call_model, default_loss
 from .workload import Batch, Metric, Workload
 
 __all__ = ["BenchData", "EvalLoss", "default_loss", "load_factory", "spec_parts", "user_workload", "workload_from"]
@@ -61,7 +61,7 @@ class BenchData:
     targets (a dict batch's ``labels``); default: the output's ``.loss``, else cross-entropy or MSE by the
     targets' dtype."""
     metric: Callable[[], Metric] | None = None
-    """Factory of a fresh :class:`~ampkit.bench.workload.Metric`; default: mean eval loss."""
+    """Factory of a fresh :class:`~ampkit.workloads.workload.Metric`; default: mean eval loss."""
     unit: str | None = None
     """What throughput counts: ``samples`` or ``tokens``; default: ``tokens`` for dict batches with ``input_ids``,
     else ``samples``."""
@@ -156,7 +156,7 @@ def load_factory(spec: str, option: str) -> Callable[[], Any]:
             raise ValueError(f"{option} {spec}: {module_name} has no attribute {attr!r}; check the name after the colon.")
         obj = getattr(obj, part)
     if not callable(obj):
-        raise ValueError(f"{option} {spec}: {attr} is a {type(obj).__name__}, not a callable; name a function that builds it.")  # noqa: TRY004 - the CLI prints a ValueError as a usage error
+        raise ValueError(f"{option} {spec}: {attr} is a {type(obj).__name__}, not a callable; name a function that builds it.")  # noqa: TRY004 - a ValueError: the command prints it as one line and exits 2
     return obj
 
 
@@ -180,7 +180,7 @@ def _read(batches: Iterable[Any], limit: int | None, where: str, what: str) -> l
     out: list[Any] = []
     try:
         for b in itertools.islice(batches, limit):
-            out.append(b)  # noqa: PERF402 - one at a time: when the iterable fails, len(out) names the batch
+            out.append(b)  # noqa: PERF402 - a loop, so an error names the batch it broke at
     except SystemExit as exc:
         raise ValueError(f"{where}: reading {what} batch {len(out)} exited ({_exit_text(exc)}); make the data iterable end, not exit.") from exc
     except Exception as exc:
@@ -213,7 +213,7 @@ def _as_bench_data(obj: Any, where: str) -> BenchData:
     if isinstance(obj, BenchData):
         return obj
     if isinstance(obj, (torch.Tensor, Mapping, str)) or not isinstance(obj, Iterable):
-        raise ValueError(  # noqa: TRY004 - the CLI prints a ValueError as a usage error
+        raise ValueError(  # noqa: TRY004 - a ValueError: the command prints it as one line and exits 2
             f"{where} returned {type(obj).__name__}; return a list (or DataLoader) of batches, or an ampkit.bench.BenchData."
         )
     return BenchData(train=obj)
@@ -272,7 +272,7 @@ def workload_from(
     training batches are read.
     """
     if not isinstance(model, nn.Module):
-        raise ValueError(f"{'--model ' + str(model_spec) if cli else 'model'} is {type(model).__name__}; it must be a torch.nn.Module.")  # noqa: TRY004 - as above
+        raise ValueError(f"{'--model ' + str(model_spec) if cli else 'model'} is {type(model).__name__}; it must be a torch.nn.Module.")  # noqa: TRY004 - a ValueError: the command prints it as one line and exits 2
     name = model_name(model, model_spec)
     model_at, data_at = (f"--model {model_spec}", f"--data {data_spec}") if cli else (name, data_spec)
     data = _as_bench_data(data, data_at)

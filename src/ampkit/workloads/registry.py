@@ -1,4 +1,4 @@
-"""The built-in workloads of ``ampkit bench``, by name.
+"""The built-in workloads, by name: what ``-w`` names for bench, memory, doctor and profile.
 
 Each module (``digits``, ``digits_aug``, ``segment``, ``gpt``, ``resnet``) exposes ``build(size="small", seed=0, batch_size=None)
 -> Workload``.
@@ -20,19 +20,19 @@ import difflib
 import importlib
 from collections.abc import Callable
 
-from ..workload import SIZES, Workload
+from .workload import SIZES, Workload
 
-__all__ = ["WORKLOADS", "workload_names", "get_workload"]
+__all__ = ["WORKLOADS", "get_workload", "workload_names"]
 
 
 def _lazy(module: str) -> Callable[..., Workload]:
     """``module.build``, imported when first called (each module pulls in its own data dependencies)."""
 
     def build(size: str = "small", seed: int = 0, batch_size: int | None = None) -> Workload:
-        return importlib.import_module(f"{__name__}.{module}").build(size=size, seed=seed, batch_size=batch_size)
+        return importlib.import_module(f"{__package__}.{module}").build(size=size, seed=seed, batch_size=batch_size)
 
     build.__name__ = build.__qualname__ = f"build_{module}"
-    build.__doc__ = f"Build the {module!r} workload; see :func:`ampkit.bench.workloads.{module}.build`."
+    build.__doc__ = f"Build the {module!r} workload; see :func:`ampkit.workloads.{module}.build`."
     return build
 
 
@@ -53,7 +53,7 @@ def workload_names() -> list[str]:
 
 
 def get_workload(name: str, size: str = "small", seed: int = 0, batch_size: int | None = None) -> Workload:
-    """Build the built-in workload ``name`` at ``size`` (one of :data:`~ampkit.bench.workload.SIZES`).
+    """Build the built-in workload ``name`` at ``size`` (one of :data:`~ampkit.workloads.workload.SIZES`).
 
     ``batch_size`` (``--batch-size``) replaces the size's rows per training batch; throughput counts them.
 

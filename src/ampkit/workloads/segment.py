@@ -20,10 +20,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..metrics import SegmentationMetrics
-from ..workload import SIZES, Batch, Workload, default_optimizer
+from .metrics import SegmentationMetrics
+from .workload import SIZES, Batch, Workload, default_optimizer
 
-__all__ = ["build", "ERFNet", "make_shapes", "pixel_cross_entropy", "CLASSES"]
+__all__ = ["CLASSES", "ERFNet", "build", "make_shapes", "pixel_cross_entropy"]
 
 CLASSES = ("background", "rectangle", "circle", "triangle", "ring")
 

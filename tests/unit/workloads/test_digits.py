@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ampkit.bench.workload import Accuracy
-from ampkit.bench.workloads import digits
+from ampkit.workloads import digits
+from ampkit.workloads.workload import Accuracy
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
-"""What a bench workload is: a model, deterministic batches, a loss, an eval metric and the unit of throughput.
+"""What a workload is: a model, deterministic batches, a loss, an eval metric and the unit of throughput.
 
-Built-in workloads (``ampkit.bench.workloads``) and user factories (``--model``/``--data``) both end up as a
+Built-in workloads (:mod:`ampkit.workloads.registry`) and user factories (``--model``/``--data``) both end up as a
 :class:`Workload`, so the runner treats them alike. Every policy's run gets a deep copy of the same
 ``model`` and walks the same ``train_batches`` in the same order, which is what makes the comparison fair.
 
@@ -22,14 +22,14 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from .model_io import call_model, output_as_float
+from .._util.model_io import call_model, output_as_float
 
-__all__ = ["Batch", "Metric", "Workload", "Accuracy", "SIZES", "default_optimizer", "call_model", "output_as_float"]
+__all__ = ["SIZES", "Accuracy", "Batch", "Metric", "Workload", "call_model", "default_optimizer", "output_as_float"]
 
 Batch = tuple[Any, torch.Tensor] | Mapping[str, Any]
 """One step's ``(inputs, targets)``, ``inputs`` a tensor (or a tuple passed as ``model(*inputs)``, a dict as
 ``model(**inputs)``); or a dict of keyword arguments, ``model(**batch)``, whose targets are its ``labels``
-(see :mod:`ampkit.bench.model_io`)."""
+(see :mod:`ampkit._util.model_io`)."""
 
 SIZES = ("tiny", "small", "large")
 """``tiny``: seconds, for tests; ``small``: the CPU default (<= 2 minutes on 2 cores); ``large``: a GPU."""

@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ampkit.bench.runner import run_bench
-from ampkit.bench.workloads import digits, digits_aug
+from ampkit.workloads import digits, digits_aug
 
 
 @pytest.fixture(scope="module")

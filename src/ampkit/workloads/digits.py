@@ -18,10 +18,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from ...errors import AmpkitError
-from ..workload import SIZES, Accuracy, Batch, Workload, default_optimizer
+from ..errors import AmpkitError
+from .workload import SIZES, Accuracy, Batch, Workload, default_optimizer
 
-__all__ = ["build", "DigitsCNN"]
+__all__ = ["DigitsCNN", "build"]
 
 
 @dataclass(frozen=True)

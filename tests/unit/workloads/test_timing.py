@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from ampkit.bench.timing import StepTimer, summarize
+from ampkit.workloads.timing import StepTimer, summarize
 
 
 def test_cpu_timer_records_each_step_and_flush_empties_it() -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ampkit.bench.workloads import resnet
+from ampkit.workloads import resnet
 
 
 def test_batches_shapes_and_dtypes() -> None:

@@ -13,8 +13,8 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from ampkit.bench.metrics import LanguageModelMetrics
-from ampkit.bench.workloads import gpt
+from ampkit.workloads import gpt
+from ampkit.workloads.metrics import LanguageModelMetrics
 
 
 @pytest.fixture(scope="module")
