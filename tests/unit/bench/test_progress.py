@@ -11,6 +11,7 @@ from torch import nn
 from ampkit.bench.policy_run import PolicyRun
 from ampkit.bench.progress import PLAIN_INTERVAL_S, NullReporter, PlainReporter
 from ampkit.bench.runner import run_bench
+from ampkit.policy import get_policy
 from ampkit.workloads.user import workload_from
 from ampkit.workloads.workload import Batch, Workload
 
@@ -108,7 +109,7 @@ def test_a_run_whose_engine_compiles_its_optimizer_step_names_it_once_where_it_m
     workload, batches = _tiny()
     told: dict[str, list[str]] = {}
     for precision in ("bf16-true", "bf16-true-sr"):
-        run = PolicyRun(workload, precision, device, batches, seed=0)
+        run = PolicyRun(workload, get_policy(precision), device, batches, seed=0)
         run.on_phase = told.setdefault(precision, []).append
         run.measure_alone(4, flops=False)  # past the two steps that were always eager
         assert told[precision] == [], "an eager run's memory steps run eagerly: nothing compiles there"
@@ -126,7 +127,7 @@ def test_a_compiled_run_names_what_it_compiles(precision: str, compiles: str) ->
     # master step, ampkit.training.fused_master_step). Only the engine is built here: nothing is traced.
     workload, batches = _tiny()
     told: list[str] = []
-    run = PolicyRun(workload, precision, torch.device("cpu"), batches, seed=0, compile={"backend": "eager"}, mode="model")
+    run = PolicyRun(workload, get_policy(precision), torch.device("cpu"), batches, seed=0, compile={"backend": "eager"}, mode="model")
     run.on_phase = told.append
     run.build()
     assert told == [compiles]
