@@ -72,6 +72,16 @@ def write_fixture(precision: str, path: Path) -> None:
     engine.save(path, extra={"final": weights(reference, ref_model), "torch": str(torch.__version__)})
 
 
+def _skip_where_this_torchs_scheduler_state_differs(saved: dict) -> None:
+    """The files were written on torch 2.13, whose LR schedulers keep entries older releases lack (``_is_initial``);
+    ampkit refuses a scheduler state with other entries (a different scheduler), so on such a torch (the
+    oldest-torch leg's) the old file cannot load, whatever ampkit's own layout."""
+    opt = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0)
+    here = set(torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5).state_dict())
+    if here != set(saved["schedulers"][0]):
+        pytest.skip(f"torch {torch.__version__}'s StepLR keeps other entries than the writer's torch {saved['extra']['torch']}")
+
+
 def _load(precision: str) -> tuple[Engine, nn.Module, dict]:
     path = DATA / CASES[precision]
     engine, model = build(precision, seed=99)  # other weights: the load overwrites them
@@ -83,6 +93,7 @@ def _load(precision: str) -> tuple[Engine, nn.Module, dict]:
 def test_a_checkpoint_of_the_old_layout_puts_every_part_back(precision: str) -> None:
     """Each part lands where it belongs: the engine's state read back equals the file's, entry for entry."""
     saved = torch.load(DATA / CASES[precision], weights_only=True)["payload"]
+    _skip_where_this_torchs_scheduler_state_differs(saved)
     engine, model, _ = _load(precision)
     state = engine.state_dict()
     assert sorted(state) == sorted(saved["engine"])
@@ -108,6 +119,7 @@ def test_a_checkpoint_of_the_old_layout_resumes_bitwise(precision: str) -> None:
     micro-batches otherwise (another torch, another instruction set), they cannot be met bit for bit, and the test
     says so (tests/unit/checkpoint/test_checkpoint.py checks resume on every machine, with files it writes)."""
     saved = torch.load(DATA / CASES[precision], weights_only=True)["payload"]
+    _skip_where_this_torchs_scheduler_state_differs(saved)
     control, control_model = build(precision, seed=0)
     train(control, control_model, 0, STOP_AT)
     if not all(torch.equal(p, t) for p, t in zip(control_model.state_dict().values(), saved["models"][0].values())):
