@@ -317,24 +317,13 @@ def test_type_checking_imports_hide_no_new_dependency():
     assert not gone, f"these TYPE_CHECKING imports hide no dependency any more: remove them from KNOWN_TYPE_CHECKING ({len(edges)} left): {gone}"
 
 
-def _reached(graph: dict[str, set[str]], start: str) -> set[str]:
-    """Every module ``start`` imports, directly or through others."""
-    seen, todo = set(), [start]
-    while todo:
-        for nxt in graph.get(todo.pop(), ()):
-            if nxt not in seen:
-                seen.add(nxt)
-                todo.append(nxt)
-    return seen
-
-
 def test_the_commands_read_their_workload_from_the_workloads_layer_not_from_the_bench():
     # What bench, doctor, memory and profile share (the workload flags, the built-in workloads, the user's model
     # and data) is the layer below them all: reading it must not import the bench tool, even in a function.
     graph = import_graph(deferred=True)
     assert "ampkit.workloads" in graph
     for shared in ("ampkit.cli.workload_args", "ampkit.workloads"):
-        bench = sorted(m for m in _reached(graph, shared) if m == "ampkit.bench" or m.startswith("ampkit.bench."))
+        bench = sorted(m for m in (_reachable(graph, shared) - {shared}) if m == "ampkit.bench" or m.startswith("ampkit.bench."))
         assert not bench, f"{shared} reaches the bench tool: {bench}"
 
 
