@@ -35,7 +35,7 @@ from torch import nn
 import ampkit
 from ampkit.apex import amp
 from ampkit.apex._state import _amp_state
-from ampkit.cli.env import collect_env
+from ampkit.cli._env import collect_env
 
 Step = Callable[[torch.Tensor, torch.Tensor], None]
 

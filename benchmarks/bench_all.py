@@ -16,9 +16,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ampkit.bench.format import fmt_bytes, fmt_ratio, fmt_seconds
-from ampkit.bench.results import BenchResult, RunResult
-from ampkit.bench.table import legend_lines
+from ampkit.bench._format import fmt_bytes, fmt_ratio, fmt_seconds
+from ampkit.bench._results import BenchResult, RunResult
+from ampkit.bench._table import legend_lines
 
 WORKLOADS = ("digits", "gpt", "segment", "resnet")
 
@@ -41,7 +41,7 @@ def table(result: BenchResult) -> str:
             fmt_bytes(r.peak_memory_bytes), act, saved, _bytes_per_param(r, n_params),
             f"{r.final_loss:.4f}" if r.final_loss is not None else "—",
             f"{r.eval_metric:.4f}" if r.eval_metric is not None else "—",
-            # One-sided, against tolerance and the reference's eval noise (ampkit.bench.quality defines each word).
+            # One-sided, against tolerance and the reference's eval noise (ampkit.bench._quality defines each word).
             "—" if r.precision == "32-true" or r.quality is None else (f"**{r.quality}**" if r.quality == "worse" else r.quality),
         ]
         lines.append("| " + " | ".join(cells) + " |")

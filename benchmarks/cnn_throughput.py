@@ -56,8 +56,8 @@ from torch import nn
 from torch.nn import functional as F
 
 import ampkit
-from ampkit.policy.device import cpu_name
-from ampkit.workloads.timing import StepTimer
+from ampkit.policy._device import cpu_name
+from ampkit.workloads._timing import StepTimer
 from measured_rows import Deadline, Printer, add_time_limit
 
 Step = Callable[[], None]

@@ -44,10 +44,10 @@ from typing import Any
 import torch
 
 import ampkit
-from ampkit.bench.runner import to_device
-from ampkit.policy.device import cpu_name
+from ampkit.bench._runner import to_device
+from ampkit.policy._device import cpu_name
 from ampkit.workloads import get_workload, workload_names
-from ampkit.workloads.workload import call_model, output_as_float
+from ampkit.workloads._workload import call_model, output_as_float
 from measured_rows import Deadline, Printer, add_time_limit, attempt
 
 SMOKE = {"workloads": "gpt", "size": "small", "batch_size": 2, "precision": "bf16-mixed", "compile": "regional,true", "rounds": 2, "steps": 2,

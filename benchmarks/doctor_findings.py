@@ -32,11 +32,11 @@ from typing import Any
 
 import torch
 
-from ampkit.bench.format import fmt_share
-from ampkit.bench.runner import to_device
+from ampkit.bench._format import fmt_share
+from ampkit.bench._runner import to_device
 from ampkit.numerics import diagnose
 from ampkit.policy import get_policy
-from ampkit.policy.device import cpu_name
+from ampkit.policy._device import cpu_name
 from ampkit.workloads import get_workload, workload_names
 from measured_rows import Deadline, Printer, add_time_limit, attempt
 

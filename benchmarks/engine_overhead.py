@@ -45,9 +45,9 @@ import torch
 from torch import nn
 
 import ampkit
-from ampkit.policy.device import cpu_name
-from ampkit.profile.op_count import count_step
-from ampkit.workloads.timing import StepTimer
+from ampkit.policy._device import cpu_name
+from ampkit.profile._op_count import count_step
+from ampkit.workloads._timing import StepTimer
 from measured_rows import Deadline, Printer, add_time_limit, attempt
 
 Step = Callable[[torch.Tensor, torch.Tensor], None]

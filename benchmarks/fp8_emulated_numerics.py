@@ -26,7 +26,7 @@ import torch
 import ampkit
 from ampkit._util.model_io import batch_loss, run_batch, to_device
 from ampkit.policy import FP8Rowwise, FP8Tensorwise
-from ampkit.policy.device import cpu_name
+from ampkit.policy._device import cpu_name
 from ampkit.workloads import get_workload
 
 SMOKE = {"workload": "gpt", "size": "tiny", "steps": 2}

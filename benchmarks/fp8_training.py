@@ -3,7 +3,7 @@
 Per layer (first: it says which layers pay, and each shape is a short measurement): every distinct
 ``(tokens, in, out)`` Linear shape of both models, forward and backward of one compiled Linear under bf16 autocast
 against torchao's ``Float8Linear`` (tensorwise for every shape, rowwise where the filter converts), medians over
-repetitions, beside the roofline's prediction (:func:`ampkit.policy.fp8_roofline.predict_linear` with this GPU's
+repetitions, beside the roofline's prediction (:func:`ampkit.policy._fp8_roofline.predict_linear` with this GPU's
 spec): which shapes the ``"auto"`` filter converts, and whether the measurement agrees (pays / does not pay). The
 table may take :data:`LAYER_SHARE` of ``--time-limit``.
 
@@ -51,11 +51,11 @@ from torch import nn
 
 import ampkit
 from ampkit._compat import compile_in_place
-from ampkit.policy.device import cpu_name
-from ampkit.policy.fp8 import FP8Rowwise, FP8Tensorwise, missing_torchao
-from ampkit.policy.fp8_roofline import measure_linear_tokens, predict_linear
-from ampkit.policy.lowbit_optimizers import quiet_library_logs
-from ampkit.workloads.gpt import GPT, VOCAB, build, lm_cross_entropy, stdlib_corpus
+from ampkit.policy._device import cpu_name
+from ampkit.policy._fp8 import FP8Rowwise, FP8Tensorwise, missing_torchao
+from ampkit.policy._fp8_roofline import measure_linear_tokens, predict_linear
+from ampkit.policy._lowbit_optimizers import quiet_library_logs
+from ampkit.workloads._gpt import GPT, VOCAB, build, lm_cross_entropy, stdlib_corpus
 from measured_rows import Deadline, Printer, add_time_limit, attempt
 
 SMOKE = {"steps": 2, "warmup": 1, "reps": 2}

@@ -32,10 +32,10 @@ from typing import Any
 import torch
 
 import ampkit
-from ampkit.bench.runner import to_device
-from ampkit.policy.device import cpu_name
+from ampkit.bench._runner import to_device
+from ampkit.policy._device import cpu_name
 from ampkit.workloads import get_workload
-from ampkit.workloads.workload import call_model, output_as_float
+from ampkit.workloads._workload import call_model, output_as_float
 
 SMOKE = {"workload": "digits", "size": "small", "rounds": 2, "steps": 2, "backend": "aot_eager"}
 """What ``--smoke`` runs: seconds on a CPU, every code path of the script (aot_eager: no C++ compilation)."""

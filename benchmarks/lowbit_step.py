@@ -23,12 +23,12 @@ step (and the fused one when chosen), then each remedy's rows, then bf16-true's;
 every group, in its interleaved rounds, and each group's rows are printed the moment its rounds are done, before
 the next group's engines are built (and compiled).
 
-Per row: median step time (CUDA events on a GPU, through :class:`ampkit.workloads.timing.StepTimer`), the host time of
+Per row: median step time (CUDA events on a GPU, through :class:`ampkit.workloads._timing.StepTimer`), the host time of
 the call (on a GPU, how long the CPU took to enqueue it: a host time near the step time means launch-bound), the
 ratio to each masters' step, and the compile time of a compiled row (its first compiled step less a median step).
 Control: the weights after the run against the row's twin (same gradients, same number of steps).
 
-Per row: median step time over its rounds (CUDA events on a GPU, through :class:`ampkit.workloads.timing.StepTimer`), the
+Per row: median step time over its rounds (CUDA events on a GPU, through :class:`ampkit.workloads._timing.StepTimer`), the
 host time of the call (on a GPU, how long the CPU took to enqueue it: a host time near the step time means
 launch-bound), the ratio to each masters' median step in the same rounds, and the compile time of a compiled row
 (its first compiled step less a median step). Control: the weights after the run against the row's twin (the same
@@ -59,16 +59,16 @@ from typing import Any
 import torch
 
 import ampkit
-from ampkit.bench.runner import to_device
-from ampkit.policy.device import cpu_name
-from ampkit.policy.lowbit_optimizers import (
+from ampkit.bench._runner import to_device
+from ampkit.policy._device import cpu_name
+from ampkit.policy._lowbit_optimizers import (
     lowbit_twin,
     missing_library,
     quiet_library_logs,
 )
 from ampkit.workloads import get_workload
-from ampkit.workloads.timing import StepTimer
-from ampkit.workloads.workload import call_model, output_as_float
+from ampkit.workloads._timing import StepTimer
+from ampkit.workloads._workload import call_model, output_as_float
 from measured_rows import Deadline, add_time_limit
 
 DEFAULTS = {"sizes": None, "rounds": 6, "steps": 10, "warmup": 3, "backend": None}

@@ -32,11 +32,11 @@ from typing import Any
 import torch
 
 import ampkit
-from ampkit.bench.runner import to_device
-from ampkit.numerics.sampler import NumericsSampler
-from ampkit.policy.device import cpu_name
+from ampkit.bench._runner import to_device
+from ampkit.numerics._sampler import NumericsSampler
+from ampkit.policy._device import cpu_name
 from ampkit.workloads import get_workload
-from ampkit.workloads.workload import call_model, output_as_float
+from ampkit.workloads._workload import call_model, output_as_float
 from measured_rows import Deadline, Printer, add_time_limit, attempt
 
 SMOKE = {"size": "tiny", "workloads": "gpt", "every": 4, "rounds": 2}

@@ -41,10 +41,10 @@ from torch.utils.data import DataLoader, default_collate
 import ampkit
 from ampkit import Engine
 from ampkit._util.model_io import batch_loss, to_device
-from ampkit.policy.device import cpu_name
+from ampkit.policy._device import cpu_name
 from ampkit.profile import LoaderSettings, Profiler, loader_variant, profile_workload
-from ampkit.profile.run import workload_loader
-from ampkit.workloads.digits_aug import build
+from ampkit.profile._run import workload_loader
+from ampkit.workloads._digits_aug import build
 from measured_rows import Deadline, add_time_limit, attempt
 
 PHASE_ORDER = ("data", "copy", "forward", "backward", "optimizer", "other")

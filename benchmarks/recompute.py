@@ -1,7 +1,7 @@
 """What activation recomputation saves, and what it costs in step time, on the built-in workloads.
 
 For each workload and precision, three copies of the same model train side by side on the same batches with
-the same fused AdamW and clipping: no recomputation, ``ampkit.memory.recompute.recompute(model, "auto")``
+the same fused AdamW and clipping: no recomputation, ``ampkit.memory._recompute.recompute(model, "auto")``
 (every repeated block checkpointed), and ``"auto"`` with a budget of half the activations (the fewest blocks
 that fit). They run interleaved in rounds, the order rotating every round, so drift in the machine's clock or
 load hits all alike; each step is timed alone and the table reports medians and ratios to no recomputation.
@@ -30,12 +30,12 @@ import torch
 from torch import nn
 
 import ampkit
-from ampkit.bench.runner import to_device
-from ampkit.cli.env import collect_env
-from ampkit.memory.accounting import LiveBytes, tensor_bytes
-from ampkit.memory.recompute import RecomputeReport, recompute
+from ampkit.bench._runner import to_device
+from ampkit.cli._env import collect_env
+from ampkit.memory._accounting import LiveBytes, tensor_bytes
+from ampkit.memory._recompute import RecomputeReport, recompute
 from ampkit.workloads import get_workload, workload_names
-from ampkit.workloads.timing import StepTimer
+from ampkit.workloads._timing import StepTimer
 
 Step = Callable[..., None]
 VARIANTS = ("none", "all blocks", "auto, half budget")

@@ -2,7 +2,7 @@
 
 ``bf16-true-remainder`` keeps each fp32 master as its bf16 weight plus an int16 remainder and a tie bit (2.125 B/param
 between steps instead of 8). The tie bit holds the one case an int16 cannot: a master whose low 16 bits are exactly
-0x8000 and that rounds *down* to its even bf16 weight (:mod:`ampkit.policy.remainder_bits`). This script trains a
+0x8000 and that rounds *down* to its even bf16 weight (:mod:`ampkit.policy._remainder_bits`). This script trains a
 built-in workload under both policies from the same weights on the same batches, and after every step:
 
 - counts, in the fp32 masters of ``bf16-true-masters``, the values the step changed that land on such a tie: how
@@ -29,12 +29,12 @@ from typing import Any
 import torch
 
 import ampkit
-from ampkit.bench.runner import to_device
-from ampkit.memory.accounting import tensor_bytes
-from ampkit.policy.device import cpu_name
-from ampkit.policy.remainder_bits import REMAINDER_MAX
+from ampkit.bench._runner import to_device
+from ampkit.memory._accounting import tensor_bytes
+from ampkit.policy._device import cpu_name
+from ampkit.policy._remainder_bits import REMAINDER_MAX
 from ampkit.workloads import get_workload
-from ampkit.workloads.workload import call_model, output_as_float
+from ampkit.workloads._workload import call_model, output_as_float
 
 SMOKE = {"workload": "gpt", "size": "tiny", "steps": 4}
 """What ``--smoke`` runs: seconds on a CPU, every code path of the script."""

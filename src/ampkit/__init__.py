@@ -1,6 +1,6 @@
 """ampkit: fast, memory-lean and safe mixed-precision training on native PyTorch.
 
-``import ampkit`` imports nothing but this file and :mod:`ampkit.errors`: every other public name is imported
+``import ampkit`` imports nothing but this file and :mod:`ampkit._errors`: every other public name is imported
 the first time it is used (PEP 562), so ``ampkit --help`` runs without importing torch, and the library core
 never drags in a tool (bench, memory, numerics, the CLI) or its dependencies (rich, matplotlib, scikit-learn).
 ``from ampkit import Engine`` and ``ampkit.Engine`` work as before; so does ``ampkit.<submodule>``.
@@ -18,7 +18,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from . import _moved
-from .errors import AmpkitError, CheckpointError, LossScaleCollapseError, PolicyError, UnsupportedPolicyError
+from ._errors import AmpkitError, CheckpointError, LossScaleCollapseError, PolicyError, UnsupportedPolicyError
 
 _moved.install()  # modules that moved into the layered layout stay importable by their old names
 
@@ -26,10 +26,10 @@ __version__ = "0.1.0"
 
 # Where each lazily imported public name lives; the module is imported on the name's first use.
 _LAZY: dict[str, str] = {
-    "Engine": "ampkit.training.engine",
+    "Engine": "ampkit.training._engine",
     "checkpoint_exists": "ampkit.checkpoint",
-    "recompute": "ampkit.memory.recompute",
-    "unrecompute": "ampkit.memory.recompute",
+    "recompute": "ampkit.memory._recompute",
+    "unrecompute": "ampkit.memory._recompute",
     "Policy": "ampkit.policy",
     "get_policy": "ampkit.policy",
     "policy_names": "ampkit.policy",
@@ -41,10 +41,10 @@ _LAZY: dict[str, str] = {
 
 if TYPE_CHECKING:  # what type checkers and IDEs see: the names as eager imports would give them
     from .checkpoint import checkpoint_exists
-    from .memory.recompute import recompute, unrecompute
+    from .memory._recompute import recompute, unrecompute
     from .policy import Policy, get_policy, policy_names
     from .scaling import DynamicLossScaler, LossScaler, ScalerConfig, StaticLossScaler
-    from .training.engine import Engine
+    from .training._engine import Engine
 
 __all__ = [
     "__version__",

@@ -1,6 +1,6 @@
 """Run the command line as ``python -m ampkit``."""
 
-from .cli.main import main
+from .cli._main import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -460,7 +460,7 @@ def optimizer_has_step_hooks(optimizer: torch.optim.Optimizer) -> bool:
 
     A step that calls the optimizer's undecorated update (the fused master step) would bypass them. A hook whose
     ``ampkit_bypassable`` attribute is true does not count: the engine's guard against an ``optimizer.step()`` of
-    the user's own (:mod:`ampkit.training.misuse`), which the engine's own steps need not run.
+    the user's own (:mod:`ampkit.training._misuse`), which the engine's own steps need not run.
 
     >>> opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
     >>> before = optimizer_has_step_hooks(opt)

@@ -14,8 +14,8 @@ from types import ModuleType
 import pytest
 import torch
 
-from ampkit.policy.fp8_roofline import predict_linear
-from ampkit.policy.gpu_specs import gpu_spec
+from ampkit.policy._fp8_roofline import predict_linear
+from ampkit.policy._gpu_specs import gpu_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "fp8_training.py"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ampkit.training.kernel_guards import KNOWN_DEFECTS, torch_affected
+from ampkit.training._kernel_guards import KNOWN_DEFECTS, torch_affected
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "fused_optimizers.py"
 DEFECTS = {d.name: d for d in KNOWN_DEFECTS}

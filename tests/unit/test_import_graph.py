@@ -22,7 +22,7 @@ ROOT = "ampkit"
 # grouped in one layer are siblings and import neither each other nor anything above. The package root
 # (``ampkit/__init__``) sits above them all: it imports lazily.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "_util", "_moved"),  # bottom: imports nothing from ampkit
+    ("_errors", "_util", "_moved"),  # bottom: imports nothing from ampkit
     ("_compat",),  # every private torch API, behind version checks
     ("fileio",),  # atomic writes, safe torch.load, RNG snapshots
     ("scaling",),  # loss scalers and their kernels: below the policies, which build their default scaler
@@ -30,7 +30,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("distributed",),  # strategies: what differs across ranks
     ("training",),  # the engine, its step state, the optimizer step, masters, clipping, OOM splitting
     ("checkpoint",),  # one payload, single-file and sharded writers, the safe DCP reader
-    ("report",),  # figures, markdown and tables shared by the tools: below every tool, so each can use it
+    ("_report",),  # figures, markdown and tables shared by the tools: below every tool, so each can use it
     ("workloads",),  # what the tools run: built-in workloads, the user's model and data, batch rules, step timing
     ("memory", "numerics"),  # tools, siblings
     ("bench", "profile"),  # tools on the workloads, siblings: the profile times a workload without the bench
@@ -45,9 +45,9 @@ ALLOWED_WRONG_WAY: set[tuple[str, str]] = set()
 # Imports inside functions that point upward, each kept on purpose: the lower module offers a convenience that
 # needs the higher one only when called. The list may only shrink.
 ALLOWED_DEFERRED_UPWARD: dict[tuple[str, str], str] = {
-    ("ampkit.training.engine", "ampkit.checkpoint"): "Engine.save/load/load_state_dict: the public shortcut to the checkpoint layer",
-    ("ampkit.training.engine_args", "ampkit.numerics"): "Engine(numerics=N) builds the sampler, a step hook: the shortcut the API keeps",
-    ("ampkit.training.engine_args", "ampkit.numerics.sampler"): "the same",
+    ("ampkit.training._engine", "ampkit.checkpoint"): "Engine.save/load/load_state_dict: the public shortcut to the checkpoint layer",
+    ("ampkit.training._engine_args", "ampkit.numerics"): "Engine(numerics=N) builds the sampler, a step hook: the shortcut the API keeps",
+    ("ampkit.training._engine_args", "ampkit.numerics._sampler"): "the same",
 }
 
 # Imports under `if TYPE_CHECKING:` that would point up or sideways, or close a cycle, if they ran: the type names a
@@ -55,24 +55,24 @@ ALLOWED_DEFERRED_UPWARD: dict[tuple[str, str], str] = {
 # take and change (issue 36); each edge goes when its module stops needing the Engine's type. The set may only shrink.
 KNOWN_TYPE_CHECKING: set[tuple[str, str]] = {
     # The Engine's own parts, typed by the class that imports them (issue 36, item 1: a step component).
-    ("ampkit.training.engine_state", "ampkit.training.engine"),
-    ("ampkit.training.hooks", "ampkit.training.engine"),
-    ("ampkit.training.micro_batching", "ampkit.training.engine"),
-    ("ampkit.training.misuse", "ampkit.training.engine"),
+    ("ampkit.training._engine_state", "ampkit.training._engine"),
+    ("ampkit.training._hooks", "ampkit.training._engine"),
+    ("ampkit.training._micro_batching", "ampkit.training._engine"),
+    ("ampkit.training._misuse", "ampkit.training._engine"),
     # The checkpoint layer takes the Engine whose save()/load() call it (the deferred shortcut listed above).
-    ("ampkit.checkpoint", "ampkit.training.engine"),
-    ("ampkit.checkpoint.checks", "ampkit.training.engine"),
-    ("ampkit.checkpoint.dcp_state", "ampkit.training.engine"),
-    ("ampkit.checkpoint.payload", "ampkit.training.engine"),
-    ("ampkit.checkpoint.sharded", "ampkit.training.engine"),
-    ("ampkit.checkpoint.sharded_load", "ampkit.training.engine"),
+    ("ampkit.checkpoint", "ampkit.training._engine"),
+    ("ampkit.checkpoint._checks", "ampkit.training._engine"),
+    ("ampkit.checkpoint._dcp_state", "ampkit.training._engine"),
+    ("ampkit.checkpoint._payload", "ampkit.training._engine"),
+    ("ampkit.checkpoint._sharded", "ampkit.training._engine"),
+    ("ampkit.checkpoint._sharded_load", "ampkit.training._engine"),
     # Engine(numerics=N) takes the sampler, a step hook that takes the Engine.
-    ("ampkit.numerics.sampler", "ampkit.training.engine"),
-    ("ampkit.training.engine", "ampkit.numerics"),
-    ("ampkit.training.engine", "ampkit.numerics.sampler"),
+    ("ampkit.numerics._sampler", "ampkit.training._engine"),
+    ("ampkit.training._engine", "ampkit.numerics"),
+    ("ampkit.training._engine", "ampkit.numerics._sampler"),
     # The same dependency, read back: EngineView (engine.numerics) types what Engine(numerics=N) built.
-    ("ampkit.training.engine_view", "ampkit.numerics"),
-    ("ampkit.training.engine_view", "ampkit.numerics.sampler"),
+    ("ampkit.training._engine_view", "ampkit.numerics"),
+    ("ampkit.training._engine_view", "ampkit.numerics._sampler"),
 }
 
 
@@ -322,7 +322,7 @@ def test_the_commands_read_their_workload_from_the_workloads_layer_not_from_the_
     # and data) is the layer below them all: reading it must not import the bench tool, even in a function.
     graph = import_graph(deferred=True)
     assert "ampkit.workloads" in graph
-    for shared in ("ampkit.cli.workload_args", "ampkit.workloads"):
+    for shared in ("ampkit.cli._workload_args", "ampkit.workloads"):
         bench = sorted(m for m in (_reachable(graph, shared) - {shared}) if m == "ampkit.bench" or m.startswith("ampkit.bench."))
         assert not bench, f"{shared} reaches the bench tool: {bench}"
 

@@ -53,7 +53,7 @@ PUBLIC_MODULES = (
     "ampkit.clipping",
     "ampkit.distributed",
     "ampkit.engine",
-    "ampkit.errors",
+    "ampkit._errors",
     "ampkit.kernel_guards",
     "ampkit.masters",
     "ampkit.memory",

@@ -1,6 +1,6 @@
 """Precision policy names and aliases as text, and the closest one to a name that is neither.
 
-The policies themselves live in :mod:`ampkit.policy.registry`, which imports torch. Their names live here, in the
+The policies themselves live in :mod:`ampkit.policy._registry`, which imports torch. Their names live here, in the
 bottom layer, so that the command line refuses ``--precision fp16-mixed`` (naming ``16-mixed``) before it imports
 torch, and the registry resolves names from the same table (a test holds the two equal).
 

@@ -1,7 +1,7 @@
 """Numbers a user gives the bench, checked as text or as numbers: the same rule for a flag and for the API's argument.
 
 They import nothing (no torch), so that the command line refuses ``--tolerance -1`` or ``--clip max`` before it
-imports torch; :mod:`ampkit.bench.verdict` and :mod:`ampkit.bench.recipe` apply them to the API's arguments.
+imports torch; :mod:`ampkit.bench._verdict` and :mod:`ampkit.bench._recipe` apply them to the API's arguments.
 
     >>> check_tolerance("0.01"), clip_from("none"), check_lr(1e-3)
     (0.01, None, 0.001)

@@ -22,7 +22,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from ..policy.islands import cast_floating
+from ..policy._islands import cast_floating
 from ._o1_functions import FP32_FUNCTIONS, O1Functions, device_type_of
 
 __all__ = [

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..policy.islands import cast_floating, make_fp32_island
+from ..policy._islands import cast_floating, make_fp32_island
 
 __all__ = ["modules_to_convert", "convert_model", "cast_io"]
 

@@ -18,7 +18,7 @@ import torch
 
 from .._compat import current_function_modes
 from ..scaling import DynamicLossScaler, LossScaler, ScalerConfig, StaticLossScaler
-from ..scaling.kernels import grads_of
+from ..scaling._kernels import grads_of
 from ._casts import disable_casts
 from ._o1_functions import O1Functions
 from ._properties import resolve_half_dtype

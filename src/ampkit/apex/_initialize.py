@@ -7,8 +7,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..policy.masters import MasterWeights
-from ..training.kernel_guards import guard_optimizer
+from ..policy._masters import MasterWeights
+from ..training._kernel_guards import guard_optimizer
 from ._casts import autocast_forward, is_autocast_forward
 from ._convert import cast_io, convert_model, has_amp_io, modules_to_convert
 from ._handle import AmpHandle
@@ -191,7 +191,7 @@ def initialize(
         elif dtype is None and cast_model_outputs is not None:
             cast_io(m, None, cast_model_outputs)
     for opt in opt_list:
-        # The parameters' dtypes are final only now (O3 casts them): see ampkit.training.kernel_guards. LARC wraps one.
+        # The parameters' dtypes are final only now (O3 casts them): see ampkit.training._kernel_guards. LARC wraps one.
         guard_optimizer(opt if isinstance(opt, torch.optim.Optimizer) else opt.optim)
         session.adopt_optimizer(opt, masters_of[id(opt)])
     _amp_state.session, _amp_state.disabled = session, False

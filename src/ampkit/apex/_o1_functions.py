@@ -41,7 +41,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from ..policy.islands import cast_floating
+from ..policy._islands import cast_floating
 
 __all__ = [
     "FP32_FUNCTIONS",

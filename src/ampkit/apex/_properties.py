@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ..errors import PolicyError
+from .._errors import PolicyError
 
 __all__ = ["OptLevelError", "Properties", "OPT_LEVELS", "resolve_half_dtype", "resolve_properties", "describe"]
 

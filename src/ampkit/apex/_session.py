@@ -19,10 +19,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..policy.masters import MasterWeights
+from ..policy._masters import MasterWeights
 from ..scaling import DynamicLossScaler, LossScaler, ScalerConfig, StaticLossScaler
-from ..scaling.kernels import grads_of
-from ..training.collapse import CollapseWatch
+from ..scaling._kernels import grads_of
+from ..training._collapse import CollapseWatch
 from ._properties import Properties
 
 __all__ = ["AmpSession", "LossScalerView", "OptimizerStash", "is_rank0"]

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from ..policy.islands import cast_floating
+from ..policy._islands import cast_floating
 
 __all__ = [
     "to_python_float",

@@ -19,7 +19,7 @@ import torch
 from torch.optim.optimizer import required
 
 from .._compat import capturable_supported_devices
-from ..training.kernel_guards import guard_optimizer
+from ..training._kernel_guards import guard_optimizer
 
 __all__ = ["FusedAdam", "FusedSGD", "FusedAdagrad", "FusedLAMB", "FusedNovoGrad", "FusedMixedPrecisionLamb"]
 
@@ -244,7 +244,7 @@ class FusedSGD(_SetGradNone, torch.optim.SGD):
         )
         if lr_required:
             self.defaults["lr"] = required
-        guard_optimizer(self)  # torch's fused SGD is wrong on some devices and dtypes: see ampkit.training.kernel_guards
+        guard_optimizer(self)  # torch's fused SGD is wrong on some devices and dtypes: see ampkit.training._kernel_guards
         self.wd_after_momentum = wd_after_momentum
         self.materialize_master_grads = materialize_master_grads
         self.set_grad_none = set_grad_none

@@ -6,8 +6,8 @@ batches under each policy; the runner records time, memory, loss and eval figure
 """
 
 from ..workloads import Accuracy, Batch, BenchData, Metric, Workload
-from .api import bench_model
-from .results import BenchResult, RunResult
-from .runner import run_bench
+from ._api import bench_model
+from ._results import BenchResult, RunResult
+from ._runner import run_bench
 
 __all__ = ["Accuracy", "Batch", "BenchData", "BenchResult", "Metric", "RunResult", "Workload", "bench_model", "run_bench"]

@@ -1,14 +1,14 @@
-"""Exact save/resume of a training run driven by an :class:`~ampkit.training.engine.Engine`.
+"""Exact save/resume of a training run driven by an :class:`~ampkit.training._engine.Engine`.
 
 A checkpoint holds the models, optimizers, schedulers, the engine's counters, the loss scaler, the fp32
 master weights (Apex lost them, so O2 resumes spiked), gradients pending in an unfinished accumulation
 window, and every RNG.
 
 Loading is all or nothing. The whole payload is validated against the running setup first, types and shapes
-included (:mod:`ampkit.checkpoint.checks`); then it is applied under an :class:`~ampkit.checkpoint.payload.Undo`
+included (:mod:`ampkit.checkpoint._checks`); then it is applied under an :class:`~ampkit.checkpoint._payload.Undo`
 that puts everything back if the load fails part-way. The payload itself is built and applied in
-:mod:`ampkit.checkpoint.payload`; this module writes it to one file, or hands it to
-:mod:`ampkit.checkpoint.sharded` under a distributed strategy.
+:mod:`ampkit.checkpoint._payload`; this module writes it to one file, or hands it to
+:mod:`ampkit.checkpoint._sharded` under a distributed strategy.
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from ..errors import CheckpointError
-from ..fileio.checkpoint_files import load_checkpoint, save_checkpoint
-from .checks import check_training_payload
-from .payload import apply_training_payload, engine_state, load_engine_state, training_payload
+from .._errors import CheckpointError
+from ..fileio._checkpoint_files import load_checkpoint, save_checkpoint
+from ._checks import check_training_payload
+from ._payload import apply_training_payload, engine_state, load_engine_state, training_payload
 
 if TYPE_CHECKING:
-    from ..training.engine import Engine
+    from ..training._engine import Engine
 
 __all__ = [
     "engine_state",
@@ -39,10 +39,10 @@ __all__ = [
 def save_training_state(engine: Engine, path: str | os.PathLike[str], extra: dict[str, Any] | None = None) -> None:
     """Write everything needed to resume ``engine``'s run bitwise-exactly, atomically, to ``path``.
 
-    Under a distributed strategy every rank must call it: see :mod:`ampkit.checkpoint.sharded`.
+    Under a distributed strategy every rank must call it: see :mod:`ampkit.checkpoint._sharded`.
     """
     if engine.strategy is not None:
-        from .sharded import save_distributed
+        from ._sharded import save_distributed
 
         save_distributed(engine, path, extra)
         return
@@ -57,7 +57,7 @@ def checkpoint_exists(path: str | os.PathLike[str]) -> bool:
     >>> checkpoint_exists(pathlib.Path(tempfile.mkdtemp()) / "last.pt")
     False
     """
-    from .sharded_dir import find_checkpoint
+    from ._sharded_dir import find_checkpoint
 
     return find_checkpoint(path) is not None
 
@@ -66,15 +66,15 @@ def load_training_state(engine: Engine, path: str | os.PathLike[str]) -> dict[st
     """Restore what :func:`save_training_state` wrote. Validates everything first; on error nothing changes.
 
     A checkpoint written by a distributed run (a DDP file, an FSDP directory) loads here too, on any world
-    size torch can reshard to; see :mod:`ampkit.checkpoint.sharded`.
+    size torch can reshard to; see :mod:`ampkit.checkpoint._sharded`.
     """
     if not engine.models:
         raise RuntimeError("engine.load() called before engine.setup(); set up the same model and optimizers first.")
-    from .sharded_dir import find_checkpoint
+    from ._sharded_dir import find_checkpoint
 
     found = find_checkpoint(path)
     if engine.strategy is not None or (found is not None and found.is_dir()):
-        from .sharded import load_distributed
+        from ._sharded import load_distributed
 
         return load_distributed(engine, path)
     payload = load_checkpoint(path, map_location="cpu")

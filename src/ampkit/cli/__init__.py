@@ -1,1 +1,1 @@
-"""The ``ampkit`` command line: one module per subcommand, wired together in :mod:`ampkit.cli.main`."""
+"""The ``ampkit`` command line: one module per subcommand, wired together in :mod:`ampkit.cli._main`."""

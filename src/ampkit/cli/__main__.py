@@ -1,6 +1,6 @@
 """Run the command line as ``python -m ampkit.cli``."""
 
-from .main import main
+from ._main import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -8,10 +8,10 @@
     ampkit.distributed.shutdown()
 """
 
-from .agreement import agree_max, agree_min, any_rank, world_size
-from .environment import DistributedEnv, current_env, init_distributed, launched_by_torchrun, shutdown
-from .rank_logging import log_on_rank_zero, rank, rank_zero_only
-from .strategy import DDP, FSDP, Strategy, resolve_strategy
+from ._agreement import agree_max, agree_min, any_rank, world_size
+from ._environment import DistributedEnv, current_env, init_distributed, launched_by_torchrun, shutdown
+from ._rank_logging import log_on_rank_zero, rank, rank_zero_only
+from ._strategy import DDP, FSDP, Strategy, resolve_strategy
 
 __all__ = [
     "agree_max",

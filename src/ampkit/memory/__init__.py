@@ -8,13 +8,13 @@
     (4198400, 4198400)
 """
 
-from .accounting import LiveBytes, SavedActivations, tensor_bytes, training_state_bytes
-from .batch_finder import BatchSizeNotFoundError, find_max_batch_size
-from .estimate import BREAKDOWN, MemoryEstimate, estimate, measure
-from .fit import Fit, largest_batch, parse_bytes
-from .oom import MemoryBudget, is_out_of_memory, release_memory
-from .recompute import RecomputeReport, recompute, recomputed_modules, unrecompute
-from .tracker import MemorySample, MemorySummary, MemoryTracker
+from ._accounting import LiveBytes, SavedActivations, tensor_bytes, training_state_bytes
+from ._batch_finder import BatchSizeNotFoundError, find_max_batch_size
+from ._estimate import BREAKDOWN, MemoryEstimate, estimate, measure
+from ._fit import Fit, largest_batch, parse_bytes
+from ._oom import MemoryBudget, is_out_of_memory, release_memory
+from ._recompute import RecomputeReport, recompute, recomputed_modules, unrecompute
+from ._tracker import MemorySample, MemorySummary, MemoryTracker
 
 __all__ = [
     "BREAKDOWN", "BatchSizeNotFoundError", "Fit", "LiveBytes", "MemoryBudget", "MemoryEstimate", "MemorySample",

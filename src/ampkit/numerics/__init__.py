@@ -19,16 +19,16 @@ and activation gradients together) with their split in ``gradient_underflow`` an
 ``severity``; ``update_precision`` (with an optimizer: whether bf16 weights stepped directly lose updates, per
 parameter, each remedy tried and the one ``prescribed``, ``judged`` false when fp32's own held-out loss did not
 fall beyond its noise ``fp32_noise``, and ``applied``: whether the prescription is part of the recommendation or an
-option beside it; :mod:`~ampkit.numerics.update_remedy`);
+option beside it; :mod:`~ampkit.numerics._update_remedy`);
 ``fp8_headroom`` (per ``nn.Linear`` and Hugging Face ``Conv1D``, its ``kind``, worst first, how its input, weight and output gradient survive torchao's
-float8 cast: amax, format, share flushed to zero, round-trip error; :mod:`~ampkit.numerics.fp8_headroom`); plus run facts
+float8 cast: amax, format, share flushed to zero, round-trip error; :mod:`~ampkit.numerics._fp8_headroom`); plus run facts
 (versions, device, command, workload, date).
 """
 
-from .doctor import Diagnosis, diagnose
-from .formats import BF16, FP16, Format
-from .sample import NumericsSample
-from .sampler import NumericsSampler
-from .stats import StatsAccumulator, TensorStats
+from ._doctor import Diagnosis, diagnose
+from ._formats import BF16, FP16, Format
+from ._sample import NumericsSample
+from ._sampler import NumericsSampler
+from ._stats import StatsAccumulator, TensorStats
 
 __all__ = ["BF16", "FP16", "Diagnosis", "Format", "NumericsSample", "NumericsSampler", "StatsAccumulator", "TensorStats", "diagnose"]

@@ -1,13 +1,13 @@
-"""Precision policies: one class per family, resolved by name through :mod:`ampkit.policy.registry`."""
+"""Precision policies: one class per family, resolved by name through :mod:`ampkit.policy._registry`."""
 
-from .base import Policy
-from .device import Support
-from .fp8 import FP8Rowwise, FP8Tensorwise
-from .full import FullPrecision, TF32Precision
-from .half import BF16True, BF16TrueMasters, BF16TrueRemainder, FP16True, FP16TrueMasters
-from .lowbit import BF16TrueKahan, BF16TrueSR
-from .mixed import BF16Mixed, FP16Mixed
-from .registry import ALIASES, POLICIES, get_policy, policy_names
+from ._base import Policy
+from ._device import Support
+from ._fp8 import FP8Rowwise, FP8Tensorwise
+from ._full import FullPrecision, TF32Precision
+from ._half import BF16True, BF16TrueMasters, BF16TrueRemainder, FP16True, FP16TrueMasters
+from ._lowbit import BF16TrueKahan, BF16TrueSR
+from ._mixed import BF16Mixed, FP16Mixed
+from ._registry import ALIASES, POLICIES, get_policy, policy_names
 
 __all__ = [
     "Policy",

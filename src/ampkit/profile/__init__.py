@@ -10,16 +10,16 @@ DataLoader's variants on the loop's own step, :func:`advise` turns a profile int
     >>> from ampkit.profile import Profiler, try_loader_settings
 """
 
-from .advice import advise
-from .files import save_profile, show_profile
-from .idle import DeviceIdle, device_idle
-from .op_count import StepCounts, count_step
-from .op_shares import OpBreakdown, PhaseRanges, op_breakdown
-from .phases import PHASES, PhaseTimer, StepPhases
-from .run import profile_workload, workload_loader
-from .session import Profiler
-from .syncs import SyncFinder, SyncSite
-from .trials import LoaderSettings, Trial, candidate_settings, loader_variant, try_loader_settings
+from ._advice import advise
+from ._files import save_profile, show_profile
+from ._idle import DeviceIdle, device_idle
+from ._op_count import StepCounts, count_step
+from ._op_shares import OpBreakdown, PhaseRanges, op_breakdown
+from ._phases import PHASES, PhaseTimer, StepPhases
+from ._run import profile_workload, workload_loader
+from ._session import Profiler
+from ._syncs import SyncFinder, SyncSite
+from ._trials import LoaderSettings, Trial, candidate_settings, loader_variant, try_loader_settings
 
 __all__ = [
     "Profiler", "PHASES", "PhaseTimer", "StepPhases", "SyncFinder", "SyncSite", "PhaseRanges", "OpBreakdown",

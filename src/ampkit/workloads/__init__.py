@@ -3,8 +3,8 @@
 One layer below every tool (bench, memory, doctor, profile, and the coming tune), above the training layer: a
 tool reads its workload here and never from another tool. :func:`choose_workload` applies the rules that turn
 ``-w``/``--size``/``--batch-size`` or ``--model``/``--data`` into a :class:`Workload`; :func:`get_workload` builds
-a built-in one by name (:mod:`~ampkit.workloads.registry`; the modules ``digits``, ``digits_aug``, ``gpt``,
-``resnet`` and ``segment`` beside it); :mod:`~ampkit.workloads.user` loads the user's factories;
+a built-in one by name (:mod:`~ampkit.workloads._registry`; the modules ``digits``, ``digits_aug``, ``gpt``,
+``resnet`` and ``segment`` beside it); :mod:`~ampkit.workloads._user` loads the user's factories;
 :func:`parse_precisions` makes the policies a tool runs into Policy objects, once.
 
     >>> from ampkit.workloads import choose_workload
@@ -12,13 +12,13 @@ a built-in one by name (:mod:`~ampkit.workloads.registry`; the modules ``digits`
     True
 """
 
-from .choose import choose_workload
-from .defaults import default_size, default_workload, workload_size
-from .device import default_device, device_info
-from .precisions import parse_precisions
-from .registry import WORKLOADS, get_workload, workload_names
-from .user import BenchData, load_factory
-from .workload import SIZES, Accuracy, Batch, Metric, Workload
+from ._choose import choose_workload
+from ._defaults import default_size, default_workload, workload_size
+from ._device import default_device, device_info
+from ._precisions import parse_precisions
+from ._registry import WORKLOADS, get_workload, workload_names
+from ._user import BenchData, load_factory
+from ._workload import SIZES, Accuracy, Batch, Metric, Workload
 
 __all__ = [
     "SIZES",

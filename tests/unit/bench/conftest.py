@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import pytest
 
-from ampkit.bench.results import BenchResult, RunResult
+from ampkit.bench._results import BenchResult, RunResult
 
 MiB = 2**20
 STEPS = 60

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ampkit.bench.defaults import default_precisions, resolve_precisions
-from ampkit.errors import PolicyError, UnsupportedPolicyError
+from ampkit._errors import PolicyError, UnsupportedPolicyError
+from ampkit.bench._defaults import default_precisions, resolve_precisions
 from ampkit.policy import BF16Mixed, Policy
 
 CPU = torch.device("cpu")

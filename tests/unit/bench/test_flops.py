@@ -8,8 +8,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from torch.utils.flop_counter import FlopCounterMode
 
-from ampkit.bench import flops
-from ampkit.bench.flops import count_flops, mfu, peak_flops
+from ampkit.bench import _flops as flops
+from ampkit.bench._flops import count_flops, mfu, peak_flops
 
 B, D, H = 8, 32, 64
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from ampkit.bench.format import (
+from ampkit.bench._format import (
     MISSING,
     fmt_bytes,
     fmt_float,

@@ -13,14 +13,14 @@ import pytest
 import torch
 from rich.console import Console
 
-from ampkit.bench import table
-from ampkit.bench.fp8_table import HEADERS, fp8_markdown, fp8_rows
-from ampkit.bench.report import write_report
-from ampkit.bench.results import BenchResult
-from ampkit.bench.runner import run_bench
-from ampkit.memory.fp8_layers import Fp8Plan, fp8_layer_plan
+from ampkit.bench import _table as table
+from ampkit.bench._fp8_table import HEADERS, fp8_markdown, fp8_rows
+from ampkit.bench._report import write_report
+from ampkit.bench._results import BenchResult
+from ampkit.bench._runner import run_bench
+from ampkit.memory._fp8_layers import Fp8Plan, fp8_layer_plan
 from ampkit.policy import FP8Tensorwise
-from ampkit.policy.registry import POLICIES
+from ampkit.policy._registry import POLICIES
 
 pytest.importorskip("torchao", reason="Requires: torchao (pip install -e '.[fp8]')")
 
@@ -33,7 +33,7 @@ class EmulatedTensorwise(FP8Tensorwise):
 def _gpt():
     import dataclasses
 
-    from ampkit.workloads import gpt
+    from ampkit.workloads import _gpt as gpt
 
     return dataclasses.replace(gpt.build("tiny"), steps=3, warmup=1)
 
@@ -71,7 +71,7 @@ def test_rows_fold_repeated_blocks_and_say_why_a_layer_stays_bf16() -> None:
 
 
 def test_fp8_is_left_out_of_the_default_bench_on_a_gpu_with_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
-    from ampkit.bench.defaults import default_precisions
+    from ampkit.bench._defaults import default_precisions
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
@@ -99,7 +99,7 @@ def test_a_model_fake_tensors_cannot_run_is_benched_without_a_plan(monkeypatch: 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return self.fc(x[x.sum(1) > -1e9])  # rows kept by a mask: a shape only real values know
 
-    from ampkit.workloads.workload import Workload
+    from ampkit.workloads._workload import Workload
 
     g = torch.Generator().manual_seed(0)
     batches = [(torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g)) for _ in range(3)]  # every row kept

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from ampkit.bench import bench_model
-from ampkit.cli.main import main
-from ampkit.workloads.user import load_factory
+from ampkit.cli._main import main
+from ampkit.workloads._user import load_factory
 
 
 def test_bench_model_trains_a_gpt2_from_its_own_loss_matching_the_fp32_control(hf_gpt2: str) -> None:

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import ampkit
-from ampkit.bench.memory import SavedActivations, peak_rss_bytes, reset_peak_rss, tensor_bytes, training_state_bytes
+from ampkit.bench._memory import SavedActivations, peak_rss_bytes, reset_peak_rss, tensor_bytes, training_state_bytes
 
 B, D_IN, D_HID = 32, 64, 256
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from ampkit.bench.model_io import batch_loss, default_loss, prediction, run_batch
-from ampkit.workloads.user import BenchData, workload_from
+from ampkit.bench._model_io import batch_loss, default_loss, prediction, run_batch
+from ampkit.workloads._user import BenchData, workload_from
 
 
 class KwargsNet(nn.Module):

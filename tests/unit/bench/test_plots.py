@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ampkit.bench.plots import (
+from ampkit._errors import AmpkitError
+from ampkit.bench._plots import (
     LOSS_PLOT,
     TIME_MEMORY_PLOT,
     loss_figure,
@@ -16,8 +17,7 @@ from ampkit.bench.plots import (
     time_memory_figure,
     write_plots,
 )
-from ampkit.bench.results import BenchResult, RunResult
-from ampkit.errors import AmpkitError
+from ampkit.bench._results import BenchResult, RunResult
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -6,10 +6,10 @@ import pytest
 import torch
 from torch import nn
 
-from ampkit.bench.results import BenchResult
-from ampkit.bench.runner import run_bench
+from ampkit.bench._results import BenchResult
+from ampkit.bench._runner import run_bench
 from ampkit.memory import measure
-from ampkit.workloads.workload import Workload, default_optimizer
+from ampkit.workloads._workload import Workload, default_optimizer
 
 ROWS = 8
 POLICIES = ["32-true", "bf16-mixed"]
@@ -89,6 +89,6 @@ def test_a_step_that_compiles_after_the_warm_up_is_left_out_of_the_step_time(at:
     assert run.error is None, run.error
     assert run.compiling_steps == 1 and run.timed_steps == 4 and len(run.step_times_s) == 4
     assert run.compile_time_s is not None and run.compile_time_s >= 0
-    from ampkit.bench.table import run_notes
+    from ampkit.bench._table import run_notes
 
     assert "1 step(s) after the warm-up compiled: left out of the step time (raise --warmup)" in run_notes(run)

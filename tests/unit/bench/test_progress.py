@@ -8,12 +8,12 @@ import pytest
 import torch
 from torch import nn
 
-from ampkit.bench.policy_run import PolicyRun
-from ampkit.bench.progress import PLAIN_INTERVAL_S, NullReporter, PlainReporter
-from ampkit.bench.runner import run_bench
+from ampkit.bench._policy_run import PolicyRun
+from ampkit.bench._progress import PLAIN_INTERVAL_S, NullReporter, PlainReporter
+from ampkit.bench._runner import run_bench
 from ampkit.policy import get_policy
-from ampkit.workloads.user import workload_from
-from ampkit.workloads.workload import Batch, Workload
+from ampkit.workloads._user import workload_from
+from ampkit.workloads._workload import Batch, Workload
 
 
 class _Clock:
@@ -66,7 +66,7 @@ def test_every_run_of_a_real_bench_prints_its_start_and_end_and_the_steps_add_up
 
 
 def test_the_interval_is_what_the_help_says() -> None:
-    from ampkit.cli.main import build_parser
+    from ampkit.cli._main import build_parser
 
     bench = next(a for a in build_parser()._actions if a.dest == "command").choices["bench"]
     no_progress = next(a for a in bench._actions if "--no-progress" in a.option_strings)
@@ -88,7 +88,7 @@ def test_a_run_that_starts_compiling_says_so_at_once() -> None:
 
 
 def _sr_or_skip() -> None:
-    from ampkit.policy.lowbit_optimizers import missing_library
+    from ampkit.policy._lowbit_optimizers import missing_library
 
     if missing_library("sr") is not None:
         pytest.skip(f"bf16-true-sr {missing_library('sr')}")
@@ -101,7 +101,7 @@ def _tiny() -> tuple[Workload, list[Batch]]:
 
 
 def test_a_run_whose_engine_compiles_its_optimizer_step_names_it_once_where_it_may_compile(device: torch.device) -> None:
-    # bf16-true-sr's engine steps through one compiled region (ampkit.training.fused_library_step). The run says so
+    # bf16-true-sr's engine steps through one compiled region (ampkit.training._fused_library_step). The run says so
     # once, when it builds an engine whose steps may compile: not during the memory measurement (an eager run's is
     # forced eager throughout, on every device: on CUDA its third warm-up step compiled the throwaway engine's region,
     # which the timed engine then compiled again), then at the timed build; the control (bf16-true: no region) never.
@@ -124,7 +124,7 @@ def test_a_run_whose_engine_compiles_its_optimizer_step_names_it_once_where_it_m
 )
 def test_a_compiled_run_names_what_it_compiles(precision: str, compiles: str) -> None:
     # compile=: the model compiles in the run's first steps, and a master-weight policy's step with it (the fused
-    # master step, ampkit.training.fused_master_step). Only the engine is built here: nothing is traced.
+    # master step, ampkit.training._fused_master_step). Only the engine is built here: nothing is traced.
     workload, batches = _tiny()
     told: list[str] = []
     run = PolicyRun(workload, get_policy(precision), torch.device("cpu"), batches, seed=0, compile={"backend": "eager"}, mode="model")

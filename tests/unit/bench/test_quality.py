@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from scipy import stats
 
-from ampkit.bench.quality import QUALITY, EvalNoise, Tolerance, judge, t_975
+from ampkit.bench._quality import QUALITY, EvalNoise, Tolerance, judge, t_975
 
 ACC = Tolerance("accuracy", higher_is_better=True, tolerance=0.02, relative=False)
 PPL = Tolerance("perplexity", higher_is_better=False, tolerance=0.02, relative=True)
@@ -45,7 +45,7 @@ def test_a_relative_tolerance_reads_as_a_percentage() -> None:
 
 
 def test_the_paired_noise_pools_each_runs_per_batch_differences_against_scipy() -> None:
-    from ampkit.bench.quality import paired_eval_noise
+    from ampkit.bench._quality import paired_eval_noise
 
     ref = [0.60, 0.95, 0.75, 0.99, 0.70]
     a = [0.58, 0.96, 0.72, 0.99, 0.69]

@@ -13,15 +13,15 @@ import torch
 from torch import nn
 
 from ampkit._util.values import clip_from
-from ampkit.bench.policy_run import PolicyRun
-from ampkit.bench.recipe import compile_mode, runs_to_build
-from ampkit.bench.results import BenchResult
-from ampkit.bench.runner import run_bench
-from ampkit.bench.table import definitions, table_rows
+from ampkit.bench._policy_run import PolicyRun
+from ampkit.bench._recipe import compile_mode, runs_to_build
+from ampkit.bench._results import BenchResult
+from ampkit.bench._runner import run_bench
+from ampkit.bench._table import definitions, table_rows
 from ampkit.policy import get_policy
-from ampkit.workloads.recipe import check_recipe
-from ampkit.workloads.user import EvalLoss
-from ampkit.workloads.workload import Accuracy, Workload, default_optimizer
+from ampkit.workloads._recipe import check_recipe
+from ampkit.workloads._user import EvalLoss
+from ampkit.workloads._workload import Accuracy, Workload, default_optimizer
 
 # Dynamo's own warning when the optimizer reads .grad through a traced graph; torch's, not ampkit's.
 pytestmark = pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf:UserWarning")

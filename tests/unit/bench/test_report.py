@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from ampkit.bench.plots import write_plots
-from ampkit.bench.report import REPORT_NAME, render_report, write_report
-from ampkit.bench.results import BenchResult, RunResult
-from ampkit.bench.table import table_rows
+from ampkit.bench._plots import write_plots
+from ampkit.bench._report import REPORT_NAME, render_report, write_report
+from ampkit.bench._results import BenchResult, RunResult
+from ampkit.bench._table import table_rows
 
 
 def _section(text: str, title: str) -> str:
@@ -123,7 +123,7 @@ def test_throughput_only_workload(throughput_result: BenchResult, tmp_path: Path
 
 
 def test_the_verdicts_section_holds_the_eval_noise_and_the_words_defined(bench_result: BenchResult, tmp_path: Path) -> None:
-    from ampkit.bench.verdict import VERDICTS
+    from ampkit.bench._verdict import VERDICTS
 
     bench_result.eval_noise = "Eval noise: not measured (1 eval batch scored alone; it takes 2 or more)."
     bench_result.runs[1].outcome = "pays"

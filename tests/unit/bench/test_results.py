@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ampkit.bench.results import BenchResult, RunResult
+from ampkit.bench._results import BenchResult, RunResult
 
 REQUIRED_TOP = {"workload", "device", "torch", "command", "runs"}
 REQUIRED_RUN = {

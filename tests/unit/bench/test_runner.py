@@ -8,12 +8,12 @@ import pytest
 import torch
 from torch import nn
 
-from ampkit.bench import flops, runner
-from ampkit.bench.flops import peak_flops
-from ampkit.bench.policy_run import PolicyRun
-from ampkit.bench.runner import run_bench
-from ampkit.policy.gpu_specs import GpuSpec
-from ampkit.workloads.workload import Accuracy, Workload, default_optimizer
+from ampkit.bench import _flops as flops, _runner as runner
+from ampkit.bench._flops import peak_flops
+from ampkit.bench._policy_run import PolicyRun
+from ampkit.bench._runner import run_bench
+from ampkit.policy._gpu_specs import GpuSpec
+from ampkit.workloads._workload import Accuracy, Workload, default_optimizer
 
 STEPS, WARMUP = 8, 2
 

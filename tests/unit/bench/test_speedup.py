@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ampkit.bench.speedup import CONFIDENCE, MIN_TIMED_STEPS, RESAMPLES, speedup_interval
+from ampkit.bench._speedup import CONFIDENCE, MIN_TIMED_STEPS, RESAMPLES, speedup_interval
 
 
 def _skewed(median: float, n: int, seed: int) -> np.ndarray:

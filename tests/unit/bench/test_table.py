@@ -8,9 +8,9 @@ import logging
 import pytest
 from rich.console import Console
 
-from ampkit.bench.format import MISSING
-from ampkit.bench.results import BenchResult, RunResult
-from ampkit.bench.table import build_table, render, table_rows, verdict_lines
+from ampkit.bench._format import MISSING
+from ampkit.bench._results import BenchResult, RunResult
+from ampkit.bench._table import build_table, render, table_rows, verdict_lines
 
 
 def _render(result: BenchResult, width: int = 300, **kwargs: object) -> str:
@@ -151,8 +151,8 @@ def test_the_eval_loss_column_reads_eval_loss() -> None:
 
 
 def test_eval_marks_and_verdict_words_are_printed_with_their_one_definition(bench_result: BenchResult) -> None:
-    from ampkit.bench.quality import QUALITY
-    from ampkit.bench.verdict import VERDICTS
+    from ampkit.bench._quality import QUALITY
+    from ampkit.bench._verdict import VERDICTS
 
     mixed, scaled = bench_result.run("bf16-mixed"), bench_result.run("16-mixed")
     assert mixed is not None and scaled is not None
@@ -171,7 +171,7 @@ def test_eval_marks_and_verdict_words_are_printed_with_their_one_definition(benc
 
 
 def test_a_gpu_run_without_mfu_says_why_in_its_row(bench_result: BenchResult) -> None:
-    why = "MFU n/a: no dense peak is known for 'NVIDIA Future GPU' (ampkit/policy/gpu_specs.py lists the GPUs it knows)"
+    why = "MFU n/a: no dense peak is known for 'NVIDIA Future GPU' (ampkit/policy/_gpu_specs.py lists the GPUs it knows)"
     run = bench_result.run("16-mixed")
     assert run is not None
     run.mfu, run.mfu_note = None, why

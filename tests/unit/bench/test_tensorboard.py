@@ -10,9 +10,9 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.util import tensor_util
 
-from ampkit.bench.results import BenchResult
-from ampkit.bench.tensorboard import log_tensorboard, run_dir_name
-from ampkit.errors import AmpkitError
+from ampkit._errors import AmpkitError
+from ampkit.bench._results import BenchResult
+from ampkit.bench._tensorboard import log_tensorboard, run_dir_name
 
 
 def _load(run_dir: Path) -> EventAccumulator:

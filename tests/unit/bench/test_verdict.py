@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from ampkit.bench.results import BenchResult, RunResult
-from ampkit.bench.verdict import (
+from ampkit.bench._results import BenchResult, RunResult
+from ampkit.bench._verdict import (
     FEW_EVAL_SAMPLES,
     PAYS_SPEEDUP,
     SAME_SPEED,
@@ -16,7 +16,7 @@ from ampkit.bench.verdict import (
     apply_verdicts,
     check_tolerance,
 )
-from ampkit.workloads.user import EvalLoss
+from ampkit.workloads._user import EvalLoss
 
 ACC = Tolerance("accuracy", higher_is_better=True, tolerance=0.02, relative=False)
 PPL = Tolerance("perplexity", higher_is_better=False, tolerance=0.02, relative=True)
@@ -359,7 +359,7 @@ def test_every_verdict_word_printed_has_one_definition() -> None:
     runs = _h200("bf16-true", "bf16-true-masters", "bf16-true-sr")
     result = BenchResult(workload="gpt", runs=runs)
     apply_verdicts(result, PPL)
-    from ampkit.bench.verdict import VERDICTS
+    from ampkit.bench._verdict import VERDICTS
 
     assert {r.outcome for r in runs[1:]} == {"pays", "inconclusive"}
     assert set(VERDICTS) == {"pays", "trades speed for memory", "inconclusive", "does not pay", "quality not measured"}

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from ampkit import CheckpointError, Engine
-from ampkit.fileio.checkpoint_files import load_checkpoint, save_checkpoint
+from ampkit.fileio._checkpoint_files import load_checkpoint, save_checkpoint
 
 
 def _net(seed: int) -> nn.Module:

@@ -1,4 +1,4 @@
-"""ampkit.checkpoint.checks: what a load compares with the running setup before it changes anything."""
+"""ampkit.checkpoint._checks: what a load compares with the running setup before it changes anything."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from ampkit import CheckpointError
-from ampkit.checkpoint.checks import check_engine_state, check_model, check_optimizer, conforms
+from ampkit.checkpoint._checks import check_engine_state, check_model, check_optimizer, conforms
 
 
 @pytest.mark.parametrize(

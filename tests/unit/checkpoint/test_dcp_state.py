@@ -1,4 +1,4 @@
-"""ampkit.checkpoint.dcp_state: the state a sharded checkpoint writes and reads, and the one-process switches."""
+"""ampkit.checkpoint._dcp_state: the state a sharded checkpoint writes and reads, and the one-process switches."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from ampkit import CheckpointError, Engine
-from ampkit.checkpoint.dcp_state import grouped, optimizer_owner, sharded_state, single_process_intended
+from ampkit.checkpoint._dcp_state import grouped, optimizer_owner, sharded_state, single_process_intended
 
 
 def _two_models() -> tuple[Engine, list[nn.Module], list[torch.optim.Optimizer]]:

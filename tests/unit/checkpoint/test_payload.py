@@ -1,4 +1,4 @@
-"""ampkit.checkpoint.payload: what a checkpoint holds, and the undo that makes a failed load change nothing."""
+"""ampkit.checkpoint._payload: what a checkpoint holds, and the undo that makes a failed load change nothing."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ampkit import CheckpointError, Engine
-from ampkit.checkpoint.payload import Undo, apply_training_payload, load_engine_state, training_payload
+from ampkit.checkpoint._payload import Undo, apply_training_payload, load_engine_state, training_payload
 
 
 def _counters(engine: Engine) -> dict[str, int]:

@@ -1,4 +1,4 @@
-"""ampkit.checkpoint.safe_dcp: DCP's reader and planner, with nothing in a checkpoint able to run code."""
+"""ampkit.checkpoint._safe_dcp: DCP's reader and planner, with nothing in a checkpoint able to run code."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex
 
 from ampkit import CheckpointError
-from ampkit.checkpoint.dcp_state import single_process_intended
-from ampkit.checkpoint.safe_dcp import SafeFileSystemReader, SafeLoadPlanner, _RestrictedUnpickler, storage_files
+from ampkit.checkpoint._dcp_state import single_process_intended
+from ampkit.checkpoint._safe_dcp import SafeFileSystemReader, SafeLoadPlanner, _RestrictedUnpickler, storage_files
 
 
 def _metadata(*locations: tuple[Any, Any, Any]) -> Metadata:

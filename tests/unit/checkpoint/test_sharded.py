@@ -1,4 +1,4 @@
-"""ampkit.checkpoint.sharded: the checkpoints of runs spread over ranks, loaded in one process (no process group).
+"""ampkit.checkpoint._sharded: the checkpoints of runs spread over ranks, loaded in one process (no process group).
 
 What differs between ranks is tested on spawned ranks in tests/unit/distributed/test_checkpoint*.py; here, the
 single-process side of the same code: a sharded directory written as FSDP writes it, and the per-rank entries
@@ -15,10 +15,10 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from ampkit import CheckpointError, Engine
-from ampkit.checkpoint.dcp_state import sharded_state, single_process_intended
-from ampkit.checkpoint.payload import training_payload
-from ampkit.checkpoint.sharded import ENGINE_FILE, _gather_to_rank0, _raise_if_any, load_distributed
-from ampkit.fileio.checkpoint_files import load_checkpoint, save_checkpoint
+from ampkit.checkpoint._dcp_state import sharded_state, single_process_intended
+from ampkit.checkpoint._payload import training_payload
+from ampkit.checkpoint._sharded import ENGINE_FILE, _gather_to_rank0, _raise_if_any, load_distributed
+from ampkit.fileio._checkpoint_files import load_checkpoint, save_checkpoint
 
 
 def test_in_a_world_of_one_rank_zero_gathers_its_own_and_an_error_names_no_rank() -> None:

@@ -1,4 +1,4 @@
-"""ampkit.checkpoint.sharded_dir: a directory swapped into place whole, and found again after a crash mid-swap."""
+"""ampkit.checkpoint._sharded_dir: a directory swapped into place whole, and found again after a crash mid-swap."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ampkit.checkpoint.sharded_dir import ENGINE_FILE, find_checkpoint, is_complete, remove_leftovers, swap_into_place
+from ampkit.checkpoint._sharded_dir import ENGINE_FILE, find_checkpoint, is_complete, remove_leftovers, swap_into_place
 
 
 def _checkpoint(path: Path, marker: str, *, complete: bool = True, mtime_ns: int | None = None) -> Path:

@@ -1,4 +1,4 @@
-"""ampkit.checkpoint.sharded_load: a sharded (DCP) directory read into a running model whole, or not at all.
+"""ampkit.checkpoint._sharded_load: a sharded (DCP) directory read into a running model whole, or not at all.
 
 One process, no process group: DCP writes and reads such a directory as it does on any number of ranks.
 """
@@ -11,8 +11,8 @@ import pytest
 import torch.distributed.checkpoint as dcp
 
 from ampkit import CheckpointError, Engine
-from ampkit.checkpoint.dcp_state import sharded_state, single_process_intended
-from ampkit.checkpoint.sharded_load import load_shards, read_metadata
+from ampkit.checkpoint._dcp_state import sharded_state, single_process_intended
+from ampkit.checkpoint._sharded_load import load_shards, read_metadata
 
 
 def _save_shards(engine: Engine, directory: Path) -> Path:

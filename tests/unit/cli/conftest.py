@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ampkit.cli.main import main
+from ampkit.cli._main import main
 
 Table = tuple[list[str], list[list[str]]]
 

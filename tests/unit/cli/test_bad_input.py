@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ampkit.cli.main import main
+from ampkit.cli._main import main
 
 
 def _usage_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
@@ -81,7 +81,7 @@ def test_an_unwritable_out_is_refused_before_the_run(command: str, user: str, tm
 
 
 def test_out_probe_leaves_the_new_directory_empty(tmp_path: Path) -> None:
-    from ampkit.cli.checks import writable_dir
+    from ampkit.cli._checks import writable_dir
 
     writable_dir(tmp_path / "new" / "dir", "--out")
     assert list((tmp_path / "new" / "dir").iterdir()) == []
@@ -89,7 +89,7 @@ def test_out_probe_leaves_the_new_directory_empty(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("command", ["memory", "doctor", "bench"])
 def test_missing_bench_extra_names_the_install_command(command: str, monkeypatch: pytest.MonkeyPatch, cli_error: Callable[[list[str]], str]) -> None:
-    from ampkit.workloads import digits
+    from ampkit.workloads import _digits as digits
 
     digits._digits.cache_clear()  # a cached load would not import scikit-learn again
     monkeypatch.setitem(sys.modules, "sklearn", None)
@@ -114,7 +114,7 @@ def test_missing_bench_extra_names_the_install_command(command: str, monkeypatch
 )
 def test_a_bad_name_or_value_is_refused_before_torch_is_imported(argv: list[str], message: str) -> None:
     # Importing torch takes seconds (7-20 s on a loaded machine): a typo must not wait for it.
-    script = "import sys\nfrom ampkit.cli.main import main\ncode = main(sys.argv[1:])\nprint('torch' in sys.modules, end='')\nsys.exit(code)"
+    script = "import sys\nfrom ampkit.cli._main import main\ncode = main(sys.argv[1:])\nprint('torch' in sys.modules, end='')\nsys.exit(code)"
     done = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith("ampkit: error: ") and done.stderr.count("\n") == 1 and message in done.stderr

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import torch
 
-from ampkit.bench.results import BenchResult
-from ampkit.bench.table import table_rows
-from ampkit.cli.main import main
+from ampkit.bench._results import BenchResult
+from ampkit.bench._table import table_rows
+from ampkit.cli._main import main
 
 TOY = """
 import torch
@@ -44,7 +44,7 @@ def data():
     return [(torch.randn(16, 8, generator=g), torch.randint(0, 3, (16,), generator=g)) for _ in range(4)]
 
 def data_with_eval():
-    from ampkit.workloads.user import BenchData
+    from ampkit.workloads._user import BenchData
 
     batches = data()
     return BenchData(train=batches[:3], eval=batches[3:])  # one eval batch of 16 samples: a handful
@@ -112,7 +112,7 @@ def test_recipe_flags_are_checked_by_the_parser(capsys: pytest.CaptureFixture[st
 def test_the_recipe_flags_change_the_run_and_are_recorded(
     capsys: pytest.CaptureFixture[str], toy: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import ampkit.cli.bench as bench_cli
+    import ampkit.cli._bench as bench_cli
 
     monkeypatch.setattr(bench_cli, "_COMPILE", {"model": {"backend": "aot_eager"}})  # inductor would take seconds
     torch._dynamo.reset()
@@ -254,7 +254,7 @@ def test_a_bench_run_turns_each_precision_name_into_a_policy_once(toy: str, monk
     # A name becomes a Policy through the registry's lookup of that name. The command line looks each one up once;
     # below it only Policy objects travel (the runner, each run's engine, the fp8 plans, the verdicts), so a run of
     # two policies looks up two names, however many engines and verdicts it builds.
-    from ampkit.policy import registry
+    from ampkit.policy import _registry as registry
 
     looked_up: list[str] = []
     real = registry.canonical_name

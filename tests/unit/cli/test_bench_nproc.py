@@ -60,9 +60,9 @@ def test_two_processes_train_under_ddp_and_match_one_process(model_module: Path,
         assert run["eval_metric"] is not None and run["peak_memory_bytes"] > 0
 
     # The control: the same workload and steps in this process, no process group.
-    from ampkit.bench.runner import run_bench
+    from ampkit.bench._runner import run_bench
     from ampkit.workloads import get_workload
-    from ampkit.workloads.user import user_workload
+    from ampkit.workloads._user import user_workload
 
     workload = user_workload("nproc_toy:mlp", None, steps=6, warmup=2, base=get_workload("digits", size="small", seed=0))
     workload.steps, workload.warmup = 6, 2  # what the CLI does: the base workload's own steps are 150
@@ -134,7 +134,7 @@ def test_a_run_failing_on_every_rank_is_a_row_and_exit_code_1_without_torchruns_
 def test_the_default_policies_all_run_on_two_processes(tmp_path: Path) -> None:
     # A default run never fails on its own choice: stochastic rounding, in the CPU's default list, runs under DDP.
     pytest.importorskip("sklearn", reason="Requires: scikit-learn (pip install -e '.[bench]')")
-    from ampkit.bench.defaults import default_precisions
+    from ampkit.bench._defaults import default_precisions
 
     env = {**os.environ}
     env.pop("OMP_NUM_THREADS", None)

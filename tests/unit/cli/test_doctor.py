@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from ampkit.cli.main import main
-from ampkit.numerics.fp8_table import headroom_rows
-from ampkit.numerics.table import module_rows
+from ampkit.cli._main import main
+from ampkit.numerics._fp8_table import headroom_rows
+from ampkit.numerics._table import module_rows
 
 FRAGILE = Path(__file__).parents[1] / "numerics" / "fragile.py"
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import ampkit
-from ampkit.cli.env import RECOMMEND_ORDER, collect_env, recommend
-from ampkit.cli.main import main
+from ampkit.cli._env import RECOMMEND_ORDER, collect_env, recommend
+from ampkit.cli._main import main
 from ampkit.policy import ALIASES
 
 
@@ -60,7 +60,7 @@ def test_recommendation_is_supported_and_keeps_fp32_weights(capsys: pytest.Captu
 @pytest.mark.parametrize(("bf16_native", "expected"), [(True, "bf16-mixed"), (False, "32-true")])
 def test_recommend_follows_cpu_bf16(monkeypatch: pytest.MonkeyPatch, bf16_native: bool, expected: str) -> None:
     # Without bf16 hardware, bf16 and fp16 are both slow on CPU and tf32 is CUDA-only: only fp32 is left.
-    monkeypatch.setattr("ampkit.policy.mixed.cpu_bf16_native", lambda: bf16_native)
+    monkeypatch.setattr("ampkit.policy._mixed.cpu_bf16_native", lambda: bf16_native)
     assert recommend("cpu") == expected
 
 
@@ -110,7 +110,7 @@ def test_fake_cuda_device_is_listed_and_recommended_for(fake_volta: None, capsys
 
 # ------------------------------------------------------------------------------------------------ kernel guards
 def test_json_lists_every_kernel_guard_with_the_devices_it_is_active_on(fake_volta: None, capsys: pytest.CaptureFixture[str]) -> None:
-    from ampkit.training.kernel_guards import KNOWN_DEFECTS, torch_affected
+    from ampkit.training._kernel_guards import KNOWN_DEFECTS, torch_affected
 
     guards = {g["name"]: g for g in _env_json(capsys)["kernel_guards"]}
     assert list(guards) == [d.name for d in KNOWN_DEFECTS]
@@ -123,12 +123,12 @@ def test_json_lists_every_kernel_guard_with_the_devices_it_is_active_on(fake_vol
 
 
 def test_table_shows_active_and_not_applicable_guards(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    from ampkit.training.kernel_guards import KNOWN_DEFECTS
+    from ampkit.training._kernel_guards import KNOWN_DEFECTS
 
     assert main(["env"]) == 0
     out = capsys.readouterr().out
     assert "Kernel guards" in out and all(d.name in out for d in KNOWN_DEFECTS)
-    monkeypatch.setattr("ampkit.cli.env.torch_affected", lambda defect: False)  # a torch with every defect fixed
+    monkeypatch.setattr("ampkit.cli._env.torch_affected", lambda defect: False)  # a torch with every defect fixed
     assert main(["env"]) == 0
     out = capsys.readouterr().out
     assert "active on" not in out and out.count("not applicable") == len(KNOWN_DEFECTS)

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import ampkit
-from ampkit.cli import env as env_cmd
-from ampkit.cli.main import main
-from ampkit.errors import AmpkitError, PolicyError
+from ampkit._errors import AmpkitError, PolicyError
+from ampkit.cli import _env as env_cmd
+from ampkit.cli._main import main
 
 VERSION_LINE = f"ampkit {ampkit.__version__} (torch {torch.__version__})"
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from ampkit.cli.main import main
-from ampkit.memory import estimate
+from ampkit.cli._main import main
+from ampkit.memory import _estimate as estimate
 from ampkit.workloads import get_workload
 
 pytest.importorskip("sklearn", reason="Requires: scikit-learn (pip install -e '.[dev]')")
@@ -92,7 +92,7 @@ def test_in_a_log_the_table_keeps_every_column_whole(capsys: pytest.CaptureFixtu
 
 
 def test_fp8_prints_the_layer_plan_for_a_gpu_and_json_carries_it(capsys: pytest.CaptureFixture[str]):
-    from ampkit.memory.fp8_layers import Fp8Plan, fp8_layer_plan
+    from ampkit.memory._fp8_layers import Fp8Plan, fp8_layer_plan
 
     w = get_workload("gpt", "tiny")
     assert main(["memory", "-w", "gpt", "--size", "tiny", "--device", "cpu", "--precision", "32-true", "--fp8", "L4"]) == 0

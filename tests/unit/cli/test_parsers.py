@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from ampkit.cli import parsers
+from ampkit.cli import _parsers as parsers
 from ampkit.workloads import SIZES
 
 

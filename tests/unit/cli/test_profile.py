@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ampkit.cli.main import main
+from ampkit.cli._main import main
 
 USER = """
 import time
@@ -88,8 +88,8 @@ def test_the_users_dataloader_is_varied_as_given_and_the_models_sync_found(tmp_p
 def test_the_advices_bench_commands_run_the_profiled_workload(argv: list[str], flags: str) -> None:
     """The bench command the advice gives to confirm a change must reproduce what was profiled: every workload option
     given (--data without --model was dropped, and --seed and --compile with it)."""
-    from ampkit.cli.main import build_parser
-    from ampkit.cli.profile import _workload_flags
+    from ampkit.cli._main import build_parser
+    from ampkit.cli._profile import _workload_flags
 
     args = build_parser().parse_args(["profile", *argv])
     size = args.size if args.size != "auto" else "small"

@@ -42,10 +42,10 @@ class _Stop(Exception):
 
 # Each command's precision, as the tool that does the work receives it: (command, module, attribute, the argument).
 _TOOLS = [
-    ("bench", "ampkit.cli.bench", "run_bench", lambda args, kwargs: args[1]),
-    ("memory", "ampkit.cli.memory", "estimate", lambda args, kwargs: [args[3]]),
+    ("bench", "ampkit.cli._bench", "run_bench", lambda args, kwargs: args[1]),
+    ("memory", "ampkit.cli._memory", "estimate", lambda args, kwargs: [args[3]]),
     ("doctor", "ampkit.numerics", "diagnose", lambda args, kwargs: [kwargs["target"]]),
-    ("profile", "ampkit.profile.run", "profile_workload", lambda args, kwargs: [args[1]]),
+    ("profile", "ampkit.profile._run", "profile_workload", lambda args, kwargs: [args[1]]),
 ]
 
 
@@ -55,7 +55,7 @@ def test_the_precision_is_resolved_once_on_the_command_line_and_the_tool_gets_po
 ) -> None:
     import importlib
 
-    from ampkit.cli.main import main
+    from ampkit.cli._main import main
     from ampkit.policy import Policy
 
     seen: list[object] = []

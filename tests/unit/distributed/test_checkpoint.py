@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from ampkit import CheckpointError, Engine
-from ampkit.distributed import strategy as strategy_module
+from ampkit.distributed import _strategy as strategy_module
 
 ROWS = 8
 

@@ -20,9 +20,9 @@ import torch
 from torch import nn
 
 from ampkit import CheckpointError, Engine, checkpoint_exists
-from ampkit.checkpoint.safe_dcp import _RestrictedUnpickler
-from ampkit.checkpoint.sharded_dir import ENGINE_FILE, find_checkpoint
-from ampkit.distributed import strategy as strategy_module
+from ampkit.checkpoint._safe_dcp import _RestrictedUnpickler
+from ampkit.checkpoint._sharded_dir import ENGINE_FILE, find_checkpoint
+from ampkit.distributed import _strategy as strategy_module
 
 
 def _model(seed: int, width: int, device: torch.device) -> nn.Module:

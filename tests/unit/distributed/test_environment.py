@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ampkit import Engine
-from ampkit.distributed import environment, init_distributed, shutdown
+from ampkit.distributed import _environment as environment, init_distributed, shutdown
 
 
 def _torchrun_env(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ampkit.distributed import launch
-from ampkit.distributed.launch import relaunch, report_exit_code, strip_option, torchrun_command, worker_threads
+from ampkit.distributed import _launch as launch
+from ampkit.distributed._launch import relaunch, report_exit_code, strip_option, torchrun_command, worker_threads
 
 
 def test_command_runs_the_module_under_torchrun_with_this_interpreter() -> None:

@@ -1,6 +1,6 @@
 """bf16-true-kahan and bf16-true-sr under DDP and FSDP, on ranks whose global random streams differ (as in scripts
 that seed by rank). Kahan summation is deterministic and keeps the replicas equal. Stochastic rounding draws random
-bits: the engine gives it one stream that every replica shares (:mod:`ampkit.training.rounding_stream`), so the
+bits: the engine gives it one stream that every replica shares (:mod:`ampkit.training._rounding_stream`), so the
 replicas stay bitwise equal and match the single-process run; under FSDP each rank rounds its own shard with bits
 of its own. Without that stream, torchao's optimizer alone lets the replicas drift apart (the last test)."""
 

@@ -27,7 +27,7 @@ def test_the_gloo_flag_matches_what_gloo_computes(run_ranks, device, world):
 
 
 def _setup_fsdp_where_it_would_train_wrongly(rank: int, device: torch.device) -> dict:
-    from ampkit.distributed import strategy
+    from ampkit.distributed import _strategy as strategy
 
     strategy.fsdp_problem = lambda device_type, world_size: f"no FSDP on {device_type} with {world_size} ranks"
     model = nn.Linear(4, 4).to(device)

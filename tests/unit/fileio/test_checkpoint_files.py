@@ -1,4 +1,4 @@
-"""Atomic checkpoint files, safe loading, and RNG state capture (ampkit.fileio.checkpoint_files)."""
+"""Atomic checkpoint files, safe loading, and RNG state capture (ampkit.fileio._checkpoint_files)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-import ampkit.fileio.checkpoint_files as state_module
-from ampkit.errors import CheckpointError
-from ampkit.fileio.checkpoint_files import capture_rng_state, load_checkpoint, restore_rng_state, save_checkpoint
+import ampkit.fileio._checkpoint_files as state_module
+from ampkit._errors import CheckpointError
+from ampkit.fileio._checkpoint_files import capture_rng_state, load_checkpoint, restore_rng_state, save_checkpoint
 
 # --- helpers -----------------------------------------------------------------------------------------------
 
@@ -421,7 +421,7 @@ def test_restore_rejects_something_that_is_not_a_snapshot():
 def test_write_text_atomic_replaces_whole_and_respects_the_umask(tmp_path) -> None:  # type: ignore[no-untyped-def]
     import os
 
-    from ampkit.fileio.checkpoint_files import write_text_atomic
+    from ampkit.fileio._checkpoint_files import write_text_atomic
 
     target = tmp_path / "report.md"
     target.write_text("old")
@@ -437,7 +437,7 @@ def test_write_text_atomic_replaces_whole_and_respects_the_umask(tmp_path) -> No
 
 _KILLED_MID_SAVE = """
 import os, signal, sys
-from ampkit.fileio.checkpoint_files import _open_temp_file
+from ampkit.fileio._checkpoint_files import _open_temp_file
 import pathlib
 _, handle = _open_temp_file(pathlib.Path(sys.argv[1]))
 handle.write(b"x" * 4096); handle.flush()

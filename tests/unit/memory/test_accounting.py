@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ampkit.memory.accounting import SavedActivations
+from ampkit.memory._accounting import SavedActivations
 
 B, D_IN, D_HID = 16, 32, 64
 

@@ -13,8 +13,8 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from ampkit import Engine
-from ampkit.memory.batch_finder import BatchSizeNotFoundError, find_max_batch_size
-from ampkit.memory.oom import MemoryBudget
+from ampkit.memory._batch_finder import BatchSizeNotFoundError, find_max_batch_size
+from ampkit.memory._oom import MemoryBudget
 
 
 def _budget_trial(budget: int, per_sample: int, tried: list[int]):

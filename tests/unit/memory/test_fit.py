@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from ampkit.memory import estimate
-from ampkit.memory.fit import largest_batch, parse_bytes, resize_batch
+from ampkit.memory import _estimate as estimate
+from ampkit.memory._fit import largest_batch, parse_bytes, resize_batch
 
 
 def _mlp() -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor]]:
@@ -43,7 +43,7 @@ def _control_search(peak_at, budget: int) -> int:
 
 def _counting(monkeypatch: pytest.MonkeyPatch, peak=None) -> list[int]:
     """Count the estimates largest_batch makes (batch sizes, in order); ``peak(n)`` replaces the estimate's peak."""
-    from ampkit.memory import fit as fit_module
+    from ampkit.memory import _fit as fit_module
 
     calls: list[int] = []
     real = fit_module.estimate

@@ -6,10 +6,10 @@ import pytest
 import torch
 from torch import nn
 
-from ampkit.bench.fp8_table import fp8_rows, fp8_summary
-from ampkit.errors import PolicyError
-from ampkit.memory import estimate
-from ampkit.memory.fp8_layers import (
+from ampkit._errors import PolicyError
+from ampkit.bench._fp8_table import fp8_rows, fp8_summary
+from ampkit.memory import _estimate as estimate
+from ampkit.memory._fp8_layers import (
     Fp8Plan,
     fp8_layer_plan,
     group_layers,
@@ -17,12 +17,12 @@ from ampkit.memory.fp8_layers import (
     planned_policy,
 )
 from ampkit.policy import get_policy
-from ampkit.policy.fp8_roofline import predict_linear
-from ampkit.policy.gpu_specs import gpu_spec
+from ampkit.policy._fp8_roofline import predict_linear
+from ampkit.policy._gpu_specs import gpu_spec
 
 
 def _gpt():
-    from ampkit.workloads import gpt
+    from ampkit.workloads import _gpt as gpt
 
     w = gpt.build("tiny")
     return w.model, w.train_batches[0]

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from ampkit import recompute
-from ampkit.cli.main import main
-from ampkit.memory import estimate, measure
-from ampkit.workloads.user import load_factory
+from ampkit.cli._main import main
+from ampkit.memory import _estimate as estimate, measure
+from ampkit.workloads._user import load_factory
 
 
 def _gpt2(spec: str) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:

@@ -3,7 +3,7 @@
 On CUDA the limit is real: ``torch.cuda.set_per_process_memory_fraction`` lets the caching allocator reserve only
 a given headroom above what it holds, so a too-large batch raises ``torch.OutOfMemoryError`` from the allocator
 itself. The CPU has no such limit (an allocation fails only after the machine swaps): there the same recovery paths
-run under :class:`~ampkit.memory.oom.MemoryBudget`, in training/test_micro_batching.py and memory/test_batch_finder.py.
+run under :class:`~ampkit.memory._oom.MemoryBudget`, in training/test_micro_batching.py and memory/test_batch_finder.py.
 """
 
 from __future__ import annotations

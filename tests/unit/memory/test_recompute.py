@@ -17,15 +17,15 @@ from torch import nn
 from torch.nn import functional as F
 
 import ampkit
-from ampkit.memory.accounting import LiveBytes, tensor_bytes
-from ampkit.memory.recompute import (
+from ampkit.memory._accounting import LiveBytes, tensor_bytes
+from ampkit.memory._recompute import (
     RecomputeReport,
     recompute,
     recomputed_modules,
     unrecompute,
 )
-from ampkit.workloads.gpt import GPT, Block as GPTBlock, lm_cross_entropy
-from ampkit.workloads.resnet import BasicBlock, ResNet18
+from ampkit.workloads._gpt import GPT, Block as GPTBlock, lm_cross_entropy
+from ampkit.workloads._resnet import BasicBlock, ResNet18
 
 D, H, B = 32, 128, 16  # width, hidden width, batch of the hand-counted model
 

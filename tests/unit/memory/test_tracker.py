@@ -14,9 +14,9 @@ import torch
 from torch import nn
 
 import ampkit
-from ampkit.memory import tracker as tracker_module
-from ampkit.memory.accounting import tensor_bytes, training_state_bytes
-from ampkit.memory.tracker import MemorySample, MemorySummary, MemoryTracker
+from ampkit.memory import _tracker as tracker_module
+from ampkit.memory._accounting import tensor_bytes, training_state_bytes
+from ampkit.memory._tracker import MemorySample, MemorySummary, MemoryTracker
 
 # Small thresholds: a window of 8 steps after 2 of warmup, and growth of a few bytes is enough to report.
 TIGHT = {"window": 8, "warmup": 2, "min_growth": 16}
@@ -338,7 +338,7 @@ def test_a_loop_on_the_device(device: torch.device) -> None:
 
 
 def test_heap_growth_the_live_tensors_account_for_is_left_to_the_tensor_finding() -> None:
-    from ampkit.memory.tracker_growth import _GrowthDetector
+    from ampkit.memory._tracker_growth import _GrowthDetector
 
     MiB = 2**20
     # A leak of 4 MiB a step from step 4 of 8, on a heap that also creeps by 0.5 MiB a step: the heap rises steadily

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ampkit.memory.workspaces import create_library_workspaces
+from ampkit.memory._workspaces import create_library_workspaces
 
 
 def test_after_the_workspaces_exist_no_matmul_in_any_dtype_keeps_memory(device: torch.device) -> None:

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import torch
 
-from ampkit.numerics.formats import FP16
-from ampkit.numerics.stats import StatsAccumulator, TensorStats
+from ampkit.numerics._formats import FP16
+from ampkit.numerics._stats import StatsAccumulator, TensorStats
 
 FC1_EXPONENTS = range(-40, -15)
 """One fc1 gradient per exponent, four times over: 100 values."""

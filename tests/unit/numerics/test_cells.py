@@ -1,10 +1,10 @@
-"""ampkit.numerics.cells: the cells every doctor table prints the same way."""
+"""ampkit.numerics._cells: the cells every doctor table prints the same way."""
 
 from __future__ import annotations
 
 import math
 
-from ampkit.numerics.cells import MODEL_LABEL, fmt_cosine, fmt_error, module_label
+from ampkit.numerics._cells import MODEL_LABEL, fmt_cosine, fmt_error, module_label
 
 
 def test_relative_errors_line_up_in_a_column_and_missing_ones_read_as_missing() -> None:

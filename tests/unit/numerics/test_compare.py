@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from ampkit.numerics.compare import compare_step, reference_step
+from ampkit.numerics._compare import compare_step, reference_step
 
 _spec = importlib.util.spec_from_file_location("ampkit_test_fragile_c", Path(__file__).with_name("fragile.py"))
 fragile = importlib.util.module_from_spec(_spec)  # type: ignore[arg-type]

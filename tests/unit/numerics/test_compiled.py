@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch import nn
 
-from ampkit.numerics.compare import reference_step
-from ampkit.numerics.compiled import FLOOR, check_compiled
+from ampkit.numerics._compare import reference_step
+from ampkit.numerics._compiled import FLOOR, check_compiled
 
 _spec = importlib.util.spec_from_file_location("ampkit_test_fragile_cc", Path(__file__).with_name("fragile.py"))
 fragile = importlib.util.module_from_spec(_spec)  # type: ignore[arg-type]

@@ -203,7 +203,7 @@ def test_on_a_cpu_without_a_target_the_doctor_picks_bf16_and_says_why_not_fp16()
 # -- compiled against eager ----------------------------------------------------------------------------
 @pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf:UserWarning")  # dynamo reads it
 def test_compile_checks_the_prescription_and_names_the_module_a_broken_compiler_changes() -> None:
-    from ampkit.numerics.report import render_report
+    from ampkit.numerics._report import render_report
 
     torch._dynamo.reset()
     head = fragile.grad_scaling_backend((4, 32))  # the head's weight gradient, 1% off in the compiled step
@@ -320,7 +320,7 @@ def _losing_gains() -> tuple[nn.Module, list[tuple[torch.Tensor, torch.Tensor]]]
 def _engine_lines(d) -> list[str]:  # type: ignore[no-untyped-def]
     from rich.console import Console
 
-    from ampkit.numerics.table import render
+    from ampkit.numerics._table import render
 
     console = Console(file=io.StringIO(), width=300)
     render(d.to_dict(), console)
@@ -347,7 +347,7 @@ def test_under_bf16_true_the_update_remedy_is_part_of_the_one_recommendation(gai
 
 
 def test_beside_fp32_weights_the_update_remedy_is_an_option_said_as_one(gains_diagnosis, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
-    from ampkit.numerics import doctor
+    from ampkit.numerics import _doctor as doctor
 
     monkeypatch.setattr(doctor, "check_update_precision", lambda *a, **k: gains_diagnosis.update_precision)  # the same check
     model, batches = _losing_gains()

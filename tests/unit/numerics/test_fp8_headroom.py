@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from ampkit.numerics.fp8_headroom import (
+from ampkit.numerics._fp8_headroom import (
     FLUSH_LIMIT,
     OPERANDS,
     fp8_cast_figures,
@@ -18,7 +18,7 @@ from ampkit.numerics.fp8_headroom import (
     fp8_round_trip,
     unit_roundoff,
 )
-from ampkit.numerics.fp8_table import headroom_rows, headroom_summary
+from ampkit.numerics._fp8_table import headroom_rows, headroom_summary
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 

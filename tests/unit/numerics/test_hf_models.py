@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from ampkit.cli.main import main
+from ampkit.cli._main import main
 from ampkit.numerics import diagnose
 from ampkit.policy import get_policy
-from ampkit.workloads.user import load_factory
+from ampkit.workloads._user import load_factory
 
 
 def test_diagnose_compares_against_the_models_own_fp32_loss(hf_gpt2: str, device: torch.device) -> None:

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from ampkit.errors import AmpkitError
-from ampkit.numerics.plots import GRADIENT_PLOT, MAX_MODULES, MODULE_PLOT, gradient_figure, module_figure, write_plots
+from ampkit._errors import AmpkitError
+from ampkit.numerics._plots import GRADIENT_PLOT, MAX_MODULES, MODULE_PLOT, gradient_figure, module_figure, write_plots
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

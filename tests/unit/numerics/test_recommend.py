@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ampkit.numerics.compare import ModuleAgreement, StepComparison
-from ampkit.numerics.recommend import PREFERENCE, Tailored, candidate_precisions, choose_precision, overflowing_modules
-from ampkit.numerics.stats import StatsAccumulator
+from ampkit.numerics._compare import ModuleAgreement, StepComparison
+from ampkit.numerics._recommend import PREFERENCE, Tailored, candidate_precisions, choose_precision, overflowing_modules
+from ampkit.numerics._stats import StatsAccumulator
 from ampkit.policy import get_policy
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from ampkit.numerics.recorder import ModuleRecorder
+from ampkit.numerics._recorder import ModuleRecorder
 
 
 class WithCriterion(nn.Module):

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from ampkit.numerics.plots import GRADIENT_PLOT, MODULE_PLOT, write_plots
-from ampkit.numerics.report import REPORT_NAME, REPORT_TOP, md_escape, render_report, write_report
+from ampkit.numerics._plots import GRADIENT_PLOT, MODULE_PLOT, write_plots
+from ampkit.numerics._report import REPORT_NAME, REPORT_TOP, md_escape, render_report, write_report
 
 _CELL_SEPARATOR = re.compile(r"(?<!\\)\|")  # a pipe that is not escaped
 

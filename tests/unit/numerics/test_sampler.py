@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from ampkit import Engine, ScalerConfig, get_policy
-from ampkit.numerics.sampler import NumericsSample, NumericsSampler
+from ampkit.numerics._sampler import NumericsSample, NumericsSampler
 
 FP16_TINY = 2.0**-24
 

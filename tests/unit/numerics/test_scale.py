@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ampkit.numerics.scale import NO_GRADIENT_LOG2, largest_safe_log2, recommend_loss_scale
-from ampkit.numerics.stats import StatsAccumulator
+from ampkit.numerics._scale import NO_GRADIENT_LOG2, largest_safe_log2, recommend_loss_scale
+from ampkit.numerics._stats import StatsAccumulator
 
 
 @pytest.mark.parametrize("seed", range(5))

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from ampkit.numerics.formats import BF16, FP16
-from ampkit.numerics.stats import E_LO, StatsAccumulator, TensorStats, read_summaries
+from ampkit.numerics._formats import BF16, FP16
+from ampkit.numerics._stats import E_LO, StatsAccumulator, TensorStats, read_summaries
 
 
 def _values(seed: int = 0, n: int = 20000, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -152,7 +152,7 @@ def test_bounded_reading_of_a_small_tensor_is_exact() -> None:
 
 def test_the_accelerator_histogram_counts_what_bincount_counts_on_every_exponent() -> None:
     # Every binary exponent fp32 has (zero, subnormals, the largest normals), in uneven numbers, as update() bins them.
-    from ampkit.numerics.stats import E_LO, NBINS, exponent_histogram
+    from ampkit.numerics._stats import E_LO, NBINS, exponent_histogram
 
     g = torch.Generator().manual_seed(0)
     values = torch.ldexp(torch.rand(50_000, generator=g) + 0.5, torch.randint(-149, 128, (50_000,), generator=g))

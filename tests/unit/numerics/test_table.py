@@ -9,8 +9,8 @@ import pytest
 import torch
 from rich.console import Console
 
-from ampkit.numerics.stats import StatsAccumulator
-from ampkit.numerics.table import (
+from ampkit.numerics._stats import StatsAccumulator
+from ampkit.numerics._table import (
     comparison_lines,
     fmt_share,
     module_rows,

@@ -18,9 +18,9 @@ import torch
 from torch import nn
 
 from ampkit import Engine
-from ampkit.numerics import sampler as sampler_module
-from ampkit.numerics.sampler import NumericsSampler
-from ampkit.numerics.update_audit import REMEDIES, UPDATE_LOST_WARN
+from ampkit.numerics import _sampler as sampler_module
+from ampkit.numerics._sampler import NumericsSampler
+from ampkit.numerics._update_audit import REMEDIES, UPDATE_LOST_WARN
 
 
 def unit_weights(seed: int = 0) -> nn.Sequential:

@@ -16,9 +16,9 @@ from torch import nn
 
 from ampkit import Engine
 from ampkit.numerics import diagnose
-from ampkit.numerics.compare import seeded
-from ampkit.numerics.update_audit import REMEDIES
-from ampkit.numerics.update_remedy import RECOVERED_SHARE, check_update_precision
+from ampkit.numerics._compare import seeded
+from ampkit.numerics._update_audit import REMEDIES
+from ampkit.numerics._update_remedy import RECOVERED_SHARE, check_update_precision
 from ampkit.policy import policy_names
 
 STEPS = 8
@@ -133,7 +133,7 @@ def test_a_remedy_that_refuses_the_optimizer_is_skipped_with_its_reason() -> Non
 
 
 def test_a_stochastic_remedy_must_recover_with_every_stream(monkeypatch: pytest.MonkeyPatch) -> None:
-    import ampkit.numerics.update_remedy as remedy
+    import ampkit.numerics._update_remedy as remedy
 
     model, (*train, held) = losing_model(), data()
     streams: list[int | None] = []
@@ -173,7 +173,7 @@ def test_a_reference_that_does_not_improve_judges_no_remedy(offsets: tuple[float
     # Training pulls the outputs up (targets 3 above them). A held-out batch that wants them 0.5 lower sees fp32's
     # loss rise; one whose halves want them 0.5 higher and 0.2 lower sees it fall a little, while its halves' falls
     # differ by more than that: no trajectory to recover either way.
-    from ampkit.numerics.table import update_lines
+    from ampkit.numerics._table import update_lines
 
     g = torch.Generator().manual_seed(1)
     start = losing_model()

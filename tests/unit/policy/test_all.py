@@ -8,10 +8,10 @@ import pytest
 import torch
 from torch import nn
 
-from ampkit.errors import UnsupportedPolicyError
+from ampkit._errors import UnsupportedPolicyError
 from ampkit.policy import POLICIES, Policy, Support, get_policy
-from ampkit.policy.lowbit import BF16TrueKahan, BF16TrueSR
-from ampkit.policy.lowbit_optimizers import missing_library
+from ampkit.policy._lowbit import BF16TrueKahan, BF16TrueSR
+from ampkit.policy._lowbit_optimizers import missing_library
 
 NAMES = list(POLICIES)
 

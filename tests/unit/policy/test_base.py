@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 from ampkit.policy import POLICIES, get_policy
-from ampkit.policy.masters import MasterWeights
-from ampkit.policy.remainder_masters import RemainderMasters
+from ampkit.policy._masters import MasterWeights
+from ampkit.policy._remainder_masters import RemainderMasters
 from ampkit.scaling import DynamicLossScaler
 
 

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from ampkit.policy import device as device_mod
-from ampkit.policy.device import (
+from ampkit.policy import _device as device_mod
+from ampkit.policy._device import (
     Support,
     as_device,
     cpu_bf16_native,

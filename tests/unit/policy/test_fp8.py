@@ -15,11 +15,11 @@ import torch
 from torch import nn
 
 from ampkit import Engine
-from ampkit.errors import PolicyError
+from ampkit._errors import PolicyError
 from ampkit.policy import FP8Rowwise, FP8Tensorwise, get_policy
-from ampkit.policy.fp8 import DEFAULT_TOKENS, missing_torchao
-from ampkit.policy.fp8_roofline import predict_linear
-from ampkit.policy.gpu_specs import gpu_spec
+from ampkit.policy._fp8 import DEFAULT_TOKENS, missing_torchao
+from ampkit.policy._fp8_roofline import predict_linear
+from ampkit.policy._gpu_specs import gpu_spec
 
 from .conftest import FakeGpu
 
@@ -192,7 +192,7 @@ def test_conversion_leaves_conv1d_layers_as_they_are_and_warns_naming_them(hf_co
 
 # -- training ------------------------------------------------------------------------------------
 def _gpt(device: torch.device):
-    from ampkit.workloads import gpt
+    from ampkit.workloads import _gpt as gpt
 
     w = gpt.build("tiny")
     return w, w.model.to(device)
@@ -251,8 +251,8 @@ def test_resume_is_bitwise(device: torch.device, tmp_path: Path) -> None:
 
 def test_recompute_gives_the_same_gradients(device: torch.device) -> None:
     """Checkpointed blocks recompute their fp8 casts in backward; with dynamic scales they are the same casts."""
-    from ampkit.memory.recompute import recompute
-    from ampkit.workloads.gpt import Block
+    from ampkit.memory._recompute import recompute
+    from ampkit.workloads._gpt import Block
 
     policy = _policy(FP8Tensorwise, device, layers="all")
     plain, _, plain_engine = _train(policy, device, 3)

@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from ampkit.policy.fp8_roofline import fp8_fits, measure_linear_tokens, predict_linear, predict_model
-from ampkit.policy.gpu_specs import GpuSpec, gpu_spec
+from ampkit.policy._fp8_roofline import fp8_fits, measure_linear_tokens, predict_linear, predict_model
+from ampkit.policy._gpu_specs import GpuSpec, gpu_spec
 
 # Round numbers, so the hand computations below are plain arithmetic: 100 TFLOP/s bf16, 200 fp8, 1 TB/s.
 TOY = GpuSpec("toy", bf16_tflops=100.0, tf32_tflops=50.0, fp32_tflops=10.0, fp8_tflops=200.0, bandwidth_tbs=1.0)

@@ -16,9 +16,9 @@ if TYPE_CHECKING:
 from torch import nn
 
 from ampkit._compat import per_backend_fp32_precision
-from ampkit.errors import PolicyError, UnsupportedPolicyError
-from ampkit.policy import FullPrecision, Support, TF32Precision, full as full_mod, get_policy
-from ampkit.policy.islands import is_fp32_island
+from ampkit._errors import PolicyError, UnsupportedPolicyError
+from ampkit.policy import FullPrecision, Support, TF32Precision, _full as full_mod, get_policy
+from ampkit.policy._islands import is_fp32_island
 
 
 def mlp(seed: int = 0) -> nn.Sequential:

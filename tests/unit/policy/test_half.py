@@ -20,8 +20,8 @@ if TYPE_CHECKING:
 from torch import nn
 
 from ampkit.policy import BF16True, BF16TrueMasters, FP16True, FP16TrueMasters, Policy, Support, get_policy
-from ampkit.policy.device import cpu_bf16_native
-from ampkit.policy.islands import is_fp32_island
+from ampkit.policy._device import cpu_bf16_native
+from ampkit.policy._islands import is_fp32_island
 
 HALF = {"bf16-true": torch.bfloat16, "16-true": torch.float16, "bf16-true-masters": torch.bfloat16, "16-true-masters": torch.float16}
 TRUE = ["bf16-true", "16-true"]
@@ -322,7 +322,7 @@ def test_bf16_on_this_cpu_is_fast_exactly_when_the_cpu_has_bf16(name: str) -> No
 
 @pytest.mark.parametrize("native, fast, words", [(True, True, "AMX/AVX512-BF16"), (False, False, "emulates bf16")])
 def test_bf16_cpu_support_follows_the_cpu(monkeypatch: pytest.MonkeyPatch, native: bool, fast: bool, words: str) -> None:
-    monkeypatch.setattr("ampkit.policy.half.cpu_bf16_native", lambda: native)
+    monkeypatch.setattr("ampkit.policy._half.cpu_bf16_native", lambda: native)
     s = BF16True().support("cpu")
     assert (s.supported, s.fast) == (True, fast) and words in s.reason
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 from torch import nn
 
-from ampkit.errors import PolicyError
+from ampkit._errors import PolicyError
 from ampkit.policy import get_policy
-from ampkit.policy.islands import NORM_TYPES, cast_floating, is_fp32_island, make_fp32_island, match_modules
+from ampkit.policy._islands import NORM_TYPES, cast_floating, is_fp32_island, make_fp32_island, match_modules
 
 
 def tower() -> nn.Module:

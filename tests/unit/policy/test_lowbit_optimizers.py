@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 from ampkit import Engine
-from ampkit.policy import lowbit_optimizers
-from ampkit.policy.lowbit_optimizers import lowbit_twin
+from ampkit.policy import _lowbit_optimizers as lowbit_optimizers
+from ampkit.policy._lowbit_optimizers import lowbit_twin
 
 optimi = pytest.importorskip("optimi", reason="Requires: torch-optimi (pip install -e '.[lowbit]')")
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from ampkit.policy.masters import MasterWeights
+from ampkit.policy._masters import MasterWeights
 
 
 def setup(dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cpu") -> tuple[nn.Module, torch.optim.Optimizer, MasterWeights, list[torch.Tensor]]:

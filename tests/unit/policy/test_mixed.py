@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 from torch import nn
 
 from ampkit.policy import BF16Mixed, FP16Mixed, Support, get_policy
-from ampkit.policy.device import cpu_bf16_native
+from ampkit.policy._device import cpu_bf16_native
 
 DTYPES = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
 
@@ -159,7 +159,7 @@ def test_bf16_mixed_on_this_cpu_is_fast_exactly_when_the_cpu_has_bf16() -> None:
 
 @pytest.mark.parametrize("native, fast, words", [(True, True, "AMX/AVX512-BF16"), (False, False, "emulates bf16")])
 def test_bf16_mixed_cpu_support_follows_the_cpu(monkeypatch: pytest.MonkeyPatch, native: bool, fast: bool, words: str) -> None:
-    monkeypatch.setattr("ampkit.policy.mixed.cpu_bf16_native", lambda: native)
+    monkeypatch.setattr("ampkit.policy._mixed.cpu_bf16_native", lambda: native)
     s = BF16Mixed().support("cpu")
     assert (s.supported, s.fast) == (True, fast)
     assert words in s.reason

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from torch import nn
 
+from ampkit._errors import PolicyError
 from ampkit._util.policy_names import POLICY_NAMES
-from ampkit.errors import PolicyError
 from ampkit.policy import (
     ALIASES,
     POLICIES,

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from ampkit._compat import TorchDispatchMode
-from ampkit.policy.remainder_bits import add_ties_, merge_, narrow_, split_, tie_bytes
+from ampkit.policy._remainder_bits import add_ties_, merge_, narrow_, split_, tie_bytes
 
 
 def _patterns() -> torch.Tensor:

@@ -10,11 +10,11 @@ import torch
 from torch import nn
 
 from ampkit import Engine
-from ampkit.memory.accounting import tensor_bytes, training_state_bytes
-from ampkit.memory.estimate import estimate
-from ampkit.policy.remainder_bits import tie_bytes
-from ampkit.policy.remainder_masters import RemainderMasters
-from ampkit.training.fused_master_step import fused_step_problem
+from ampkit.memory._accounting import tensor_bytes, training_state_bytes
+from ampkit.memory._estimate import estimate
+from ampkit.policy._remainder_bits import tie_bytes
+from ampkit.policy._remainder_masters import RemainderMasters
+from ampkit.training._fused_master_step import fused_step_problem
 
 OptFactory = Callable[..., torch.optim.Optimizer]
 OPTIMIZERS: dict[str, OptFactory] = {

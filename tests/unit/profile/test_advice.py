@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ampkit.profile import advise
-from ampkit.profile.advice import CAST_SHARE, DATA_SHARE, MIN_SPEEDUP
+from ampkit.profile._advice import CAST_SHARE, DATA_SHARE, MIN_SPEEDUP
 
 GIVEN = {"num_workers": 0, "pin_memory": False, "non_blocking": False, "persistent_workers": False, "prefetch_factor": None, "torch_threads": None}
 

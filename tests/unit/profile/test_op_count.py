@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ampkit.profile.op_count import StepCounts, count_step
+from ampkit.profile._op_count import StepCounts, count_step
 
 
 def _sgd_step() -> tuple[nn.Module, torch.optim.Optimizer]:

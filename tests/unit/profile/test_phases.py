@@ -103,7 +103,7 @@ def test_fed_through_batches_the_loaders_wait_is_data_and_the_loops_own_code_is_
 
 
 def test_the_copy_is_its_own_phase(monkeypatch: pytest.MonkeyPatch) -> None:
-    from ampkit.profile import phases
+    from ampkit.profile import _phases as phases
 
     def slow_copy(batch, device, channels_last=False, *, non_blocking=False):
         time.sleep(DELAY)  # a copy that takes time, as a host-to-device copy of a large batch does

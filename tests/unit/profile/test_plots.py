@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ampkit.profile.plots import PHASES_PLOT, TRIALS_PLOT, UNATTRIBUTED, phases_figure, trials_figure, write_plots
+from ampkit.profile._plots import PHASES_PLOT, TRIALS_PLOT, UNATTRIBUTED, phases_figure, trials_figure, write_plots
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

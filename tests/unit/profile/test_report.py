@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ampkit.profile.report import REPORT_NAME, render_report, write_report
+from ampkit.profile._report import REPORT_NAME, render_report, write_report
 
 
 def test_what_ran_and_where(profile_data: dict[str, Any], tmp_path: Path) -> None:

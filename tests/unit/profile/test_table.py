@@ -7,7 +7,7 @@ from typing import Any
 
 from rich.console import Console
 
-from ampkit.profile.table import (
+from ampkit.profile._table import (
     TOP_SYNCS,
     advice_parts,
     header_lines,

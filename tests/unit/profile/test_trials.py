@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from ampkit.profile import LoaderSettings, candidate_settings, loader_variant, try_loader_settings
-from ampkit.profile.trials import loader_settings, refinements
+from ampkit.profile._trials import loader_settings, refinements
 
 DELAY = 0.01  # seconds per batch of per-sample work, slept: a worker overlaps it whatever the CPU load
 
@@ -97,7 +97,7 @@ def _slow_start(worker_id: int) -> None:
 
 
 def test_the_search_keeps_a_refinement_that_helps_and_builds_the_next_on_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("ampkit.profile.trials.usable_cores", lambda: 1)
+    monkeypatch.setattr("ampkit.profile._trials.usable_cores", lambda: 1)
     loader = DataLoader(SleepyRows(80, DELAY / 4), batch_size=4, worker_init_fn=_slow_start)  # an epoch: 20 steps
     trials = try_loader_settings(loader, lambda b: time.sleep(2 * DELAY), "cpu", steps_per_epoch=4, epochs=3)
     names = [t.name for t in trials]

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ampkit.errors import AmpkitError
-from ampkit.report.figures import DPI, INSTALL_HINT, new_figure, no_data, save_png
+from ampkit._errors import AmpkitError
+from ampkit._report.figures import DPI, INSTALL_HINT, new_figure, no_data, save_png
 
 
 def test_new_figure_is_sized_on_its_own_canvas() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ampkit.report.markdown import code_block, markdown_table, md_escape, plot_links, plot_section, table_cell, write_markdown
+from ampkit._report.markdown import code_block, markdown_table, md_escape, plot_links, plot_section, table_cell, write_markdown
 
 
 def _cells(line: str) -> list[str]:

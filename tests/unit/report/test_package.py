@@ -10,11 +10,11 @@ import sys
 def test_importing_the_report_layer_loads_neither_matplotlib_nor_rich() -> None:
     # A fresh interpreter: in the test process every module is already imported and would hide an eager import.
     code = (
-        "import ampkit.report, ampkit.report.figures, ampkit.report.markdown, ampkit.report.tables\n"
+        "import ampkit._report, ampkit._report.figures, ampkit._report.markdown, ampkit._report.tables\n"
         "import json, sys\nprint(json.dumps(sorted(sys.modules)))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 0, result.stderr
     loaded = json.loads(result.stdout.splitlines()[-1])
-    assert "ampkit.report.tables" in loaded
+    assert "ampkit._report.tables" in loaded
     assert [m for m in loaded if m.split(".")[0] in ("matplotlib", "rich")] == []

@@ -9,7 +9,7 @@ import pytest
 from rich.console import Console
 from rich.table import Table
 
-from ampkit.report.tables import TableRows, column_widths, table_width
+from ampkit._report.tables import TableRows, column_widths, table_width
 
 
 def test_table_rows_is_a_frozen_record() -> None:

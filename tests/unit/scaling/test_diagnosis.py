@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from ampkit.scaling.diagnosis import collapse_message, nonfinite_parameters
+from ampkit.scaling._diagnosis import collapse_message, nonfinite_parameters
 
 INF = float("inf")
 NAN = float("nan")

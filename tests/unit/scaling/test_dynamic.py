@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ampkit.scaling import DynamicLossScaler, ScalerConfig, StaticLossScaler
-from ampkit.scaling.kernels import grads_of
+from ampkit.scaling._kernels import grads_of
 
 INF = float("inf")
 O, C = 1.0, 0.0  # one step's found_inf: overflow, clean

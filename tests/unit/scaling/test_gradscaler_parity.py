@@ -23,7 +23,7 @@ from torch import nn
 
 from ampkit import Engine
 from ampkit.scaling import DynamicLossScaler, ScalerConfig
-from ampkit.scaling.kernels import grads_of
+from ampkit.scaling._kernels import grads_of
 
 BAD_BATCHES = (0, 7)
 INIT, INTERVAL = 2.0**20, 3

@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from ampkit.scaling import kernels
-from ampkit.scaling.kernels import grads_of, unscale_grads_
+from ampkit.scaling import _kernels as kernels
+from ampkit.scaling._kernels import grads_of, unscale_grads_
 
 INF = float("inf")
 NAN = float("nan")

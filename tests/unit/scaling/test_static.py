@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from ampkit.scaling import DynamicLossScaler, ScalerConfig, StaticLossScaler
-from ampkit.scaling.kernels import grads_of
+from ampkit.scaling._kernels import grads_of
 
 INF = float("inf")
 

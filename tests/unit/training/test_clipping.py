@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from ampkit.training.clipping import clip_grad_norm, clip_grad_value
+from ampkit.training._clipping import clip_grad_norm, clip_grad_value
 
 
 def dense_and_sparse(device: torch.device, seed: int = 0) -> tuple[nn.Parameter, nn.Parameter]:

@@ -14,7 +14,7 @@ from torch import nn
 
 from ampkit import Engine
 from ampkit._compat import module_instances_share_compiled_code
-from ampkit.training.compile import CompilePlan, compile_plan
+from ampkit.training._compile import CompilePlan, compile_plan
 
 STEPS = 3
 
@@ -246,7 +246,7 @@ def test_a_model_the_user_compiled_is_trained_through_the_module_inside_it() -> 
 def test_recomputed_blocks_compile_and_train_as_they_do_eagerly(regional: bool) -> None:
     """Recompute runs each Block under torch.utils.checkpoint; dynamo traces the checkpointed call, and the run
     (aot_eager) ends bitwise where the same recomputed run does eagerly."""
-    from ampkit.memory.recompute import recompute, recomputed_modules
+    from ampkit.memory._recompute import recompute, recomputed_modules
 
     eager_net, compiled_net = model(), model()
     for net in (eager_net, compiled_net):

@@ -20,7 +20,7 @@ from torch import nn
 
 import ampkit
 from ampkit import Engine, LossScaleCollapseError, ScalerConfig
-from ampkit.training import optimizer_step
+from ampkit.training import _optimizer_step as optimizer_step
 
 INF = float("inf")
 

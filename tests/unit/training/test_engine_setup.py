@@ -8,10 +8,10 @@ from torch import nn
 
 from ampkit.policy import get_policy
 from ampkit.scaling import DynamicLossScaler
-from ampkit.training.engine_setup import Run, set_up
-from ampkit.training.kernel_guards import defects_for
-from ampkit.training.optimizer_step import StepSettings
-from ampkit.training.step_state import StepState
+from ampkit.training._engine_setup import Run, set_up
+from ampkit.training._kernel_guards import defects_for
+from ampkit.training._optimizer_step import StepSettings
+from ampkit.training._step_state import StepState
 
 
 def _model() -> nn.Module:

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from ampkit import Engine
-from ampkit.training.optimizer_step import OptimizerStep
+from ampkit.training._optimizer_step import OptimizerStep
 
 
 def _engine(**kwargs: object) -> tuple[Engine, nn.Module]:

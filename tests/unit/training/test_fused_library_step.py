@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from ampkit import Engine
-from ampkit.training.fused_library_step import FusedLibraryStep, build_library_step
+from ampkit.training._fused_library_step import FusedLibraryStep, build_library_step
 
 ao = pytest.importorskip("torchao.optim", reason="Requires: torchao (pip install -e '.[lowbit]')")
 

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from ampkit import Engine, _compat
-from ampkit.training.fused_step_compile import region_compile_kwargs
+from ampkit.training._fused_step_compile import region_compile_kwargs
 
 AOT = {"backend": "aot_eager"}
 
@@ -130,7 +130,7 @@ def test_a_failure_when_the_region_recompiles_takes_that_step_unfused_as_the_con
 
 def test_a_collapse_reported_by_the_unfused_step_it_fell_back_to_still_turns_the_region_off(monkeypatch: pytest.MonkeyPatch) -> None:
     # The collapse error is raised after the step is complete: the unfused step did succeed.
-    from ampkit.errors import LossScaleCollapseError
+    from ampkit._errors import LossScaleCollapseError
 
     backend = FailingBackend()
     engine, net, _ = setup({"backend": backend}, model(), precision="bf16-true-masters", skip_nonfinite=True)

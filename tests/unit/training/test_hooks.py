@@ -7,9 +7,9 @@ import torch
 from torch import nn
 
 from ampkit import Engine
-from ampkit.memory.tracker import MemoryTracker
-from ampkit.numerics.sampler import NumericsSampler
-from ampkit.training.hooks import Hooks, StepHook
+from ampkit.memory._tracker import MemoryTracker
+from ampkit.numerics._sampler import NumericsSampler
+from ampkit.training._hooks import Hooks, StepHook
 
 
 class Recorder:

@@ -17,8 +17,8 @@ import torch
 from torch import nn
 
 from ampkit import Engine, ScalerConfig
-from ampkit.training import kernel_guards
-from ampkit.training.kernel_guards import KNOWN_DEFECTS, KernelDefect, defects_for, first_step_pending, guard_optimizer, torch_affected
+from ampkit.training import _kernel_guards as kernel_guards
+from ampkit.training._kernel_guards import KNOWN_DEFECTS, KernelDefect, defects_for, first_step_pending, guard_optimizer, torch_affected
 
 DEFECTS = {d.name: d for d in KNOWN_DEFECTS}
 SGD_16BIT = DEFECTS["fused-sgd-cpu-16bit"]

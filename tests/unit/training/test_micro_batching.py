@@ -11,16 +11,16 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from ampkit import Engine
-from ampkit.memory.batch_finder import _older_objects_frozen as older_objects_frozen
-from ampkit.memory.oom import MemoryBudget
-from ampkit.training.micro_batching import MicroBatcher, batch_rows, split_batch
+from ampkit.memory._batch_finder import _older_objects_frozen as older_objects_frozen
+from ampkit.memory._oom import MemoryBudget
+from ampkit.training._micro_batching import MicroBatcher, batch_rows, split_batch
 
 N, D = 256, 128
 
 
 @pytest.fixture(autouse=True)
 def _older_objects_frozen():
-    """Every out-of-memory error ends in a full gc.collect() (ampkit.training.oom.release_memory). Late in a test
+    """Every out-of-memory error ends in a full gc.collect() (ampkit.training._oom.release_memory). Late in a test
     run that walks millions of objects left by earlier tests, about 0.5 s each; frozen as the batch finder freezes
     them, they are skipped, while the garbage this test makes is still collected."""
     with older_objects_frozen():
@@ -250,7 +250,7 @@ def test_ranks_split_alike_and_match_the_single_process_step(tmp_path):
 
 def test_an_oom_inside_a_distributed_step_is_raised_with_the_fix(monkeypatch):
     """The other ranks already wait in DDP's all-reduce; one rank cannot retry alone (world size faked to 2)."""
-    from ampkit.training import micro_batching
+    from ampkit.training import _micro_batching as micro_batching
 
     monkeypatch.setattr(micro_batching, "world_size", lambda: 2)
     monkeypatch.setattr(micro_batching, "agree_min", lambda v: v)

@@ -16,12 +16,12 @@ import torch
 from torch import nn
 
 from ampkit import Engine
-from ampkit.policy.masters import MasterWeights
-from ampkit.profile.op_count import StepCounts, count_step
+from ampkit.policy._masters import MasterWeights
+from ampkit.profile._op_count import StepCounts, count_step
 from ampkit.scaling import DynamicLossScaler, ScalerConfig, StaticLossScaler
-from ampkit.training import optimizer_step
-from ampkit.training.optimizer_step import OptimizerStep, StepSettings
-from ampkit.training.step_state import StepState
+from ampkit.training import _optimizer_step as optimizer_step
+from ampkit.training._optimizer_step import OptimizerStep, StepSettings
+from ampkit.training._step_state import StepState
 
 # What the engine's 16-mixed step dispatches beyond GradScaler's loop, for what that loop does not do: the clamp of
 # the scale to its floor and ceiling (1), the collapse counters, skips in a row and the floor check (4: the flag,

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from ampkit import Engine
-from ampkit.training.rounding_stream import _shard_coordinates
+from ampkit.training._rounding_stream import _shard_coordinates
 
 REGION = {"backend": "aot_eager"}  # no inductor compile: the first step runs eagerly anyway
 

@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from ampkit import CheckpointError, Engine
-from ampkit.checkpoint.payload import apply_training_payload, training_payload
-from ampkit.training.step_state import RING_SLOTS, StepState
+from ampkit.checkpoint._payload import apply_training_payload, training_payload
+from ampkit.training._step_state import RING_SLOTS, StepState
 
 
 def _run(micro_batches: int, *, poison_last: bool = False) -> Engine:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ampkit.workloads import choose, choose_workload, get_workload
+from ampkit.workloads import _choose as choose, choose_workload, get_workload
 
 CPU = torch.device("cpu")
 

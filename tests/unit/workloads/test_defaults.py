@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ampkit.workloads.defaults import default_size, default_workload, workload_size
-from ampkit.workloads.device import device_info
+from ampkit.workloads._defaults import default_size, default_workload, workload_size
+from ampkit.workloads._device import device_info
 
 CPU, GPU = torch.device("cpu"), torch.device("cuda", 0)
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ampkit.workloads import digits
-from ampkit.workloads.workload import Accuracy
+from ampkit.workloads import _digits as digits
+from ampkit.workloads._workload import Accuracy
 
 
 @pytest.fixture(scope="module")

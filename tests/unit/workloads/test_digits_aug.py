@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from ampkit.bench.runner import run_bench
-from ampkit.workloads import digits, digits_aug
+from ampkit.bench._runner import run_bench
+from ampkit.workloads import _digits as digits, _digits_aug as digits_aug
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,8 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from ampkit.workloads import gpt
-from ampkit.workloads.metrics import LanguageModelMetrics
+from ampkit.workloads import _gpt as gpt
+from ampkit.workloads._metrics import LanguageModelMetrics
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from ampkit.workloads.metrics import LanguageModelMetrics, SegmentationMetrics
+from ampkit.workloads._metrics import LanguageModelMetrics, SegmentationMetrics
 
 
 def _logits_for(pred: torch.Tensor, classes: int) -> torch.Tensor:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from ampkit.errors import PolicyError
+from ampkit._errors import PolicyError
 from ampkit.policy import BF16Mixed, Policy
-from ampkit.workloads.precisions import parse_precisions
+from ampkit.workloads._precisions import parse_precisions
 
 
 def test_names_and_aliases_become_policies_in_the_order_given_each_once() -> None:

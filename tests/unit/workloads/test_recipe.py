@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from ampkit.workloads import Workload
-from ampkit.workloads.recipe import check_accumulate, check_recipe, with_lr
+from ampkit.workloads._recipe import check_accumulate, check_recipe, with_lr
 
 
 def _workload(**fields: object) -> Workload:

@@ -16,7 +16,7 @@ import torch
 
 import ampkit
 from ampkit.workloads import WORKLOADS, get_workload, workload_names
-from ampkit.workloads.workload import SIZES, Workload
+from ampkit.workloads._workload import SIZES, Workload
 
 NAMES = ["digits", "digits-aug", "segment", "gpt", "resnet"]
 

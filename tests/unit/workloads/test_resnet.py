@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ampkit.workloads import resnet
+from ampkit.workloads import _resnet as resnet
 
 
 def test_batches_shapes_and_dtypes() -> None:

@@ -10,8 +10,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ampkit.workloads import segment
-from ampkit.workloads.metrics import SegmentationMetrics
+from ampkit.workloads import _segment as segment
+from ampkit.workloads._metrics import SegmentationMetrics
 
 
 def test_make_shapes_is_deterministic() -> None:

@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from ampkit.workloads.timing import StepTimer, summarize
+from ampkit.workloads._timing import StepTimer, summarize
 
 
 def test_cpu_timer_records_each_step_and_flush_empties_it() -> None:

@@ -8,21 +8,21 @@ from pathlib import Path
 import pytest
 import torch
 
-from ampkit.workloads.user import (
+from ampkit.workloads._user import (
     EvalLoss,
     default_loss,
     load_factory,
     spec_parts,
     user_workload,
 )
-from ampkit.workloads.workload import Accuracy, Workload
+from ampkit.workloads._workload import Accuracy, Workload
 
 MODULE = """
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 from ampkit.bench import Accuracy
-from ampkit.workloads.user import BenchData
+from ampkit.workloads._user import BenchData
 
 g = torch.Generator().manual_seed(0)
 X, Y = torch.randn(64, 6, generator=g), torch.randint(0, 3, (64,), generator=g)

@@ -1,0 +1,409 @@
+"""One policy's training run inside a bench: build, measure alone, train in chunks, evaluate, summarise.
+
+The runner drives several of these side by side. Each run owns its RNG state (dropout masks, fused-kernel
+randomness), swapped in around its own chunks, so interleaving runs does not change what any of them computes:
+a run trained in chunks between other runs matches the same run trained alone, step for step.
+
+Under torchrun (``rank``/``world`` > 1) the engine wraps the model in DDP and each rank trains its slice of every
+batch. The figures are combined once, in :meth:`PolicyRun.summarize`: one ``all_gather_object`` of each rank's
+losses, step times and memory, so no step waits on the host for another rank beyond DDP's own all-reduce.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import gc
+import logging
+import math
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .._compat import graphs_compiled, tree_map
+from .._errors import one_line
+from ..distributed._strategy import unwrap
+from ..memory._workspaces import create_library_workspaces
+from ..policy import Policy
+from ..training._engine import Engine
+from ..workloads._recipe import with_lr
+from ..workloads._timing import StepTimer, summarize
+from ..workloads._workload import Batch, Workload
+from ._flops import count_flops
+from ._memory import (
+    SavedActivations,
+    StepPeak,
+    peak_rss_bytes,
+    reset_peak_rss,
+    training_state_bytes,
+)
+from ._model_io import batch_loss, run_batch
+from ._results import RunResult
+
+__all__ = ["PolicyRun", "compile_phase"]
+
+log = logging.getLogger("ampkit")
+
+
+def compile_phase(engine: Engine) -> str | None:
+    """What ``engine`` compiles in its first steps, as a progress phase: the model (``compile=``), its optimizer step
+    (one compiled region: ``bf16-true-sr``'s library step, or a master-weight step under ``compile=``), both, or None.
+
+    >>> import ampkit
+    >>> engine = ampkit.Engine("32-true", compile={"backend": "eager"})
+    >>> _ = engine.setup(nn.Linear(2, 2))
+    >>> compile_phase(engine), compile_phase(ampkit.Engine("32-true"))
+    ('compiling the model', None)
+    """
+    parts = ["the model"] if engine.compiled else []
+    if engine.fused_step is not None or engine.library_step is not None:
+        parts.append("the optimizer step")
+    return "compiling " + " and ".join(parts) if parts else None
+
+
+class PolicyRun:
+    """Trains ``workload`` under ``policy`` on ``device``; its figures accumulate in :attr:`result`, under the
+    policy's name.
+
+    ``compile``: what ``Engine(compile=...)`` gets (None: eager); ``mode`` names it in the result (see
+    :func:`ampkit.bench._recipe.compile_mode`). A compiled run compiles in its first steps, which are the first
+    of :meth:`measure_alone`: their time, less as many steady steps, is its compile time, kept out of the timed
+    steps. The timed build is another engine, which compiles again (each engine keeps its own compiled code; the
+    compiler's on-disk cache makes it quicker) during its untimed warm-up, so the timed steps are steady.
+    """
+
+    def __init__(
+        self,
+        workload: Workload,
+        policy: Policy,
+        device: torch.device,
+        batches: Sequence[Batch],
+        seed: int,
+        *,
+        strategy: str | None = None,
+        rank: int = 0,
+        world: int = 1,
+        compile: Any = None,
+        mode: str | None = None,
+    ) -> None:
+        self.workload = workload
+        self.compile = compile
+        self.strategy = strategy
+        self.rank, self.world = rank, world
+        self.precision = policy.name
+        self.policy = policy
+        """What the engine gets, as given; an fp8 policy's run gets the policy set to its layer plan instead."""
+        self.device = device
+        self.batches = batches
+        self.seed = seed
+        self.result = RunResult(precision=policy.name, throughput_unit=workload.unit, compile=mode)
+        self.label = self.result.label
+        self.model: nn.Module | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.engine: Engine | None = None
+        self.steps_done = 0
+        self.losses: list[torch.Tensor] = []
+        self.times: list[float] = []
+        self.compiled: list[bool] = []  # per timed step, parallel to times: whether torch.compile compiled during it
+        self.timer = StepTimer(device)
+        self.first_steps: list[float] = []  # a compiled run's first steps, where it compiles
+        self._fresh_batches = False  # set while memory is measured (see _step)
+        self._rng: tuple[torch.Tensor, torch.Tensor | None] | None = None
+        self.on_phase: Callable[[str], None] | None = None
+        """Told, once, what this run's engine compiles in its first steps (:func:`compile_phase`), as it builds the
+        first engine whose steps may compile: the runner's progress shows it (a minute of compiling on a GPU
+        otherwise looks like a hang)."""
+        self._phase_told = False
+        self._eager_only = False  # set while every step is forced eager (an eager run's memory steps): nothing compiles
+
+    @property
+    def alive(self) -> bool:
+        """False once the run has failed, or when the device cannot run its policy at all."""
+        return self.result.status not in ("failed", "unsupported")
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def build(self) -> None:
+        """Fresh copy of the workload's initial weights, its optimizer, and an Engine for this policy."""
+        self._setup(self._copy())
+
+    def _copy(self) -> nn.Module:
+        """The workload's initial weights on the device, with the run's RNG seeded (the first half of :meth:`build`)."""
+        self.release()
+        # Seeds CUDA too; the state is kept per run from here on. Each rank draws its own dropout masks, as
+        # independent samples of one global batch would (the weights come from rank 0 whatever the seed).
+        torch.manual_seed(self.seed + self.rank)
+        cuda_state = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
+        self._rng = (torch.get_rng_state(), cuda_state)
+        model = copy.deepcopy(self.workload.model).to(self.device)
+        if self.workload.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        return model
+
+    def _setup(self, model: nn.Module) -> None:
+        """The optimizer and the Engine for this policy, set up on ``model`` (the second half of :meth:`build`)."""
+        optimizer = with_lr(self.workload.optimizer(model.parameters()), self.workload.lr)
+        self.engine = Engine(
+            self.policy, clip_grad_norm=self.workload.clip_grad_norm, accumulate=self.workload.accumulate,
+            strategy=self.strategy, compile=self.compile,
+        )
+        self.model, self.optimizer = self.engine.setup(model, optimizer)
+        self.model.train()
+        self.steps_done, self.losses, self.times, self.compiled = 0, [], [], []
+        phase = compile_phase(self.engine)
+        if phase is not None and self.on_phase is not None and not (self._phase_told or self._eager_only):
+            self._phase_told = True
+            self.on_phase(phase)
+
+    def release(self) -> None:
+        """Drop the model, optimizer and engine so their memory can be reused."""
+        self.model = self.optimizer = self.engine = None
+        self.losses = []
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def fail(self, exc: BaseException) -> None:
+        """Record ``exc`` as this run's failure and free its memory; the other runs go on."""
+        log.debug("bench run %s failed", self.label, exc_info=exc)
+        self.result.status, self.result.error = "failed", one_line(exc, with_type=True)
+        self.release()
+
+    @contextlib.contextmanager
+    def _own_rng(self) -> Iterator[None]:
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            if self._rng is not None:
+                torch.set_rng_state(self._rng[0])
+                if self._rng[1] is not None:
+                    torch.cuda.set_rng_state(self._rng[1], self.device)
+            yield
+            cuda_state = torch.cuda.get_rng_state(self.device) if devices else None
+            self._rng = (torch.get_rng_state(), cuda_state)
+
+    # -- one step ----------------------------------------------------------------------------------
+    def _step(self) -> None:
+        """One optimizer step: ``accumulate`` micro-batches, consecutive batches; its loss is their mean."""
+        assert self.model is not None and self.engine is not None  # build() ran
+        k = self.workload.accumulate
+        losses = []
+        for i in range(k):
+            batch = self.batches[(self.steps_done * k + i) % len(self.batches)]
+            if self._fresh_batches:  # measuring memory: the micro-batch is made, used and freed as a loader's would be
+                batch = tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, batch)
+            with self.engine.autocast():
+                loss = batch_loss(self.model, batch, self.workload.loss_fn)
+            self.engine.backward(loss)
+            self.engine.step()  # updates the weights at the window's last micro-batch
+            losses.append(loss.detach())
+        self.losses.append(losses[0] if k == 1 else torch.stack(losses).mean())
+        self.steps_done += 1
+
+    def train(self, steps: int, timed: bool) -> None:
+        """Run ``steps`` training steps; their times count when ``timed`` (warm-up steps do not)."""
+        with self._own_rng():
+            for _ in range(steps):
+                if timed:
+                    # A step that compiles (an optimizer compiling its step at its second call, a recompile) is
+                    # compilation, not a step time: flagged here by a counter read, left out in summarize().
+                    graphs = graphs_compiled()
+                    with self.timer.step():
+                        self._step()
+                    self.compiled.append(graphs_compiled() != graphs)
+                else:
+                    self._step()
+            if timed:
+                self.times.extend(self.timer.flush())
+
+    # -- measured alone ----------------------------------------------------------------------------
+    def measure_alone(self, warmup: int, flops: bool) -> None:
+        """Memory, activations and FLOPs, taken on a throwaway copy while no other run holds memory.
+
+        The first step counts saved activations, the second (when ``flops``, eager) counts FLOPs; the rest warm up.
+        A compiled run times its first two steps instead: they hold the compilation (:attr:`first_steps`).
+        Peaks cover the policy's setup and ``warmup`` steps (at least two, so optimizer state exists). Each
+        micro-batch is a copy made as the step takes it, so the peak holds the micro-batch in use, as a loop over a
+        loader would, not the bench's preloaded batches. The peak is :class:`~ampkit.memory._accounting.StepPeak`'s
+        on the CPU (``ampkit memory``'s definition; none for a compiled run) and the allocator's on CUDA.
+        """
+        cuda = self.device.type == "cuda"
+        self.release()
+        gc.collect()  # once per policy (it costs ~0.1 s): the previous throwaway must be gone before peaks reset
+        if cuda:
+            create_library_workspaces(self.device)  # else the first policy measured (32-true) would carry them
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(self.device)
+            base = torch.cuda.memory_allocated(self.device)
+        reset_peak_rss()
+        model = self._copy()
+        # The CPU's peak is counted op by op under a dispatch mode, and only for an eager run: torch.compile skips,
+        # for the rest of the process, a frame it first meets under one, and sees nothing inside compiled code. The
+        # eager run stays eager throughout (an optimizer that compiles its own step, torchao's, compiles in the
+        # timed run's warm-up), as ampkit memory's step does.
+        live = StepPeak(model) if not cuda and self.compile is None else None
+        self._fresh_batches = True
+        # On CUDA too: the allocator would see a compiled step, but the throwaway engine's compile (its own code
+        # object, so the timed engine compiles again) cost the H200's default bench more than 80 s in bf16-true-sr.
+        self._eager_only = self.compile is None
+        try:
+            counting = live if live is not None else contextlib.nullcontext()
+            eager = torch.compiler.set_stance("force_eager") if self._eager_only else contextlib.nullcontext()
+            with counting, eager:
+                self._measure_steps(model, warmup, flops)
+        finally:
+            self._fresh_batches = self._eager_only = False
+        assert self.model is not None and self.optimizer is not None and self.engine is not None
+        breakdown = training_state_bytes(self.model, [self.optimizer], self.engine.masters)
+        breakdown["activations"] = self.result.activation_bytes or 0
+        self.result.memory_breakdown = breakdown
+        if cuda:
+            torch.cuda.synchronize(self.device)
+            self.result.peak_memory_bytes = torch.cuda.max_memory_allocated(self.device) - base
+        elif live is not None:
+            self.result.peak_memory_bytes = live.peak
+        # else a compiled run on the CPU: no peak is measured (None), rather than one of another definition
+        self.result.peak_rss_bytes = peak_rss_bytes()
+        self.release()
+
+    def _measure_steps(self, model: nn.Module, warmup: int, flops: bool) -> None:
+        self._setup(model)
+        assert self.model is not None
+        compiled = self.compile is not None
+        # An eager run's measuring steps stay eager even where an optimizer compiles its own step (torchao's, under
+        # bf16-true-sr): torch.compile refuses to trace under the counters' hooks and modes. It compiles in the
+        # warm-up steps that follow.
+        measuring = contextlib.nullcontext() if compiled else torch.compiler.set_stance("force_eager")
+        with self._own_rng():
+            with self.timer.step(), SavedActivations(self.model) as saved, measuring:
+                self._step()  # a compiled run compiles here
+            self.result.activation_bytes = saved.bytes
+            if compiled:  # timed too: a second step may recompile (e.g. once the optimizer state exists)
+                with self.timer.step():
+                    self._step()
+            elif flops:  # eager only: a compiled step would trace again under FlopCounterMode (the runner copies the count)
+                try:
+                    with torch.compiler.set_stance("force_eager"):
+                        counted = count_flops(self._step)
+                    self.result.flops_per_step = float(counted.total)
+                    self.result.flops_by_format = {k: float(v) for k, v in counted.by_format.items()}
+                    self.result.recomputed_flops = float(counted.recomputed)
+                except Exception as exc:  # noqa: BLE001 - counting is a nicety; a model it cannot trace still gets timed
+                    log.warning("FLOP counting failed under %s (%s); no FLOP/s for this run", self.precision, one_line(exc, with_type=True))
+                    self._step()
+            else:  # the second step, whose peak holds the optimizer state the first one created
+                self._step()
+            for _ in range(max(0, warmup - 2)):
+                self._step()
+        first = self.timer.flush()
+        self.first_steps = first if compiled else []
+
+    # -- after training ----------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self, batches: Sequence[Batch]) -> None:
+        """Compute the workload's eval metric on ``batches`` under this policy's forward context.
+
+        Under DDP only rank 0 evaluates, on the whole eval set and the unwrapped model: the weights are the same
+        on every rank, and DDP's forward would broadcast buffers, a collective the other ranks would not join.
+        """
+        if self.rank != 0 or self.workload.metric is None or not batches or self.model is None or self.engine is None:
+            return
+        metric = self.workload.metric()
+        # Each batch also scored alone, from the same outputs (no second forward): the spread of these figures is
+        # the eval noise the verdicts hold gaps to (ampkit.bench._quality). Read back after the loop, not in it.
+        alone = [self.workload.metric() for _ in batches] if len(batches) > 1 else []
+        model = unwrap(self.model)
+        model.eval()
+        try:
+            with self.engine.autocast():
+                for i, batch in enumerate(batches):
+                    output, target = run_batch(model, batch)
+                    metric.update(output, target)
+                    if alone:
+                        alone[i].update(output, target)
+        finally:
+            model.train()
+        values = metric.compute()
+        self.result.eval_metric_name = metric.name
+        self.result.eval_metric = values.get(metric.name)
+        self.result.eval_metrics = dict(values)
+        try:
+            self.result.eval_batch_metrics = [m.compute().get(metric.name) for m in alone]
+        except Exception as exc:  # noqa: BLE001  # a user's metric may not score one batch alone: the noise is then unmeasured
+            log.warning("eval noise not measured under %s: scoring one eval batch alone failed (%s)", self.precision, one_line(exc, with_type=True))
+
+    def summarize(self) -> None:
+        """Turn the recorded times and losses into the result's figures (one host read of the losses).
+
+        Under DDP every rank must call it (one ``all_gather_object``): the loss of a step is the mean of the ranks'
+        losses (each the mean over its equal slice, so the mean over the global batch), a step's time is the
+        slowest rank's, memory figures are the largest any rank reached, and FLOPs are summed over the ranks.
+        """
+        r = self.result
+        losses: list[float] = torch.stack(self.losses).float().cpu().tolist() if self.losses else []
+        times, compiled = list(self.times), list(self.compiled)
+        if self.world > 1:
+            losses, times, compiled = self._combine_ranks(losses, times, compiled)
+        compiling = [t for t, c in zip(times, compiled) if c]
+        r.compiling_steps = len(compiling)
+        if len(compiling) == len(times):
+            compiling = []  # nothing steady to time instead: the times stay, and the row's note says they compiled
+        else:
+            times = [t for t, c in zip(times, compiled) if not c]
+        if losses:
+            r.losses = list(losses)
+            tail = losses[-max(1, len(losses) // 10) :]
+            r.final_loss = sum(tail) / len(tail)
+            if not math.isfinite(r.final_loss):
+                r.status = "diverged"
+        if times:
+            stats = summarize(times)
+            r.step_time_median_s, r.step_time_p10_s, r.step_time_p90_s = stats["median"], stats["p10"], stats["p90"]
+            r.timed_steps, r.step_times_s = len(times), list(times)
+            # The global batch (every rank's rows) of every micro-batch of the step.
+            r.throughput = self.workload.items_per_batch * self.workload.accumulate / stats["median"]
+            if r.flops_per_step is not None:
+                r.achieved_flops = r.flops_per_step / stats["median"]
+            if self.first_steps:
+                r.compile_time_s = max(0.0, sum(self.first_steps) - len(self.first_steps) * stats["median"])
+            if compiling:
+                compiling_s = max(0.0, sum(compiling) - len(compiling) * stats["median"])
+                r.compile_time_s = (r.compile_time_s or 0.0) + compiling_s
+        if self.engine is not None:
+            r.skipped_steps = self.engine.skipped_steps
+            r.final_loss_scale = self.engine.scale
+
+    def _combine_ranks(
+        self, losses: list[float], times: list[float], compiled: list[bool]
+    ) -> tuple[list[float], list[float], list[bool]]:
+        """Every rank's losses, times, memory and FLOPs in one collective; returns the combined losses and times."""
+        r = self.result
+        mine = {
+            "losses": losses, "times": times, "flops": r.flops_per_step, "peak": r.peak_memory_bytes,
+            "activations": r.activation_bytes, "rss": r.peak_rss_bytes, "breakdown": r.memory_breakdown,
+            "by_format": r.flops_by_format, "recomputed": r.recomputed_flops, "compiled": compiled,
+        }
+        ranks: list[Any] = [None] * self.world
+        dist.all_gather_object(ranks, mine)
+        if len({len(g["losses"]) for g in ranks}) != 1 or len({len(g["times"]) for g in ranks}) != 1:
+            raise RuntimeError(f"the ranks recorded different step counts ({[len(g['losses']) for g in ranks]}); every rank must train the same steps.")
+        losses = [sum(step) / self.world for step in zip(*(g["losses"] for g in ranks))]
+        times = [max(step) for step in zip(*(g["times"] for g in ranks))]  # the slowest rank sets the pace
+        compiled = [any(step) for step in zip(*(g["compiled"] for g in ranks))]  # a step any rank compiled in
+
+        def largest(key: str) -> int | None:
+            values = [g[key] for g in ranks if g[key] is not None]
+            return max(values) if values else None
+
+        r.peak_memory_bytes, r.activation_bytes, r.peak_rss_bytes = largest("peak"), largest("activations"), largest("rss")
+        keys = dict.fromkeys(k for g in ranks for k in g["breakdown"])  # ordered, rank 0's first
+        r.memory_breakdown = {k: max(g["breakdown"].get(k, 0) for g in ranks) for k in keys}
+        flops = [g["flops"] for g in ranks]
+        if all(f is not None for f in flops):  # each rank counted its own slice: the step's FLOPs are their sum
+            r.flops_per_step = float(sum(flops))
+            formats = dict.fromkeys(k for g in ranks for k in g["by_format"])
+            r.flops_by_format = {k: float(sum(g["by_format"].get(k, 0.0) for g in ranks)) for k in formats}
+            r.recomputed_flops = float(sum(g["recomputed"] or 0.0 for g in ranks))
+        else:
+            r.flops_per_step, r.flops_by_format, r.recomputed_flops = None, {}, None
+        return losses, times, compiled

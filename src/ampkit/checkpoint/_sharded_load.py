@@ -1,0 +1,105 @@
+"""Reading a sharded (DCP) checkpoint into a running model without ever leaving it half loaded.
+
+torch.distributed.checkpoint loads *into* the tensors it is given, and the state dicts torch hands out share
+storage with the parameters: a shard file that is missing or cut short, found only while reading, leaves the
+model partly overwritten. So the load here is in three steps:
+
+1. :func:`read_metadata` unpickles ``.metadata`` through an exact allow-list and checks that every shard file
+   it names is present and long enough (a truncated copy is found before a byte is read);
+2. :func:`load_shards` compares the metadata's entries and global shapes with this model's and optimizer's
+   state (a sharded load has no other model check), reads the shards into fresh tensors, and turns DCP's
+   ``CheckpointException`` (a ``BaseException``, which ``except Exception`` misses) into a CheckpointError;
+3. only then are the fresh tensors copied into the model and optimizer, under the caller's undo snapshot.
+
+The price is one more copy of this rank's shards while loading.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, TensorStorageMetadata
+
+from .._compat import flatten_state_dict, tree_map_only
+from .._errors import CheckpointError, one_line
+from ..training._kernel_guards import guard_optimizer
+from ._dcp_state import grouped, optimizer_owner, sharded_state, single_process_intended
+from ._safe_dcp import SafeFileSystemReader, SafeLoadPlanner, storage_files
+
+if TYPE_CHECKING:
+    from ..training._engine import Engine
+
+__all__ = ["read_metadata", "load_shards"]
+
+
+def read_metadata(directory: Path) -> Metadata:
+    """The directory's DCP metadata, read safely, once every shard file it names is there whole."""
+    metadata = SafeFileSystemReader(directory).read_metadata()
+    short = []
+    for name, needed in storage_files(metadata).items():
+        try:
+            size = os.stat(directory / name).st_size
+        except FileNotFoundError:
+            short.append(f"{name} (missing)")
+            continue
+        if size < needed:
+            short.append(f"{name} ({size} of at least {needed} bytes)")
+    if short:
+        raise CheckpointError(
+            f"{directory} is incomplete: shard files {short[:4]} are missing or truncated; it was cut off while being "
+            "written or copied. Copy the whole directory again or load an earlier checkpoint."
+        )
+    return metadata
+
+
+def _global_shape(value: Any) -> tuple[int, ...] | None:
+    return tuple(value.shape) if isinstance(value, torch.Tensor) else None
+
+
+def _check_against(flat: dict[str, Any], metadata: Metadata, directory: Path) -> None:
+    saved = metadata.state_dict_metadata
+    for prefix, what in (("model.", "model"), ("optim.", "optimizer")):
+        mine = {k for k in flat if k.startswith(prefix)}
+        theirs = {k for k in saved if k.startswith(prefix)}
+        missing, unexpected = sorted(mine - theirs), sorted(theirs - mine)
+        wrong = []
+        for key in sorted(mine & theirs):
+            entry, shape = saved[key], _global_shape(flat[key])
+            if isinstance(entry, TensorStorageMetadata) and shape is not None:
+                if tuple(entry.size) != shape:
+                    wrong.append(f"{key} {tuple(entry.size)} vs {shape}")
+            elif not (isinstance(entry, BytesStorageMetadata) and shape is None):
+                wrong.append(f"{key} (tensor vs value)")
+        if missing or unexpected or wrong:
+            fix = "Build the same model as the saved run" if what == "model" else "Build the optimizer the saved run used"
+            raise CheckpointError(
+                f"{directory}: the {what} does not match the checkpoint (missing {missing[:3]}, unexpected {unexpected[:3]}, "
+                f"shape mismatch {wrong[:3]}). {fix} before engine.load()."
+            )
+
+
+def load_shards(engine: Engine, directory: Path, metadata: Metadata) -> None:
+    """Read the shards into fresh tensors, then copy them into the engine's models and optimizers."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+    state = sharded_state(engine)
+    flat, _ = flatten_state_dict(state)
+    _check_against(flat, metadata, directory)
+    fresh = tree_map_only(torch.Tensor, lambda t: t.detach().clone(), state)  # DTensors stay DTensors
+    try:
+        with single_process_intended():
+            dcp.load(fresh, storage_reader=SafeFileSystemReader(directory), planner=SafeLoadPlanner(), no_dist=not grouped())
+    except CheckpointException as exc:  # a BaseException: turn it into the one error this load raises
+        # failures: rank -> (exception, traceback summary)
+        causes = "; ".join(f"rank {r}: {one_line(e[0] if isinstance(e, tuple) else e, with_type=True)}" for r, e in exc.failures.items())
+        raise CheckpointError(f"{directory}: reading the shards failed ({causes or exc}); nothing was changed. Load an earlier checkpoint.") from None
+    for i, model in enumerate(engine.models):
+        set_model_state_dict(model, fresh[f"model.{i}"])
+    for j, opt in enumerate(engine.optimizers):
+        set_optimizer_state_dict(optimizer_owner(engine, opt), opt, fresh[f"optim.{j}"])
+        guard_optimizer(opt)  # the saved groups' fused flags come from another machine or torch

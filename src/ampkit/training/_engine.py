@@ -1,0 +1,298 @@
+"""The training-step engine: precision, loss scaling, accumulation, clipping and skipping, inside the user's loop.
+
+    engine = Engine(precision="bf16-mixed", accumulate=4, clip_grad_norm=1.0)
+    model, optimizer = engine.setup(model, optimizer)
+    for x, y in loader:
+        with engine.autocast():
+            loss = criterion(model(x), y)
+        engine.backward(loss)
+        engine.step()            # updates the weights only at the accumulation boundary
+
+The engine keeps the loop's side: the accumulation window and the counters (a
+:class:`~ampkit.training._step_state.StepState`), autocast and the scaled backward. What setup() builds is owned by
+its builders: the strategy's wrapping (:mod:`ampkit.distributed._strategy`), and the optimizer step
+(:class:`~ampkit.training._optimizer_step.OptimizerStep`), which owns the scaler, the masters, the compiled steps,
+the kernel guards, clipping and the collapse watch, and takes each window's step (no host-device sync beyond the
+one that decides whether to skip). Tools join through step hooks (:mod:`~ampkit.training._hooks`). The engine's
+settings and parts are read-only: assigning one raises an AttributeError naming what to do
+(:mod:`~ampkit.training._read_only`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from ..distributed._strategy import Strategy, resolve_strategy
+from ..policy import Policy, get_policy
+from ..scaling import ScalerConfig, StepScaler
+from ._compile import compile_plan
+from ._engine_args import build_sampler, build_scaler, check_accumulate, step_settings
+from ._engine_setup import Run, set_up
+from ._engine_state import engine_state
+from ._engine_view import EngineView
+from ._fused_master_step import check_fused_step_spec
+from ._hooks import AnyHook, Hooks
+from ._micro_batching import MicroBatcher
+from ._misuse import DirectStepGuard, check_window_backward
+from ._optimizer_step import OptimizerStep
+from ._step_state import StepState
+
+if TYPE_CHECKING:
+    from ..numerics._sampler import NumericsSampler
+
+__all__ = ["Engine"]
+
+log = logging.getLogger("ampkit")
+
+
+class Engine(EngineView):
+    """Runs the precision-sensitive parts of a training step and leaves the loop to the user.
+
+    Args:
+        precision: a policy name or alias (``"bf16-mixed"``, ``"fp16"``, ``"O2"``) or a Policy.
+        accumulate: micro-batches per optimizer step; the loss is divided accordingly.
+        clip_grad_norm: clip the unscaled (master, where they exist) gradients to this total norm.
+        clip_grad_value: clamp unscaled gradients to this absolute value (exclusive with clip_grad_norm).
+        scaler: loss scaling; default: the policy's (dynamic for fp16, none otherwise); ``"dynamic"``, ``"none"``, a
+            float (static), a ScalerConfig, or a scaler of your own with the members of :class:`~ampkit.scaling.StepScaler`.
+        skip_nonfinite: skip steps whose gradients hold inf/NaN; default: on when the loss is scaled.
+        keep_fp32: module names or types that run in fp32, added to the policy's.
+        micro_batch_rows: most samples :meth:`train_step` feeds through the model at once (default: the whole batch);
+            learnt after an out-of-memory error and saved in checkpoints.
+        on_oom: ``"split"`` (default): :meth:`train_step` splits a batch that runs out of memory; ``"raise"``.
+        strategy: under torchrun, ``"ddp"`` or ``"fsdp"`` (or :class:`ampkit.distributed.DDP` / ``FSDP`` with
+            options): setup() wraps or shards the model, and skipping, clipping, accumulation and checkpoints
+            work across ranks (see :mod:`ampkit.distributed._strategy`). Default: none, or what a model wrapped
+            by the user implies.
+        numerics: sample how gradients and activations fit fp16 every N optimizer steps (an int N, or a
+            :class:`ampkit.numerics._sampler.NumericsSampler`): logged, kept as ``engine.numerics.last``; one
+            host-device sync per sample and nothing on the other steps. Default: off. (A step hook: the same
+            as passing the sampler in ``hooks``.)
+        hooks: step hooks (see :mod:`ampkit.training._hooks`): tools called around backward and the optimizer
+            step, such as a :class:`~ampkit.memory._tracker.MemoryTracker`. More with :meth:`add_hook`.
+        compile: ``True`` compiles the model with torch.compile at setup (after the policy and the strategy are
+            applied), ``"regional"`` each repeated block, a dict passes options to torch.compile (see
+            :mod:`ampkit.training._compile`). In place: checkpoint keys stay plain. A model the user compiled
+            before setup is recognised: the engine trains the module inside it and compiles that in place.
+            Default: off.
+        fused_step: master-weight policies: the unscale, inf check, clipping, fp32 update and 16-bit
+            copy-back as one compiled region (see :mod:`ampkit.training._fused_master_step`). Default: on when
+            ``compile`` is, where the optimizer allows; ``True`` (or a dict of torch.compile options) insists,
+            ``False`` keeps the unfused step. A region that fails to compile is never fatal: the run goes on
+            unfused after one warning (``engine.fused_step.failure`` says why). ``bf16-true-sr``: torchao's
+            update of every parameter as one compiled region instead of one compiled call per parameter (see
+            :mod:`ampkit.training._fused_library_step`). Default: on; ``False`` keeps torchao's own step.
+
+    >>> model = nn.Linear(4, 1); opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    >>> engine = Engine(precision="bf16-mixed", accumulate=2)
+    >>> model, opt = engine.setup(model, opt)
+    >>> for _ in range(2):
+    ...     with engine.autocast():
+    ...         loss = model(torch.ones(3, 4)).float().pow(2).mean()
+    ...     engine.backward(loss)
+    ...     stepped = engine.step()
+    >>> stepped, engine.steps
+    (True, 1)
+    """
+
+    def __init__(
+        self,
+        precision: str | int | Policy = "32-true",
+        *,
+        accumulate: int = 1,
+        clip_grad_norm: float | None = None,
+        clip_grad_value: float | None = None,
+        scaler: StepScaler | ScalerConfig | str | float | None = None,
+        skip_nonfinite: bool | None = None,
+        keep_fp32: Sequence[str | type[nn.Module]] = (),
+        micro_batch_rows: int | None = None,
+        on_oom: str = "split",
+        strategy: str | Strategy | None = None,
+        numerics: NumericsSampler | int | None = None,
+        hooks: Sequence[AnyHook] = (),
+        compile: bool | str | dict[str, Any] | None = None,
+        fused_step: bool | dict[str, Any] | None = None,
+    ) -> None:
+        self._policy = get_policy(precision, keep_fp32=keep_fp32)
+        self._requested = resolve_strategy(strategy)
+        self._accumulate = check_accumulate(accumulate)
+        self._batcher = MicroBatcher(micro_batch_rows, on_oom)
+        built = build_scaler(scaler, self._policy)
+        self._settings = step_settings(clip_grad_norm, clip_grad_value, skip_nonfinite, scaled=built is not None)
+        self._numerics = build_sampler(numerics)
+        self._hooks = Hooks(([self._numerics] if self._numerics is not None else []) + list(hooks))
+        self._compile_plan = compile_plan(compile)
+        check_fused_step_spec(fused_step)
+        self._fused_spec = fused_step
+        self._warned_epoch_length = False  # a declared epoch cut short is named once per run
+        # Accumulation position, step count and the last step's outcome; a checkpoint saves the counters through it.
+        self._state = StepState()
+        # Before setup: no model, and a step that holds the scaler until setup() builds the real one.
+        self._run = Run(OptimizerStep(settings=self._settings, scaler=built, state=self._state), strategy=self._requested)
+
+    # ------------------------------------------------------------------------------------------ setup
+    def setup(self, models: nn.Module | Sequence[nn.Module], *optimizers: torch.optim.Optimizer, schedulers: Any = None) -> Any:
+        """Apply the policy to the model(s) and adopt the optimizers (and LR schedulers, stepped only on real steps).
+
+        Build the optimizers on the fp32 model and pass them here; for master-weight policies the optimizers'
+        parameters are swapped for fp32 masters. Returns ``(model, *optimizers)``, or the model alone.
+        """
+        if self._run.models:
+            raise RuntimeError("Engine.setup() was already called; create one Engine per training run.")
+        self._run, opts = set_up(
+            models, optimizers, policy=self._policy, settings=self._settings, scaler=self._run.step.scaler,
+            strategy=self._requested, plan=self._compile_plan, fused_spec=self._fused_spec, schedulers=schedulers,
+            state=self._state, hooks=self._hooks, owner=self,
+        )
+        guard = DirectStepGuard(self)  # an optimizer.step() of the user's own on the engine's gradients is refused
+        for opt in opts:
+            opt.register_step_pre_hook(guard)
+        out_model = self._run.wrappers[0] if isinstance(models, nn.Module) else list(self._run.wrappers)
+        return (out_model, *opts) if opts else out_model
+
+    # ------------------------------------------------------------------------------------------ loop
+    def autocast(self) -> AbstractContextManager[Any]:
+        """The context for the forward pass and the loss (autocast for mixed policies, a no-op otherwise).
+
+        Under DDP it also runs the forward of a micro-batch that does not end its accumulation window under
+        ``no_sync``, since DDP decides during the forward whether the coming backward all-reduces.
+        """
+        run = self._run
+        forward: AbstractContextManager[Any] = self._policy.forward_context(run.device.type)
+        if run.parallel.has_forward_context:
+            spread = run.parallel.forward_context(run.wrappers, self.is_boundary)
+            if spread is not None:
+                spread.enter_context(forward)  # type: ignore[attr-defined]
+                forward = spread
+        return self._hooks.wrap_forward(self, forward) if self._hooks.active else forward
+
+    def start_epoch(self, num_micro_batches: int | None = None) -> None:
+        """Declare the micro-batches of the coming epoch, so its last window may be short (``len(loader)``).
+
+        Without it, windows of exactly ``accumulate`` micro-batches run across epochs. It comes at a window
+        boundary: gradients still pending are refused with the fix, not carried into the new epoch. Right after
+        :meth:`load` of a checkpoint saved inside a declared epoch, the call that starts that epoch again continues
+        it where the checkpoint stopped, so a resumed loop that skips the batches trained before (the README's
+        recipe) takes the uninterrupted run's windows.
+
+        >>> model = nn.Linear(2, 1); engine = Engine(accumulate=3)
+        >>> model, opt = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        >>> engine.start_epoch(5)
+        >>> for _ in range(5):
+        ...     engine.backward(model(torch.ones(1, 2)).sum()); _ = engine.step()
+        >>> engine.steps, engine.micro_batches_pending  # windows of 3 and 2
+        (2, 0)
+        """
+        warning = self._state.start_epoch(num_micro_batches, self._accumulate)
+        if warning is not None and not self._warned_epoch_length:
+            self._warned_epoch_length = True
+            log.warning("%s", warning)
+
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """Backward of ``loss`` divided by the window size and multiplied by the loss scale.
+
+        Call it once or several times (several losses) per micro-batch; ``kwargs`` go to ``Tensor.backward``.
+        """
+        self._require_setup("backward")
+        if not isinstance(loss, torch.Tensor):
+            raise TypeError(f"backward() takes the loss tensor, got {type(loss).__name__}.")
+        run, hooks = self._run, self._hooks
+        size, boundary = self._state.window(self._accumulate)
+        if hooks.active:
+            hooks.run("before_backward", self, loss)
+        run.parallel.before_backward(run.models, boundary)
+        if size > 1:
+            loss = loss / size
+        with self._policy.backward_context(run.device.type):
+            run.step.scale_loss(loss).backward(**kwargs)
+        self._state.note_backward()  # gradients of the engine's making: an optimizer.step() of the user's own is refused
+        if hooks.active:
+            hooks.run("after_backward", self)
+
+    def train_step(self, loss_fn: Callable[[Any], torch.Tensor], batch: Any, *optimizers: torch.optim.Optimizer, reduction: str = "mean") -> torch.Tensor:
+        """Forward (under :meth:`autocast`), backward and :meth:`step` of ``batch``; split into smaller passes on OOM.
+
+        ``loss_fn(rows)`` returns the scalar loss of the rows it is given (a slice of every tensor in ``batch``
+        along its first dimension). On an out-of-memory error the engine frees the attempt, halves the rows per
+        pass (kept as ``micro_batch_rows`` for later steps) and goes on where it failed; every sample counts
+        once, each pass weighted by its share of rows, so the gradients are the unsplit step's. Returns the
+        batch's loss (detached, on the device: no sync). See :mod:`ampkit.training._micro_batching` for the limits.
+
+        >>> model = nn.Linear(4, 1); opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> engine = Engine(micro_batch_rows=2); model, opt = engine.setup(model, opt)
+        >>> x, y = torch.ones(5, 4), torch.zeros(5, 1)
+        >>> loss = engine.train_step(lambda b: nn.functional.mse_loss(model(b[0]), b[1]), (x, y))  # 3 passes: 2, 2, 1 rows
+        >>> engine.steps
+        1
+        """
+        self._require_setup("train_step")
+        return self._batcher.train_step(self, loss_fn, batch, optimizers, reduction)
+
+    def grad(self, outputs: torch.Tensor, inputs: Sequence[torch.Tensor], create_graph: bool = True) -> tuple[torch.Tensor, ...]:
+        """Unscaled gradients of ``outputs`` w.r.t. ``inputs`` for gradient penalties (double backward).
+
+        The gradients are computed on the scaled loss, so they do not underflow in fp16, then divided by the
+        scale; an overflow shows up as inf in the penalty and the step is skipped. No sync.
+        """
+        self._require_setup("grad")
+        step = self._run.step
+        with self._policy.backward_context(self._run.device.type):
+            grads = torch.autograd.grad(step.scale_loss(outputs), list(inputs), create_graph=create_graph)
+        return step.unscaled(grads)
+
+    def step(self, *optimizers: torch.optim.Optimizer) -> bool:
+        """End a micro-batch; at the window's end, unscale, clip, step (or skip) and zero the gradients.
+
+        Steps the given optimizers (default: all from setup) and updates the loss scale once. Returns True
+        when this call ended a window; whether that step was skipped for overflow is ``step_was_skipped``.
+        Each call ends one micro-batch: to update several optimizers together, pass them in one call (the
+        default); separate calls (a GAN's discriminator, then its generator) each count as a micro-batch.
+
+        ``clip_grad_norm`` clips by the total norm over every optimizer stepped in the call (a model split over
+        two optimizers is clipped as one); since that norm is inf when any gradient is, an overflow then skips
+        every optimizer of the call. Without clipping by norm, each optimizer skips on its own overflow only,
+        as with ``GradScaler``.
+        """
+        self._require_setup("step")
+        step, state = self._run.step, self._state
+        opts = step.stepping(optimizers)
+        size, boundary = state.window(self._accumulate)
+        if boundary and not state.backwards:
+            check_window_backward(self, size)  # no engine.backward() in the window: refused where it trains wrong
+        if not state.end_micro_batch(boundary):
+            return False
+        step.step(opts)
+        return True
+
+    def add_hook(self, hook: AnyHook) -> None:
+        """Join a step hook (see :mod:`ampkit.training._hooks`) to this engine's steps from now on."""
+        self._hooks.add(hook)
+
+    # ------------------------------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """Engine state for exact resume: policy, counters, scaler, masters, pending gradients."""
+        return engine_state(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (after setup, with the same policy)."""
+        from ..checkpoint import load_engine_state
+
+        load_engine_state(self, state)
+
+    def save(self, path: Any, extra: dict[str, Any] | None = None) -> None:
+        """Write models, optimizers, schedulers, engine state and RNG atomically to ``path``."""
+        from ..checkpoint import save_training_state
+
+        save_training_state(self, path, extra)
+
+    def load(self, path: Any) -> dict[str, Any] | None:
+        """Restore everything :meth:`save` wrote; returns its ``extra``. Nothing changes if the file is bad."""
+        from ..checkpoint import load_training_state
+
+        return load_training_state(self, path)

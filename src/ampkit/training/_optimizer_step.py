@@ -1,0 +1,350 @@
+"""The optimizer step as a component: built at setup, it owns what one step at a window's end is made of.
+
+:class:`OptimizerStep` holds the loss scaler, the fp32 master weights, the compiled steps (the master-weight region
+and the library region), the stochastic rounding's stream, the kernel guards, the clipping settings and the
+collapse watch; nothing else writes them. :meth:`ampkit.training._engine.Engine.step` calls :meth:`OptimizerStep.step`
+at each window's end, which unscales, checks, clips, steps or skips, updates the scale and returns a
+:class:`StepOutcome`; a checkpoint takes the component's state through :meth:`OptimizerStep.state_dict` (the
+scaler's, the masters', the stream's, under the keys checkpoints have always used).
+
+Per step this adds no host-device sync beyond the one that decides whether to skip (none at all with a fused
+optimizer and no engine-managed scheduler: the overflow flag reaches the host through a copy that is read once it
+has landed, see :mod:`~ampkit.training._step_state`), and no per-tensor kernel loop: unscaling, master-gradient
+copies and clipping are single foreach launches. Under ``16-mixed`` with a fused optimizer and clipping, the step
+dispatches three ops fewer than torch's ``GradScaler`` loop (unscale_, clip_grad_norm_, step, update) for the same
+work, and six more for what that loop lacks: the scale's clamp to its floor and ceiling, four for the collapse
+counters and the flag's copy to the host (``tests/unit/training/test_optimizer_step.py`` counts them).
+
+    >>> from torch import nn
+    >>> from ampkit.scaling import StaticLossScaler
+    >>> model = nn.Linear(2, 1); opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    >>> step = OptimizerStep([opt], settings=StepSettings(skip_nonfinite=True), scaler=StaticLossScaler(4.0))
+    >>> step.scale_loss(model(torch.ones(1, 2)).sum()).backward()
+    >>> step.step([opt])
+    StepOutcome(skipped=False, fused=False)
+    >>> model.weight.grad is None  # the step zeroes what it took
+    True
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .._compat import step_supports_amp_scaling
+from .._errors import LossScaleCollapseError
+from ..distributed._agreement import any_rank
+from ..policy._masters import MasterWeights
+from ..scaling._kernels import grads_of, unscale_grads_
+from ..scaling._protocol import StepScaler
+from ._clipping import clip_grad_norm, clip_grad_value
+from ._collapse import CollapseWatch
+from ._fused_library_step import FusedLibraryStep
+from ._fused_master_step import FusedMasterStep
+from ._fused_step_compile import FusedStepFailed
+from ._hooks import HookPoint, Hooks
+from ._kernel_guards import first_step_pending, guard_optimizer
+from ._rounding_stream import RoundingStream
+from ._step_state import StepState
+
+__all__ = ["OptimizerStep", "StepOutcome", "StepSettings"]
+
+log = logging.getLogger("ampkit")
+
+
+@dataclass(frozen=True, slots=True)
+class StepSettings:
+    """What the step does besides stepping, fixed when the engine is built (``Engine(clip_grad_norm=...)``)."""
+
+    clip_grad_norm: float | None = None
+    """Clip the unscaled gradients to this total norm."""
+    clip_grad_value: float | None = None
+    """Clamp the unscaled gradients to this absolute value."""
+    skip_nonfinite: bool = False
+    """Check the gradients for inf/NaN and skip the step that has any."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutcome:
+    """What one optimizer step did, as far as the host knows without waiting for the device.
+
+    >>> StepOutcome(skipped=None, fused=True)  # a fused optimizer's flag still on its way to the host
+    StepOutcome(skipped=None, fused=True)
+    """
+
+    skipped: bool | None
+    """True: the gradients were not finite and nothing was updated; None: not known yet on the host (the flag is on
+    its way; ``Engine.step_was_skipped`` waits for it)."""
+    fused: bool
+    """The compiled master-weight region took the step (see :mod:`~ampkit.training._fused_master_step`)."""
+    found: torch.Tensor | None = field(default=None, repr=False)
+    """The step's overflow flag on the device (> 0: skipped); None where gradients are not checked."""
+    norm: torch.Tensor | None = field(default=None, repr=False)
+    """The total gradient norm before clipping, on the device (with ``clip_grad_norm``)."""
+
+
+class OptimizerStep:
+    """Steps (or skips) the optimizers at a window's end; owns the parts a step is made of (see the module docstring).
+
+    Args:
+        optimizers: the optimizers it may step; their kernel guards are applied here, once.
+        schedulers: LR schedulers stepped after each real (not skipped) step of their optimizer.
+        settings: clipping and skipping.
+        scaler: the loss scaler (moved to ``device`` here), or None.
+        masters: fp32 master weights the optimizers step in place of the 16-bit model, or None.
+        fused: the compiled master-weight region, or None; ``library``: the compiled library step, or None.
+        rounding: the stochastic rounding's stream, or None.
+        state: where the outcome is recorded (the engine's :class:`~ampkit.training._step_state.StepState`).
+        device: the training device; ``names``: parameter names by ``id`` (collapse messages name them).
+        reduce_found_flags: combine the ranks' overflow flags before deciding (FSDP, or no DDP).
+        hooks, owner: the step hooks, called with ``owner`` (the engine) before and after the step.
+        policy_name: named in a collapse message.
+    """
+
+    def __init__(
+        self,
+        optimizers: Sequence[torch.optim.Optimizer] = (),
+        schedulers: Sequence[Any] = (),
+        *,
+        settings: StepSettings = StepSettings(),
+        scaler: StepScaler | None = None,
+        masters: MasterWeights | None = None,
+        fused: FusedMasterStep | None = None,
+        library: FusedLibraryStep | None = None,
+        rounding: RoundingStream | None = None,
+        state: StepState | None = None,
+        device: torch.device | None = None,
+        names: dict[int, str] | None = None,
+        reduce_found_flags: bool = False,
+        hooks: Hooks | None = None,
+        owner: Any = None,
+        policy_name: str = "",
+    ) -> None:
+        if scaler is not None and not settings.skip_nonfinite:
+            raise ValueError("A scaled loss must skip steps whose gradients overflowed; drop skip_nonfinite=False or pass scaler='none'.")
+        self.optimizers = list(optimizers)
+        self.schedulers = list(schedulers)
+        self.settings = settings
+        device = device if device is not None else torch.device("cpu")
+        self.scaler = scaler.to(device) if scaler is not None else None
+        self.masters, self.fused, self.library, self.rounding = masters, fused, library, rounding
+        self.collapse = CollapseWatch()
+        self.reduce_found_flags = reduce_found_flags
+        self.device = device
+        self._state = state if state is not None else StepState()
+        self._names = dict(names or {})
+        self._hooks, self._owner, self._policy_name = hooks, owner, policy_name
+        for opt in self.optimizers:
+            guard_optimizer(opt)  # known torch kernel defects, once the parameters' dtypes and devices are final
+
+    # ------------------------------------------------------------------------------------------ the loss side
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """``loss`` times the loss scale (``loss`` itself without scaling). No sync."""
+        return self.scaler.scale(loss) if self.scaler is not None else loss
+
+    def unscaled(self, grads: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """Gradients of a scaled output (``Engine.grad``) divided by the scale. No sync."""
+        if self.scaler is None:
+            return tuple(grads)
+        return tuple(torch._foreach_mul(list(grads), self.scaler.inv_scale()))
+
+    def stepping(self, optimizers: Sequence[torch.optim.Optimizer]) -> list[torch.optim.Optimizer]:
+        """The optimizers a step call names (all of them by default); refuses one this step was not built with."""
+        if not optimizers:
+            return self.optimizers
+        unknown = [type(o).__name__ for o in optimizers if not any(o is s for s in self.optimizers)]
+        if unknown:
+            raise ValueError(f"Optimizer(s) {unknown} were not passed to engine.setup(); pass them there first.")
+        return list(optimizers)
+
+    # ------------------------------------------------------------------------------------------ the step
+    def step(self, opts: Sequence[torch.optim.Optimizer]) -> StepOutcome:
+        """Step (or skip) ``opts`` with the gradients of the window that has just ended, and zero those gradients.
+
+        Raises :class:`~ampkit._errors.LossScaleCollapseError` once the step is complete, when the scale has
+        collapsed and the scaler says to raise.
+        """
+        state, scaler, settings = self._state, self.scaler, self.settings
+        if state.deferred is not None:
+            # Whatever earlier flags have landed, read without waiting; the oldest waited for only when the host runs
+            # so far ahead that every slot is taken.
+            self.resolve(wait=1 if state.ring_full else 0)
+        # A collapse learnt late is diagnosed on the gradients at hand, before they are unscaled or zeroed, and
+        # reported once this step is complete.
+        late_collapse = self.diagnose_collapse() if state.diagnose_late else None
+        state.diagnose_late = False
+        self._run_hooks("before_optimizer_step")  # the 16-bit gradients as the backward left them
+        fused = self.fused
+        if fused is not None and fused.ready(opts):
+            inv_scale = scaler.inv_scale() if scaler is not None else None
+            try:
+                found, state.norm = fused.step(opts, inv_scale, settings.clip_grad_norm, settings.clip_grad_value, settings.skip_nonfinite)
+            except FusedStepFailed as failed:
+                # Nothing of the step was taken: take it unfused. Should that fail too, the error is the training's own
+                # (a state of the wrong shape, say, which tracing reports wrapped) and propagates, the region left on.
+                try:
+                    outcome = self._unfused(opts, late_collapse)
+                except LossScaleCollapseError:
+                    fused.turn_off(failed)  # raised once the step is complete: the unfused step did succeed
+                    raise
+                fused.turn_off(failed)
+                return outcome
+            # The region skipped what overflowed without asking the host; only schedulers need the answer now.
+            host_found = _read_flags(found) if self.schedulers else None
+            return self._finish(opts, found, host_found, late_collapse, fused=True)
+        return self._unfused(opts, late_collapse)
+
+    def _unfused(self, opts: Sequence[torch.optim.Optimizer], late_collapse: str | None) -> StepOutcome:
+        """The step as separate foreach passes: gradients to the masters, unscale and check, clip, step or skip."""
+        state, scaler, settings, dev = self._state, self.scaler, self.settings, self.device
+        if self.masters is not None:
+            self.masters.copy_grads_to_masters()
+        params = [[p for g in o.param_groups for p in g["params"]] for o in opts]
+        found = [torch.zeros((), dtype=torch.float32, device=dev) for _ in opts] if settings.skip_nonfinite else []
+        # A fused SGD with momentum must not see found_inf before its first real step (see kernel_guards).
+        fused = [scaler is not None and step_supports_amp_scaling(o) and not first_step_pending(o) for o in opts]
+        clipping = settings.clip_grad_norm is not None or settings.clip_grad_value is not None
+        unscaled = scaler is not None and (clipping or not all(fused))
+        if settings.skip_nonfinite:
+            for i, ps in enumerate(params):
+                grads = grads_of(ps)
+                if scaler is None:
+                    unscale_grads_(grads, torch.ones((), device=dev), found[i])  # check only
+                elif unscaled:
+                    scaler.unscale_(grads, found[i])
+                else:
+                    scaler.check_(grads, found[i])  # a fused optimizer unscales inside its own kernel
+            if self.reduce_found_flags:
+                found = any_rank(found)  # one all-reduce for all optimizers; no host sync
+        state.norm = None
+        if settings.clip_grad_norm is not None:
+            # One total norm over everything stepped together, as clip_grad_norm_(model.parameters()) would.
+            state.norm = clip_grad_norm([p for ps in params for p in ps], settings.clip_grad_norm)
+            if len(found) > 1:
+                # That norm is inf if any gradient is, and it has just scaled every gradient: one overflow poisons
+                # the whole update, so every optimizer of the call skips.
+                found = [torch.stack(found).amax()] * len(found)
+        elif settings.clip_grad_value is not None:
+            clip_grad_value([p for ps in params for p in ps], settings.clip_grad_value)
+
+        # The one sync: a non-fused optimizer (or a scheduler) has to know on the host whether to step. Fused
+        # optimizers skip on the device, and the flag is sent to the host to be read once it lands (see
+        # StepState.record_outcome), keeping the step free of syncs: on the CPU too, so that the ops counted there
+        # are an accelerator's.
+        host_found = _read_flags(found) if not all(fused) or self.schedulers else None
+        for i, opt in enumerate(opts):
+            if fused[i]:
+                assert scaler is not None  # fused[i] says so
+                opt.grad_scale = None if unscaled else scaler.scale_tensor  # type: ignore[attr-defined]
+                opt.found_inf = found[i]  # type: ignore[attr-defined]
+                try:
+                    opt.step()
+                finally:
+                    del opt.grad_scale, opt.found_inf  # type: ignore[attr-defined]
+            elif host_found is None or not host_found[i]:
+                # bf16-true-sr rounds with the run's own stream, the same on every replica (see rounding_stream).
+                with self.rounding.drawing(opt) if self.rounding is not None else contextlib.nullcontext():
+                    if self.library is not None:
+                        self.library.step(opt)  # bf16-true-sr: torchao's update of every parameter as one compiled region
+                    else:
+                        opt.step()
+        return self._finish(opts, found, host_found, late_collapse, fused=False)
+
+    def _finish(
+        self, opts: Sequence[torch.optim.Optimizer], found: list[torch.Tensor], host_found: list[bool] | None, late_collapse: str | None, *, fused: bool
+    ) -> StepOutcome:
+        """After the update: the loss scale, the outcome (``host_found``: the flags read already, or None to defer),
+        the 16-bit copy-back (the fused region made it), schedulers, zeroed gradients, hooks."""
+        state, scaler = self._state, self.scaler
+        any_found = None if not found else found[0] if len(found) == 1 else torch.stack(found).amax()
+        if scaler is not None and any_found is not None:  # a scaler comes with the checks (see __init__)
+            scaler.update(any_found)
+        if host_found is not None and state.deferred is not None:
+            self.resolve()  # the read above drained the device's queue: these flags have landed, nothing waits
+        state.record_outcome(any_found, host_found)
+        if state.deferred is not None and reads_are_free(self.device):
+            state.poll()  # a CPU "device" is the host: the copy is done, and the outcome is known at once
+        if state.found_host:
+            log.debug("step %d skipped: non-finite gradients", state.steps)
+        # Diagnose while the offending gradients still exist, but finish the step before raising, so a caller that
+        # catches the error holds a consistent model, optimizer and gradient state.
+        collapse = self.diagnose_collapse() if state.found_host else None
+        if self.masters is not None and not fused:
+            self.masters.copy_masters_to_model()
+        for s in self.schedulers:
+            if not state.found_host and any(s.optimizer is o for o in opts):
+                s.step()
+        for opt in opts:
+            opt.zero_grad(set_to_none=True)
+        if self.masters is not None:
+            # Only the 16-bit gradients of what was stepped: another optimizer's pending gradients must survive.
+            self.masters.zero_model_grads({id(p) for o in opts for g in o.param_groups for p in g["params"]})
+        message = collapse or late_collapse
+        if message is None and state.found_host is False:
+            self.collapse.clean_step()  # a clean step ends the episode; warn again on the next one
+        self._run_hooks("after_optimizer_step")
+        if message is not None:
+            self.collapse.report(message, raise_error=scaler is None or scaler.on_collapse == "raise")
+        return StepOutcome(skipped=state.found_host, fused=fused, found=any_found, norm=state.norm)
+
+    def _run_hooks(self, point: HookPoint) -> None:
+        if self._hooks is not None and self._hooks.active:
+            self._hooks.run(point, self._owner)
+
+    # ------------------------------------------------------------------------------------------ outcomes
+    def resolve(self, wait: int | None = None) -> None:
+        """Read the outcomes of earlier (fused, unsynced) steps still on their way, waiting for the oldest ``wait`` of
+        them (default: all, which syncs; 0 never waits). A skip among them is diagnosed at the next optimizer step
+        (``diagnose_late``); a clean one ends a collapse episode."""
+        state = self._state
+        if state.deferred is None:
+            return
+        outcomes = state.poll(wait)
+        if any(outcomes):
+            state.diagnose_late = True
+        if not all(outcomes):
+            self.collapse.clean_step()
+
+    def diagnose_collapse(self) -> str | None:
+        """The message for a collapsed loss scale, naming the parameters whose gradients are not finite; else None."""
+        named = [(self._names.get(id(p), "?"), p) for o in self.optimizers for g in o.param_groups for p in g["params"]]
+        return self.collapse.diagnose(self.scaler, named, self._policy_name)
+
+    # ------------------------------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """The state a checkpoint keeps of the step: the scaler's, the masters' and the rounding stream's (None where
+        there is none), and the skipped steps (which waits for the outcomes still on their way)."""
+        self.resolve()
+        return {
+            "skipped_steps": self._state.skipped,
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "masters": self.masters.state_dict() if self.masters is not None else None,
+            "rounding": self.rounding.state_dict() if self.rounding is not None else None,  # bf16-true-sr's stream
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Put back :meth:`state_dict` (validated by the caller; the skipped count goes with the counters). A
+        checkpoint without a ``"rounding"`` entry (written before there was one) leaves the stream as it is."""
+        if self.scaler is not None:
+            self.scaler.load_state_dict(state["scaler"])
+        if self.masters is not None:
+            self.masters.load_state_dict(state["masters"])
+        if self.rounding is not None and state.get("rounding") is not None:
+            self.rounding.load_state_dict(state["rounding"])
+
+
+def reads_are_free(device: torch.device) -> bool:
+    """On the CPU the "device" is the host: reading a flag costs no sync, so a step's outcome is known at once."""
+    return device.type == "cpu"
+
+
+def _read_flags(found: list[torch.Tensor]) -> list[bool] | None:
+    """Each optimizer's overflow flag on the host (the one sync); None without flags."""
+    if not found:
+        return None
+    return [bool(found[0].item())] if len(found) == 1 else [bool(v) for v in torch.stack(found).tolist()]
