@@ -23,7 +23,7 @@ from torch import nn
 
 import ampkit
 from ampkit.distributed import init_distributed, shutdown
-from ampkit.fileio._checkpoint_files import save_checkpoint
+from ampkit.fileio import save_checkpoint
 
 log = logging.getLogger("ampkit")
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ampkit._moved import _CLASHES, MOVED, OLD_PATHS, REMOVED_IN, UNDERSCORED, advice
+from ampkit._moved import _CLASHES, OLD_PATHS, REMOVED_IN, UNDERSCORED, advice
 
 
 @contextmanager

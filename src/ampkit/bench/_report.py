@@ -20,7 +20,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..memory._fp8_layers import Fp8Plan
 from .._report.markdown import (
     code_block,
     markdown_table,
@@ -29,6 +28,7 @@ from .._report.markdown import (
     table_cell,
     write_markdown,
 )
+from ..memory._fp8_layers import Fp8Plan
 from ._format import MISSING, fmt_bytes
 from ._fp8_table import fp8_markdown
 from ._plots import MEMORY_PARTS

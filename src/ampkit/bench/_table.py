@@ -26,8 +26,8 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from ..memory._fp8_layers import Fp8Plan
 from .._report.tables import TableRows, column_widths, table_width
+from ..memory._fp8_layers import Fp8Plan
 from ._format import (
     MISSING,
     fmt_bytes,

@@ -27,6 +27,7 @@ import torch.distributed as dist
 from rich.console import Console
 
 from .._errors import AmpkitError, one_line
+from .._report.out_dir import write_out
 from .._util.values import clip_from
 from ..bench._defaults import default_precisions, resolve_precisions
 from ..bench._progress import NullReporter, PlainReporter, Reporter, RichReporter
@@ -37,7 +38,6 @@ from ..distributed._environment import init_distributed, launched_by_torchrun, s
 from ..distributed._launch import relaunch, report_exit_code, strip_option
 from ..distributed._rank_logging import rank
 from ..policy import Policy
-from .._report.out_dir import write_out
 from ..workloads import Workload
 from ._checks import writable_dir
 from ._console import stdout_console

@@ -21,9 +21,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from .._report.tables import TableRows
 from .._util.units import MISSING, fmt_share
 from ..policy._fp8_matmuls import CONV1D, conv1d_note
-from .._report.tables import TableRows
 from ._cells import fmt_error, module_label
 
 __all__ = ["FP8_TOP", "headroom_rows", "headroom_summary", "render_headroom"]

@@ -20,7 +20,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .._util.units import MISSING, fmt_float
 from .._report.markdown import (
     code_block,
     markdown_table,
@@ -28,6 +27,7 @@ from .._report.markdown import (
     plot_section,
     write_markdown,
 )
+from .._util.units import MISSING, fmt_float
 from ._formats import FP16
 from ._fp8_table import headroom_rows, headroom_summary
 from ._table import (

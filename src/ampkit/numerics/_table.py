@@ -25,8 +25,8 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
-from .._util.units import MISSING, fmt_float, fmt_share, is_missing
 from .._report.tables import TableRows, column_widths, table_width
+from .._util.units import MISSING, fmt_float, fmt_share, is_missing
 from ._cells import fmt_cosine, fmt_error, module_label
 from ._engine_code import engine_code
 from ._formats import FP16

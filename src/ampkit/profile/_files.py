@@ -16,8 +16,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..fileio._atomic import write_text_atomic
 from .._report.out_dir import write_out
+from ..fileio._atomic import write_text_atomic
 
 __all__ = ["save_profile", "show_profile"]
 

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._util.units import fmt_ratio, fmt_seconds, is_missing
 from .._report.figures import new_figure, no_data, save_png
+from .._util.units import fmt_ratio, fmt_seconds, is_missing
 from ._table import phase_order
 
 if TYPE_CHECKING:

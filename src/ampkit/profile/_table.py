@@ -26,6 +26,7 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
+from .._report.tables import TableRows
 from .._util.units import (
     MISSING,
     fmt_float,
@@ -34,7 +35,6 @@ from .._util.units import (
     fmt_share,
     is_missing,
 )
-from .._report.tables import TableRows
 
 __all__ = [
     "PHASE_MEANINGS",

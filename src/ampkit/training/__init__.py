@@ -1,8 +1,52 @@
 """The training layer: the engine and what one optimizer step is made of.
 
-It sits on policy, scaling and the distributed strategies, and below checkpoints and every tool. The modules:
-:mod:`~ampkit.training._engine` (the user-facing loop API), :mod:`~ampkit.training._step_state` (its counters and
-the last step's outcome), :mod:`~ampkit.training._optimizer_step` (the step component), :mod:`~ampkit.training._clipping`,
-:mod:`~ampkit.training._kernel_guards` (known torch kernel defects) and :mod:`~ampkit.training._micro_batching`
-(splitting a batch that runs out of memory). Importing this package imports none of them.
+It sits on policy, scaling and the distributed strategies, and below checkpoints and every tool. Its public names:
+the :class:`Engine` (the loop API, also ``ampkit.Engine``) and what it lets users read (:class:`EngineView`), the
+optimizer step component it delegates to (:class:`OptimizerStep`, built from :class:`StepSettings`, returning a
+:class:`StepOutcome` each step), the run's counters (:class:`StepState`), the step-hook protocol (:class:`StepHook`,
+:class:`Hooks`, :data:`HookPoint`), what ``compile=`` asks for (:class:`CompilePlan`), the gradient clipping the step
+applies (:func:`clip_grad_norm`, :func:`clip_grad_value`) and the torch kernel defects it guards against
+(:class:`KernelDefect`, :data:`KNOWN_DEFECTS`). The modules behind them are internal (``_engine.py``, ...).
+Importing this package imports none of them: each name loads on first use.
+
+    >>> from ampkit.training import Engine, StepOutcome
+    >>> Engine("bf16-mixed").policy.name
+    'bf16-mixed'
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .._util.lazy import lazy_names
+
+if TYPE_CHECKING:
+    from ._clipping import clip_grad_norm, clip_grad_value
+    from ._compile import CompilePlan
+    from ._engine import Engine
+    from ._engine_view import EngineView
+    from ._hooks import HookPoint, Hooks, StepHook
+    from ._kernel_guards import KNOWN_DEFECTS, KernelDefect
+    from ._optimizer_step import OptimizerStep, StepOutcome, StepSettings
+    from ._step_state import StepState
+
+_NAMES = {
+    "Engine": "_engine",
+    "EngineView": "_engine_view",
+    "OptimizerStep": "_optimizer_step",
+    "StepOutcome": "_optimizer_step",
+    "StepSettings": "_optimizer_step",
+    "StepState": "_step_state",
+    "StepHook": "_hooks",
+    "Hooks": "_hooks",
+    "HookPoint": "_hooks",
+    "CompilePlan": "_compile",
+    "clip_grad_norm": "_clipping",
+    "clip_grad_value": "_clipping",
+    "KernelDefect": "_kernel_guards",
+    "KNOWN_DEFECTS": "_kernel_guards",
+}
+
+__all__ = list(_NAMES)
+
+__getattr__, __dir__ = lazy_names(__name__, _NAMES, globals())
