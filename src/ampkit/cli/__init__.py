@@ -21,8 +21,9 @@ from .._util.lazy import lazy_names
 if TYPE_CHECKING:
     from ._main import main
 
+# Where each public name lives (its module, relative to this package): imported on the name's first use.
 _NAMES = {"main": "_main"}
 
-__all__ = list(_NAMES)
+__all__ = ["main"]
 
 __getattr__, __dir__ = lazy_names(__name__, _NAMES, globals())

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from ._checkpoint_files import load_checkpoint, save_checkpoint
     from ._rng import capture_rng_state, check_rng_state, restore_rng_state
 
+# Where each public name lives (its module, relative to this package): imported on the name's first use.
 _NAMES = {
     "save_checkpoint": "_checkpoint_files",
     "load_checkpoint": "_checkpoint_files",
@@ -32,6 +33,14 @@ _NAMES = {
     "remove_stale_temporaries": "_atomic",
 }
 
-__all__ = list(_NAMES)
+__all__ = [
+    "save_checkpoint",
+    "load_checkpoint",
+    "capture_rng_state",
+    "check_rng_state",
+    "restore_rng_state",
+    "write_text_atomic",
+    "remove_stale_temporaries",
+]
 
 __getattr__, __dir__ = lazy_names(__name__, _NAMES, globals())

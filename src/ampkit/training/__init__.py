@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from ._optimizer_step import OptimizerStep, StepOutcome, StepSettings
     from ._step_state import StepState
 
+# Where each public name lives (its module, relative to this package): imported on the name's first use.
 _NAMES = {
     "Engine": "_engine",
     "EngineView": "_engine_view",
@@ -47,6 +48,21 @@ _NAMES = {
     "KNOWN_DEFECTS": "_kernel_guards",
 }
 
-__all__ = list(_NAMES)
+__all__ = [
+    "Engine",
+    "EngineView",
+    "OptimizerStep",
+    "StepOutcome",
+    "StepSettings",
+    "StepState",
+    "StepHook",
+    "Hooks",
+    "HookPoint",
+    "CompilePlan",
+    "clip_grad_norm",
+    "clip_grad_value",
+    "KernelDefect",
+    "KNOWN_DEFECTS",
+]
 
 __getattr__, __dir__ = lazy_names(__name__, _NAMES, globals())
