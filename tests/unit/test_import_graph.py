@@ -160,8 +160,12 @@ def import_graph(src: Path = SRC, deferred: bool = False, type_checking: bool = 
     for name, path in paths.items():
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
         is_package = path.name == "__init__.py"
-        imports = _eager_imports(tree.body, deferred) + (_type_checking_imports(tree.body) if type_checking else [])
-        graph[name] = set().union(*(_targets(n, name, is_package, modules) for n in imports))
+        graph[name] = set().union(*(_targets(n, name, is_package, modules) for n in _eager_imports(tree.body, deferred)))
+        if type_checking:
+            typed = set().union(*(_targets(n, name, is_package, modules) for n in _type_checking_imports(tree.body)))
+            # A lazy face (ampkit.training) names its own modules under TYPE_CHECKING for type checkers only: they
+            # load when a user reads the name, so importing one module of the package does not reach the others.
+            graph[name] |= {t for t in typed if not (is_package and t.startswith(f"{name}."))}
     return graph
 
 
