@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from ampkit.cli._env import collect_env
-from ampkit.memory import _estimate as estimate, measure
+from ampkit.memory import estimate, measure
 from ampkit.memory._workspaces import create_library_workspaces
 from ampkit.policy import get_policy, policy_names
 from ampkit.workloads import get_workload

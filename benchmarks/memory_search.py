@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ampkit.memory import _estimate as estimate, _fit as fit_module
+from ampkit.memory import _fit as fit_module, estimate
 from ampkit.memory._fit import largest_batch, parse_bytes, resize_batch
 from ampkit.workloads import get_workload
 

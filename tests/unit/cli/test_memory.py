@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from ampkit.cli._main import main
-from ampkit.memory import _estimate as estimate
+from ampkit.memory import estimate
 from ampkit.workloads import get_workload
 
 pytest.importorskip("sklearn", reason="Requires: scikit-learn (pip install -e '.[dev]')")

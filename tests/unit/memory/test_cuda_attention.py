@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ampkit.memory import _estimate as estimate, measure
+from ampkit.memory import estimate, measure
 from ampkit.memory._cuda_attention import CudaAttention, cuda_kernel
 
 simulated = pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is here: a cuda prediction runs CUDA's own kernels")

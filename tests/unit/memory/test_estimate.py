@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import ampkit
-from ampkit.memory import MemoryEstimate, _estimate as estimate, measure
+from ampkit.memory import MemoryEstimate, estimate, measure
 from ampkit.policy import policy_names
 
 CPU_POLICIES = [p for p in policy_names() if ampkit.get_policy(p).support("cpu").supported]

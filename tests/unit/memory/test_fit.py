@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from ampkit.memory import _estimate as estimate
+from ampkit.memory import estimate
 from ampkit.memory._fit import largest_batch, parse_bytes, resize_batch
 
 

@@ -8,7 +8,7 @@ from torch import nn
 
 from ampkit._errors import PolicyError
 from ampkit.bench._fp8_table import fp8_rows, fp8_summary
-from ampkit.memory import _estimate as estimate
+from ampkit.memory import estimate
 from ampkit.memory._fp8_layers import (
     Fp8Plan,
     fp8_layer_plan,

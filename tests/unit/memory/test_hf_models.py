@@ -9,7 +9,7 @@ import torch
 
 from ampkit import recompute
 from ampkit.cli._main import main
-from ampkit.memory import _estimate as estimate, measure
+from ampkit.memory import estimate, measure
 from ampkit.workloads._user import load_factory
 
 
