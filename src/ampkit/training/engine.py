@@ -168,7 +168,7 @@ class Engine(EngineView):
         if run.parallel.has_forward_context:
             spread = run.parallel.forward_context(run.wrappers, self.is_boundary)
             if spread is not None:
-                spread.enter_context(forward)  # type: ignore[attr-defined]
+                spread.enter_context(forward)  # type: ignore[attr-defined]  # DDP's no_sync: an ExitStack (the protocol says a context)
                 forward = spread
         return self._hooks.wrap_forward(self, forward) if self._hooks.active else forward
 

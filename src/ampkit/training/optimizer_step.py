@@ -242,6 +242,7 @@ class OptimizerStep:
         for i, opt in enumerate(opts):
             if fused[i]:
                 assert scaler is not None  # fused[i] says so
+                # torch's fused optimizers read these attributes (GradScaler sets them too); torch's Optimizer does not declare them.
                 opt.grad_scale = None if unscaled else scaler.scale_tensor  # type: ignore[attr-defined]
                 opt.found_inf = found[i]  # type: ignore[attr-defined]
                 try:
