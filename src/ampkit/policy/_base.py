@@ -161,7 +161,7 @@ class Policy:
         """FSDP2's mixed precision for the policy's 16-bit part (the table in :mod:`ampkit.distributed._fsdp`); ``root``:
         for the model's own unit. Master-weight policies gather the fp32 shards (the masters) in 16 bits, reduce in
         fp32 and, at the root, return fp32 outputs; 16-bit storage reduces in fp32; fp32 storage needs nothing."""
-        mp = _compat.MixedPrecisionPolicy
+        mp: type[MixedPrecisionPolicy] = _compat.MixedPrecisionPolicy  # _compat resolves it on first use, untyped
         if self.master_weights:
             return mp(param_dtype=self.param_dtype, reduce_dtype=torch.float32, output_dtype=torch.float32 if root else None)
         if self.param_dtype != torch.float32:

@@ -37,7 +37,7 @@ from .._errors import PolicyError
 from ._device import Support
 from ._fp8_matmuls import CONV1D_FIX, CONV1D_REASON, matmul_layers
 from ._fp8_roofline import LinearCost, predict_linear
-from ._gpu_specs import GpuSpec, fp8_gpus, gpu_spec
+from ._gpu_specs import GPU_SPECS, GpuSpec, fp8_gpus, gpu_spec
 from ._lowbit_optimizers import quiet_library_logs
 from ._mixed import BF16Mixed
 
@@ -60,6 +60,12 @@ LayerFilter = Literal["auto", "all"] | Callable[[nn.Module, str], bool]
 # MultiheadAttention's out_proj is a Linear subclass whose weight the attention function reads directly: swapping
 # it changes nothing but the module's type, so it is never converted.
 _NOT_CALLED = (nn.modules.linear.NonDynamicallyQuantizableLinear,)
+
+
+def _fp8_spec(name: str) -> GpuSpec | None:
+    """The spec of the GPU named ``name`` if ampkit knows it and it has fp8 tensor cores; else None."""
+    spec = gpu_spec(name)
+    return spec if spec is not None and spec.fp8_tflops is not None else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +133,7 @@ class FP8Policy(BF16Mixed):
             raise PolicyError(f"{self.name}: layers must be 'auto', 'all' or a function (module, name) -> bool, got {self.layers!r}.")
         if self.tokens is not None and (isinstance(self.tokens, bool) or not isinstance(self.tokens, int) or self.tokens <= 0):
             raise PolicyError(f"{self.name}: tokens must be a positive int (rows per micro-batch), got {self.tokens!r}.")
-        if self.target is not None and (gpu_spec(self.target) is None or gpu_spec(self.target).fp8_tflops is None):  # type: ignore[union-attr]
+        if self.target is not None and _fp8_spec(self.target) is None:
             raise PolicyError(f"{self.name}: target {self.target!r} is not a GPU with fp8 that ampkit knows; use one of {', '.join(fp8_gpus())}.")
 
     # -- device ---------------------------------------------------------------------------------
@@ -159,13 +165,11 @@ class FP8Policy(BF16Mixed):
     # -- which layers ---------------------------------------------------------------------------
     def planning_spec(self, device_type: str) -> GpuSpec:
         """The GPU the ``"auto"`` filter predicts for: ``target``, else this CUDA device, else :data:`PLANNING_GPU`."""
-        if self.target is not None:
-            return gpu_spec(self.target)  # type: ignore[return-value]  # checked in __post_init__
-        if device_type == "cuda" and torch.cuda.is_available():
-            spec = gpu_spec(torch.cuda.get_device_name())
-            if spec is not None and spec.fp8_tflops is not None:
-                return spec
-        return gpu_spec(PLANNING_GPU)  # type: ignore[return-value]
+        if self.target is not None and (spec := _fp8_spec(self.target)) is not None:  # __post_init__ refused any other
+            return spec
+        if device_type == "cuda" and torch.cuda.is_available() and (spec := _fp8_spec(torch.cuda.get_device_name())) is not None:
+            return spec
+        return next(s for s in GPU_SPECS if s.name == PLANNING_GPU)
 
     def plan_layers(self, module: nn.Module, device_type: str, tokens: dict[str, int] | None = None) -> list[Fp8LayerPlan]:
         """Each Linear layer of ``module`` (Hugging Face's Conv1D included, never converted): converted to fp8 or

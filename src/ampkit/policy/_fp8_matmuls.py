@@ -22,14 +22,14 @@ importing transformers (an optional extra).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Final, Literal
 
 import torch
 from torch import nn
 
 __all__ = ["CONV1D", "CONV1D_FIX", "CONV1D_REASON", "MatmulLayer", "conv1d_features", "conv1d_note", "matmul_layers"]
 
-CONV1D = "Conv1D"
+CONV1D: Final = "Conv1D"  # Final: its type is the literal, one of MatmulLayer.kind's
 """The class name of Hugging Face's transposed Linear (``transformers.pytorch_utils.Conv1D``)."""
 CONV1D_REASON = "Conv1D: torchao converts only nn.Linear"
 """Why a Conv1D layer is not converted, as a plan's reason says it."""

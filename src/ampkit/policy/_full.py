@@ -34,7 +34,9 @@ def _tf32_matmuls() -> Iterator[None]:
     # settings, only the CUDA ones are touched: the legacy global getter raises once backends disagree, so
     # reading or writing it would break users of the newer API (and the CPU's oneDNN setting is not ours).
     if _per_backend_api():
-        backends = (torch.backends.cuda.matmul, torch.backends.cudnn.conv)
+        # cudnn.conv exists from torch 2.9 (this branch), on the class that replaces the cudnn module at import;
+        # the module's declared attributes (what a type checker reads) leave it out (2.13).
+        backends = (torch.backends.cuda.matmul, torch.backends.cudnn.conv)  # type: ignore[attr-defined]
         previous = [b.fp32_precision for b in backends]
         for b in backends:
             b.fp32_precision = "tf32"

@@ -145,7 +145,7 @@ def make_fp32_island(module: nn.Module, device_type: str, output_dtype: torch.dt
     for t in [*module.parameters(), *module.buffers()]:
         if t.is_floating_point() and t.dtype != torch.float32:
             t.data = t.data.float()
-    module.forward = functools.partial(_island_forward, module, device_type, output_dtype)  # type: ignore[method-assign]
+    module.forward = functools.partial(_island_forward, module, device_type, output_dtype)
 
 
 def is_fp32_island(module: nn.Module) -> bool:

@@ -30,7 +30,7 @@ import importlib.util
 import warnings
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 
@@ -138,7 +138,7 @@ def _sgd_groups(method: LowbitMethod, opt: torch.optim.Optimizer) -> list[dict[s
     return groups
 
 
-def _optimi(cls: Any, groups: list[dict[str, Any]], lib: ModuleType) -> torch.optim.Optimizer:
+def _optimi(cls: Callable[..., torch.optim.Optimizer], groups: list[dict[str, Any]], lib: ModuleType) -> torch.optim.Optimizer:
     speed = _optimi_kernels([p for g in groups for p in g["params"]], lib)
     with warnings.catch_warnings():
         # foreach=True (an accelerator without Triton) warns that Triton is preferred, which these weights cannot use.
@@ -263,7 +263,7 @@ def lowbit_twin(opt: torch.optim.Optimizer, method: LowbitMethod) -> torch.optim
             return _optimi(lib.Adam, groups, lib)
         twin = lib._AdamW(groups, lr=groups[0]["lr"], bf16_stochastic_round=True)
         twin.is_adamw = decoupled  # torchao's own switch between AdamW's decay and Adam's L2 term
-        return twin
+        return cast(torch.optim.Optimizer, twin)  # torchao ships no types: its _AdamW is a torch Optimizer
     if type(opt) is torch.optim.SGD:
         groups = _sgd_groups(method, opt)
         lib = _library(method)

@@ -35,8 +35,9 @@ class MasterWeights:
 
     def __init__(self, pairs: Sequence[tuple[str, nn.Parameter, nn.Parameter]]) -> None:
         self.names = [name for name, _, _ in pairs]
-        self.model_params = [p for _, p, _ in pairs]
-        self.masters = [m for _, _, m in pairs]
+        # Parameters, held as list[Tensor]: torch's _foreach_* take a list of Tensors, and a list is invariant.
+        self.model_params: list[torch.Tensor] = [p for _, p, _ in pairs]
+        self.masters: list[torch.Tensor] = [m for _, _, m in pairs]
         self._grad_buffers = [torch.empty_like(m) for m in self.masters]
         # Second set of fp32 buffers, made on first need: only accumulation over several backward passes
         # (unscale_grads_to_masters with gradients already present) uses them.
@@ -124,6 +125,7 @@ class MasterWeights:
         """
         if self._staging is None and any(m.grad is not None for m in self.masters):
             self._staging = [torch.empty_like(m) for m in self.masters]
+        staging = self._staging or []  # empty only where no master holds a gradient: then nothing accumulates
         fresh_src: list[torch.Tensor] = []
         fresh_dst: list[torch.Tensor] = []
         acc_src: list[torch.Tensor] = []
@@ -141,7 +143,7 @@ class MasterWeights:
                 fresh_dst.append(m.grad)
             else:
                 acc_src.append(g)
-                acc_stage.append(self._staging[i])  # type: ignore[index]
+                acc_stage.append(staging[i])
                 acc_dst.append(m.grad)
             p.grad = None
         if fresh_src:

@@ -74,4 +74,4 @@ def get_policy(precision: str | int | Policy, keep_fp32: Iterable[str | type[nn.
     canonical = canonical_name(str(precision))
     if canonical is None:
         raise PolicyError(unknown_precision(precision))
-    return POLICIES[canonical](keep_fp32=keep)
+    return POLICIES[canonical](name=canonical, keep_fp32=keep)

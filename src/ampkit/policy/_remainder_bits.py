@@ -28,8 +28,6 @@ of an fp32 tensor shares its storage), and a few more over the flat remainder an
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 
 __all__ = ["REMAINDER_MAX", "add_ties_", "merge_", "narrow_", "split_", "tie_bytes"]
@@ -39,12 +37,12 @@ REMAINDER_MAX = 32767
 TIE = REMAINDER_MAX + 1
 
 
-def _bits(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+def _bits(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     return [t.view(torch.int32) for t in tensors]
 
 
 @torch.no_grad()
-def split_(values: Sequence[torch.Tensor], weights: Sequence[torch.Tensor], scratch: Sequence[torch.Tensor]) -> None:
+def split_(values: list[torch.Tensor], weights: list[torch.Tensor], scratch: list[torch.Tensor]) -> None:
     """Write ``RNE(values)`` into the bf16 ``weights`` and leave the remainders, as int32, in ``values``' bits.
 
     ``values`` are consumed: their ``view(torch.int32)`` holds the remainders afterwards, in [-32768, +32768]
@@ -108,7 +106,7 @@ def add_ties_(bits: torch.Tensor, ties: torch.Tensor) -> None:
 
 
 @torch.no_grad()
-def merge_(out: Sequence[torch.Tensor], weights: Sequence[torch.Tensor], remainders: Sequence[torch.Tensor]) -> None:
+def merge_(out: list[torch.Tensor], weights: list[torch.Tensor], remainders: list[torch.Tensor]) -> None:
     """Write into the fp32 ``out`` the values whose bf16 rounding is ``weights`` and remainder ``remainders``.
 
     Two launches; exact once the tie bits are added back (:func:`add_ties_`).

@@ -120,7 +120,7 @@ class RemainderMasters(MasterWeights):
         resize_storages(self._grad_flats, _nbytes(self._grad_flats))
         self._live = True
 
-    def _split(self, weights: Sequence[torch.Tensor]) -> None:
+    def _split(self, weights: list[torch.Tensor]) -> None:
         """Round the fp32 masters into ``weights``, keep the remainders, free the fp32 storage."""
         if not self._live:
             return

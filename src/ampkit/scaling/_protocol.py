@@ -39,8 +39,8 @@ class StepScaler(Protocol):
         """What the step does when :meth:`collapse_reason` names a collapse: raise, or warn once per episode."""
         ...
 
-    def to(self, device: torch.device | str) -> Any:
-        """Move the scaler's state to ``device`` (setup does, once)."""
+    def to(self, device: torch.device | str) -> object:
+        """Move the scaler's state to ``device``, in place (setup does, once); what it returns is not used."""
         ...
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:

@@ -25,24 +25,27 @@ def clip_grad_norm(params: Sequence[torch.Tensor], max_norm: float) -> torch.Ten
     (tensor(5.), tensor([0.6000, 0.8000]))
     """
     with_grad = [p for p in params if p.grad is not None]
-    sparse = [p for p in with_grad if p.grad.is_sparse]
+    # Each pass below reads p.grad into g again, tested for None: a type checker does not carry the filter above.
+    sparse = [(p, g) for p in with_grad if (g := p.grad) is not None and g.is_sparse]
     # Sharded (DTensor) fp16 gradients stay on torch's path, the one that reduces their norm across the mesh.
     # The set comprehension first: the common case (no fp16 gradient) pays one cheap pass and no generator.
-    fp16 = torch.float16 in {p.grad.dtype for p in with_grad} and any(
-        p.grad.dtype == torch.float16 and not hasattr(p.grad, "full_tensor") for p in with_grad
+    fp16 = torch.float16 in {g.dtype for p in with_grad if (g := p.grad) is not None} and any(
+        g.dtype == torch.float16 and not hasattr(g, "full_tensor") for p in with_grad if (g := p.grad) is not None
     )
     if not sparse and not fp16:
         total = torch.nn.utils.clip_grad_norm_(with_grad, max_norm)
         # Sharded (FSDP) gradients give the global norm over every shard as a replicated DTensor.
         return total.full_tensor() if hasattr(total, "full_tensor") else total
-    for p in sparse:
-        p.grad = p.grad.coalesce()  # duplicate indices must be summed before their norm means anything
-    tensors = [p.grad for p in with_grad if not p.grad.is_sparse] + [p.grad._values() for p in sparse]
+    tensors = [g for p in with_grad if (g := p.grad) is not None and not g.is_sparse]
+    for p, g in sparse:
+        p.grad = coalesced = g.coalesce()  # duplicate indices must be summed before their norm means anything
+        tensors.append(coalesced._values())
     # One foreach launch per device and dtype, each norm accumulated and returned in fp32.
-    total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(tensors, 2, dtype=torch.float32)))
-    coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
+    # A typed local: torch declares no type for torch.linalg.vector_norm (made by _add_docstr, 2.13).
+    norm: torch.Tensor = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(tensors, 2, dtype=torch.float32)))
+    coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
     torch._foreach_mul_(tensors, coef)
-    return total
+    return norm
 
 
 def clip_grad_value(params: Sequence[torch.Tensor], clip_value: float) -> None:

@@ -168,7 +168,7 @@ class Engine(EngineView):
         if run.parallel.has_forward_context:
             spread = run.parallel.forward_context(run.wrappers, self.is_boundary)
             if spread is not None:
-                spread.enter_context(forward)  # type: ignore[attr-defined]
+                spread.enter_context(forward)  # type: ignore[attr-defined]  # DDP's no_sync: an ExitStack (the protocol says a context)
                 forward = spread
         return self._hooks.wrap_forward(self, forward) if self._hooks.active else forward
 
@@ -210,7 +210,7 @@ class Engine(EngineView):
         if size > 1:
             loss = loss / size
         with self._policy.backward_context(run.device.type):
-            run.step.scale_loss(loss).backward(**kwargs)
+            run.step.scale_loss(loss).backward(**kwargs)  # type: ignore[no-untyped-call]  # Tensor.backward has no annotations (torch 2.13)
         self._state.note_backward()  # gradients of the engine's making: an optimizer.step() of the user's own is refused
         if hooks.active:
             hooks.run("after_backward", self)

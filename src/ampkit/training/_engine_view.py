@@ -18,7 +18,8 @@ to write instead (:mod:`~ampkit.training._read_only`), a misspelt name included,
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from torch import nn
 
@@ -28,13 +29,21 @@ from ._engine_setup import Run
 from ._hooks import Hooks
 from ._micro_batching import MicroBatcher
 from ._optimizer_step import StepSettings
-from ._read_only import WRITABLE, read_only, refusal
+from ._read_only import WRITABLE, ReadOnly, refusal
 from ._step_state import StepState
 
 if TYPE_CHECKING:
     from ..numerics._sampler import NumericsSampler  # a layer up: Engine(numerics=N) takes the sampler
 
 __all__ = ["EngineView"]
+
+T = TypeVar("T")
+
+
+def _read(get: Callable[[EngineView], T], doc: str) -> ReadOnly[EngineView, T]:
+    # A ReadOnly of EngineView: ``get`` is type-checked against the engine's fields, and the attribute's type is
+    # what ``get`` returns (engine.policy is a Policy to users' type checkers), stated nowhere else.
+    return ReadOnly(get, doc)
 
 
 class EngineView:
@@ -61,29 +70,29 @@ class EngineView:
             raise refusal(name, known=hasattr(type(self), name))
         object.__setattr__(self, name, value)
 
-    policy = read_only("_policy", "The precision policy (a :class:`~ampkit.policy.Policy`).")
-    accumulate = read_only("_accumulate", "Micro-batches per optimizer step.")
-    clip_grad_norm = read_only("_settings.clip_grad_norm", "The total gradient norm the step clips to, or None.")
-    clip_grad_value = read_only("_settings.clip_grad_value", "The absolute gradient value the step clamps to, or None.")
-    skip_nonfinite = read_only("_settings.skip_nonfinite", "Whether a step whose gradients hold inf/NaN is skipped.")
-    on_oom = read_only("_batcher.on_oom", "What train_step does on an out-of-memory error: 'split' or 'raise'.")
-    compile_plan = read_only("_compile_plan", "What compile= asked for (a CompilePlan), or None.")
-    numerics = read_only("_numerics", "The numerics sampler numerics= built, or None.")
-    hooks = read_only("_hooks", "The step hooks (see ampkit.training._hooks); join one with add_hook().")
-    strategy = read_only("_run.strategy", "The strategy that spreads the model over the ranks (DDP, FSDP), or None.")
-    device = read_only("_run.device", "The device the models train on (after setup).")
-    models = read_only("_run.models", "The modules themselves (inside any DDP wrapper), after setup.")
-    wrappers = read_only("_run.wrappers", "What setup() returned and the loop calls: DDP wrappers, or the models.")
-    compiled = read_only("_run.compiled", "The regions compile= compiled after setup ('' for a whole model).")
-    optimizer_step = read_only("_run.step", "The optimizer step (an OptimizerStep): it owns the parts below.")
-    optimizers = read_only("_run.step.optimizers", "The optimizers setup() adopted (the policy's twins where it converts them).")
-    schedulers = read_only("_run.step.schedulers", "The LR schedulers setup() adopted.")
-    scaler = read_only("_run.step.scaler", "The loss scaler, or None without loss scaling.")
-    masters = read_only("_run.step.masters", "The fp32 master weights (MasterWeights) of a master-weight policy, or None.")
-    fused_step = read_only("_run.step.fused", "The compiled master-weight step (FusedMasterStep), or None.")
-    library_step = read_only("_run.step.library", "The compiled library step (FusedLibraryStep, bf16-true-sr), or None.")
-    rounding = read_only("_run.step.rounding", "The stochastic rounding's stream (bf16-true-sr), or None.")
-    collapse = read_only("_run.step.collapse", "The collapse watch: reports a collapsed loss scale once per episode.")
+    policy = _read(lambda e: e._policy, "The precision policy (a :class:`~ampkit.policy.Policy`).")
+    accumulate = _read(lambda e: e._accumulate, "Micro-batches per optimizer step.")
+    clip_grad_norm = _read(lambda e: e._settings.clip_grad_norm, "The total gradient norm the step clips to, or None.")
+    clip_grad_value = _read(lambda e: e._settings.clip_grad_value, "The absolute gradient value the step clamps to, or None.")
+    skip_nonfinite = _read(lambda e: e._settings.skip_nonfinite, "Whether a step whose gradients hold inf/NaN is skipped.")
+    on_oom = _read(lambda e: e._batcher.on_oom, "What train_step does on an out-of-memory error: 'split' or 'raise'.")
+    compile_plan = _read(lambda e: e._compile_plan, "What compile= asked for (a CompilePlan), or None.")
+    numerics = _read(lambda e: e._numerics, "The numerics sampler numerics= built, or None.")
+    hooks = _read(lambda e: e._hooks, "The step hooks (see ampkit.training._hooks); join one with add_hook().")
+    strategy = _read(lambda e: e._run.strategy, "The strategy that spreads the model over the ranks (DDP, FSDP), or None.")
+    device = _read(lambda e: e._run.device, "The device the models train on (after setup).")
+    models = _read(lambda e: e._run.models, "The modules themselves (inside any DDP wrapper), after setup.")
+    wrappers = _read(lambda e: e._run.wrappers, "What setup() returned and the loop calls: DDP wrappers, or the models.")
+    compiled = _read(lambda e: e._run.compiled, "The regions compile= compiled after setup ('' for a whole model).")
+    optimizer_step = _read(lambda e: e._run.step, "The optimizer step (an OptimizerStep): it owns the parts below.")
+    optimizers = _read(lambda e: e._run.step.optimizers, "The optimizers setup() adopted (the policy's twins where it converts them).")
+    schedulers = _read(lambda e: e._run.step.schedulers, "The LR schedulers setup() adopted.")
+    scaler = _read(lambda e: e._run.step.scaler, "The loss scaler, or None without loss scaling.")
+    masters = _read(lambda e: e._run.step.masters, "The fp32 master weights (MasterWeights) of a master-weight policy, or None.")
+    fused_step = _read(lambda e: e._run.step.fused, "The compiled master-weight step (FusedMasterStep), or None.")
+    library_step = _read(lambda e: e._run.step.library, "The compiled library step (FusedLibraryStep, bf16-true-sr), or None.")
+    rounding = _read(lambda e: e._run.step.rounding, "The stochastic rounding's stream (bf16-true-sr), or None.")
+    collapse = _read(lambda e: e._run.step.collapse, "The collapse watch: reports a collapsed loss scale once per episode.")
 
     @property
     def micro_batch_rows(self) -> int | None:

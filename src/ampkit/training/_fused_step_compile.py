@@ -20,6 +20,7 @@ import sys
 import traceback
 import warnings
 from collections.abc import Sequence
+from types import FrameType
 from typing import Any
 
 import torch
@@ -95,7 +96,8 @@ def warn_fallback(reason: str, region: str = "the fused master step", instead: s
 
 def _user_stacklevel() -> int:
     """warnings.warn's ``stacklevel`` that names the first caller outside ampkit (the line that called engine.step())."""
-    level, frame = 1, sys._getframe(1)  # stacklevel 1: the function that calls warnings.warn
+    level = 1  # stacklevel 1: the function that calls warnings.warn
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None and str(frame.f_globals.get("__name__", "")).startswith("ampkit."):
         level, frame = level + 1, frame.f_back
     return level

@@ -42,7 +42,7 @@ def traced_step(
     """The traced step. Per optimizer: fp32 gradients, unscaled; a found-inf flag; one norm over all of them; the
     update, undone where the flag is set; then the 16-bit copy of every master."""
     # Unscaled after the cast to fp32, so gradients that fp16 held only while scaled are not flushed to zero.
-    grads = [[p.grad.to(torch.float32) for p in ps] for ps in sources]
+    grads = [[_grad(p).to(torch.float32) for p in ps] for ps in sources]
     if inv_scale is not None:
         grads = [[g * inv_scale for g in gs] for gs in grads]
     found = [_any_nonfinite(gs) for gs in grads] if skip_nonfinite else []
@@ -60,7 +60,7 @@ def traced_step(
     elif clip_grad_value is not None:
         grads = [[g.clamp(-clip_grad_value, clip_grad_value) for g in gs] for gs in grads]
     for i, (ps, gs, opt) in enumerate(zip(stepped, grads, opts)):
-        torch._foreach_copy_([p.grad for p in ps], gs)
+        torch._foreach_copy_([_grad(p) for p in ps], gs)
         # What the update writes: the parameters and every tensor of their state (moments, step counts, buffers).
         written = [*ps, *(t for p in ps for t in opt.state[p].values() if isinstance(t, torch.Tensor))]
         before = [t.clone() for t in written] if found else []
@@ -69,6 +69,15 @@ def traced_step(
             t.copy_(torch.where(found[i], old, t))
     torch._foreach_copy_(model_params, masters)
     return [f.to(torch.float32) for f in found], norm
+
+
+def _grad(p: torch.Tensor) -> torch.Tensor:
+    """``p``'s gradient. The region is handed only parameters that have one (FusedMasterStep.step leaves out the
+    rest); compiled, this test is decided while tracing (dynamo guards on each gradient), so the step pays nothing."""
+    grad = p.grad
+    if grad is None:
+        raise RuntimeError("the fused master step was handed a parameter without a gradient (a bug in ampkit)")
+    return grad
 
 
 def _any_nonfinite(grads: list[torch.Tensor]) -> torch.Tensor:

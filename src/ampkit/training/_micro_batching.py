@@ -147,6 +147,7 @@ def train_step(
     window_start = not engine.micro_batches_pending
     done, passes = 0, 0
     total: torch.Tensor | None = None
+    loss: torch.Tensor | None  # None once a failed pass lets go of it
     while done < n:
         stop = min(n, done + rows) if pieces is None else (passes + 1) * n // pieces
         piece = split_batch(batch, done, stop)
@@ -171,7 +172,7 @@ def train_step(
                 raise
             failure = exc
         # Outside the except block, so the failed attempt's frames and activations can be freed.
-        loss = piece = None  # type: ignore[assignment]
+        loss = piece = None
         # A failed forward left the gradients alone: go on from `done`. A failed backward added part of its
         # gradient: start the batch over if the window began with it (its rows are at hand), else give up.
         partial = in_backward and not window_start
@@ -194,7 +195,7 @@ def train_step(
             failed_rows, engine.steps + 1, rows, rows,
         )
     engine.step(*optimizers)
-    return total  # type: ignore[return-value]
+    return total  # type: ignore[return-value]  # not None: n >= 1, and every pass that ends the loop sets it
 
 
 def _drop_partial_gradients(engine: Engine, window_start: bool, done: int, in_backward: bool) -> str:

@@ -57,5 +57,5 @@ def release_memory(exc: BaseException | None = None) -> None:
             exc.__traceback__ = None
         exc = exc.__cause__ or exc.__context__
     gc.collect()
-    if torch.cuda.is_initialized():
+    if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]  # torch declares no types for it (2.13)
         torch.cuda.empty_cache()

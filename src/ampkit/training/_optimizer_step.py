@@ -131,7 +131,9 @@ class OptimizerStep:
         self.schedulers = list(schedulers)
         self.settings = settings
         device = device if device is not None else torch.device("cpu")
-        self.scaler = scaler.to(device) if scaler is not None else None
+        if scaler is not None:
+            scaler.to(device)  # in place; what to() returns is not the scaler (a user's may return None)
+        self.scaler = scaler
         self.masters, self.fused, self.library, self.rounding = masters, fused, library, rounding
         self.collapse = CollapseWatch()
         self.reduce_found_flags = reduce_found_flags
@@ -240,6 +242,7 @@ class OptimizerStep:
         for i, opt in enumerate(opts):
             if fused[i]:
                 assert scaler is not None  # fused[i] says so
+                # torch's fused optimizers read these attributes (GradScaler sets them too); torch's Optimizer does not declare them.
                 opt.grad_scale = None if unscaled else scaler.scale_tensor  # type: ignore[attr-defined]
                 opt.found_inf = found[i]  # type: ignore[attr-defined]
                 try:

@@ -12,9 +12,13 @@ which the engine also learns by itself.
 
 from __future__ import annotations
 
-import operator
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Generic, NoReturn, TypeVar, overload
 
-__all__ = ["WRITABLE", "read_only", "refusal"]
+__all__ = ["WRITABLE", "ReadOnly", "refusal"]
+
+O = TypeVar("O")
+T = TypeVar("T")
 
 WRITABLE = frozenset({"micro_batch_rows"})
 """Public attributes that may be assigned."""
@@ -50,7 +54,42 @@ def refusal(name: str, known: bool = True) -> AttributeError:
     return AttributeError(f"engine.{name} is read-only: {fix}.")
 
 
-def read_only(path: str, doc: str) -> property:
-    """A property that reads ``self.<path>`` (dotted), for the engine's read-only attributes."""
-    get = operator.attrgetter(path)
-    return property(lambda self: get(self), doc=doc)
+class ReadOnly(property, Generic[O, T]):
+    """An attribute of ``O`` instances that reads ``get(instance)``, typed ``T``, and refuses assignment with its fix.
+
+    A ``property`` (``help()`` lists it under the read-only properties, with ``doc``), typed for type checkers:
+    ``instance.<name>`` is a ``T``, ``O.<name>`` the descriptor, and an assignment is flagged (its value would have
+    to be of type ``Never``); at run time it raises :func:`refusal`. ``T`` is inferred from ``get``, so each attribute
+    has the type of what it reads.
+
+    >>> class View:  # the engine's read side, in miniature
+    ...     _steps = 3
+    ...     steps = ReadOnly(lambda view: view._steps, "Optimizer steps taken.")
+    >>> view = View(); view.steps, View.steps.__doc__
+    (3, 'Optimizer steps taken.')
+    >>> view.steps = 4
+    Traceback (most recent call last):
+    ...
+    AttributeError: engine.steps is read-only: engine.step() counts them; engine.load(path) restores a run's counters.
+    """
+
+    def __init__(self, get: Callable[[O], T], doc: str) -> None:
+        super().__init__(get)
+        # Set on the instance: given to property.__init__, a subclass's __doc__ reads None on Python 3.11.
+        self.__doc__ = doc
+        self._name = ""
+
+    def __set_name__(self, owner: type[object], name: str) -> None:
+        self._name = name  # the refusal names the attribute
+
+    if TYPE_CHECKING:  # property's own __get__ runs (in C); these say what it returns
+
+        @overload
+        def __get__(self, instance: None, owner: type[object] | None = None, /) -> ReadOnly[O, T]: ...
+        @overload
+        def __get__(self, instance: O, owner: type[object] | None = None, /) -> T: ...
+        def __get__(self, instance: O | None, owner: type[object] | None = None, /) -> T | ReadOnly[O, T]: ...
+
+    # NoReturn as the value's type: no value may be assigned, so a type checker flags ``engine.policy = ...``.
+    def __set__(self, instance: O, value: NoReturn, /) -> NoReturn:
+        raise refusal(self._name)

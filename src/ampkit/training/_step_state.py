@@ -219,7 +219,8 @@ class StepState:
         if self._ring is None:
             host = torch.empty(RING_SLOTS, dtype=torch.float32, pin_memory=on_cuda)
             # Views and events made once: a slot is reused only after its flag was read.
-            self._ring = [(slot, torch.cuda.Event() if on_cuda else None) for slot in host.unbind()]
+            # torch.cuda.Event.__new__ has no annotations (torch 2.13): untyped to mypy.
+            self._ring = [(slot, torch.cuda.Event() if on_cuda else None) for slot in host.unbind()]  # type: ignore[no-untyped-call]
         slot, event = self._ring[self._next]
         self._next = (self._next + 1) % RING_SLOTS
         slot.copy_(any_found, non_blocking=on_cuda)

@@ -84,6 +84,24 @@ def test_a_scaler_of_the_users_own_is_used_as_ampkits_own_would_be() -> None:
     assert engine.state_dict()["scaler"]["updates"] == 3
 
 
+class InPlaceScaler(CountingScaler):
+    """The same scaler, moved in place: its ``to()`` returns None, as in-place methods often do."""
+
+    def to(self, device: torch.device | str) -> None:  # type: ignore[override]
+        self.inner.to(device)
+
+
+def test_a_scaler_whose_to_returns_nothing_is_still_the_one_that_scales() -> None:
+    # The engine once kept what to() returned as its scaler: None here, and the run went on unscaled, unskipped.
+    scaler = InPlaceScaler(64.0)
+    engine, weights = _train(scaler)
+    control, control_weights = _train(64.0)
+    assert engine.scaler is scaler and scaler.updates == 3
+    assert engine.skipped_steps == control.skipped_steps == 1
+    for a, b in zip(weights, control_weights):
+        assert torch.equal(a, b)
+
+
 def test_torchs_grad_scaler_is_refused_with_the_scaler_config_that_scales_as_it_does() -> None:
     gs = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_factor=3.0, backoff_factor=0.25, growth_interval=10)
     with pytest.raises(ValueError, match=r"pass scaler=ampkit\.ScalerConfig\(init_scale=1024, growth_factor=3, backoff_factor=0\.25, growth_interval=10\)") as refused:

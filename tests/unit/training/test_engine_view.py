@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import inspect
+import os
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
 
 from ampkit import Engine
+from ampkit.policy import Policy
+from ampkit.scaling import StepScaler
 from ampkit.training._optimizer_step import OptimizerStep
 
 
@@ -94,3 +100,75 @@ def test_micro_batch_rows_is_the_one_to_assign_and_is_checked() -> None:
     with pytest.raises(ValueError, match=r"micro_batch_rows must be an int >= 1 or None"):
         engine.micro_batch_rows = 0
     assert engine.micro_batch_rows == 16
+
+
+
+# The read-only attributes, as the engine's class holds them (Engine.policy is the descriptor itself).
+ReadOnly = type(Engine.policy)
+OWNER = next(k for k in Engine.__mro__ if "policy" in vars(k))
+READ_ONLY = sorted(name for name, value in vars(OWNER).items() if isinstance(value, ReadOnly))
+
+
+def test_every_read_only_attribute_keeps_its_docstring_for_help() -> None:
+    assert len(READ_ONLY) == 23 and isinstance(Engine.policy, property)  # help() lists them as read-only properties
+    assert all(inspect.getdoc(getattr(Engine, name)) for name in READ_ONLY)
+    assert inspect.getdoc(Engine.policy) == "The precision policy (a :class:`~ampkit.policy.Policy`)."
+
+
+@pytest.mark.parametrize("name", READ_ONLY)
+def test_assigning_past_the_engine_s_setattr_is_refused_with_the_same_fix(name: str) -> None:
+    # object.__setattr__ skips the engine's own __setattr__ and reaches the attribute's descriptor.
+    engine = Engine("16-mixed")
+    before = getattr(engine, name)
+    with pytest.raises(AttributeError) as descriptor:
+        object.__setattr__(engine, name, None)
+    with pytest.raises(AttributeError) as engine_side:
+        setattr(engine, name, None)
+    assert str(descriptor.value) == str(engine_side.value) and f"engine.{name} is read-only: " in str(descriptor.value)
+    assert getattr(engine, name) is before
+
+
+def _qualified(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"  # as mypy names a class: where it is defined
+
+
+# What a user's type checker reads off an engine: each part with its own type, not Any, and an assignment flagged.
+USER_CODE = """\
+from ampkit import Engine
+engine = Engine("16-true-masters")
+reveal_type(engine.policy)
+reveal_type(engine.scaler)
+reveal_type(engine.masters)
+reveal_type(engine.clip_grad_norm)
+reveal_type(engine.optimizers)
+reveal_type(Engine.policy)
+engine.clip_grad_norm = 2.0
+"""
+REVEALED = [
+    _qualified(Policy),
+    f"{_qualified(StepScaler)} | None",
+    f"{_qualified(Policy.master_store)} | None",  # MasterWeights
+    "float | None",
+    "list[Any]",  # list[torch.optim.Optimizer] where torch is analysed: skipped below, for speed
+    f"{_qualified(ReadOnly)}[{_qualified(OWNER)}, {_qualified(Policy)}]",
+]
+
+
+def test_a_type_checker_reads_each_part_with_its_type_and_flags_an_assignment(tmp_path: Path) -> None:
+    api = pytest.importorskip("mypy.api", reason="Requires: mypy (the dev extra)")
+    import ampkit
+
+    (tmp_path / "user.py").write_text(USER_CODE)
+    # Only ampkit is analysed (torch and the rest are skipped, their types Any), with no cache: about 3 s, the same
+    # each run. mypy_path: the ampkit this test imports, not another checkout installed in the environment.
+    (tmp_path / "mypy.ini").write_text(
+        f"[mypy]\nmypy_path = {Path(ampkit.__file__).resolve().parents[1]}\nfollow_imports = skip\nignore_missing_imports = True\n"
+        "[mypy-ampkit.*]\nfollow_imports = silent\n"
+    )
+    out, err, _ = api.run([str(tmp_path / "user.py"), "--config-file", str(tmp_path / "mypy.ini"), "--cache-dir", os.devnull, "--no-error-summary"])
+    assert not err, err
+    lines = out.splitlines()
+    revealed = [line.split('Revealed type is "', 1)[1].rstrip('"') for line in lines if "Revealed type is" in line]
+    assert revealed == REVEALED, out
+    errors = [line for line in lines if ": error:" in line]
+    assert len(errors) == 1 and "user.py:9:" in errors[0] and "[assignment]" in errors[0], out
