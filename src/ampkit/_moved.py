@@ -27,7 +27,7 @@ import sys
 import warnings
 from types import ModuleType
 
-__all__ = ["MOVED", "OLD_PATHS", "REMOVED_IN", "UNDERSCORED", "advice", "install", "public_home"]
+__all__ = ["MOVED", "OLD_PATHS", "REMOVED_IN", "UNDERSCORED", "advice", "clashes", "install", "public_home"]
 
 REMOVED_IN = "0.3.0"
 """The release that drops the old paths: the next minor release after the one that first warns about them."""
@@ -91,9 +91,18 @@ UNDERSCORED: dict[str, str] = {
 """Package -> its internal modules that were public-looking before 0.2.0 (``ampkit.training.engine`` is now
 ``ampkit.training._engine``). Each old name answers as :data:`MOVED`'s do."""
 
-_CLASHES = {"ampkit.memory.estimate", "ampkit.memory.recompute"}
-"""Old module paths that are also a public function of their package: aliasing the module would make the import
-system overwrite the function (``ampkit.memory.recompute``) with the module, so their import is refused instead."""
+def clashes(old: str) -> bool:
+    """Whether an old module path is also a public name of its package (``ampkit.memory.recompute``, the function;
+    ``ampkit.cli.main``, the entry point). Aliasing such a module would make the import system overwrite that name on
+    the package with the module, so its import is refused instead, naming the public name to import.
+
+    >>> import ampkit.memory
+    >>> clashes("ampkit.memory.recompute"), clashes("ampkit.memory.tracker")
+    (True, False)
+    """
+    parent, _, leaf = old.rpartition(".")
+    package = sys.modules.get(parent)  # the import system imports the parent before it asks for the child
+    return package is not None and leaf in getattr(package, "__all__", ())
 
 
 def _renamed() -> dict[str, str]:
@@ -129,7 +138,7 @@ def advice(old: str) -> str:
 
 class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def find_spec(self, fullname: str, path: object = None, target: object = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname in _CLASHES:
+        if fullname in OLD_PATHS and clashes(fullname):
             name = fullname.rpartition(".")[2]
             raise ModuleNotFoundError(
                 f"{fullname} is internal now ({OLD_PATHS[fullname]}); import {name} from {public_home(OLD_PATHS[fullname])} instead.", name=fullname
