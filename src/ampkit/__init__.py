@@ -10,6 +10,8 @@ never drags in a tool (bench, memory, numerics, the CLI) or its dependencies (ri
     'bf16-mixed'
     >>> ampkit.recompute is ampkit.memory.recompute
     True
+
+``ampkit.tune`` is the tuning tool's package and its call at once: ``ampkit.tune(model, data, ...)``.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the names as eager imports
     from .policy import Policy, get_policy, policy_names
     from .scaling import DynamicLossScaler, LossScaler, ScalerConfig, StaticLossScaler
     from .training.engine import Engine
+    from .tune import tune  # the package, callable as the function (ampkit.tune(model, data))
 
 __all__ = [
     "__version__",
@@ -59,6 +62,7 @@ __all__ = [
     "StaticLossScaler",
     "get_policy",
     "policy_names",
+    "tune",
     "AmpkitError",
     "PolicyError",
     "UnsupportedPolicyError",

@@ -34,6 +34,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("workloads",),  # what the tools run: built-in workloads, the user's model and data, batch rules, step timing
     ("memory", "numerics"),  # tools, siblings
     ("bench", "profile"),  # tools on the workloads, siblings: the profile times a workload without the bench
+    ("tune",),  # the tool of tools: trains on the bench's runs, prunes with memory's predictions, times the profile's loaders
     ("apex",),  # the legacy amp API, on the training layer
     ("cli",),
 )

@@ -62,6 +62,7 @@ PUBLIC_MODULES = (
     "ampkit.rng",
     "ampkit.scaling",
     "ampkit.state",
+    "ampkit.tune",
     "ampkit.workloads",
 )
 
