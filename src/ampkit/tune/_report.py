@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,8 +30,10 @@ COLUMNS: dict[str, str] = {
     "configuration": "what differs from the start (fp32, your batch, eager, torch's threads)",
     "throughput": "{unit} per second of the global batch at the median optimizer step, compile time amortised over "
     "{run_steps} steps (--run-steps); the data already in memory (a DataLoader's trials, where tuned, are listed apart)",
-    "speed-up": "the start's median step over this one's (amortised), measured in the same interleaved rounds; "
-    "in brackets its 95% bootstrap interval",
+    "start then": "the start's throughput measured in the same interleaved rounds as this row: the speed-up's control "
+    "(each stage's rounds run at another time, and the machine's speed moves between them)",
+    "speed-up": "the start's median step in the same rounds over this one's (amortised); in brackets its 95% "
+    "bootstrap interval",
     "compile": "seconds of compilation, kept out of the step times (its first steps less as many steady ones)",
     "peak memory": "the most bytes live during a training step, measured alone (CPU: live tensor bytes of an eager "
     "step, ampkit memory's definition, not measured for a compiled step; CUDA: the allocator's peak)",
@@ -91,6 +94,7 @@ def rows(result: TuneResult) -> list[dict[str, Any]]:
             verdict = "winner"
         out.append({
             "key": c.key, "configuration": c.describe(result.start), "throughput": result.items_per_step / amortised if amortised else None,
+            "start_then": result.items_per_step / statistics.median(t.baseline_times_s) if t.baseline_times_s else None,
             "speedup": 1.0 if is_base else t.speedup(result.run_steps), "interval": None if is_base else ci, "compile_s": t.compile_s,
             "peak_memory_bytes": t.peak_memory_bytes, "gap": guard.gap if guard else None, "tolerance": guard.tolerance if guard else None,
             "verdict": verdict, "why": t.error if t.status == "failed" else guard.reason if guard is not None else None, "stage": t.stage,
@@ -148,12 +152,13 @@ def _cells(result: TuneResult, row: dict[str, Any]) -> list[str]:
     return [
         row["configuration"] + (" (resumed)" if row["resumed"] else ""),
         "-" if row["throughput"] is None else f"{row['throughput']:,.0f}",
+        "-" if row["start_then"] is None else f"{row['start_then']:,.0f}",
         speed, "-" if row["compile_s"] is None else f"{row['compile_s']:.1f}", fmt_bytes(row["peak_memory_bytes"]),
         accuracy, row["verdict"], row["why"] or "",
     ]
 
 
-HEADERS = ["configuration", "throughput", "speed-up", "compile", "peak memory", "accuracy", "verdict", "why"]
+HEADERS = ["configuration", "throughput", "start then", "speed-up", "compile", "peak memory", "accuracy", "verdict", "why"]
 
 
 def footnotes(result: TuneResult) -> list[str]:
@@ -177,7 +182,7 @@ def render(result: TuneResult, console: Console) -> None:
 
     table = Table(title=f"ampkit tune: {result.workload} on {result.device.get('name', result.device.get('type'))}")
     for h in HEADERS:
-        table.add_column(h, justify="right" if h in ("throughput", "speed-up", "compile", "peak memory") else "left")
+        table.add_column(h, justify="right" if h in ("throughput", "start then", "speed-up", "compile", "peak memory") else "left")
     for row in rows(result):
         table.add_row(*_cells(result, row))
     console.print(table)

@@ -61,6 +61,8 @@ def test_throughput_and_speed_up_amortise_compile_time_and_use_the_baselines_tim
     winner = rows(_result())[0]
     amortised = statistics.median([t / 2 for t in BASE]) + 8.0 / 1000
     assert winner["throughput"] == pytest.approx(32 / amortised)
+    assert winner["start_then"] == pytest.approx(32 / statistics.median(BASE))  # the speed-up's control, as throughput
+    assert winner["throughput"] / winner["start_then"] == pytest.approx(winner["speedup"])
     assert winner["speedup"] == pytest.approx(statistics.median(BASE) / amortised)
     assert winner["interval"] == speedup_interval(BASE, [t / 2 + 8.0 / 1000 for t in BASE])
     assert winner["gap"] == pytest.approx(0.005) and winner["tolerance"] == pytest.approx(0.02)
