@@ -41,7 +41,7 @@ from ._prune import StagePlan, plan_stage, stage_order
 from ._result import TuneResult
 from ._space import Candidate, Facts, memory_key
 from ._store import TrialStore
-from ._trials import DEFAULT_WAVES, Trial, WaveSettings, make_run, measure_wave
+from ._trials import DEFAULT_WAVES, Trial, WaveInterrupted, WaveSettings, make_run, measure_wave
 
 __all__ = ["COMPILE_GUESS_S", "FINALISTS", "LOADER_MIN_SPEEDUP", "tune_workload"]
 
@@ -180,8 +180,12 @@ class _Tune:
                 r.stages.append({"stage": plan.stage, "incumbent": incumbent.key, "chosen": incumbent.key, "why": "no time left in the budget"})
                 return incumbent
             deadline = self.budget.start + self.budget.seconds - self.guard_reserve(tried[0])
-            trials = measure_wave(self.workload, plan.stage, baseline, tried, self.device, incumbent=incumbent, settings=self.waves,
-                                  seed=self.seed, deadline=deadline, clock=self.budget.clock, progress=self.progress)
+            try:
+                trials = measure_wave(self.workload, plan.stage, baseline, tried, self.device, incumbent=incumbent, settings=self.waves,
+                                      seed=self.seed, deadline=deadline, clock=self.budget.clock, progress=self.progress)
+            except WaveInterrupted as stopped:
+                r.trials += stopped.trials  # shown as measured so far; not stored, so a resumed tune measures the wave whole
+                raise
             self.store.put_wave(wave_key, [t.to_dict() for t in trials])
             measured = [t.compile_s for t in trials if t.compile_s]
             if measured:
@@ -276,7 +280,9 @@ class _Tune:
         fastest that passes (the incumbent's loader settings carried over), else the baseline."""
         best: dict[str, Trial] = {}
         for t in self.result.trials:
-            if t.status != "ok" or t.key == baseline.key:
+            # Each configuration as its own stage measured it (an incumbent measured again in a later wave is that
+            # wave's control, not a second draw to pick the luckier of).
+            if t.status != "ok" or t.role != "candidate" or t.key == baseline.key:
                 continue
             ci = t.interval(self.run_steps)
             if ci is None or ci[0] <= 1.0:

@@ -42,7 +42,7 @@ from ..policy import get_policy
 from ..workloads import Workload, batch_rows, split_batch, to_device
 from ._space import Candidate
 
-__all__ = ["COMPILE_MODES", "DEFAULT_WAVES", "Trial", "WaveSettings", "make_run", "measure_wave", "micro_workload", "threads"]
+__all__ = ["COMPILE_MODES", "DEFAULT_WAVES", "Trial", "WaveInterrupted", "WaveSettings", "make_run", "measure_wave", "micro_workload", "threads"]
 
 log = logging.getLogger("ampkit")
 
@@ -212,7 +212,7 @@ def measure_wave(
     every one holding the baseline's step times of this wave.
 
     ``deadline`` (on ``clock``): no round starts after it; a candidate left with fewer timed steps than an
-    interval needs is ``cut``.
+    interval needs is ``cut``. Ctrl-C during the rounds raises :class:`WaveInterrupted` holding the trials so far.
     """
     others = ([incumbent] if incumbent is not None and incumbent != baseline else []) + list(candidates)
     wave = [baseline] + [c for c in dict.fromkeys(others) if c != baseline]
@@ -224,14 +224,18 @@ def measure_wave(
         progress(f"{stage}: {c.describe(baseline)}: warm-up")
         _guarded(run, c, "building", run.build)
         _guarded(run, c, "warming up", run.train, settings.warmup, False)
-    for r in range(settings.rounds):
-        if deadline is not None and clock() > deadline:
-            log.info("tune: the budget ended the %s wave after %d of %d rounds", stage, r, settings.rounds)
-            break
-        for i in range(len(wave)):
-            j = (i + r) % len(wave)  # rotate who goes first each round
-            progress(f"{stage}: {wave[j].describe(baseline)}: round {r + 1}/{settings.rounds}")
-            _guarded(runs[j], wave[j], "training", runs[j].train, settings.chunk, True)
+    interrupted = False
+    try:
+        for r in range(settings.rounds):
+            if deadline is not None and clock() > deadline:
+                log.info("tune: the budget ended the %s wave after %d of %d rounds", stage, r, settings.rounds)
+                break
+            for i in range(len(wave)):
+                j = (i + r) % len(wave)  # rotate who goes first each round
+                progress(f"{stage}: {wave[j].describe(baseline)}: round {r + 1}/{settings.rounds}")
+                _guarded(runs[j], wave[j], "training", runs[j].train, settings.chunk, True)
+    except KeyboardInterrupt:
+        interrupted = True  # the rounds so far are kept: summarised below, then the interrupt goes on
     trials = []
     for i, (run, c) in enumerate(zip(runs, wave)):
         _guarded(run, c, "summarising", run.summarize)
@@ -248,4 +252,15 @@ def measure_wave(
         t.baseline_times_s = list(base_times)
         if t.status == "ok" and (t.interval(1) is None):
             t.status = "cut"  # too few timed steps for an interval: the budget ended the wave early
-    return trials[1:] + trials[:1]
+    trials = trials[1:] + trials[:1]
+    if interrupted:
+        raise WaveInterrupted(trials)
+    return trials
+
+
+class WaveInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a wave's rounds: ``trials`` hold what the rounds before it measured (``cut`` where too few)."""
+
+    def __init__(self, trials: list[Trial]) -> None:
+        super().__init__()
+        self.trials = trials

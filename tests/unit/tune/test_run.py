@@ -107,6 +107,27 @@ def test_ctrl_c_keeps_what_was_measured_and_the_next_run_resumes_there(tmp_path:
     assert calls == ["threads"] and resumed.resumed == 1 and not resumed.interrupted
 
 
+def test_ctrl_c_inside_a_wave_shows_its_rounds_so_far_and_stores_none_of_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ampkit.tune import _run
+
+    real = _run.measure_wave
+
+    def interrupted_rounds(*args: Any, **kwargs: Any) -> Any:
+        ticks = iter(range(100))
+
+        def clock() -> float:
+            if next(ticks) == 1:
+                raise KeyboardInterrupt  # the second round's start
+            return 0.0
+
+        return real(*args, **{**kwargs, "clock": clock, "deadline": 1.0})
+
+    monkeypatch.setattr(_run, "measure_wave", interrupted_rounds)
+    result = tune_workload(_workload(), "cpu", budget=300, out=tmp_path, **FAST)  # type: ignore[arg-type]
+    assert result.interrupted and {t.status for t in result.trials} == {"cut"} and len(result.trials) == 2
+    assert not (tmp_path / "trials.json").exists()  # a wave cut short is not stored: a resumed tune measures it whole
+
+
 def test_a_budget_too_small_for_one_trial_names_the_minimum(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("ampkit.tune._run._probe", lambda *args: 1.0)  # a step of 1 s: one trial and the guard take minutes
     with pytest.raises(ValueError, match=r"--budget 20 s is too small for one trial of mlp here: .* take about (\d+) s .* pass --budget \d+ or more"):

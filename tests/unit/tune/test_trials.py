@@ -114,3 +114,21 @@ def test_a_candidate_that_fails_is_its_rows_finding_and_the_wave_goes_on(device:
     trials = measure_wave(w, "fused_step", start, [broken], device, settings=WaveSettings(rounds=2, chunk=3, warmup=1))
     assert trials[0].status == "failed" and "fused_step" in (trials[0].error or "")
     assert trials[1].status == "ok" and len(trials[1].step_times_s) == 6
+
+
+def test_ctrl_c_in_the_rounds_keeps_the_rounds_already_measured(device: torch.device) -> None:
+    from ampkit.tune._trials import WaveInterrupted
+
+    w = _workload(device)
+    start = Candidate(policy="32-true", micro_batch=ROWS, accumulate=1)
+    ticks = itertools.count()
+
+    def clock() -> float:  # read at each round's start: the second round is interrupted
+        if next(ticks) == 1:
+            raise KeyboardInterrupt
+        return 0.0
+
+    with pytest.raises(WaveInterrupted) as stopped:
+        measure_wave(w, "threads", start, [dataclasses.replace(start, threads=1)], device,
+                     settings=WaveSettings(rounds=3, chunk=3, warmup=1), deadline=1.0, clock=clock)
+    assert [(t.role, len(t.step_times_s), t.status) for t in stopped.value.trials] == [("candidate", 3, "cut"), ("baseline", 3, "cut")]
