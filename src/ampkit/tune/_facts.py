@@ -38,7 +38,7 @@ from ..profile import candidate_settings, loader_settings, usable_cores
 from ..workloads import Workload
 from ._space import Facts, PolicyFacts, memory_key, micro_batches
 
-__all__ = ["available_memory", "compiler_available", "data_wait_s", "gather_facts", "loader_variants", "predict_peak"]
+__all__ = ["add_loader_facts", "available_memory", "compiler_available", "data_wait_s", "gather_facts", "loader_variants", "predict_peak"]
 
 log = logging.getLogger("ampkit")
 
@@ -182,11 +182,20 @@ def gather_facts(
     fp16 = [n for n, p in facts.policies.items() if n.startswith("16-") and p.supported and p.fast]
     if check_fp16 if check_fp16 is not None else bool(fp16):
         facts.fp16_overflow = fp16_overflowing_modules(workload, device, notes)
-    if loader is not None:
-        wait = measure_wait(loader)
-        facts.data_share = wait / (wait + step_s) if step_s else None
-        facts.loader_variants = loader_variants(loader, device)
+    if loader is not None and step_s:
+        add_loader_facts(facts, loader, step_s, device, measure_wait)
     return facts
+
+
+def add_loader_facts(
+    facts: Facts, loader: torch.utils.data.DataLoader[Any], step_s: float, device: torch.device,
+    measure_wait: Callable[[Iterable[Any]], float] = data_wait_s,
+) -> None:
+    """Set the loader's share of a ``step_s`` step (its wait for a batch over the wait and the step) and the loader
+    settings worth a trial."""
+    wait = measure_wait(loader)
+    facts.data_share = wait / (wait + step_s)
+    facts.loader_variants = loader_variants(loader, device)
 
 
 def fp16_overflowing_modules(workload: Workload, device: torch.device, notes: list[str]) -> list[str]:

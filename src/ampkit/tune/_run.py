@@ -32,9 +32,10 @@ from typing import Any
 import torch
 
 from .. import __version__
+from ..errors import one_line
 from ..profile import LoaderSettings, loader_settings, try_loader_settings
 from ..workloads import Workload, batch_rows, device_info, split_batch
-from ._facts import gather_facts
+from ._facts import add_loader_facts, gather_facts
 from ._format import fmt_bytes
 from ._guard import GuardResult, Reference, judge, reference
 from ._prune import StagePlan, plan_stage, stage_order
@@ -43,14 +44,19 @@ from ._space import Candidate, Facts, memory_key
 from ._store import TrialStore
 from ._trials import DEFAULT_WAVES, Trial, WaveInterrupted, WaveSettings, make_run, measure_wave
 
-__all__ = ["COMPILE_GUESS_S", "FINALISTS", "LOADER_MIN_SPEEDUP", "tune_workload"]
+__all__ = ["COMPILE_GUESS_S", "FINALISTS", "LOADER_MIN_SPEEDUP", "RECOMPILE_SHARE", "tune_workload"]
 
 log = logging.getLogger("ampkit")
 
 FINALISTS = 3
 """At most this many of the fastest configurations go through the accuracy guard."""
-COMPILE_GUESS_S = {"cpu": 30.0, "cuda": 20.0}
-"""What one compilation is assumed to cost, for the budget, until a trial has measured one (then: the most measured)."""
+COMPILE_GUESS_S = {"cpu": 20.0, "cuda": 20.0}
+"""What one compilation is assumed to cost, for the budget, until a trial has measured one (then: the most measured).
+The CPU's: digits tiny's whole-model compile took 18.6 s on the 2-core development machine (2026-11-28); the H200's
+first torch.compile took 11.6 s (DEVELOPERS.md)."""
+RECOMPILE_SHARE = 0.1
+"""A trial's run compiles twice (alone for its compile time, then the timed run), and a guard run once more: the
+same graph again, which torch.compile's on-disk cache serves (0.76 s after 18.6 s for digits tiny on a CPU)."""
 LOADER_MIN_SPEEDUP = 1.05
 """A loader setting is adopted when it makes the loader-fed step at least this much faster (the profile's
 threshold: its trials give means, not intervals, and smaller differences are this machine's noise)."""
@@ -73,12 +79,16 @@ class _Budget:
     def left(self) -> float:
         return self.seconds - self.elapsed
 
+    @staticmethod
+    def compiles(c: Candidate) -> int:
+        """The regions ``c`` compiles: the model, the fused master step, bf16-true-sr's library step."""
+        return (c.compile is not None) + bool(c.fused_step) + (c.policy == "bf16-true-sr")
+
     def trial_s(self, c: Candidate, steps: int) -> float:
-        compiles = (c.compile is not None) + bool(c.fused_step) + (c.policy == "bf16-true-sr")
-        return steps * self.step_s + 2 * compiles * self.compile_s  # a compiled run compiles twice: alone, then timed
+        return steps * self.step_s + self.compiles(c) * self.compile_s * (1 + RECOMPILE_SHARE)
 
     def guard_s(self, c: Candidate, steps: int) -> float:
-        return steps * self.step_s + ((c.compile is not None) + bool(c.fused_step) + (c.policy == "bf16-true-sr")) * self.compile_s
+        return steps * self.step_s + self.compiles(c) * self.compile_s * RECOMPILE_SHARE
 
 
 def _probe(workload: Workload, start: Candidate, device: torch.device, seed: int) -> float:
@@ -250,9 +260,12 @@ class _Tune:
         if stored is None:
             base = loader_settings(self.loader)
             variants = [LoaderSettings(**{**dataclasses.asdict(base), **dict(c.loader)}) for c in plan.kept]
-            run = make_run(self.workload, incumbent, self.device, self.seed, 1)
-            run.build()
+            # One loader batch a step: the incumbent's micro-batches of it (the user's own accumulation, which spans
+            # several loader batches, does not change how fast the loader must deliver one).
             parts = incumbent.accumulate // self.workload.accumulate
+            one_batch = dataclasses.replace(self.workload, accumulate=1)
+            run = make_run(one_batch, dataclasses.replace(incumbent, accumulate=parts), self.device, self.seed, 1)
+            run.build()
 
             def step(batch: Any) -> None:
                 rows = batch_rows(batch) // parts
@@ -260,8 +273,14 @@ class _Tune:
                 run.train(1, False)
 
             self.progress("loader: the DataLoader's variants")
-            found = try_loader_settings(self.loader, step, self.device, settings=variants, channels_last=self.workload.channels_last)
-            run.release()
+            try:
+                found = try_loader_settings(self.loader, step, self.device, settings=variants, channels_last=self.workload.channels_last)
+            except Exception as exc:  # noqa: BLE001 - the loader as given failing ends this stage, not the tune
+                self.result.notes.append(f"the DataLoader's trials failed ({one_line(exc, with_type=True)}): its settings are left as given")
+                self.result.stages.append({"stage": "loader", "incumbent": incumbent.key, "chosen": incumbent.key, "why": "its trials failed"})
+                return incumbent
+            finally:
+                run.release()
             stored = [{**t.to_dict(), "kwargs": {k: v for k, v in dataclasses.asdict(t.settings).items() if getattr(base, k) != v}} for t in found]
             self.store.put_loader(key, stored)
         self.result.loader_trials = stored
@@ -394,13 +413,14 @@ def _search(
     budget.step_s = _probe(workload, baseline, device, tune.seed)
     minimum = budget.elapsed + 2 * budget.trial_s(baseline, tune.waves.steps) + tune.guard_reserve(baseline)
     if minimum > budget.seconds:
+        enough = math.ceil(minimum * 1.5)
         raise ValueError(
             f"--budget {budget.seconds:g} s is too small for one trial of {workload.name} here: a trial of the start and one "
             f"candidate and the accuracy guard take about {math.ceil(minimum)} s (a step takes {budget.step_s * 1e3:.1f} ms); "
-            f"pass --budget {math.ceil(minimum * 1.5)} or more."
+            f"pass --budget {enough} (budget={enough} in Python) or more."
         )
     if tune.loader is not None:
-        facts = gather_facts(workload, device, step_s=budget.step_s, memory_budget=memory_budget, loader=tune.loader, precisions=precisions, notes=notes)
+        add_loader_facts(facts, tune.loader, budget.step_s, device)
     result.notes += notes
     result.facts = _facts_summary(facts)
     result.baseline = incumbent = baseline

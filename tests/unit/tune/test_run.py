@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -128,10 +130,61 @@ def test_ctrl_c_inside_a_wave_shows_its_rounds_so_far_and_stores_none_of_them(tm
     assert not (tmp_path / "trials.json").exists()  # a wave cut short is not stored: a resumed tune measures it whole
 
 
+class _SlowSamples(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """Samples that take a millisecond each to make: a loader-bound step."""
+
+    def __len__(self) -> int:
+        return 512
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        import time
+
+        time.sleep(0.001)
+        g = torch.Generator().manual_seed(i)
+        return torch.randn(8, generator=g), torch.randint(0, 3, (), generator=g)
+
+
+def _loader() -> torch.utils.data.DataLoader:  # type: ignore[type-arg]
+    return torch.utils.data.DataLoader(_SlowSamples(), batch_size=ROWS)
+
+
+def test_a_loader_bound_step_tunes_the_loader_first_on_the_incumbents_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("ampkit.tune._facts.loader_variants", lambda loader, device: [{"num_workers": 1}])
+    w = _workload()
+    w.train_batches = [batch for _, batch in zip(range(4), _loader())]
+    result = tune_workload(w, "cpu", budget=300, loader=_loader(), **{**FAST, "stages": ["loader", "precision"]})  # type: ignore[arg-type]
+    assert result.facts["data_share"] > 0.5  # 16 ms to make a batch, against a step of a few
+    assert [s["stage"] for s in result.stages][:1] == ["loader"]
+    assert [t["name"] for t in result.loader_trials] == ["as given", "num_workers=1"]
+    assert all(t["step_s"] > 0 for t in result.loader_trials)
+
+
+def test_the_loader_setting_is_adopted_only_beyond_the_profiles_threshold(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ampkit.profile import LoaderSettings, Trial as LoaderTrial
+
+    def fake_trials(loader: Any, step: Any, device: Any, *, settings: list[Any], **kw: Any) -> list[Any]:
+        step(next(iter(loader)))  # the incumbent's step runs on a loader batch
+        return [LoaderTrial(LoaderSettings(), "as given", 0.010, 0.010, 0.0, speedup=1.0, baseline=True),
+                LoaderTrial(settings[0], "num_workers=1", 0.010 / speedup, 0.010 / speedup, 0.0, speedup=speedup)]
+
+    monkeypatch.setattr("ampkit.tune._facts.loader_variants", lambda loader, device: [{"num_workers": 1}])
+    monkeypatch.setattr("ampkit.tune._run.try_loader_settings", fake_trials)
+    w = _workload()
+    w.train_batches = [batch for _, batch in zip(range(4), _loader())]
+    for speedup, adopted in ((1.04, False), (1.06, True)):
+        result = tune_workload(w, "cpu", budget=300, loader=_loader(), **{**FAST, "stages": ["loader"]})  # type: ignore[arg-type]
+        assert (result.winner.loader == (("num_workers", 1),)) is adopted
+        assert ("num_workers=1" in ampkit.tune.code(result)) is adopted
+
+
 def test_a_budget_too_small_for_one_trial_names_the_minimum(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("ampkit.tune._run._probe", lambda *args: 1.0)  # a step of 1 s: one trial and the guard take minutes
-    with pytest.raises(ValueError, match=r"--budget 20 s is too small for one trial of mlp here: .* take about (\d+) s .* pass --budget \d+ or more"):
+    with pytest.raises(ValueError, match=r"--budget 20 s is too small for one trial of mlp here") as caught:
         tune_workload(_workload(), "cpu", budget=20, **FAST)  # type: ignore[arg-type]
+    # Two trials of 9 steps (the start's and a candidate's) and three guard runs of 6 steps, at 1 s a step: 36 s,
+    # plus the seconds already spent reading the model.
+    about, enough = (int(n) for n in re.findall(r"take about (\d+) s .* pass --budget (\d+) \(budget=\d+ in Python\) or more", str(caught.value))[0])
+    assert 36 <= about < 46 and math.ceil(1.5 * (about - 1)) <= enough <= math.ceil(1.5 * about)
 
 
 def test_candidates_the_budget_has_no_time_for_are_listed_not_tried(monkeypatch: pytest.MonkeyPatch) -> None:
