@@ -43,21 +43,24 @@ class TrialStore:
             self.data = stored
 
     def wave(self, key: str) -> list[dict[str, Any]] | None:
-        return self.data["waves"].get(key)
+        found: list[dict[str, Any]] | None = self.data["waves"].get(key)
+        return found
 
     def put_wave(self, key: str, trials: list[dict[str, Any]]) -> None:
         self.data["waves"][key] = trials
         self._save()
 
     def guard(self, key: str) -> dict[str, Any] | None:
-        return self.data["guard"].get(key)
+        found: dict[str, Any] | None = self.data["guard"].get(key)
+        return found
 
     def put_guard(self, key: str, result: dict[str, Any]) -> None:
         self.data["guard"][key] = result
         self._save()
 
     def loader(self, key: str) -> list[dict[str, Any]] | None:
-        return self.data["loader"].get(key)
+        found: list[dict[str, Any]] | None = self.data["loader"].get(key)
+        return found
 
     def put_loader(self, key: str, trials: list[dict[str, Any]]) -> None:
         self.data["loader"][key] = trials

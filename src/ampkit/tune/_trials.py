@@ -144,6 +144,14 @@ def micro_workload(workload: Workload, candidate: Candidate) -> Workload:
             f"a micro-batch of {candidate.micro_batch} x {candidate.accumulate} does not make the global batch of "
             f"{rows} x {workload.accumulate} rows: micro-batches must split each batch evenly."
         )
+    uneven = sorted({n for n in (batch_rows(b) for b in workload.train_batches) if n != rows})
+    if uneven:
+        # Cut alike, a shorter batch would leave a short last micro-batch whose mean loss counts as much as a full
+        # one's: the step would no longer be the user's. Not tried, rather than trained differently.
+        raise ValueError(
+            f"micro-batches need every batch to have {rows} rows, as the first; some have {', '.join(map(str, uneven))} "
+            "(drop the last, short batch: DataLoader(..., drop_last=True))."
+        )
     parts = rows // candidate.micro_batch
     batches = [split_batch(b, i * candidate.micro_batch, (i + 1) * candidate.micro_batch) for b in workload.train_batches for i in range(parts)]
     return dataclasses.replace(
@@ -216,6 +224,13 @@ def measure_wave(
     """
     others = ([incumbent] if incumbent is not None and incumbent != baseline else []) + list(candidates)
     wave = [baseline] + [c for c in dict.fromkeys(others) if c != baseline]
+    unbuilt: dict[Candidate, str] = {}
+    for c in wave[1:]:  # a candidate the data cannot be cut for is its row's finding (the baseline's raises)
+        try:
+            micro_workload(workload, c)
+        except ValueError as exc:
+            unbuilt[c] = str(exc)
+    wave = [c for c in wave if c not in unbuilt]
     runs = [make_run(workload, c, device, seed, settings.steps) for c in wave]
     for run, c in zip(runs, wave):
         progress(f"{stage}: {c.describe(baseline)}: measuring memory")
@@ -240,13 +255,14 @@ def measure_wave(
     for i, (run, c) in enumerate(zip(runs, wave)):
         _guarded(run, c, "summarising", run.summarize)
         run.release()
-        r = run.result
-        status = {"failed": "failed", "unsupported": "failed"}.get(r.status, "ok")
+        res = run.result
+        status = {"failed": "failed", "unsupported": "failed"}.get(res.status, "ok")
         role = "baseline" if i == 0 else "incumbent" if c == incumbent else "candidate"
         trials.append(Trial(
-            key=c.key, stage=stage, candidate=c.to_dict(), role=role, status=status, error=r.error, step_times_s=list(r.step_times_s or []),
-            compile_s=r.compile_time_s, peak_memory_bytes=r.peak_memory_bytes,
+            key=c.key, stage=stage, candidate=c.to_dict(), role=role, status=status, error=res.error, step_times_s=list(res.step_times_s or []),
+            compile_s=res.compile_time_s, peak_memory_bytes=res.peak_memory_bytes,
         ))
+    trials += [Trial(key=c.key, stage=stage, candidate=c.to_dict(), status="failed", error=why) for c, why in unbuilt.items()]
     base_times = trials[0].step_times_s
     for t in trials:
         t.baseline_times_s = list(base_times)

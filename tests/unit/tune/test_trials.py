@@ -132,3 +132,19 @@ def test_ctrl_c_in_the_rounds_keeps_the_rounds_already_measured(device: torch.de
         measure_wave(w, "threads", start, [dataclasses.replace(start, threads=1)], device,
                      settings=WaveSettings(rounds=3, chunk=3, warmup=1), deadline=1.0, clock=clock)
     assert [(t.role, len(t.step_times_s), t.status) for t in stopped.value.trials] == [("candidate", 3, "cut"), ("baseline", 3, "cut")]
+
+
+def test_micro_batches_of_uneven_batches_are_refused_as_their_rows_finding(device: torch.device) -> None:
+    # Cut in the same slices, a short last batch would give a short micro-batch whose mean loss weighs as much as a
+    # full one's: another step than the user's. The candidate fails with the reason; the wave goes on.
+    w = _workload(device)
+    x, y = w.train_batches[-1]
+    w.train_batches[-1] = (x[:5], y[:5])
+    start = Candidate(policy="32-true", micro_batch=ROWS, accumulate=1)
+    halves = dataclasses.replace(start, micro_batch=ROWS // 2, accumulate=2)
+    trials = measure_wave(w, "micro_batch", start, [halves], device, settings=WaveSettings(rounds=2, chunk=3, warmup=1))
+    failed = next(t for t in trials if t.key == halves.key)
+    assert failed.status == "failed" and failed.error == (
+        "micro-batches need every batch to have 8 rows, as the first; some have 5 (drop the last, short batch: DataLoader(..., drop_last=True))."
+    )
+    assert next(t for t in trials if t.role == "baseline").status == "ok"
