@@ -37,7 +37,7 @@ class TuneResult:
     winner_reason: str = ""
     trials: list[Trial] = field(default_factory=list)
     pruned: list[dict[str, Any]] = field(default_factory=list)
-    """Candidates ruled out before running: stage, key, change, reason."""
+    """Candidates ruled out before running: stage, key, change (what differs from the start), reason."""
     not_tried: list[dict[str, Any]] = field(default_factory=list)
     """Candidates the budget left no time for."""
     stages: list[dict[str, Any]] = field(default_factory=list)

@@ -173,7 +173,7 @@ class _Tune:
         """Run ``plan``'s wave (or read it back) and return the configuration the next stage builds on."""
         r = self.result
         for c, why in plan.pruned:
-            r.pruned.append({"stage": plan.stage, "key": c.key, "change": c.describe(incumbent), "reason": why})
+            r.pruned.append({"stage": plan.stage, "key": c.key, "change": c.describe(r.start), "reason": why})
         if not plan.kept:
             r.stages.append({"stage": plan.stage, "incumbent": incumbent.key, "chosen": incumbent.key, "why": plan.reason})
             return incumbent
@@ -217,7 +217,7 @@ class _Tune:
                 spent += cost
             else:
                 self.result.not_tried.append({
-                    "stage": plan.stage, "key": c.key, "change": c.describe(incumbent),
+                    "stage": plan.stage, "key": c.key, "change": c.describe(self.result.start),
                     "reason": f"no time left in the budget (about {cost:.0f} s for its trial)",
                 })
         return tried
@@ -356,7 +356,7 @@ def tune_workload(
     ``guard_steps``: steps of each accuracy-guard run (default: the workload's steps, at least 30).
     ``memory_budget``: bytes a step may use (default: what the device has free). ``loader``: the DataLoader the
     user trains from, whose settings are then tuned too. ``stages``: only these stages (default: all, in
-    :func:`~ampkit.tune._prune.stage_order`); ``precisions``: the policies it may choose from (default: every
+    :func:`~ampkit.tune._prune.stage_order`; ``fit`` runs whenever the user's batch does not fit); ``precisions``: the policies it may choose from (default: every
     policy the device runs fast). ``progress(what, elapsed_s, left_s)`` is told what runs.
     Raises ValueError when ``budget`` is too small for one trial (naming the minimum) or nothing fits.
     """
@@ -426,7 +426,7 @@ def _search(
     result.baseline = incumbent = baseline
     order = stage_order(facts, start_fits)
     for stage in order:
-        if stages is not None and stage not in stages:
+        if stages is not None and stage not in stages and stage != "fit":  # nothing runs until the step fits
             continue
         if stage == "fit":
             plan = plan_stage("fit", start, facts)

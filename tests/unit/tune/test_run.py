@@ -201,6 +201,29 @@ def test_candidates_the_budget_has_no_time_for_are_listed_not_tried(monkeypatch:
     assert len({t.key for t in result.trials}) == 3
     assert [n["reason"] for n in result.not_tried] == ["no time left in the budget (about 5 s for its trial)"] * 3
     assert {n["key"] for n in result.not_tried} | {t.key for t in result.trials} == {f"{p} mb16x1 compile=off" for p in ["32-true", *precisions]}
+    assert {n["change"] for n in result.not_tried} == {f"precision {n['key'].split()[0]}" for n in result.not_tried}  # against the start
+
+
+def test_pruned_candidates_are_described_against_the_start_not_the_stage_they_vary(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 16 rows do not fit: the fit stage varies the largest micro-batch that fits (8 x 2); the pruned recompute of it
+    # reads "micro-batch 8 x 2, recompute", not "recompute" (which would name the start's own batch).
+    from ampkit.tune import _run
+    from ampkit.tune._space import memory_key
+
+    def facts(*args: Any, **kwargs: Any) -> Any:
+        f = gather_facts(*args, **kwargs)
+        f.memory_budget = 1000
+        f.blocks = 2
+        f.predicted_peak = {memory_key("32-true", m, r): (100 if r else 120) * m for m in (16, 8, 4, 2, 1) for r in (False, True)}
+        return f
+
+    from ampkit.tune import gather_facts
+
+    monkeypatch.setattr(_run, "gather_facts", facts)
+    monkeypatch.setattr(_run, "measure_wave", lambda *args, **kwargs: (_ for _ in ()).throw(KeyboardInterrupt))
+    result = tune_workload(_workload(), "cpu", budget=300, **FAST)  # type: ignore[arg-type]
+    pruned = {p["key"]: p["change"] for p in result.pruned}
+    assert pruned["32-true mb8x2 compile=off recompute"] == "micro-batch 8 x 2, recompute"
 
 
 def test_a_model_that_does_not_fit_at_one_sample_says_so_with_its_memory() -> None:
