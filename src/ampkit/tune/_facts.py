@@ -128,17 +128,12 @@ def data_wait_s(loader: Iterable[Any], batches: int = 5) -> float:
 
 
 def loader_variants(loader: torch.utils.data.DataLoader[Any], device: torch.device) -> list[dict[str, Any]]:
-    """The DataLoader settings worth a trial (the profile's :func:`ampkit.profile.candidate_settings`: worker
-    counts, on a CPU each also with torch's threads cut to the cores the workers leave; and, with workers, kept
-    between epochs), each as the fields that differ from the loader as given."""
+    """The DataLoader settings the profile's search starts from (:func:`ampkit.profile.candidate_settings`: worker
+    counts, on a CPU each also with torch's threads cut to the cores the workers leave), each as the fields that
+    differ from the loader as given; the search then refines the fastest (persistent workers, prefetch, pinning)."""
     base = loader_settings(loader)
-    out = []
-    for variant in candidate_settings(base, device):
-        out.append(variant)
-        if variant.num_workers > 0 and not variant.persistent_workers:
-            out.append(dataclasses.replace(variant, persistent_workers=True))
     given = dataclasses.asdict(base)
-    return [{k: v for k, v in dataclasses.asdict(s).items() if given[k] != v} for s in out]
+    return [{k: v for k, v in dataclasses.asdict(s).items() if given[k] != v} for s in candidate_settings(base, device)]
 
 
 def gather_facts(

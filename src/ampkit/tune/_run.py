@@ -33,7 +33,7 @@ import torch
 
 from .. import __version__
 from ..errors import one_line
-from ..profile import LoaderSettings, loader_settings, try_loader_settings
+from ..profile import loader_settings, try_loader_settings
 from ..workloads import Workload, batch_rows, device_info, split_batch
 from ._facts import add_loader_facts, gather_facts
 from ._format import fmt_bytes
@@ -253,13 +253,22 @@ class _Tune:
 
     # -- the loader -----------------------------------------------------------------------------
     def loader_stage(self, plan: StagePlan, incumbent: Candidate) -> Candidate:
-        """Time the incumbent's step fed by each DataLoader variant (the profile's trials); adopt the fastest that
-        gains :data:`LOADER_MIN_SPEEDUP`."""
+        """Time the incumbent's step fed by the DataLoader's variants, as ``ampkit profile`` searches them
+        (:func:`ampkit.profile.try_loader_settings`: the worker counts of the plan, then persistent workers, a deeper
+        prefetch and, on CUDA, pinned memory, each kept when it helps); adopt the fastest that gains
+        :data:`LOADER_MIN_SPEEDUP`."""
         key = f"loader|{incumbent.key}"
         stored = self.store.loader(key)
         if stored is None:
+            # Each variant (the plan's and up to 3 refinements) runs two epochs of about 16 loader-fed steps.
+            share = self.result.facts.get("data_share") or 0.0
+            cost = (len(plan.kept) + 4) * 2 * 16 * self.budget.step_s / max(1e-3, 1.0 - share)
+            if cost > self.budget.left - self.guard_reserve(incumbent):
+                self.result.not_tried.append({"stage": "loader", "key": f"{incumbent.key} (loader)", "change": "the DataLoader's settings",
+                                              "reason": f"no time left in the budget (about {cost:.0f} s for the loader's trials)"})
+                self.result.stages.append({"stage": "loader", "incumbent": incumbent.key, "chosen": incumbent.key, "why": "no time left in the budget"})
+                return incumbent
             base = loader_settings(self.loader)
-            variants = [LoaderSettings(**{**dataclasses.asdict(base), **dict(c.loader)}) for c in plan.kept]
             # One loader batch a step: the incumbent's micro-batches of it (the user's own accumulation, which spans
             # several loader batches, does not change how fast the loader must deliver one).
             parts = incumbent.accumulate // self.workload.accumulate
@@ -274,7 +283,7 @@ class _Tune:
 
             self.progress("loader: the DataLoader's variants")
             try:
-                found = try_loader_settings(self.loader, step, self.device, settings=variants, channels_last=self.workload.channels_last)
+                found = try_loader_settings(self.loader, step, self.device, channels_last=self.workload.channels_last)
             except Exception as exc:  # noqa: BLE001 - the loader as given failing ends this stage, not the tune
                 self.result.notes.append(f"the DataLoader's trials failed ({one_line(exc, with_type=True)}): its settings are left as given")
                 self.result.stages.append({"stage": "loader", "incumbent": incumbent.key, "chosen": incumbent.key, "why": "its trials failed"})

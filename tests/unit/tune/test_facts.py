@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -71,9 +73,9 @@ def test_the_loaders_share_of_the_step_is_its_wait_against_the_step() -> None:
     assert gather_facts(_workload(), CPU, precisions=[]).data_share is None  # no DataLoader: the data is in memory
 
 
-def test_loader_variants_are_the_profiles_worker_counts_and_persistent_workers() -> None:
+def test_loader_variants_are_the_profiles_worker_counts() -> None:
+    from ampkit.profile import LoaderSettings, candidate_settings
+
     loader = DataLoader(TensorDataset(torch.randn(64, 8)), batch_size=ROWS)
-    variants = loader_variants(loader, CPU)
-    assert {"num_workers": 1} in variants or not variants  # a 1-core machine tries no workers
-    for v in variants:
-        assert v["num_workers"] >= 1 and set(v) <= {"num_workers", "persistent_workers", "torch_threads"}
+    control = [dataclasses.asdict(s) for s in candidate_settings(LoaderSettings(), CPU)]
+    assert [{**dataclasses.asdict(LoaderSettings()), **v} for v in loader_variants(loader, CPU)] == control

@@ -160,17 +160,17 @@ def test_a_loader_bound_step_tunes_the_loader_first_on_the_incumbents_step(monke
     result = tune_workload(w, "cpu", budget=300, loader=_loader(), **{**FAST, "stages": ["loader", "precision"]})  # type: ignore[arg-type]
     assert result.facts["data_share"] > 0.5
     assert [s["stage"] for s in result.stages][:1] == ["loader"]
-    assert [t["name"] for t in result.loader_trials] == ["as given", "num_workers=1"]
+    assert result.loader_trials[0]["name"] == "as given" and len(result.loader_trials) > 1  # the profile's search
     assert all(t["step_s"] > 0 for t in result.loader_trials)
 
 
 def test_the_loader_setting_is_adopted_only_beyond_the_profiles_threshold(monkeypatch: pytest.MonkeyPatch) -> None:
     from ampkit.profile import LoaderSettings, Trial as LoaderTrial
 
-    def fake_trials(loader: Any, step: Any, device: Any, *, settings: list[Any], **kw: Any) -> list[Any]:
+    def fake_trials(loader: Any, step: Any, device: Any, **kw: Any) -> list[Any]:
         step(next(iter(loader)))  # the incumbent's step runs on a loader batch
         return [LoaderTrial(LoaderSettings(), "as given", 0.010, 0.010, 0.0, speedup=1.0, baseline=True),
-                LoaderTrial(settings[0], "num_workers=1", 0.010 / speedup, 0.010 / speedup, 0.0, speedup=speedup)]
+                LoaderTrial(LoaderSettings(num_workers=1), "num_workers=1", 0.010 / speedup, 0.010 / speedup, 0.0, speedup=speedup)]
 
     monkeypatch.setattr("ampkit.tune._facts.loader_variants", lambda loader, device: [{"num_workers": 1}])
     monkeypatch.setattr("ampkit.tune._run.try_loader_settings", fake_trials)
@@ -180,6 +180,18 @@ def test_the_loader_setting_is_adopted_only_beyond_the_profiles_threshold(monkey
         result = tune_workload(w, "cpu", budget=300, loader=_loader(), **{**FAST, "stages": ["loader"]})  # type: ignore[arg-type]
         assert (result.winner.loader == (("num_workers", 1),)) is adopted
         assert ("num_workers=1" in ampkit.tune.code(result)) is adopted
+
+
+def test_the_loaders_trials_are_not_started_without_the_time_for_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A probed step of 0.5 s: one loader variant's two epochs of 16 steps alone take 16 s; five take 80.
+    monkeypatch.setattr("ampkit.tune._facts.loader_variants", lambda loader, device: [{"num_workers": 1}])
+    monkeypatch.setattr("ampkit.tune._run._probe", lambda *args: 0.5)
+    monkeypatch.setattr("ampkit.tune._run.try_loader_settings", lambda *a, **k: pytest.fail("the loader's trials started"))
+    w = _workload()
+    w.train_batches = [batch for _, batch in zip(range(4), _loader())]
+    result = tune_workload(w, "cpu", budget=60, loader=_loader(), **{**FAST, "stages": ["loader"]})  # type: ignore[arg-type]
+    assert [n["change"] for n in result.not_tried] == ["the DataLoader's settings"]
+    assert result.not_tried[0]["reason"].startswith("no time left in the budget (about 8")
 
 
 def test_a_budget_too_small_for_one_trial_names_the_minimum(monkeypatch: pytest.MonkeyPatch) -> None:
