@@ -13,7 +13,7 @@ from .accounting import LiveBytes, SavedActivations, tensor_bytes, training_stat
 from .batch_finder import BatchSizeNotFoundError, find_max_batch_size
 from .estimate import BREAKDOWN, MemoryEstimate, estimate, measure
 from .fit import Fit, largest_batch, parse_bytes
-from .fp8_layers import Fp8Plan, fp8_layer_plan
+from .fp8_layers import Fp8Plan, fp8_layer_plan, planned_policy
 from .oom import MemoryBudget, is_out_of_memory, release_memory
 from .recompute import RecomputeReport, recompute, recomputed_modules, unrecompute
 from .tracker import MemorySample, MemorySummary, MemoryTracker
@@ -21,6 +21,6 @@ from .tracker import MemorySample, MemorySummary, MemoryTracker
 __all__ = [
     "BREAKDOWN", "BatchSizeNotFoundError", "Fit", "Fp8Plan", "LiveBytes", "MemoryBudget", "MemoryEstimate", "MemorySample",
     "MemorySummary", "MemoryTracker", "SavedActivations",
-    "RecomputeReport", "estimate", "find_max_batch_size", "fp8_layer_plan", "is_out_of_memory", "largest_batch", "measure", "parse_bytes",
+    "RecomputeReport", "estimate", "find_max_batch_size", "fp8_layer_plan", "is_out_of_memory", "largest_batch", "measure", "parse_bytes", "planned_policy",
     "recompute", "recomputed_modules", "release_memory", "repeated_blocks", "tensor_bytes", "training_state_bytes", "unrecompute",
 ]

@@ -74,7 +74,7 @@ def fp8_roofline(c: Candidate, incumbent: Candidate, facts: Facts) -> str | None
     """The fp8 roofline (:func:`ampkit.memory.fp8_layer_plan`) says no Linear layer pays at this batch's rows."""
     paying, total = facts.fp8_layers.get(c.policy, (1, 1))
     if _policy(facts, c.policy).needs_compile and paying == 0:
-        return f"the fp8 roofline predicts none of the {total} Linear layers pays at {c.micro_batch} rows per micro-batch"
+        return f"the fp8 roofline predicts none of the {total} Linear layers pays at the batch's {facts.rows} rows"
     return None
 
 

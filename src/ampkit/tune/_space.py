@@ -168,7 +168,13 @@ def stage_candidates(stage: str, incumbent: Candidate, facts: Facts) -> list[Can
     if stage == "precision":
         return [replace(incumbent, policy=name) for name in facts.policies if name != incumbent.policy]
     if stage == "compile":
-        return [replace(incumbent, compile=mode) for mode in ("regional", "model") if mode != incumbent.compile]
+        out = [replace(incumbent, compile=mode) for mode in ("regional", "model") if mode != incumbent.compile]
+        # The policies that pay only compiled (fp8) are tried here, compiled, where the device runs them at all (the
+        # precision stage already named why a device cannot).
+        compiled = incumbent.compile or "model"
+        out += [replace(incumbent, policy=name, compile=compiled) for name, p in facts.policies.items()
+                if p.needs_compile and p.supported and name != incumbent.policy]
+        return out
     if stage == "fused_step":
         masters = facts.policies.get(incumbent.policy, PolicyFacts(True, True, "")).masters
         return [replace(incumbent, fused_step=True)] if masters and incumbent.fused_step is None and incumbent.compile is None else []

@@ -37,12 +37,12 @@ import torch
 
 from ..bench import PolicyRun, speedup_interval
 from ..errors import one_line
-from ..memory import recompute, repeated_blocks
-from ..policy import get_policy
+from ..memory import fp8_layer_plan, planned_policy, recompute, repeated_blocks
+from ..policy import Policy, get_policy
 from ..workloads import Workload, batch_rows, split_batch, to_device
 from ._space import Candidate
 
-__all__ = ["COMPILE_MODES", "DEFAULT_WAVES", "Trial", "WaveInterrupted", "WaveSettings", "make_run", "measure_wave", "micro_workload", "threads"]
+__all__ = ["COMPILE_MODES", "DEFAULT_WAVES", "Trial", "WaveInterrupted", "WaveSettings", "make_run", "measure_wave", "micro_workload", "threads", "trial_policy"]
 
 log = logging.getLogger("ampkit")
 
@@ -171,9 +171,22 @@ def make_run(workload: Workload, candidate: Candidate, device: torch.device, see
     batches = [to_device(w.train_batches[i], device, w.channels_last) for i in range(needed)]
     options = {"fused_step": candidate.fused_step} if candidate.fused_step is not None else {}
     return PolicyRun(
-        w, get_policy(candidate.policy), device, batches, seed, compile=COMPILE_MODES.get(candidate.compile or ""),
+        w, trial_policy(w, candidate.policy), device, batches, seed, compile=COMPILE_MODES.get(candidate.compile or ""),
         mode=candidate.compile, engine_options=options, prepare=_recompute_blocks if candidate.recompute else None,
     )
+
+
+def trial_policy(workload: Workload, name: str) -> Policy:
+    """The policy ``name`` as a trial runs it: an fp8 policy set to the layers its roofline plans at the workload's
+    micro-batch rows (:func:`ampkit.memory.fp8_layer_plan`, as ``ampkit bench`` runs it), any other as it comes."""
+    policy = get_policy(name)
+    if not policy.needs_compile:
+        return policy
+    try:
+        return planned_policy(fp8_layer_plan(workload.model, workload.train_batches[0], name), policy)  # type: ignore[arg-type]
+    except Exception as exc:  # noqa: BLE001 - a forward fake tensors cannot run: the policy converts what its filter picks
+        log.warning("tune: no fp8 layer plan for %s (%s); it converts the layers its own filter picks", name, one_line(exc, with_type=True))
+        return policy
 
 
 @contextlib.contextmanager

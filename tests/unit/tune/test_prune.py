@@ -40,11 +40,15 @@ def test_fp8_is_pruned_eagerly_and_by_its_roofline_when_no_layer_pays() -> None:
     fp8 = PolicyFacts(True, True, "sm90", needs_compile=True)
     facts = _facts(device="cuda", policies={"32-true": FAST, "fp8-tensorwise": fp8}, fp8_layers={"fp8-tensorwise": (3, 4)})
     assert "pays only under torch.compile" in _pruned(plan_stage("precision", START, facts))["fp8-tensorwise mb8x1 compile=off"]
+    # ... and the compile stage tries it, compiled: 3 of its 4 layers pay.
+    assert "fp8-tensorwise mb8x1 compile=model" in {c.key for c in plan_stage("compile", START, facts).kept}
     compiled = dataclasses.replace(START, compile="model")
-    assert [c.policy for c in plan_stage("precision", compiled, facts).kept] == ["fp8-tensorwise"]  # 3 of 4 layers pay
+    assert [c.policy for c in plan_stage("precision", compiled, facts).kept] == ["fp8-tensorwise"]
     facts.fp8_layers["fp8-tensorwise"] = (0, 4)
-    reason = _pruned(plan_stage("precision", compiled, facts))["fp8-tensorwise mb8x1 compile=model"]
-    assert reason == "the fp8 roofline predicts none of the 4 Linear layers pays at 8 rows per micro-batch"
+    reason = _pruned(plan_stage("compile", START, facts))["fp8-tensorwise mb8x1 compile=model"]
+    assert reason == "the fp8 roofline predicts none of the 4 Linear layers pays at the batch's 8 rows"
+    unsupported = _facts(policies={"32-true": FAST, "fp8-tensorwise": dataclasses.replace(fp8, supported=False)})
+    assert all(c.policy == "32-true" for c in plan_stage("compile", START, unsupported).kept + [c for c, _ in plan_stage("compile", START, unsupported).pruned])
 
 
 def test_fp16_is_pruned_where_the_doctor_saw_activations_overflow_and_bf16_is_not() -> None:

@@ -148,3 +148,17 @@ def test_micro_batches_of_uneven_batches_are_refused_as_their_rows_finding(devic
         "micro-batches need every batch to have 8 rows, as the first; some have 5 (drop the last, short batch: DataLoader(..., drop_last=True))."
     )
     assert next(t for t in trials if t.role == "baseline").status == "ok"
+
+
+def test_an_fp8_trial_converts_the_layers_its_roofline_plans_at_the_micro_batchs_rows() -> None:
+    # As ampkit bench runs fp8: the policy set to the plan made at the batch's own rows (the control: the plan).
+    from ampkit.memory import fp8_layer_plan
+    from ampkit.tune._trials import trial_policy
+
+    big = nn.Sequential(nn.Linear(4096, 4096), nn.Linear(4096, 16))
+    w = Workload(name="big", model=big, train_batches=[(torch.zeros(8192, 4096), torch.zeros(8192, dtype=torch.long))],
+                 items_per_batch=8192, steps=2, warmup=1)
+    plan = fp8_layer_plan(big, w.train_batches[0], "fp8-tensorwise")
+    policy = trial_policy(w, "fp8-tensorwise")
+    assert policy.layers.names == frozenset(p.name for p in plan.layers if p.convert) == {"0"}  # type: ignore[attr-defined]
+    assert trial_policy(w, "bf16-mixed").name == "bf16-mixed"
