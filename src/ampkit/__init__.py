@@ -10,6 +10,8 @@ never drags in a tool (bench, memory, numerics, the CLI) or its dependencies (ri
     'bf16-mixed'
     >>> ampkit.recompute is ampkit.memory.recompute
     True
+
+``ampkit.tune(model, data, ...)`` finds the fastest configuration that keeps fp32's accuracy (:mod:`ampkit.tuning`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ _LAZY: dict[str, str] = {
     "LossScaler": "ampkit.scaling",
     "DynamicLossScaler": "ampkit.scaling",
     "StaticLossScaler": "ampkit.scaling",
+    "tune": "ampkit.tuning",
 }
 
 if TYPE_CHECKING:  # what type checkers and IDEs see: the names as eager imports would give them
@@ -45,6 +48,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see: the names as eager imports
     from .policy import Policy, get_policy, policy_names
     from .scaling import DynamicLossScaler, LossScaler, ScalerConfig, StaticLossScaler
     from .training._engine import Engine
+    from .tuning import tune
 
 __all__ = [
     "__version__",
@@ -59,6 +63,7 @@ __all__ = [
     "StaticLossScaler",
     "get_policy",
     "policy_names",
+    "tune",
     "AmpkitError",
     "PolicyError",
     "UnsupportedPolicyError",

@@ -58,6 +58,7 @@ PUBLIC_MODULES = (
     "ampkit.profile",
     "ampkit.scaling",
     "ampkit.training",
+    "ampkit.tuning",
     "ampkit.workloads",
 )
 

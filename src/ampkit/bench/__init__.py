@@ -7,7 +7,9 @@ batches under each policy; the runner records time, memory, loss and eval figure
 
 from ..workloads import Accuracy, Batch, BenchData, Metric, Workload
 from ._api import bench_model
+from ._policy_run import PolicyRun
 from ._results import BenchResult, RunResult
 from ._runner import run_bench
+from ._speedup import speedup_interval
 
-__all__ = ["Accuracy", "Batch", "BenchData", "BenchResult", "Metric", "RunResult", "Workload", "bench_model", "run_bench"]
+__all__ = ["Accuracy", "Batch", "BenchData", "BenchResult", "Metric", "PolicyRun", "RunResult", "Workload", "bench_model", "run_bench", "speedup_interval"]

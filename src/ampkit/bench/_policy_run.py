@@ -69,7 +69,9 @@ class PolicyRun:
     policy's name.
 
     ``compile``: what ``Engine(compile=...)`` gets (None: eager); ``mode`` names it in the result (see
-    :func:`ampkit.bench._recipe.compile_mode`). A compiled run compiles in its first steps, which are the first
+    :func:`ampkit.bench._recipe.compile_mode`). ``engine_options``: more keyword arguments for the Engine (``ampkit
+    tune`` tries ``fused_step=True``); ``prepare(model)``: called on each fresh copy of the initial weights before
+    the Engine sets it up (``ampkit tune`` checkpoints its blocks there with :func:`ampkit.memory.recompute`). A compiled run compiles in its first steps, which are the first
     of :meth:`measure_alone`: their time, less as many steady steps, is its compile time, kept out of the timed
     steps. The timed build is another engine, which compiles again (each engine keeps its own compiled code; the
     compiler's on-disk cache makes it quicker) during its untimed warm-up, so the timed steps are steady.
@@ -88,9 +90,13 @@ class PolicyRun:
         world: int = 1,
         compile: Any = None,
         mode: str | None = None,
+        engine_options: dict[str, Any] | None = None,
+        prepare: Callable[[nn.Module], Any] | None = None,
     ) -> None:
         self.workload = workload
         self.compile = compile
+        self.engine_options = dict(engine_options or {})
+        self.prepare = prepare
         self.strategy = strategy
         self.rank, self.world = rank, world
         self.precision = policy.name
@@ -140,6 +146,8 @@ class PolicyRun:
         model = copy.deepcopy(self.workload.model).to(self.device)
         if self.workload.channels_last:
             model = model.to(memory_format=torch.channels_last)
+        if self.prepare is not None:
+            self.prepare(model)
         return model
 
     def _setup(self, model: nn.Module) -> None:
@@ -147,7 +155,7 @@ class PolicyRun:
         optimizer = with_lr(self.workload.optimizer(model.parameters()), self.workload.lr)
         self.engine = Engine(
             self.policy, clip_grad_norm=self.workload.clip_grad_norm, accumulate=self.workload.accumulate,
-            strategy=self.strategy, compile=self.compile,
+            strategy=self.strategy, compile=self.compile, **self.engine_options,
         )
         self.model, self.optimizer = self.engine.setup(model, optimizer)
         self.model.train()

@@ -21,14 +21,14 @@ from .. import __version__
 from .._errors import AmpkitError, one_line
 from .._util.library_logs import TORCHAO_LOGGERS, quiet_library_logs
 from ._checks import check_before_import
-from ._parsers import add_bench, add_doctor, add_env, add_memory, add_profile
+from ._parsers import add_bench, add_doctor, add_env, add_memory, add_profile, add_tune
 
 __all__ = ["SUBCOMMANDS", "build_parser", "main"]
 
 logger = logging.getLogger("ampkit")
 
 _ADD_PARSERS: dict[str, Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = {
-    "bench": add_bench, "doctor": add_doctor, "env": add_env, "memory": add_memory, "profile": add_profile,
+    "bench": add_bench, "doctor": add_doctor, "env": add_env, "memory": add_memory, "profile": add_profile, "tune": add_tune,
 }
 """Each subcommand, the name of its module in this package, and the function declaring its parser."""
 

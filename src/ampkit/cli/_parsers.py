@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ._checks import memory_size, non_negative, positive
 
-__all__ = ["SIZES", "add_bench", "add_doctor", "add_env", "add_memory", "add_profile"]
+__all__ = ["SIZES", "add_bench", "add_doctor", "add_env", "add_memory", "add_profile", "add_tune"]
 
 SIZES = ("tiny", "small", "large")
 """The built-in workload sizes, as :data:`ampkit.workloads.SIZES` (a test holds the two equal): repeated here
@@ -225,3 +225,32 @@ def add_profile(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
     _add_out(p, writes="profile.json, report.md and PNG plots")
     p.add_argument("--trace", action="store_true", help="with --out: also write the traced steps as a Chrome trace (trace.json, for chrome://tracing or ui.perfetto.dev)")
     p.set_defaults(func=_runs("profile"))
+
+
+def add_tune(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``tune`` subcommand to ``subparsers``."""
+    p = subparsers.add_parser(
+        "tune",
+        help="find the fastest training configuration that keeps fp32's accuracy (policy, compile, micro-batch, recompute, loader, threads), measured",
+        description=(
+            "Search the precision policy, torch.compile, the fused master step, micro-batch with accumulation (your global "
+            "batch unchanged), recompute, the DataLoader's settings and CPU threads: prune what cannot pay or fit, measure "
+            "the rest in short interleaved trials against your starting point (fp32, your batch), hold the fastest to "
+            "fp32's accuracy and its measured noise, and print the winner as code to paste."
+        ),
+    )
+    _add_workload(p)
+    _add_device(p)
+    p.add_argument("--budget", type=positive, default=300, metavar="SECONDS", help="wall-clock budget: trials stop, and the report lists what was not tried (default: 300)")
+    p.add_argument("--run-steps", type=positive, default=1000, metavar="N", help="steps your real run trains: compile time is amortised over them (default: 1000)")
+    p.add_argument("--precision", help="comma-separated policies the tune may choose from (default: every policy this device runs fast)")
+    p.add_argument("--stages", metavar="LIST", help="comma-separated levers to tune: fit, loader, precision, compile, fused_step, micro_batch, threads (default: all; fit runs whenever your batch does not fit)")
+    p.add_argument("--batch-size", type=positive, metavar="N", help="rows per training batch of a built-in workload: your global batch (default: the size's)")
+    p.add_argument("--accumulate", type=positive, default=1, metavar="K", help="your accumulation: the global batch is K batches (default: 1)")
+    p.add_argument("--rounds", type=positive, default=4, help="interleaving rounds of each trial (default: 4)")
+    p.add_argument("--chunk", type=positive, default=3, metavar="STEPS", help="timed steps per candidate per round (default: 3)")
+    p.add_argument("--guard-steps", type=positive, metavar="N", help="steps each accuracy-guard run trains (default: the workload's steps, at least 30)")
+    p.add_argument("--device-memory", type=memory_size, metavar="SIZE", help="memory a step may use, e.g. 24GiB (default: what the device has free)")
+    _add_out(p, writes="tune.json, report.md and trials.json (kept as trials complete: the same command with the same --out resumes)")
+    p.add_argument("--no-progress", action="store_true", help="no progress on stderr (by default a bar with the time left on a terminal, a line per stage in a log)")
+    p.set_defaults(func=_runs("tune"))

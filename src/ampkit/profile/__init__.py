@@ -19,11 +19,11 @@ from ._phases import PHASES, PhaseTimer, StepPhases
 from ._run import profile_workload, workload_loader
 from ._session import Profiler
 from ._syncs import SyncFinder, SyncSite
-from ._trials import LoaderSettings, Trial, candidate_settings, loader_variant, try_loader_settings
+from ._trials import LoaderSettings, Trial, candidate_settings, loader_settings, loader_variant, try_loader_settings, usable_cores
 
 __all__ = [
     "Profiler", "PHASES", "PhaseTimer", "StepPhases", "SyncFinder", "SyncSite", "PhaseRanges", "OpBreakdown",
-    "op_breakdown", "DeviceIdle", "device_idle", "LoaderSettings", "Trial", "candidate_settings", "loader_variant",
-    "try_loader_settings", "advise", "profile_workload", "workload_loader", "save_profile", "show_profile",
+    "op_breakdown", "DeviceIdle", "device_idle", "LoaderSettings", "Trial", "candidate_settings", "loader_settings", "loader_variant",
+    "try_loader_settings", "usable_cores", "advise", "profile_workload", "workload_loader", "save_profile", "show_profile",
     "StepCounts", "count_step",
 ]

@@ -12,12 +12,14 @@ a built-in one by name (:mod:`~ampkit.workloads._registry`; the modules ``digits
     True
 """
 
+from .._util.model_io import to_device
+from ..training._micro_batching import batch_rows, split_batch
 from ._choose import choose_workload
 from ._defaults import default_size, default_workload, workload_size
 from ._device import default_device, device_info
 from ._precisions import parse_precisions
 from ._registry import WORKLOADS, get_workload, workload_names
-from ._user import BenchData, load_factory
+from ._user import BenchData, load_factory, workload_from
 from ._workload import SIZES, Accuracy, Batch, Metric, Workload
 
 __all__ = [
@@ -28,6 +30,7 @@ __all__ = [
     "BenchData",
     "Metric",
     "Workload",
+    "batch_rows",
     "choose_workload",
     "default_device",
     "default_size",
@@ -36,6 +39,9 @@ __all__ = [
     "get_workload",
     "load_factory",
     "parse_precisions",
+    "split_batch",
+    "to_device",
+    "workload_from",
     "workload_names",
     "workload_size",
 ]

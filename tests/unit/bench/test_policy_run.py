@@ -92,3 +92,31 @@ def test_a_step_that_compiles_after_the_warm_up_is_left_out_of_the_step_time(at:
     from ampkit.bench._table import run_notes
 
     assert "1 step(s) after the warm-up compiled: left out of the step time (raise --warmup)" in run_notes(run)
+
+
+def test_engine_options_and_prepare_reach_the_engine_and_each_fresh_copy() -> None:
+    # ampkit tune varies what the bench's runs fix: an Engine keyword (fused_step) and a change to the model copy
+    # before setup (recompute). The control: the same run without them, same weights and batches.
+    from ampkit.bench import PolicyRun
+    from ampkit.memory import recompute, recomputed_modules
+    from ampkit.policy import get_policy
+
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.randn(ROWS, 6, generator=g), torch.randint(0, 3, (ROWS,), generator=g)) for _ in range(3)]
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Sequential(nn.Linear(6, 16), nn.Tanh()), nn.Sequential(nn.Linear(16, 16), nn.Tanh()), nn.Linear(16, 3))
+    workload = Workload(name="mlp", model=model, train_batches=batches, items_per_batch=ROWS, steps=3, warmup=1)
+
+    def checkpoint_blocks(m: nn.Module) -> None:
+        recompute(m, [nn.Sequential])
+
+    plain = PolicyRun(workload, get_policy("32-true"), torch.device("cpu"), batches, seed=0)
+    varied = PolicyRun(workload, get_policy("32-true"), torch.device("cpu"), batches, seed=0,
+                       engine_options={"keep_fp32": ["2"]}, prepare=checkpoint_blocks)
+    for run in (plain, varied):
+        run.build()
+        run.train(3, False)
+    assert varied.engine.policy.keep_fp32 == ("2",) and plain.engine.policy.keep_fp32 == ()
+    assert recomputed_modules(varied.model) and not recomputed_modules(plain.model) and not recomputed_modules(model)
+    # Recomputing the forward in backward gives the same gradients: the same losses, bit for bit.
+    assert torch.equal(torch.stack(varied.losses), torch.stack(plain.losses))

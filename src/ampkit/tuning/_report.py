@@ -1,0 +1,244 @@
+"""The answer of a tune, as people read it: the ranked table with every column defined where it is printed, the
+winner as code to paste, what was pruned or not tried and why; on the terminal, in ``report.md`` and ``tune.json``.
+
+Each figure has one definition (:data:`COLUMNS`, printed under the table), and each verdict one meaning
+(:data:`VERDICTS`, printed under the table for the words used):
+
+    >>> sorted(VERDICTS)
+    ['cut', 'failed', 'faster', 'no gain', 'rejected', 'slower', 'start', 'winner']
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ._format import fmt_bytes
+from ._space import Candidate
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from ._result import TuneResult
+
+__all__ = ["COLUMNS", "VERDICTS", "code", "render", "rows", "write_files", "write_report"]
+
+COLUMNS: dict[str, str] = {
+    "configuration": "what differs from the start (fp32, your batch, eager, torch's threads)",
+    "throughput": "{unit} per second of the global batch at the median optimizer step, compile time amortised over "
+    "{run_steps} steps (--run-steps); the data already in memory (a DataLoader's trials, where tuned, are listed apart)",
+    "start then": "the start's throughput measured in the same interleaved rounds as this row: the speed-up's control "
+    "(each stage's rounds run at another time, and the machine's speed moves between them)",
+    "speed-up": "the start's median step in the same rounds over this one's (amortised); in brackets its 95% "
+    "bootstrap interval",
+    "compile": "seconds of compilation, kept out of the step times (its first steps less as many steady ones)",
+    "peak memory": "the most bytes live during a training step, measured alone (CPU: live tensor bytes of an eager "
+    "step, ampkit memory's definition, not measured for a compiled step; CUDA: the allocator's peak)",
+    "accuracy": "the configuration's {metric} worse than the fp32 reference's by this much (negative: better), against "
+    "the tolerance after <=: the larger of {floor} and twice the gap between two fp32 runs that differ only in batch "
+    "order (fp32's own noise: {noise}); {steps} steps from the same weights on the same batches",
+}
+"""What each column of the table means; printed as footnotes wherever the table is."""
+
+VERDICTS: dict[str, str] = {
+    "winner": "the recommendation: the fastest configuration whose speed-up interval lies wholly above 1.0 and that "
+    "passed the accuracy guard",
+    "start": "your starting point, the control every speed-up and accuracy gap is measured against; the recommendation "
+    "when nothing beat it",
+    "faster": "its speed-up interval lies wholly above 1.0 (a gain the step-time noise cannot explain)",
+    "no gain": "its speed-up interval holds 1.0: no difference the noise can tell apart",
+    "slower": "its speed-up interval lies wholly below 1.0",
+    "rejected": "failed the accuracy guard (the reason says by how much)",
+    "failed": "the trial raised (the reason says what)",
+    "cut": "the budget ended its wave before it had enough timed steps for an interval",
+}
+"""Every verdict word and its meaning."""
+
+
+def _trial_rows(result: TuneResult) -> list[Any]:
+    from ._trials import Trial
+
+    seen: dict[str, Trial] = {}
+    for t in result.trials:
+        if (t.role == "baseline" and result.baseline.key not in seen) or (t.role == "candidate" and t.key not in seen):
+            seen[t.key] = t  # each configuration once: where its stage tried it (the baseline: its first wave)
+    return list(seen.values())
+
+
+def rows(result: TuneResult) -> list[dict[str, Any]]:
+    """The ranked table, one dict per measured configuration (the winner first, then by amortised speed-up; failed
+    and cut trials last)."""
+    out = []
+    for t in _trial_rows(result):
+        c = Candidate.from_dict(t.candidate)
+        amortised = t.amortised_s(result.run_steps)
+        ci = t.interval(result.run_steps) if t.status == "ok" else None
+        guard = result.guard_of(c)
+        is_base = c.key == result.baseline.key
+        if t.status != "ok":
+            verdict = t.status
+        elif guard is not None and not guard.passed:
+            verdict = "rejected"
+        elif is_base:
+            verdict = "start"
+        elif ci is not None and ci[0] > 1.0:
+            verdict = "faster"
+        elif ci is not None and ci[1] < 1.0:
+            verdict = "slower"
+        else:
+            verdict = "no gain"
+        if dataclasses.replace(c, loader=result.winner.loader) == result.winner and not result.interrupted and not is_base:
+            verdict = "winner"
+        out.append({
+            "key": c.key, "configuration": c.describe(result.start), "throughput": result.items_per_step / amortised if amortised else None,
+            "start_then": result.items_per_step / statistics.median(t.baseline_times_s) if t.baseline_times_s else None,
+            "speedup": 1.0 if is_base else t.speedup(result.run_steps), "interval": None if is_base else ci, "compile_s": t.compile_s,
+            "peak_memory_bytes": t.peak_memory_bytes, "gap": guard.gap if guard else None, "tolerance": guard.tolerance if guard else None,
+            "verdict": verdict, "why": t.error if t.status == "failed" else guard.reason if guard is not None else None, "stage": t.stage,
+            "resumed": t.resumed,
+        })
+    order = {"winner": 0, "start": 2, "failed": 3, "cut": 3}
+    out.sort(key=lambda r: (order.get(r["verdict"], 1), -(r["speedup"] or 0.0)))
+    return out
+
+
+def code(result: TuneResult) -> str:
+    """The winner as the lines to paste into a training script."""
+    w = result.winner
+    args = [repr(w.policy)]
+    if w.accumulate > 1:
+        args.append(f"accumulate={w.accumulate}")
+    clip = result.settings.get("clip_grad_norm")
+    if clip is not None:
+        args.append(f"clip_grad_norm={clip:g}")
+    if w.compile is not None:
+        args.append("compile=True" if w.compile == "model" else "compile='regional'")
+    if w.fused_step is not None:
+        args.append(f"fused_step={w.fused_step}")
+    lines = ["import ampkit", "import torch", ""]
+    if w.threads is not None:
+        lines.append(f"torch.set_num_threads({w.threads})")
+    if w.recompute:
+        lines.append("ampkit.recompute(model, ampkit.memory.repeated_blocks(model))  # before setup: recompute each block in backward")
+    lines.append(f"engine = ampkit.Engine({', '.join(args)})")
+    lines.append("model, optimizer = engine.setup(model, optimizer)")
+    loader = dict(w.loader)
+    threads = loader.pop("torch_threads", None)
+    non_blocking = loader.pop("non_blocking", None)
+    kwargs = "".join(f", {k}={v!r}" for k, v in sorted(loader.items()))
+    whole = w.micro_batch * w.accumulate
+    note = f"  # {w.micro_batch} x {w.accumulate} micro-batches = your batch of {whole}" if w.accumulate > result.start.accumulate else ""
+    lines.append(f"loader = torch.utils.data.DataLoader(dataset, batch_size={w.micro_batch}{kwargs}){note}")
+    if threads is not None:
+        lines.append(f"torch.set_num_threads({threads})  # the cores the loader's workers leave")
+    if non_blocking:
+        lines.append("# copy each batch with .to(device, non_blocking=True)")
+    return "\n".join(lines)
+
+
+def _fmt_interval(ci: tuple[float, float] | None) -> str:
+    return f" [{ci[0]:.2f}-{ci[1]:.2f}]" if ci else ""
+
+
+def _cells(result: TuneResult, row: dict[str, Any]) -> list[str]:
+    speed = "-" if row["speedup"] is None else f"{row['speedup']:.2f}x{_fmt_interval(row['interval'])}"
+    if row["verdict"] == "start":
+        accuracy = "the reference"
+    else:
+        accuracy = "not guarded" if row["gap"] is None else f"{row['gap']:+.3g} <= {row['tolerance']:.3g}"
+    return [
+        row["configuration"] + (" (resumed)" if row["resumed"] else ""),
+        "-" if row["throughput"] is None else f"{row['throughput']:,.0f}",
+        "-" if row["start_then"] is None else f"{row['start_then']:,.0f}",
+        speed, "-" if row["compile_s"] is None else f"{row['compile_s']:.1f}", fmt_bytes(row["peak_memory_bytes"]),
+        accuracy, row["verdict"], row["why"] or "",
+    ]
+
+
+HEADERS = ["configuration", "throughput", "start then", "speed-up", "compile", "peak memory", "accuracy", "verdict", "why"]
+
+
+def footnotes(result: TuneResult) -> list[str]:
+    """The definitions of the columns and of the verdict words the table uses."""
+    ref = result.reference
+    fill = {
+        "unit": result.unit, "run_steps": result.run_steps, "metric": ref.metric if ref else "figure",
+        "floor": f"{ref.floor:.3g}" if ref else "the metric's own tolerance", "noise": f"{ref.noise:.3g}" if ref else "not measured",
+        "steps": ref.steps if ref else result.settings.get("guard_steps"),
+    }
+    notes = [f"{name}: {text.format(**fill)}" for name, text in COLUMNS.items()]
+    used = {r["verdict"] for r in rows(result)}
+    notes += [f"{word}: {text}" for word, text in VERDICTS.items() if word in used]
+    return notes
+
+
+def render(result: TuneResult, console: Console) -> None:
+    """Print the ranked table with its footnotes, the pruned and untried candidates, and the winner's code."""
+    from rich.syntax import Syntax
+    from rich.table import Table
+
+    table = Table(title=f"ampkit tune: {result.workload} on {result.device.get('name', result.device.get('type'))}")
+    for h in HEADERS:
+        table.add_column(h, justify="right" if h in ("throughput", "start then", "speed-up", "compile", "peak memory") else "left")
+    for row in rows(result):
+        table.add_row(*_cells(result, row))
+    console.print(table)
+    for note in footnotes(result):
+        console.print(f"[dim]{note}[/dim]")
+    if result.loader_trials:
+        console.print("\nDataLoader settings (the chosen step fed by each loader variant; its time includes waiting for data):")
+        for t in result.loader_trials:
+            console.print(f"  {t['name']}: {t['step_s'] * 1e3:.1f} ms a step, {t['speedup']:.2f}x the loader as given")
+    if result.pruned:
+        console.print(f"\npruned before running ({len(result.pruned)}):")
+        for p in result.pruned:
+            console.print(f"  {p['stage']}: {p['change']}: {p['reason']}")
+    if result.not_tried:
+        console.print(f"\nnot tried within --budget {result.budget_s:g} s ({len(result.not_tried)}):")
+        for p in result.not_tried:
+            console.print(f"  {p['stage']}: {p['change']}: {p['reason']}")
+    for note in result.notes:
+        console.print(f"[yellow]note:[/yellow] {note}")
+    console.print(f"\n[bold]winner[/bold]: {result.winner.describe(result.start)}: {result.winner_reason}")
+    console.print(Syntax(code(result), "python", theme="ansi_dark", background_color="default"))
+    console.print(f"[dim]tuned in {result.elapsed_s:.0f} s of a {result.budget_s:g} s budget"
+                  + (f"; {result.resumed} trial(s) read back from an earlier run" if result.resumed else "") + "[/dim]")
+
+
+def write_report(result: TuneResult, out: Path) -> Path:
+    """``report.md``: the same table, footnotes, lists and code as the terminal shows."""
+    lines = [f"# ampkit tune: {result.workload}", "", f"{result.description}", "",
+             f"Device: {result.device.get('name', result.device.get('type'))}; torch {result.torch}; ampkit {result.ampkit}; {result.date}.",
+             f"Command: `{result.command}`" if result.command else "", "",
+             "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
+    for row in rows(result):
+        lines.append("| " + " | ".join(c.replace("|", "/") for c in _cells(result, row)) + " |")
+    lines += [""] + [f"- {n}" for n in footnotes(result)]
+    if result.loader_trials:
+        lines += ["", "## DataLoader settings", "", "The chosen step fed by each loader variant; its time includes waiting for data.", ""]
+        lines += [f"- {t['name']}: {t['step_s'] * 1e3:.1f} ms a step, {t['speedup']:.2f}x the loader as given" for t in result.loader_trials]
+    if result.pruned:
+        lines += ["", "## Pruned before running", ""] + [f"- {p['stage']}: {p['change']}: {p['reason']}" for p in result.pruned]
+    if result.not_tried:
+        lines += ["", f"## Not tried within the budget ({result.budget_s:g} s)", ""] + [f"- {p['stage']}: {p['change']}: {p['reason']}" for p in result.not_tried]
+    if result.stages:
+        lines += ["", "## Stages", ""] + [f"- {s['stage']}: {s['why']}" for s in result.stages]
+    if result.notes:
+        lines += ["", "## Notes", ""] + [f"- {n}" for n in result.notes]
+    lines += ["", "## Winner", "", f"{result.winner.describe(result.start)}: {result.winner_reason}", "", "```python", code(result), "```", ""]
+    path = Path(out) / "report.md"
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path
+
+
+def write_files(result: TuneResult, out: Path) -> tuple[Path, Path]:
+    """``tune.json`` and ``report.md`` in ``out`` (created if missing)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    data = {**result.to_dict(), "rows": rows(result), "winner_code": code(result)}
+    path = out / "tune.json"
+    path.write_text(json.dumps(data, indent=1, default=str), encoding="utf-8")
+    return path, write_report(result, out)

@@ -1,0 +1,454 @@
+"""The whole tune of one workload: facts, stages of interleaved trials, the accuracy guard, one proven answer.
+
+1. **Probe**: a few steps of the starting configuration (fp32, the user's batch) give the step time every budget
+   estimate rests on; a ``budget`` too small for one trial and the guard is refused with the minimum it needs.
+2. **Facts** (:mod:`~ampkit.tuning._facts`) and, per stage in :func:`~ampkit.tuning._prune.stage_order`, the stage's
+   candidates on top of the best configuration so far, pruned with reasons (:mod:`~ampkit.tuning._prune`).
+3. **Trials**: each stage is one wave (:func:`~ampkit.tuning._trials.measure_wave`): the baseline, the incumbent and
+   the stage's candidates, interleaved. A candidate replaces the incumbent only when its speed-up over it (compile
+   time amortised over ``run_steps``) has its whole 95% interval above 1.0: a gain the noise cannot explain. A new
+   precision is adopted only once the accuracy guard passed it, so later stages build on a policy that trains as
+   well as fp32. Candidates the budget leaves no time for are listed as not tried.
+4. **Finalists**: the fastest measured configurations (at most :data:`FINALISTS`) that beat the baseline beyond
+   the noise go through the accuracy guard (:mod:`~ampkit.tuning._guard`) in speed order; the winner is the fastest
+   that passes. Without one, the winner is the starting configuration: nothing was proven faster and as accurate.
+
+Every wave and guard run is stored under ``out`` as it completes (:mod:`~ampkit.tuning._store`), so a tune killed
+midway resumes without measuring them again; Ctrl-C ends the tune with what was measured (``interrupted``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import logging
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .. import __version__
+from .._errors import one_line
+from ..profile import loader_settings, try_loader_settings
+from ..workloads import Workload, batch_rows, device_info, split_batch
+from ._facts import add_loader_facts, gather_facts
+from ._format import fmt_bytes
+from ._guard import GuardResult, Reference, judge, reference
+from ._prune import StagePlan, plan_stage, stage_order
+from ._result import TuneResult
+from ._space import Candidate, Facts, memory_key
+from ._store import TrialStore
+from ._trials import DEFAULT_WAVES, Trial, WaveInterrupted, WaveSettings, make_run, measure_wave
+
+__all__ = ["COMPILE_GUESS_S", "FINALISTS", "LOADER_MIN_SPEEDUP", "RECOMPILE_SHARE", "tune_workload"]
+
+log = logging.getLogger("ampkit")
+
+FINALISTS = 3
+"""At most this many of the fastest configurations go through the accuracy guard."""
+COMPILE_GUESS_S = {"cpu": 20.0, "cuda": 20.0}
+"""What one compilation is assumed to cost, for the budget, until a trial has measured one (then: the most measured).
+The CPU's: digits tiny's whole-model compile took 18.6 s on the 2-core development machine (2026-11-28); the H200's
+first torch.compile took 11.6 s (DEVELOPERS.md)."""
+RECOMPILE_SHARE = 0.1
+"""A trial's run compiles twice (alone for its compile time, then the timed run), and a guard run once more: the
+same graph again, which torch.compile's on-disk cache serves (0.76 s after 18.6 s for digits tiny on a CPU)."""
+LOADER_MIN_SPEEDUP = 1.05
+"""A loader setting is adopted when it makes the loader-fed step at least this much faster (the profile's
+threshold: its trials give means, not intervals, and smaller differences are this machine's noise)."""
+PROBE_STEPS = 3
+
+
+class _Budget:
+    """The wall clock of a tune: its deadline, and estimates of what the remaining work costs."""
+
+    def __init__(self, seconds: float, clock: Callable[[], float], device: str) -> None:
+        self.clock, self.start, self.seconds = clock, clock(), seconds
+        self.step_s = 0.0
+        self.compile_s = COMPILE_GUESS_S.get(device, 30.0)
+
+    @property
+    def elapsed(self) -> float:
+        return self.clock() - self.start
+
+    @property
+    def left(self) -> float:
+        return self.seconds - self.elapsed
+
+    @staticmethod
+    def compiles(c: Candidate) -> int:
+        """The regions ``c`` compiles: the model, the fused master step, bf16-true-sr's library step."""
+        return (c.compile is not None) + bool(c.fused_step) + (c.policy == "bf16-true-sr")
+
+    def trial_s(self, c: Candidate, steps: int) -> float:
+        return steps * self.step_s + self.compiles(c) * self.compile_s * (1 + RECOMPILE_SHARE)
+
+    def guard_s(self, c: Candidate, steps: int) -> float:
+        return steps * self.step_s + self.compiles(c) * self.compile_s * RECOMPILE_SHARE
+
+
+def _probe(workload: Workload, start: Candidate, device: torch.device, seed: int) -> float:
+    """The starting configuration's median step time over :data:`PROBE_STEPS` steps after one untimed step."""
+    run = make_run(workload, start, device, seed, PROBE_STEPS + 1)
+    run.build()
+    run.train(1, False)
+    run.train(PROBE_STEPS, True)
+    run.release()
+    return statistics.median(run.times)
+
+
+def _fingerprint(workload: Workload, device: torch.device, seed: int, waves: WaveSettings, guard_steps: int) -> dict[str, Any]:
+    return {
+        "workload": workload.name, "description": workload.description, "items_per_batch": workload.items_per_batch,
+        "accumulate": workload.accumulate, "rows": batch_rows(workload.train_batches[0]), "device": str(device), "seed": seed,
+        "waves": dataclasses.asdict(waves), "guard_steps": guard_steps, "torch": torch.__version__, "ampkit": __version__,
+    }
+
+
+def _fit_error(workload: Workload, facts: Facts, start: Candidate) -> str:
+    """Why nothing fits, with the predicted memory of one sample under the leanest policy."""
+    from ._facts import predict_peak
+
+    leanest = min(
+        (k for k in facts.predicted_peak if k.endswith(("|1|0", "|1|1"))), key=lambda k: facts.predicted_peak[k], default=None,
+    )
+    policy = leanest.split("|")[0] if leanest else start.policy
+    e = predict_peak(workload, policy, 1, torch.device(facts.device))
+    parts = ", ".join(f"{k.replace('_', ' ')} {fmt_bytes(getattr(e, k))}" for k in ("parameters", "gradients", "optimizer_state", "master_weights", "activations"))
+    return (f"{workload.name} does not fit even at one sample per micro-batch under any policy: {policy} needs a predicted peak of "
+            f"{fmt_bytes(e.peak)} ({parts}) of the {fmt_bytes(facts.memory_budget or 0)} available; use a smaller model, a device "
+            "with more memory, or shard it over several GPUs (Engine(strategy='fsdp')).")
+
+
+class _Tune:
+    """One tune's state as it goes; :func:`tune_workload` drives it."""
+
+    def __init__(self, workload: Workload, device: torch.device, result: TuneResult, store: TrialStore, budget: _Budget,
+                 waves: WaveSettings, seed: int, run_steps: int, guard_steps: int, loader: Any, progress: Callable[[str, float, float], None]) -> None:
+        self.workload, self.device, self.result, self.store, self.budget = workload, device, result, store, budget
+        self.waves, self.seed, self.run_steps, self.guard_steps, self.loader = waves, seed, run_steps, guard_steps, loader
+        self._progress = progress
+        self.reference: Reference | None = None
+
+    def progress(self, what: str) -> None:
+        self._progress(what, self.budget.elapsed, max(0.0, self.budget.left))
+
+    # -- the guard ------------------------------------------------------------------------------
+    def guard_reserve(self, c: Candidate) -> float:
+        refs = 0.0 if self.reference is not None or self.store.guard("__reference__") else 2 * self.budget.guard_s(self.result.start, self.guard_steps)
+        return refs + self.budget.guard_s(c, self.guard_steps)
+
+    def guarded(self, c: Candidate) -> GuardResult | None:
+        """``c``'s guard result (run now if not stored); None when the budget has no time left for it."""
+        stored = self.store.guard(c.numerics_key)
+        if stored is not None:
+            result = GuardResult.from_dict(stored)
+            self.result.guard[c.numerics_key] = result
+            return result
+        if self.guard_reserve(c) > self.budget.left:
+            return None
+        if self.reference is None:
+            saved = self.store.guard("__reference__")
+            if saved is not None:
+                self.reference = Reference.from_dict(saved)
+            else:
+                self.reference = reference(self.workload, self.result.start, self.device, steps=self.guard_steps, seed=self.seed, progress=self.progress)
+                self.store.put_guard("__reference__", self.reference.to_dict())
+            self.result.reference = self.reference
+        if c.numerics_key == self.result.start.numerics_key:
+            result = GuardResult(c.numerics_key, self.reference.metric, self.reference.higher_is_better, self.reference.value,
+                                 self.reference.value, self.reference.noise, self.reference.tolerance, list(self.reference.losses))
+        else:
+            result = judge(self.workload, c, self.reference, self.device, seed=self.seed, progress=self.progress)
+        self.store.put_guard(c.numerics_key, result.to_dict())
+        self.result.guard[c.numerics_key] = result
+        return result
+
+    # -- one stage ------------------------------------------------------------------------------
+    def stage(self, plan: StagePlan, incumbent: Candidate, baseline: Candidate) -> Candidate:
+        """Run ``plan``'s wave (or read it back) and return the configuration the next stage builds on."""
+        r = self.result
+        for c, why in plan.pruned:
+            r.pruned.append({"stage": plan.stage, "key": c.key, "change": c.describe(r.start), "reason": why})
+        if not plan.kept:
+            r.stages.append({"stage": plan.stage, "incumbent": incumbent.key, "chosen": incumbent.key, "why": plan.reason})
+            return incumbent
+        if plan.stage == "loader":
+            return self.loader_stage(plan, incumbent)
+        wave_key = f"{plan.stage}|{incumbent.key}"
+        stored = self.store.wave(wave_key)
+        if stored is not None:
+            trials = [Trial.from_dict(t) for t in stored]
+            r.resumed += sum(1 for t in trials if t.role == "candidate")
+        else:
+            tried = self.affordable(plan, incumbent, baseline)
+            if not tried:
+                r.stages.append({"stage": plan.stage, "incumbent": incumbent.key, "chosen": incumbent.key, "why": "no time left in the budget"})
+                return incumbent
+            deadline = self.budget.start + self.budget.seconds - self.guard_reserve(tried[0])
+            try:
+                trials = measure_wave(self.workload, plan.stage, baseline, tried, self.device, incumbent=incumbent, settings=self.waves,
+                                      seed=self.seed, deadline=deadline, clock=self.budget.clock, progress=self.progress)
+            except WaveInterrupted as stopped:
+                r.trials += stopped.trials  # shown as measured so far; not stored, so a resumed tune measures the wave whole
+                raise
+            self.store.put_wave(wave_key, [t.to_dict() for t in trials])
+            measured = [t.compile_s for t in trials if t.compile_s]
+            if measured:
+                self.budget.compile_s = max(measured)
+        r.trials += trials
+        return self.choose(plan, trials, incumbent, baseline)
+
+    def affordable(self, plan: StagePlan, incumbent: Candidate, baseline: Candidate) -> list[Candidate]:
+        """The prefix of the stage's candidates the budget has time for (the baseline's and incumbent's steps
+        included), the rest listed as not tried."""
+        steps = self.waves.steps
+        spent = self.budget.trial_s(baseline, steps) + (self.budget.trial_s(incumbent, steps) if incumbent != baseline else 0.0)
+        left = self.budget.left - self.guard_reserve(incumbent)
+        tried: list[Candidate] = []
+        for c in plan.kept:
+            cost = self.budget.trial_s(c, steps)
+            if spent + cost <= left:
+                tried.append(c)
+                spent += cost
+            else:
+                self.result.not_tried.append({
+                    "stage": plan.stage, "key": c.key, "change": c.describe(self.result.start),
+                    "reason": f"no time left in the budget (about {cost:.0f} s for its trial)",
+                })
+        return tried
+
+    def choose(self, plan: StagePlan, trials: Sequence[Trial], incumbent: Candidate, baseline: Candidate) -> Candidate:
+        """The fastest candidate whose speed-up over the incumbent clears the noise (and, for a new precision, that
+        passes the accuracy guard); else the incumbent."""
+        against = next((t for t in trials if t.key == incumbent.key), None)
+        reference_times = against.step_times_s if against is not None else []
+        cleared = []
+        for t in trials:
+            if t.role != "candidate" or t.status != "ok" or not reference_times:
+                continue
+            ci = t.interval(self.run_steps, reference_times)
+            if ci is not None and ci[0] > 1.0:
+                cleared.append((statistics.median(reference_times) / (t.amortised_s(self.run_steps) or math.inf), t))
+        cleared.sort(key=lambda pair: -pair[0])
+        chosen, why = incumbent, "no candidate beat the incumbent beyond the step-time noise (speed-up interval above 1.0)"
+        for _, t in cleared:
+            c = Candidate.from_dict(t.candidate)
+            if c.policy != incumbent.policy:
+                g = self.guarded(c)
+                if g is None:
+                    why = f"{c.describe(incumbent)} was faster, but the budget left no time for its accuracy guard"
+                    continue
+                if not g.passed:
+                    why = f"{c.describe(incumbent)} was faster but failed the accuracy guard"
+                    continue
+            chosen, why = c, f"{c.describe(incumbent)}: faster than the incumbent beyond the noise"
+            break
+        self.result.stages.append({"stage": plan.stage, "incumbent": incumbent.key, "chosen": chosen.key, "why": why})
+        return chosen
+
+    # -- the loader -----------------------------------------------------------------------------
+    def loader_stage(self, plan: StagePlan, incumbent: Candidate) -> Candidate:
+        """Time the incumbent's step fed by the DataLoader's variants, as ``ampkit profile`` searches them
+        (:func:`ampkit.profile.try_loader_settings`: the worker counts of the plan, then persistent workers, a deeper
+        prefetch and, on CUDA, pinned memory, each kept when it helps); adopt the fastest that gains
+        :data:`LOADER_MIN_SPEEDUP`."""
+        key = f"loader|{incumbent.key}"
+        stored = self.store.loader(key)
+        if stored is None:
+            # Each variant (the plan's and up to 3 refinements) runs two epochs of about 16 loader-fed steps.
+            share = self.result.facts.get("data_share") or 0.0
+            cost = (len(plan.kept) + 4) * 2 * 16 * self.budget.step_s / max(1e-3, 1.0 - share)
+            if cost > self.budget.left - self.guard_reserve(incumbent):
+                self.result.not_tried.append({"stage": "loader", "key": f"{incumbent.key} (loader)", "change": "the DataLoader's settings",
+                                              "reason": f"no time left in the budget (about {cost:.0f} s for the loader's trials)"})
+                self.result.stages.append({"stage": "loader", "incumbent": incumbent.key, "chosen": incumbent.key, "why": "no time left in the budget"})
+                return incumbent
+            base = loader_settings(self.loader)
+            # One loader batch a step: the incumbent's micro-batches of it (the user's own accumulation, which spans
+            # several loader batches, does not change how fast the loader must deliver one).
+            parts = incumbent.accumulate // self.workload.accumulate
+            one_batch = dataclasses.replace(self.workload, accumulate=1)
+            run = make_run(one_batch, dataclasses.replace(incumbent, accumulate=parts), self.device, self.seed, 1)
+            run.build()
+
+            def step(batch: Any) -> None:
+                rows = batch_rows(batch) // parts
+                run.batches, run.steps_done = [split_batch(batch, i * rows, (i + 1) * rows) for i in range(parts)], 0
+                run.train(1, False)
+
+            self.progress("loader: the DataLoader's variants")
+            try:
+                found = try_loader_settings(self.loader, step, self.device, channels_last=self.workload.channels_last)
+            except Exception as exc:  # noqa: BLE001 - the loader as given failing ends this stage, not the tune
+                self.result.notes.append(f"the DataLoader's trials failed ({one_line(exc, with_type=True)}): its settings are left as given")
+                self.result.stages.append({"stage": "loader", "incumbent": incumbent.key, "chosen": incumbent.key, "why": "its trials failed"})
+                return incumbent
+            finally:
+                run.release()
+            stored = [{**t.to_dict(), "kwargs": {k: v for k, v in dataclasses.asdict(t.settings).items() if getattr(base, k) != v}} for t in found]
+            self.store.put_loader(key, stored)
+        self.result.loader_trials = stored
+        best = max(stored, key=lambda t: t["speedup"])
+        if best["speedup"] >= LOADER_MIN_SPEEDUP and best["kwargs"]:
+            chosen = dataclasses.replace(incumbent, loader=tuple(sorted(best["kwargs"].items())))
+            why = f"{best['name']}: {best['speedup']:.2f}x faster fed by the loader"
+        else:
+            chosen, why = incumbent, f"no DataLoader setting was {LOADER_MIN_SPEEDUP:.2f}x faster than the loader as given"
+        self.result.stages.append({"stage": "loader", "incumbent": incumbent.key, "chosen": chosen.key, "why": why})
+        return chosen
+
+    # -- the finalists --------------------------------------------------------------------------
+    def finalists(self, baseline: Candidate, incumbent: Candidate) -> Candidate:
+        """Guard the fastest measured configurations that beat the baseline beyond the noise; the winner is the
+        fastest that passes (the incumbent's loader settings carried over), else the baseline."""
+        best: dict[str, Trial] = {}
+        for t in self.result.trials:
+            # Each configuration as its own stage measured it (an incumbent measured again in a later wave is that
+            # wave's control, not a second draw to pick the luckier of).
+            if t.status != "ok" or t.role != "candidate" or t.key == baseline.key:
+                continue
+            ci = t.interval(self.run_steps)
+            if ci is None or ci[0] <= 1.0:
+                continue
+            if t.key not in best or (t.speedup(self.run_steps) or 0) > (best[t.key].speedup(self.run_steps) or 0):
+                best[t.key] = t
+        ranked = sorted(best.values(), key=lambda t: -(t.speedup(self.run_steps) or 0))
+        considered = 0
+        for t in ranked:
+            c = dataclasses.replace(Candidate.from_dict(t.candidate), loader=incumbent.loader)
+            if considered >= FINALISTS:
+                break
+            considered += 1
+            self.progress(f"finalist {considered}: {c.describe(baseline)}")
+            g = self.guarded(c)
+            if g is None:
+                self.result.notes.append(f"{c.key}: not guarded (no time left in the budget), so not recommended")
+                continue
+            if g.passed:
+                self.result.winner_reason = (f"the fastest configuration measured whose speed-up over the start clears the noise and "
+                                             f"that passed the accuracy guard ({t.speedup(self.run_steps):.2f}x)")
+                return c
+        self.result.winner_reason = ("no configuration was measured faster than the start beyond the noise and passed the "
+                                     "accuracy guard: keep the start" if ranked or not self.result.interrupted else
+                                     "interrupted before any configuration was proven")
+        return dataclasses.replace(baseline, loader=incumbent.loader)
+
+
+def tune_workload(
+    workload: Workload,
+    device: torch.device | str = "cpu",
+    *,
+    budget: float = 300.0,
+    run_steps: int = 1000,
+    out: Path | str | None = None,
+    seed: int = 0,
+    waves: WaveSettings = DEFAULT_WAVES,
+    guard_steps: int | None = None,
+    memory_budget: int | None = None,
+    loader: torch.utils.data.DataLoader[Any] | None = None,
+    stages: Sequence[str] | None = None,
+    precisions: Sequence[str] | None = None,
+    command: str = "",
+    progress: Callable[[str, float, float], None] = lambda what, elapsed, left: None,
+    clock: Callable[[], float] = time.monotonic,
+) -> TuneResult:
+    """Find the fastest configuration of ``workload`` on ``device`` that keeps fp32's accuracy, within ``budget``
+    seconds of wall clock (see the module's docstring for how).
+
+    ``run_steps``: the steps the real run will train, over which compile time is amortised. ``out``: where trials
+    are kept as they complete (a later call with the same ``out`` resumes). ``waves``: each trial's length.
+    ``guard_steps``: steps of each accuracy-guard run (default: the workload's steps, at least 30).
+    ``memory_budget``: bytes a step may use (default: what the device has free). ``loader``: the DataLoader the
+    user trains from, whose settings are then tuned too. ``stages``: only these stages (default: all, in
+    :func:`~ampkit.tuning._prune.stage_order`; ``fit`` runs whenever the user's batch does not fit); ``precisions``: the policies it may choose from (default: every
+    policy the device runs fast). ``progress(what, elapsed_s, left_s)`` is told what runs.
+    Raises ValueError when ``budget`` is too small for one trial (naming the minimum) or nothing fits.
+    """
+    device = torch.device(device)
+    if isinstance(run_steps, bool) or not isinstance(run_steps, int) or run_steps < 1:
+        raise ValueError(f"run_steps={run_steps!r}: the steps your real run trains must be an int >= 1 (compile time is amortised over them).")
+    if not (isinstance(budget, (int, float)) and math.isfinite(budget) and budget > 0):
+        raise ValueError(f"budget={budget!r}: give the tune's wall-clock budget in seconds, a positive number.")
+    guard_steps = guard_steps if guard_steps is not None else max(workload.steps, 30)
+    rows = batch_rows(workload.train_batches[0])
+    start = Candidate(policy="32-true", micro_batch=rows, accumulate=workload.accumulate)
+    store = TrialStore(Path(out) if out is not None else None, _fingerprint(workload, device, seed, waves, guard_steps))
+    clock_budget = _Budget(float(budget), clock, device.type)
+    result = TuneResult(
+        workload=workload.name, description=workload.description, device=device_info(device), unit=workload.unit,
+        items_per_step=workload.items_per_batch * workload.accumulate, run_steps=run_steps, budget_s=float(budget),
+        start=start, baseline=start, winner=start, command=command,
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), torch=torch.__version__, ampkit=__version__,
+        settings={"seed": seed, **dataclasses.asdict(waves), "guard_steps": guard_steps, "wave_steps": waves.steps,
+                  "clip_grad_norm": workload.clip_grad_norm},
+    )
+    tune = _Tune(workload, device, result, store, clock_budget, waves, seed, run_steps, guard_steps, loader, progress)
+    # The tune reseeds the global RNG for its runs; the caller's state is theirs and comes back untouched.
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        try:
+            _search(tune, workload, device, memory_budget, stages, precisions)
+        except KeyboardInterrupt:
+            result.interrupted = True
+            result.notes.append("interrupted (Ctrl-C): the table holds what was measured until then")
+            result.winner = start
+            result.winner_reason = "interrupted before the finalists were judged: keep the start"
+    result.elapsed_s = clock_budget.elapsed
+    return result
+
+
+def _search(
+    tune: _Tune, workload: Workload, device: torch.device, memory_budget: int | None, stages: Sequence[str] | None, precisions: Sequence[str] | None,
+) -> None:
+    result, budget = tune.result, tune.budget
+    start = result.start
+    tune.progress("predicting memory and reading the model")
+    notes: list[str] = []
+    facts = gather_facts(workload, device, memory_budget=memory_budget, precisions=precisions, notes=notes)
+    start_fits = facts.memory_budget is None or facts.predicted_peak.get(memory_key(start.policy, start.micro_batch, False), 0) <= facts.memory_budget
+    baseline = start
+    if not start_fits:
+        fit = plan_stage("fit", start, facts)
+        if not fit.kept:
+            raise ValueError(_fit_error(workload, facts, start))
+        baseline = fit.kept[0]
+        result.notes.append(f"the user's batch of {start.micro_batch} rows does not fit ({fmt_bytes(facts.memory_budget)} free): "
+                            f"speed-ups are against {baseline.describe(start)}, the largest micro-batch that fits")
+    tune.progress("timing the starting configuration")
+    budget.step_s = _probe(workload, baseline, device, tune.seed)
+    minimum = budget.elapsed + 2 * budget.trial_s(baseline, tune.waves.steps) + tune.guard_reserve(baseline)
+    if minimum > budget.seconds:
+        enough = math.ceil(minimum * 1.5)
+        raise ValueError(
+            f"--budget {budget.seconds:g} s is too small for one trial of {workload.name} here: a trial of the start and one "
+            f"candidate and the accuracy guard take about {math.ceil(minimum)} s (a step takes {budget.step_s * 1e3:.1f} ms); "
+            f"pass --budget {enough} (budget={enough} in Python) or more."
+        )
+    if tune.loader is not None:
+        add_loader_facts(facts, tune.loader, budget.step_s, device)
+    result.notes += notes
+    result.facts = _facts_summary(facts)
+    result.baseline = incumbent = baseline
+    order = stage_order(facts, start_fits)
+    for stage in order:
+        if stages is not None and stage not in stages and stage != "fit":  # nothing runs until the step fits
+            continue
+        if stage == "fit":
+            plan = plan_stage("fit", start, facts)
+            incumbent = tune.stage(plan, baseline, baseline)
+            continue
+        incumbent = tune.stage(plan_stage(stage, incumbent, facts), incumbent, baseline)
+    result.winner = tune.finalists(baseline, incumbent)
+
+
+def _facts_summary(facts: Facts) -> dict[str, Any]:
+    return {
+        "memory_budget": facts.memory_budget, "predicted_peak": dict(facts.predicted_peak), "fp8_layers": {k: list(v) for k, v in facts.fp8_layers.items()},
+        "fp16_overflow": list(facts.fp16_overflow), "data_share": facts.data_share, "blocks": facts.blocks, "cores": facts.cores,
+        "threads": facts.threads, "compiler": facts.compiler,
+    }
+

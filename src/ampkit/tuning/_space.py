@@ -1,0 +1,199 @@
+"""What ``ampkit tune`` can change, and what it knows before it changes anything: candidates and facts.
+
+A :class:`Candidate` is one training configuration: the precision policy, torch.compile (off, each repeated block,
+or the whole model), the fused master step, the micro-batch and accumulation (the global batch stays the user's),
+activation checkpointing, the DataLoader's settings and torch's CPU threads. :class:`Facts` is what was learnt
+about the model and the device before any trial (which policies the device runs fast, the predicted memory of
+each configuration against the memory there is, fp8's layer plan, the doctor's fp16 overflow, the loader's share
+of the step); the rules of :mod:`ampkit.tuning._prune` read only these two, so they are pure functions, tested
+without a model.
+
+The search is staged (:data:`STAGES`): each stage varies one lever of the best configuration so far (the
+*incumbent*), so the levers that interact (a policy frees memory a larger micro-batch can use) are measured
+together, on top of each other, instead of each on the starting point alone.
+
+    >>> start = Candidate(policy="32-true", micro_batch=32, accumulate=1)
+    >>> facts = Facts(device="cpu", rows=32, policies={"32-true": PolicyFacts(True, True, "runs everywhere"),
+    ...     "bf16-mixed": PolicyFacts(True, True, "AMX")})
+    >>> [c.describe(start) for c in stage_candidates("precision", start, facts)]
+    ['precision bf16-mixed']
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["STAGES", "Candidate", "Facts", "PolicyFacts", "micro_batches", "stage_candidates"]
+
+STAGES = ("fit", "loader", "precision", "compile", "fused_step", "micro_batch", "threads")
+"""The levers, one stage each. ``fit``: the micro-batch and recompute that make the step fit at all (only when the
+user's batch does not); ``loader``: the DataLoader's workers, pinning and prefetch (only with a DataLoader)."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One training configuration. ``micro_batch`` rows go through the model at once, ``accumulate`` of them per
+    optimizer step: ``micro_batch * accumulate`` is the global batch, the same for every candidate of a tune."""
+
+    policy: str
+    micro_batch: int
+    accumulate: int
+    compile: str | None = None
+    """``None`` (eager), ``"regional"`` (each repeated block) or ``"model"`` (the whole model): ``Engine(compile=...)``."""
+    fused_step: bool | None = None
+    """``Engine(fused_step=...)``; None: the engine's default (on with compile where the policy has masters)."""
+    recompute: bool = False
+    """Checkpoint the model's repeated blocks (:func:`ampkit.memory.recompute`)."""
+    threads: int | None = None
+    """``torch.set_num_threads`` (CPU); None: as the process has it."""
+    loader: tuple[tuple[str, Any], ...] = ()
+    """DataLoader keyword arguments that differ from the user's loader, as sorted pairs (hashable)."""
+
+    @property
+    def key(self) -> str:
+        """A stable text naming this configuration: what trials are stored under, and resumed by."""
+        parts = [self.policy, f"mb{self.micro_batch}x{self.accumulate}", f"compile={self.compile or 'off'}"]
+        parts += [f"fused={self.fused_step}"] if self.fused_step is not None else []
+        parts += ["recompute"] if self.recompute else []
+        parts += [f"threads={self.threads}"] if self.threads is not None else []
+        parts += [f"{k}={v}" for k, v in self.loader]
+        return " ".join(parts)
+
+    @property
+    def numerics_key(self) -> str:
+        """The settings that can change what training computes (threads and the loader change only its speed): the
+        accuracy guard judges each such configuration once."""
+        return dataclasses.replace(self, threads=None, loader=()).key
+
+    def describe(self, base: Candidate) -> str:
+        """What differs from ``base``, in words; ``as given`` when nothing does.
+
+        >>> a = Candidate(policy="32-true", micro_batch=32, accumulate=1)
+        >>> dataclasses.replace(a, policy="bf16-mixed", compile="regional").describe(a)
+        'precision bf16-mixed, compile regional'
+        """
+        out = []
+        if self.policy != base.policy:
+            out.append(f"precision {self.policy}")
+        if self.compile != base.compile:
+            out.append(f"compile {self.compile or 'off'}")
+        if self.fused_step != base.fused_step:
+            out.append(f"fused step {'on' if self.fused_step else 'off'}")
+        if (self.micro_batch, self.accumulate) != (base.micro_batch, base.accumulate):
+            out.append(f"micro-batch {self.micro_batch} x {self.accumulate}")
+        if self.recompute != base.recompute:
+            out.append("recompute" if self.recompute else "no recompute")
+        if self.threads != base.threads:
+            out.append(f"{self.threads} threads")
+        if self.loader != base.loader:
+            out.append(", ".join(f"{k}={v}" for k, v in self.loader) or "loader as given")
+        return ", ".join(out) or "as given"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "loader": dict(self.loader)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Candidate:
+        return cls(**{**data, "loader": tuple(sorted(dict(data.get("loader") or {}).items()))})
+
+
+@dataclass(frozen=True)
+class PolicyFacts:
+    """What :meth:`ampkit.policy.Policy.support` says of one policy on the device, and the policy's kind."""
+
+    supported: bool
+    fast: bool
+    reason: str
+    masters: bool = False
+    """It keeps fp32 master weights: the fused master step applies."""
+    needs_compile: bool = False
+    """It pays only under torch.compile (fp8)."""
+
+
+@dataclass
+class Facts:
+    """What the rules may read, gathered before any trial (:func:`ampkit.tuning._facts.gather_facts`)."""
+
+    device: str
+    """``cpu`` or ``cuda``."""
+    rows: int
+    """Rows of one batch as the user gives it (one micro-batch of the starting configuration)."""
+    policies: dict[str, PolicyFacts]
+    accumulate: int = 1
+    """The user's accumulation: the global batch is ``rows * accumulate``."""
+    memory_budget: int | None = None
+    """Bytes a training step may hold on the device; None: not known (nothing is ruled out for memory)."""
+    predicted_peak: dict[str, int] = field(default_factory=dict)
+    """Predicted peak bytes by :func:`memory_key` (policy, micro-batch, recompute), where predicted."""
+    fp8_layers: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Per fp8 policy: (Linear layers the roofline says pay, Linear layers in all)."""
+    fp16_overflow: list[str] = field(default_factory=list)
+    """Modules whose activations overflow fp16 (the doctor's numerics); empty when none do or fp16 was not checked."""
+    data_share: float | None = None
+    """The share of a step spent waiting for the DataLoader as given; None: no DataLoader (the data is in memory)."""
+    loader_variants: list[dict[str, Any]] = field(default_factory=list)
+    """The DataLoader settings worth trying (:func:`ampkit.profile.candidate_settings` and its refinements), each
+    as the keyword arguments that differ from the user's loader."""
+    blocks: int = 0
+    """Repeated blocks of the model (what regional compile and recompute work on)."""
+    cores: int = 1
+    threads: int = 1
+    """torch's intra-op threads as the process has them."""
+    compiler: bool = True
+    """torch.compile can build kernels here (on a CPU inductor needs a C++ compiler)."""
+
+
+def memory_key(policy: str, micro_batch: int, recompute: bool) -> str:
+    """The key of :attr:`Facts.predicted_peak` for a configuration's memory (compile and threads do not change it
+    in the prediction)."""
+    return f"{policy}|{micro_batch}|{int(recompute)}"
+
+
+def micro_batches(rows: int) -> list[int]:
+    """The micro-batch sizes that split ``rows`` evenly, largest first (so the global batch is unchanged).
+
+    >>> micro_batches(12)
+    [12, 6, 4, 3, 2, 1]
+    """
+    return [m for m in range(rows, 0, -1) if rows % m == 0]
+
+
+def stage_candidates(stage: str, incumbent: Candidate, facts: Facts) -> list[Candidate]:
+    """The configurations stage ``stage`` tries: ``incumbent`` with that one lever changed (before pruning)."""
+    replace = dataclasses.replace
+    global_rows = incumbent.micro_batch * incumbent.accumulate
+    if stage == "precision":
+        return [replace(incumbent, policy=name) for name in facts.policies if name != incumbent.policy]
+    if stage == "compile":
+        out = [replace(incumbent, compile=mode) for mode in ("regional", "model") if mode != incumbent.compile]
+        # The policies that pay only compiled (fp8) are tried here, compiled, where the device runs them at all (the
+        # precision stage already named why a device cannot).
+        compiled = incumbent.compile or "model"
+        out += [replace(incumbent, policy=name, compile=compiled) for name, p in facts.policies.items()
+                if p.needs_compile and p.supported and name != incumbent.policy]
+        return out
+    if stage == "fused_step":
+        masters = facts.policies.get(incumbent.policy, PolicyFacts(True, True, "")).masters
+        return [replace(incumbent, fused_step=True)] if masters and incumbent.fused_step is None and incumbent.compile is None else []
+    if stage in ("fit", "micro_batch"):
+        # fit: every split, with and without recompute, to find the largest micro-batch that fits; micro_batch
+        # (the step fits already): the next smaller split only, which pays only where a smaller working set
+        # runs faster (caches), so one try says whether the direction is worth anything.
+        sizes = [m for m in micro_batches(global_rows) if m < incumbent.micro_batch]
+        if stage == "micro_batch":
+            return [replace(incumbent, micro_batch=m, accumulate=global_rows // m) for m in sizes[:1]]
+        out = [replace(incumbent, recompute=True)] if not incumbent.recompute else []
+        for m in sizes:
+            out += [replace(incumbent, micro_batch=m, accumulate=global_rows // m, recompute=r) for r in (False, True)]
+        return out
+    if stage == "threads":
+        if facts.device != "cpu":
+            return []
+        options = sorted({1, max(1, facts.cores // 2), facts.cores} - {incumbent.threads or facts.threads})
+        return [replace(incumbent, threads=n) for n in options]
+    if stage == "loader":
+        return [replace(incumbent, loader=tuple(sorted(v.items()))) for v in facts.loader_variants]
+    raise ValueError(f"unknown tune stage {stage!r}; the stages are {', '.join(STAGES)}.")

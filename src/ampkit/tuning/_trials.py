@@ -1,0 +1,295 @@
+"""Short interleaved trials of candidate configurations, on the bench's machinery.
+
+Each candidate trains as an :class:`ampkit.bench.PolicyRun` (a deep copy of the same initial weights, the same
+batches in the same order, its own RNG), exactly as ``ampkit bench`` trains a policy, with the tune's levers
+added: ``Engine(compile=..., fused_step=...)``, the model's blocks recomputed on each copy, the batch split into
+micro-batches (the global batch unchanged: each batch's rows in order, ``accumulate`` micro-batches a step), and
+torch's threads set around its steps. A wave of candidates runs as the bench runs its policies:
+
+1. each alone first, for its memory (the bench's definition: on a CPU the peak of live tensor bytes of an eager
+   step; CUDA: the allocator's peak) and, compiled, its compile time: its first steps less as many steady ones;
+2. all built and warmed up, untimed;
+3. timed in ``rounds`` rounds of ``chunk`` steps, the order rotating each round, so a machine that speeds up or
+   slows down spreads over every candidate. The wave stops between rounds when its deadline passes.
+
+A wave always holds the **baseline** (the user's starting configuration), so every candidate's speed-up over it is
+a ratio of step times measured in the same rounds, with the bootstrap interval of :func:`ampkit.bench.speedup_interval`.
+Compile time is kept apart, then **amortised** over the run length the user states (``run_steps``): a compiled
+candidate's step costs its median plus ``compile_s / run_steps``.
+
+    >>> t = Trial(key="a", stage="precision", candidate={}, step_times_s=[0.1] * 6, baseline_times_s=[0.2] * 6, compile_s=10.0)
+    >>> round(t.amortised_s(1000), 3), round(t.speedup(1000), 2)
+    (0.11, 1.82)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import statistics
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .._errors import one_line
+from ..bench import PolicyRun, speedup_interval
+from ..memory import fp8_layer_plan, planned_policy, recompute, repeated_blocks
+from ..policy import Policy, get_policy
+from ..workloads import Workload, batch_rows, split_batch, to_device
+from ._space import Candidate
+
+__all__ = ["COMPILE_MODES", "DEFAULT_WAVES", "Trial", "WaveInterrupted", "WaveSettings", "make_run", "measure_wave", "micro_workload", "threads", "trial_policy"]
+
+log = logging.getLogger("ampkit")
+
+COMPILE_MODES: dict[str, Any] = {"model": True, "regional": "regional"}
+"""A candidate's ``compile`` -> what ``Engine(compile=...)`` gets."""
+
+
+@dataclass
+class Trial:
+    """One candidate's measured steps in one wave, beside the baseline's of the same wave."""
+
+    key: str
+    stage: str
+    candidate: dict[str, Any]
+    role: str = "candidate"
+    """``candidate`` (the configuration its stage tried), ``incumbent`` (the best so far, measured again beside the
+    candidates that vary it) or ``baseline`` (the starting configuration, in every wave)."""
+    status: str = "ok"
+    """``ok``; ``failed`` (its error says why); ``cut`` (the budget ended its wave before it had enough timed steps)."""
+    error: str | None = None
+    step_times_s: list[float] = field(default_factory=list)
+    """Its timed steps (an optimizer step each: every micro-batch of the global batch)."""
+    baseline_times_s: list[float] = field(default_factory=list)
+    """The baseline's timed steps in the same wave and rounds."""
+    compile_s: float | None = None
+    """Compile time, kept out of the step times (None: nothing compiled)."""
+    peak_memory_bytes: int | None = None
+    resumed: bool = False
+    """Read back from an earlier tune's trials (not measured in this one)."""
+
+    @property
+    def median_s(self) -> float | None:
+        return statistics.median(self.step_times_s) if self.step_times_s else None
+
+    def amortised_s(self, run_steps: int) -> float | None:
+        """The median step plus the compile time spread over ``run_steps`` steps."""
+        median = self.median_s
+        return None if median is None else median + (self.compile_s or 0.0) / run_steps
+
+    def speedup(self, run_steps: int) -> float | None:
+        """The baseline's median step over this one's amortised step (same wave)."""
+        mine = self.amortised_s(run_steps)
+        return statistics.median(self.baseline_times_s) / mine if mine and self.baseline_times_s else None
+
+    def interval(self, run_steps: int, against: Sequence[float] | None = None) -> tuple[float, float] | None:
+        """The 95% bootstrap interval of the speed-up over ``against`` (default: the baseline of the same wave), with
+        the amortised compile time added to every step; None with too few timed steps."""
+        shift = (self.compile_s or 0.0) / run_steps
+        reference = self.baseline_times_s if against is None else against
+        return speedup_interval(reference, [t + shift for t in self.step_times_s]) if self.step_times_s else None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out.pop("resumed")
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Trial:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names}, resumed=True)
+
+
+@dataclass(frozen=True)
+class WaveSettings:
+    """How long each candidate of a wave trains: ``warmup`` untimed steps, then ``rounds`` rounds of ``chunk``."""
+
+    rounds: int = 4
+    chunk: int = 3
+    warmup: int = 2
+    measure_steps: int = 2
+    """Steps of the run measured alone (memory, compile time): at least two, so the optimizer's state exists."""
+
+    @property
+    def steps(self) -> int:
+        """Steps each candidate trains in a wave, measured alone or not."""
+        return self.measure_steps + self.warmup + self.rounds * self.chunk
+
+
+DEFAULT_WAVES = WaveSettings()
+"""Four rounds of three timed steps after two warm-up steps: 12 timed steps, enough for a bootstrap interval."""
+
+
+def micro_workload(workload: Workload, candidate: Candidate) -> Workload:
+    """``workload`` trained in ``candidate``'s micro-batches: each batch cut into consecutive slices of
+    ``candidate.micro_batch`` rows, the step accumulating them all, so the step sees the same rows in the same order.
+
+    >>> from ampkit.workloads import Workload
+    >>> w = Workload(name="w", model=torch.nn.Linear(2, 2), train_batches=[(torch.zeros(8, 2), torch.zeros(8, dtype=torch.long))],
+    ...              items_per_batch=8, steps=4, warmup=1)
+    >>> m = micro_workload(w, Candidate(policy="32-true", micro_batch=2, accumulate=4))
+    >>> len(m.train_batches), m.items_per_batch, m.accumulate
+    (4, 2, 4)
+    """
+    rows = batch_rows(workload.train_batches[0])
+    if candidate.micro_batch == rows:
+        return workload
+    if rows % candidate.micro_batch or candidate.micro_batch * candidate.accumulate != rows * workload.accumulate:
+        raise ValueError(
+            f"a micro-batch of {candidate.micro_batch} x {candidate.accumulate} does not make the global batch of "
+            f"{rows} x {workload.accumulate} rows: micro-batches must split each batch evenly."
+        )
+    uneven = sorted({n for n in (batch_rows(b) for b in workload.train_batches) if n != rows})
+    if uneven:
+        # Cut alike, a shorter batch would leave a short last micro-batch whose mean loss counts as much as a full
+        # one's: the step would no longer be the user's. Not tried, rather than trained differently.
+        raise ValueError(
+            f"micro-batches need every batch to have {rows} rows, as the first; some have {', '.join(map(str, uneven))} "
+            "(drop the last, short batch: DataLoader(..., drop_last=True))."
+        )
+    parts = rows // candidate.micro_batch
+    batches = [split_batch(b, i * candidate.micro_batch, (i + 1) * candidate.micro_batch) for b in workload.train_batches for i in range(parts)]
+    return dataclasses.replace(
+        workload, train_batches=batches, items_per_batch=workload.items_per_batch // parts, accumulate=candidate.accumulate,
+    )
+
+
+def _recompute_blocks(model: torch.nn.Module) -> None:
+    recompute(model, repeated_blocks(model))
+
+
+def make_run(workload: Workload, candidate: Candidate, device: torch.device, seed: int, steps: int) -> PolicyRun:
+    """The bench run that trains ``candidate``: its policy, compile, fused step, recompute and micro-batches, on
+    the first ``steps`` optimizer steps' batches moved to ``device`` once (the bench times steps, not copies)."""
+    w = micro_workload(workload, candidate)
+    needed = min(len(w.train_batches), steps * w.accumulate)
+    batches = [to_device(w.train_batches[i], device, w.channels_last) for i in range(needed)]
+    options = {"fused_step": candidate.fused_step} if candidate.fused_step is not None else {}
+    return PolicyRun(
+        w, trial_policy(w, candidate.policy), device, batches, seed, compile=COMPILE_MODES.get(candidate.compile or ""),
+        mode=candidate.compile, engine_options=options, prepare=_recompute_blocks if candidate.recompute else None,
+    )
+
+
+def trial_policy(workload: Workload, name: str) -> Policy:
+    """The policy ``name`` as a trial runs it: an fp8 policy set to the layers its roofline plans at the workload's
+    micro-batch rows (:func:`ampkit.memory.fp8_layer_plan`, as ``ampkit bench`` runs it), any other as it comes."""
+    policy = get_policy(name)
+    if not policy.needs_compile:
+        return policy
+    try:
+        return planned_policy(fp8_layer_plan(workload.model, workload.train_batches[0], name), policy)  # type: ignore[arg-type]
+    except Exception as exc:  # noqa: BLE001 - a forward fake tensors cannot run: the policy converts what its filter picks
+        log.warning("tune: no fp8 layer plan for %s (%s); it converts the layers its own filter picks", name, one_line(exc, with_type=True))
+        return policy
+
+
+@contextlib.contextmanager
+def threads(n: int | None) -> Iterator[None]:
+    """torch's intra-op threads set to ``n`` (None: unchanged) while the block runs, then put back."""
+    before = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _guarded(run: PolicyRun, candidate: Candidate, what: str, fn: Callable[..., Any], *args: Any) -> None:
+    if not run.alive:
+        return
+    try:
+        with threads(candidate.threads):
+            fn(*args)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as exc:  # noqa: BLE001 - one candidate's failure is its row's finding; the others go on
+        log.warning("tune: %s failed while %s: %s", candidate.key, what, one_line(exc, with_type=True))
+        run.fail(exc)
+
+
+def measure_wave(
+    workload: Workload,
+    stage: str,
+    baseline: Candidate,
+    candidates: Sequence[Candidate],
+    device: torch.device,
+    *,
+    incumbent: Candidate | None = None,
+    settings: WaveSettings = DEFAULT_WAVES,
+    seed: int = 0,
+    deadline: float | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    progress: Callable[[str], None] = lambda what: None,
+) -> list[Trial]:
+    """Train ``baseline``, ``incumbent`` (the configuration the candidates vary, when it is not the baseline) and
+    each of ``candidates`` interleaved (see the module's docstring); one :class:`Trial` each, the baseline's last,
+    every one holding the baseline's step times of this wave.
+
+    ``deadline`` (on ``clock``): no round starts after it; a candidate left with fewer timed steps than an
+    interval needs is ``cut``. Ctrl-C during the rounds raises :class:`WaveInterrupted` holding the trials so far.
+    """
+    others = ([incumbent] if incumbent is not None and incumbent != baseline else []) + list(candidates)
+    wave = [baseline] + [c for c in dict.fromkeys(others) if c != baseline]
+    unbuilt: dict[Candidate, str] = {}
+    for c in wave[1:]:  # a candidate the data cannot be cut for is its row's finding (the baseline's raises)
+        try:
+            micro_workload(workload, c)
+        except ValueError as exc:
+            unbuilt[c] = str(exc)
+    wave = [c for c in wave if c not in unbuilt]
+    runs = [make_run(workload, c, device, seed, settings.steps) for c in wave]
+    for run, c in zip(runs, wave):
+        progress(f"{stage}: {c.describe(baseline)}: measuring memory")
+        _guarded(run, c, "measuring memory", run.measure_alone, settings.measure_steps, False)
+    for run, c in zip(runs, wave):
+        progress(f"{stage}: {c.describe(baseline)}: warm-up")
+        _guarded(run, c, "building", run.build)
+        _guarded(run, c, "warming up", run.train, settings.warmup, False)
+    interrupted = False
+    try:
+        for r in range(settings.rounds):
+            if deadline is not None and clock() > deadline:
+                log.info("tune: the budget ended the %s wave after %d of %d rounds", stage, r, settings.rounds)
+                break
+            for i in range(len(wave)):
+                j = (i + r) % len(wave)  # rotate who goes first each round
+                progress(f"{stage}: {wave[j].describe(baseline)}: round {r + 1}/{settings.rounds}")
+                _guarded(runs[j], wave[j], "training", runs[j].train, settings.chunk, True)
+    except KeyboardInterrupt:
+        interrupted = True  # the rounds so far are kept: summarised below, then the interrupt goes on
+    trials = []
+    for i, (run, c) in enumerate(zip(runs, wave)):
+        _guarded(run, c, "summarising", run.summarize)
+        run.release()
+        res = run.result
+        status = {"failed": "failed", "unsupported": "failed"}.get(res.status, "ok")
+        role = "baseline" if i == 0 else "incumbent" if c == incumbent else "candidate"
+        trials.append(Trial(
+            key=c.key, stage=stage, candidate=c.to_dict(), role=role, status=status, error=res.error, step_times_s=list(res.step_times_s or []),
+            compile_s=res.compile_time_s, peak_memory_bytes=res.peak_memory_bytes,
+        ))
+    trials += [Trial(key=c.key, stage=stage, candidate=c.to_dict(), status="failed", error=why) for c, why in unbuilt.items()]
+    base_times = trials[0].step_times_s
+    for t in trials:
+        t.baseline_times_s = list(base_times)
+        if t.status == "ok" and (t.interval(1) is None):
+            t.status = "cut"  # too few timed steps for an interval: the budget ended the wave early
+    trials = trials[1:] + trials[:1]
+    if interrupted:
+        raise WaveInterrupted(trials)
+    return trials
+
+
+class WaveInterrupted(KeyboardInterrupt):
+    """Ctrl-C during a wave's rounds: ``trials`` hold what the rounds before it measured (``cut`` where too few)."""
+
+    def __init__(self, trials: list[Trial]) -> None:
+        super().__init__()
+        self.trials = trials

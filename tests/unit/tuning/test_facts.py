@@ -1,0 +1,80 @@
+"""What the tune learns before its first trial, each fact against the tool that knows it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from ampkit.memory import estimate
+from ampkit.tuning._facts import fp16_overflowing_modules, gather_facts, loader_variants, predict_peak
+from ampkit.tuning._space import memory_key
+from ampkit.workloads import Workload
+
+ROWS = 8
+
+
+def _workload(model: nn.Module | None = None, scale: float = 1.0) -> Workload:
+    g = torch.Generator().manual_seed(0)
+    batches = [(scale * torch.randn(ROWS, 8, generator=g), torch.randint(0, 3, (ROWS,), generator=g)) for _ in range(2)]
+    torch.manual_seed(0)
+    # Blocks that widen inside: checkpointing one frees its inner activations (a block's output is kept either way).
+    model = model or nn.Sequential(*[nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 8)) for _ in range(2)], nn.Linear(8, 3))
+    return Workload(name="mlp", model=model, train_batches=batches, items_per_batch=ROWS, steps=4, warmup=1)
+
+
+CPU = torch.device("cpu")
+
+
+def test_predicted_peaks_are_ampkit_memorys_estimates_of_the_users_step() -> None:
+    w = _workload()
+    facts = gather_facts(w, CPU, memory_budget=2**40, precisions=["bf16-mixed"])
+    assert set(facts.policies) == {"32-true", "bf16-mixed"} and facts.blocks == 2
+    for policy in ("32-true", "bf16-mixed"):
+        control = estimate(w.model, w.train_batches[0], w.optimizer, policy, CPU, loss_fn=w.loss_fn, clip_grad_norm=w.clip_grad_norm)
+        assert facts.predicted_peak[memory_key(policy, ROWS, False)] == control.peak
+
+
+def test_where_the_batch_does_not_fit_the_smaller_micro_batches_are_predicted_until_one_fits() -> None:
+    w = _workload()
+    full = predict_peak(w, "32-true", ROWS, CPU).peak
+    quarter = predict_peak(w, "32-true", 2, CPU).peak
+    facts = gather_facts(w, CPU, memory_budget=quarter, precisions=[])
+    predicted = {k for k in facts.predicted_peak if not k.endswith("|1")}
+    assert predicted == {memory_key("32-true", m, False) for m in (8, 4, 2)}  # 2 fits: no smaller one is predicted
+    assert facts.predicted_peak[memory_key("32-true", 8, False)] == full > quarter
+    recomputed = predict_peak(w, "32-true", ROWS, CPU, recomputed=True)
+    assert recomputed.activations < predict_peak(w, "32-true", ROWS, CPU).activations
+    assert facts.predicted_peak[memory_key("32-true", 8, True)] == recomputed.peak
+
+
+def test_the_doctor_names_the_modules_whose_activations_overflow_fp16() -> None:
+    class Loud(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.up, self.head = nn.Linear(8, 8), nn.Linear(8, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(self.up(x) * 1e5)  # 1e5 > 65504: the head's input overflows fp16, and its output too
+
+    notes: list[str] = []
+    assert fp16_overflowing_modules(_workload(Loud()), CPU, notes) == ["head", "(the model)"] and not notes
+    assert fp16_overflowing_modules(_workload(), CPU, notes) == [] and not notes
+
+
+def test_the_loaders_share_of_the_step_is_its_wait_against_the_step() -> None:
+    loader = DataLoader(TensorDataset(torch.randn(64, 8), torch.zeros(64, dtype=torch.long)), batch_size=ROWS)
+    facts = gather_facts(_workload(), CPU, step_s=0.03, loader=loader, precisions=[], measure_wait=lambda _: 0.01)
+    assert abs(facts.data_share - 0.25) < 1e-12  # type: ignore[operator]
+    assert facts.loader_variants == loader_variants(loader, CPU)
+    assert gather_facts(_workload(), CPU, precisions=[]).data_share is None  # no DataLoader: the data is in memory
+
+
+def test_loader_variants_are_the_profiles_worker_counts() -> None:
+    from ampkit.profile import LoaderSettings, candidate_settings
+
+    loader = DataLoader(TensorDataset(torch.randn(64, 8)), batch_size=ROWS)
+    control = [dataclasses.asdict(s) for s in candidate_settings(LoaderSettings(), CPU)]
+    assert [{**dataclasses.asdict(LoaderSettings()), **v} for v in loader_variants(loader, CPU)] == control

@@ -1,0 +1,300 @@
+"""The whole tune: the budget (its minimum, what it leaves untried), resume after a kill, Ctrl-C, nothing that fits,
+and the user's model and optimizer left as given."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import ampkit
+from ampkit.tuning import TuneResult, WaveSettings, tune_workload, write_files
+from ampkit.workloads import Accuracy, Workload
+
+ROWS = 16
+WAVES = WaveSettings(rounds=2, chunk=3, warmup=1)
+FAST = {"waves": WAVES, "guard_steps": 6, "stages": ["precision"], "precisions": ["bf16-mixed"]}
+
+
+def _batches(n: int = 4) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(0)
+    return [(torch.randn(ROWS, 8, generator=g), torch.randint(0, 3, (ROWS,), generator=g)) for _ in range(n)]
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 3))
+
+
+def _workload() -> Workload:
+    batches = _batches()
+    return Workload(name="mlp", model=_model(), train_batches=batches, eval_batches=batches[:1], metric=Accuracy,
+                    items_per_batch=ROWS, steps=6, warmup=1)
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory: pytest.TempPathFactory) -> tuple[TuneResult, Path]:
+    out = tmp_path_factory.mktemp("tune")
+    return tune_workload(_workload(), "cpu", budget=300, out=out, **FAST), out  # type: ignore[arg-type]
+
+
+def test_every_policy_is_measured_pruned_or_untried_and_the_winner_was_guarded(tuned: tuple[TuneResult, Path]) -> None:
+    result, _ = tuned
+    keys = {t.key for t in result.trials}
+    assert keys == {"32-true mb16x1 compile=off", "bf16-mixed mb16x1 compile=off"}
+    assert result.stages[0]["stage"] == "precision" and result.stages[0]["why"]
+    if result.winner != result.start:
+        guard = result.guard_of(result.winner)
+        assert guard is not None and guard.passed
+    assert result.reference is None or result.reference.steps == 6
+
+
+def test_a_second_tune_with_the_same_out_measures_nothing_again(tuned: tuple[TuneResult, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    first, out = tuned
+
+    def measured(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a stored trial was measured again")
+
+    for name in ("measure_wave", "judge", "reference"):
+        monkeypatch.setattr(f"ampkit.tuning._run.{name}", measured)
+    again = tune_workload(_workload(), "cpu", budget=300, out=out, **FAST)  # type: ignore[arg-type]
+    assert again.resumed == 1 and again.winner == first.winner
+    assert [t.step_times_s for t in again.trials] == [t.step_times_s for t in first.trials]
+    assert all(t.resumed for t in again.trials)
+
+
+def test_trials_of_another_tune_are_refused_with_the_fix(tuned: tuple[TuneResult, Path]) -> None:
+    _, out = tuned
+    with pytest.raises(ValueError, match=r"holds the trials of another tune \(it differs in seed\); pass another --out"):
+        tune_workload(_workload(), "cpu", budget=300, out=out, seed=1, **FAST)  # type: ignore[arg-type]
+
+
+def test_files_hold_the_table_and_the_winners_code(tuned: tuple[TuneResult, Path]) -> None:
+    result, out = tuned
+    data_path, report = write_files(result, out)
+    data = json.loads(data_path.read_text())
+    assert [r["key"] for r in data["rows"]] and data["winner_code"].startswith("import ampkit")
+    assert {r["verdict"] for r in data["rows"]} <= {"winner", "start", "faster", "no gain", "slower", "rejected", "failed", "cut"}
+    text = report.read_text()
+    assert "| configuration | throughput |" in text and "- speed-up: the start's median step" in text
+
+
+def test_ctrl_c_keeps_what_was_measured_and_the_next_run_resumes_there(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ampkit.tuning import _run
+
+    real, calls = _run.measure_wave, []
+
+    def interrupted_second_wave(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args[1])
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_run, "measure_wave", interrupted_second_wave)
+    settings = {**FAST, "stages": ["precision", "threads"]}
+    result = tune_workload(_workload(), "cpu", budget=300, out=tmp_path, **settings)  # type: ignore[arg-type]
+    assert result.interrupted and result.winner == result.start and calls == ["precision", "threads"]
+    assert {t.stage for t in result.trials} == {"precision"}
+    write_files(result, tmp_path)
+    assert json.loads((tmp_path / "tune.json").read_text())["interrupted"] is True
+    calls.clear()
+    resumed = tune_workload(_workload(), "cpu", budget=300, out=tmp_path, **settings)  # type: ignore[arg-type]
+    assert calls == ["threads"] and resumed.resumed == 1 and not resumed.interrupted
+
+
+def test_ctrl_c_inside_a_wave_shows_its_rounds_so_far_and_stores_none_of_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ampkit.tuning import _run
+
+    real = _run.measure_wave
+
+    def interrupted_rounds(*args: Any, **kwargs: Any) -> Any:
+        ticks = iter(range(100))
+
+        def clock() -> float:
+            if next(ticks) == 1:
+                raise KeyboardInterrupt  # the second round's start
+            return 0.0
+
+        return real(*args, **{**kwargs, "clock": clock, "deadline": 1.0})
+
+    monkeypatch.setattr(_run, "measure_wave", interrupted_rounds)
+    result = tune_workload(_workload(), "cpu", budget=300, out=tmp_path, **FAST)  # type: ignore[arg-type]
+    assert result.interrupted and {t.status for t in result.trials} == {"cut"} and len(result.trials) == 2
+    assert not (tmp_path / "trials.json").exists()  # a wave cut short is not stored: a resumed tune measures it whole
+
+
+class _SlowSamples(torch.utils.data.Dataset):  # type: ignore[type-arg]
+    """Samples that take a millisecond each to make: a loader-bound step."""
+
+    def __len__(self) -> int:
+        return 512
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        import time
+
+        time.sleep(0.001)
+        g = torch.Generator().manual_seed(i)
+        return torch.randn(8, generator=g), torch.randint(0, 3, (), generator=g)
+
+
+def _loader() -> torch.utils.data.DataLoader:  # type: ignore[type-arg]
+    return torch.utils.data.DataLoader(_SlowSamples(), batch_size=ROWS)
+
+
+@pytest.mark.slow  # starts a worker process; CI checks the stage's choice with fake trials (the test below)
+def test_a_loader_bound_step_tunes_the_loader_first_on_the_incumbents_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ampkit.tuning import _facts, _run
+
+    monkeypatch.setattr(_facts, "loader_variants", lambda loader, device: [{"num_workers": 1}])
+    # The wait is set, not timed: how long a batch takes against a step depends on what else the machine runs.
+    monkeypatch.setattr(_run, "add_loader_facts", lambda *args: _facts.add_loader_facts(*args, measure_wait=lambda _: 1.0))
+    w = _workload()
+    w.train_batches = [batch for _, batch in zip(range(4), _loader())]
+    result = tune_workload(w, "cpu", budget=300, loader=_loader(), **{**FAST, "stages": ["loader", "precision"]})  # type: ignore[arg-type]
+    assert result.facts["data_share"] > 0.5
+    assert [s["stage"] for s in result.stages][:1] == ["loader"]
+    assert result.loader_trials[0]["name"] == "as given" and len(result.loader_trials) > 1  # the profile's search
+    assert all(t["step_s"] > 0 for t in result.loader_trials)
+
+
+def test_the_loader_setting_is_adopted_only_beyond_the_profiles_threshold(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ampkit.profile import LoaderSettings, Trial as LoaderTrial
+
+    def fake_trials(loader: Any, step: Any, device: Any, **kw: Any) -> list[Any]:
+        step(next(iter(loader)))  # the incumbent's step runs on a loader batch
+        return [LoaderTrial(LoaderSettings(), "as given", 0.010, 0.010, 0.0, speedup=1.0, baseline=True),
+                LoaderTrial(LoaderSettings(num_workers=1), "num_workers=1", 0.010 / speedup, 0.010 / speedup, 0.0, speedup=speedup)]
+
+    monkeypatch.setattr("ampkit.tuning._facts.loader_variants", lambda loader, device: [{"num_workers": 1}])
+    monkeypatch.setattr("ampkit.tuning._run.try_loader_settings", fake_trials)
+    w = _workload()
+    w.train_batches = [batch for _, batch in zip(range(4), _loader())]
+    for speedup, adopted in ((1.04, False), (1.06, True)):
+        result = tune_workload(w, "cpu", budget=300, loader=_loader(), **{**FAST, "stages": ["loader"]})  # type: ignore[arg-type]
+        assert (result.winner.loader == (("num_workers", 1),)) is adopted
+        assert ("num_workers=1" in ampkit.tuning.code(result)) is adopted
+
+
+def test_the_loaders_trials_are_not_started_without_the_time_for_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A probed step of 0.5 s: one loader variant's two epochs of 16 steps alone take 16 s; five take 80.
+    monkeypatch.setattr("ampkit.tuning._facts.loader_variants", lambda loader, device: [{"num_workers": 1}])
+    monkeypatch.setattr("ampkit.tuning._run._probe", lambda *args: 0.5)
+    monkeypatch.setattr("ampkit.tuning._run.try_loader_settings", lambda *a, **k: pytest.fail("the loader's trials started"))
+    w = _workload()
+    w.train_batches = [batch for _, batch in zip(range(4), _loader())]
+    result = tune_workload(w, "cpu", budget=60, loader=_loader(), **{**FAST, "stages": ["loader"]})  # type: ignore[arg-type]
+    assert [n["change"] for n in result.not_tried] == ["the DataLoader's settings"]
+    assert result.not_tried[0]["reason"].startswith("no time left in the budget (about 8")
+
+
+def test_a_budget_too_small_for_one_trial_names_the_minimum(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("ampkit.tuning._run._probe", lambda *args: 1.0)  # a step of 1 s: one trial and the guard take minutes
+    with pytest.raises(ValueError, match=r"--budget 20 s is too small for one trial of mlp here") as caught:
+        tune_workload(_workload(), "cpu", budget=20, **FAST)  # type: ignore[arg-type]
+    # Two trials of 9 steps (the start's and a candidate's) and three guard runs of 6 steps, at 1 s a step: 36 s,
+    # plus the seconds already spent reading the model.
+    about, enough = (int(n) for n in re.findall(r"take about (\d+) s .* pass --budget (\d+) \(budget=\d+ in Python\) or more", str(caught.value))[0])
+    assert 36 <= about < 46 and math.ceil(1.5 * (about - 1)) <= enough <= math.ceil(1.5 * about)
+
+
+def test_candidates_the_budget_has_no_time_for_are_listed_not_tried(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A probed step of 0.6 s: a trial is 9 steps (5.4 s), the guard's reserve 3 runs of 6 steps (10.8 s). A budget
+    # of 32 s leaves about 21 s for trials: the baseline's and two candidates' (16.2 s), not a third (21.6 s).
+    monkeypatch.setattr("ampkit.tuning._run._probe", lambda *args: 0.6)
+    precisions = ["bf16-mixed", "bf16-true", "bf16-true-masters", "bf16-true-remainder", "bf16-true-kahan"]
+    result = tune_workload(_workload(), "cpu", budget=32, **{**FAST, "precisions": precisions})  # type: ignore[arg-type]
+    assert len({t.key for t in result.trials}) == 3
+    assert [n["reason"] for n in result.not_tried] == ["no time left in the budget (about 5 s for its trial)"] * 3
+    assert {n["key"] for n in result.not_tried} | {t.key for t in result.trials} == {f"{p} mb16x1 compile=off" for p in ["32-true", *precisions]}
+    assert {n["change"] for n in result.not_tried} == {f"precision {n['key'].split()[0]}" for n in result.not_tried}  # against the start
+
+
+def test_pruned_candidates_are_described_against_the_start_not_the_stage_they_vary(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 16 rows do not fit: the fit stage varies the largest micro-batch that fits (8 x 2); the pruned recompute of it
+    # reads "micro-batch 8 x 2, recompute", not "recompute" (which would name the start's own batch).
+    from ampkit.tuning import _run
+    from ampkit.tuning._space import memory_key
+
+    def facts(*args: Any, **kwargs: Any) -> Any:
+        f = gather_facts(*args, **kwargs)
+        f.memory_budget = 1000
+        f.blocks = 2
+        f.predicted_peak = {memory_key("32-true", m, r): (100 if r else 120) * m for m in (16, 8, 4, 2, 1) for r in (False, True)}
+        return f
+
+    from ampkit.tuning._facts import gather_facts
+
+    monkeypatch.setattr(_run, "gather_facts", facts)
+    monkeypatch.setattr(_run, "measure_wave", lambda *args, **kwargs: (_ for _ in ()).throw(KeyboardInterrupt))
+    result = tune_workload(_workload(), "cpu", budget=300, **FAST)  # type: ignore[arg-type]
+    pruned = {p["key"]: p["change"] for p in result.pruned}
+    assert pruned["32-true mb8x2 compile=off recompute"] == "micro-batch 8 x 2, recompute"
+
+
+def test_a_model_that_does_not_fit_at_one_sample_says_so_with_its_memory() -> None:
+    # The breakdown is ampkit memory's prediction of one sample (the control: estimate() called directly).
+    from ampkit.memory import estimate
+    from ampkit.tuning._format import fmt_bytes
+
+    w = _workload()
+    with pytest.raises(ValueError, match="does not fit even at one sample per micro-batch under any policy") as caught:
+        tune_workload(w, "cpu", budget=300, memory_budget=1, **FAST)  # type: ignore[arg-type]
+    policy = str(caught.value).split(": ")[1].split(" ")[0]
+    e = estimate(w.model, (w.train_batches[0][0][:1], w.train_batches[0][1][:1]), w.optimizer, policy, "cpu", clip_grad_norm=1.0)
+    assert f"predicted peak of {fmt_bytes(e.peak)} (parameters {fmt_bytes(e.parameters)}, gradients {fmt_bytes(e.gradients)}, " \
+           f"optimizer state {fmt_bytes(e.optimizer_state)}, master weights {fmt_bytes(e.master_weights)}, activations " \
+           f"{fmt_bytes(e.activations)}) of the 1 B available" in str(caught.value)
+
+
+def test_the_users_model_and_optimizer_are_left_as_given() -> None:
+    model = _model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model(torch.randn(2, 8)).sum().backward()
+    optimizer.step()  # state to keep
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    state = optimizer.state_dict()
+    result = ampkit.tune(model, _batches(), optimizer=optimizer, device="cpu", budget=300, **FAST)
+    assert result.trials
+    assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items())
+    after = optimizer.state_dict()
+    assert after["param_groups"] == state["param_groups"]
+    assert all(torch.equal(state["state"][i][k], after["state"][i][k]) for i in state["state"] for k in state["state"][i])
+
+
+@dataclasses.dataclass
+class _Output:
+    loss: torch.Tensor
+    logits: torch.Tensor
+
+
+class _HFStyle(nn.Module):
+    """A Hugging Face-style causal LM: keyword batches, an output object carrying ``.loss`` when given ``labels``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed, self.head = nn.Embedding(50, 16), nn.Linear(16, 50)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor | None = None) -> _Output:
+        logits = self.head(self.embed(input_ids) * attention_mask[..., None])
+        loss = nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels.flatten()) if labels is not None else None
+        return _Output(loss, logits)  # type: ignore[arg-type]
+
+
+def test_dict_batches_of_a_hugging_face_style_model_are_tuned_on_its_own_loss() -> None:
+    g = torch.Generator().manual_seed(0)
+    batches = []
+    for _ in range(4):
+        ids = torch.randint(0, 50, (4, 8), generator=g)
+        batches.append({"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids})
+    result = ampkit.tune(_HFStyle(), batches, device="cpu", budget=300, **FAST)
+    assert result.unit == "tokens" and result.items_per_step == 32
+    assert all(t.status == "ok" for t in result.trials)
+    assert result.reference is None or result.reference.metric == "final_loss"

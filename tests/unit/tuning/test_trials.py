@@ -1,0 +1,164 @@
+"""Trials: each lever trains what it says (checked against the plain run), intervals and compile amortisation are
+the bench's, the budget stops a wave between rounds."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import statistics
+
+import pytest
+import torch
+from torch import nn
+
+from ampkit.bench import speedup_interval
+from ampkit.memory import recomputed_modules
+from ampkit.tuning import Candidate, Trial, WaveSettings
+from ampkit.tuning._trials import make_run, measure_wave, micro_workload, threads
+from ampkit.workloads import Workload
+
+ROWS = 8
+
+
+def _workload(device: torch.device) -> Workload:
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.randn(ROWS, 6, generator=g), torch.randint(0, 3, (ROWS,), generator=g)) for _ in range(3)]
+    torch.manual_seed(0)
+    blocks = [nn.Sequential(nn.Linear(6 if i == 0 else 16, 16), nn.Tanh()) for i in range(2)]
+    model = nn.Sequential(*blocks, nn.Linear(16, 3)).to(device)
+    return Workload(name="mlp", model=model, train_batches=batches, items_per_batch=ROWS, steps=4, warmup=1)
+
+
+def _trained(workload: Workload, c: Candidate, device: torch.device, steps: int = 3) -> nn.Module:
+    run = make_run(workload, c, device, seed=0, steps=steps)
+    run.build()
+    run.train(steps, False)
+    assert run.model is not None
+    return run.model
+
+
+def test_micro_batches_with_accumulation_train_the_global_batch(device: torch.device) -> None:
+    # The control: the user's batch in one piece. Two micro-batches of half the rows, accumulated, make the same
+    # update (the mean loss over the same rows), up to rounding: the weights after three steps agree.
+    w = _workload(device)
+    start = Candidate(policy="32-true", micro_batch=ROWS, accumulate=1)
+    whole = _trained(w, start, device)
+    halves = _trained(w, dataclasses.replace(start, micro_batch=ROWS // 2, accumulate=2), device)
+    for a, b in zip(whole.parameters(), halves.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_micro_workload_keeps_the_rows_and_their_order() -> None:
+    w = _workload(torch.device("cpu"))
+    m = micro_workload(w, Candidate(policy="32-true", micro_batch=2, accumulate=4))
+    assert (len(m.train_batches), m.items_per_batch, m.accumulate) == (12, 2, 4)
+    assert torch.equal(torch.cat([x for x, _ in m.train_batches[:4]]), w.train_batches[0][0])
+    with pytest.raises(ValueError, match="micro-batches must split each batch evenly"):
+        micro_workload(w, Candidate(policy="32-true", micro_batch=3, accumulate=3))
+
+
+def test_recompute_checkpoints_the_copys_blocks_and_changes_no_number(device: torch.device) -> None:
+    w = _workload(device)
+    start = Candidate(policy="32-true", micro_batch=ROWS, accumulate=1)
+    plain, recomputed = _trained(w, start, device), _trained(w, dataclasses.replace(start, recompute=True), device)
+    assert recomputed_modules(recomputed) == ["0", "1"] and not recomputed_modules(w.model)
+    for a, b in zip(plain.parameters(), recomputed.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_threads_are_set_around_the_block_and_put_back() -> None:
+    before = torch.get_num_threads()
+    with threads(1):
+        assert torch.get_num_threads() == 1
+    with threads(None):
+        assert torch.get_num_threads() == before
+    assert torch.get_num_threads() == before
+
+
+def test_a_trials_speedup_amortises_its_compile_time_over_the_run() -> None:
+    base = [0.020, 0.021, 0.019, 0.020, 0.022, 0.020]
+    fast = [t / 2 for t in base]
+    t = Trial(key="c", stage="compile", candidate={}, step_times_s=fast, baseline_times_s=base, compile_s=5.0)
+    assert t.amortised_s(100) == pytest.approx(statistics.median(fast) + 0.05)
+    assert t.speedup(100) == pytest.approx(statistics.median(base) / (statistics.median(fast) + 0.05))
+    assert t.speedup(10**9) == pytest.approx(2.0)
+    assert t.interval(100) == speedup_interval(base, [x + 0.05 for x in fast])  # the bench's bootstrap, shifted
+    assert t.interval(100)[1] < 1.0 < t.interval(10**9)[0]  # slower over 100 steps, faster over a long run
+
+
+def test_a_wave_times_every_candidate_beside_the_baseline_in_the_same_rounds(device: torch.device) -> None:
+    w = _workload(device)
+    start = Candidate(policy="32-true", micro_batch=ROWS, accumulate=1)
+    other = dataclasses.replace(start, micro_batch=ROWS // 2, accumulate=2)
+    settings = WaveSettings(rounds=2, chunk=3, warmup=1)
+    trials = measure_wave(w, "micro_batch", start, [other], device, settings=settings)
+    assert [(t.key, t.role, t.status) for t in trials] == [(other.key, "candidate", "ok"), (start.key, "baseline", "ok")]
+    assert len(trials[0].step_times_s) == 6 and trials[0].baseline_times_s == trials[1].step_times_s
+    assert trials[0].compile_s is None and trials[1].peak_memory_bytes is not None
+
+
+def test_the_budget_ends_a_wave_between_rounds_and_marks_what_it_cut(device: torch.device) -> None:
+    w = _workload(device)
+    start = Candidate(policy="32-true", micro_batch=ROWS, accumulate=1)
+    ticks = itertools.count()
+    trials = measure_wave(w, "threads", start, [dataclasses.replace(start, threads=1)], device,
+                          settings=WaveSettings(rounds=3, chunk=3, warmup=1), deadline=0.5, clock=lambda: next(ticks))
+    # The first round starts at tick 0 (before the deadline), the second at tick 1: 3 timed steps each, too few.
+    assert [len(t.step_times_s) for t in trials] == [3, 3] and {t.status for t in trials} == {"cut"}
+
+
+def test_a_candidate_that_fails_is_its_rows_finding_and_the_wave_goes_on(device: torch.device) -> None:
+    w = _workload(device)
+    start = Candidate(policy="32-true", micro_batch=ROWS, accumulate=1)
+    broken = dataclasses.replace(start, fused_step=True)  # 32-true keeps no masters: Engine(fused_step=True) refuses
+    trials = measure_wave(w, "fused_step", start, [broken], device, settings=WaveSettings(rounds=2, chunk=3, warmup=1))
+    assert trials[0].status == "failed" and "fused_step" in (trials[0].error or "")
+    assert trials[1].status == "ok" and len(trials[1].step_times_s) == 6
+
+
+def test_ctrl_c_in_the_rounds_keeps_the_rounds_already_measured(device: torch.device) -> None:
+    from ampkit.tuning._trials import WaveInterrupted
+
+    w = _workload(device)
+    start = Candidate(policy="32-true", micro_batch=ROWS, accumulate=1)
+    ticks = itertools.count()
+
+    def clock() -> float:  # read at each round's start: the second round is interrupted
+        if next(ticks) == 1:
+            raise KeyboardInterrupt
+        return 0.0
+
+    with pytest.raises(WaveInterrupted) as stopped:
+        measure_wave(w, "threads", start, [dataclasses.replace(start, threads=1)], device,
+                     settings=WaveSettings(rounds=3, chunk=3, warmup=1), deadline=1.0, clock=clock)
+    assert [(t.role, len(t.step_times_s), t.status) for t in stopped.value.trials] == [("candidate", 3, "cut"), ("baseline", 3, "cut")]
+
+
+def test_micro_batches_of_uneven_batches_are_refused_as_their_rows_finding(device: torch.device) -> None:
+    # Cut in the same slices, a short last batch would give a short micro-batch whose mean loss weighs as much as a
+    # full one's: another step than the user's. The candidate fails with the reason; the wave goes on.
+    w = _workload(device)
+    x, y = w.train_batches[-1]
+    w.train_batches[-1] = (x[:5], y[:5])
+    start = Candidate(policy="32-true", micro_batch=ROWS, accumulate=1)
+    halves = dataclasses.replace(start, micro_batch=ROWS // 2, accumulate=2)
+    trials = measure_wave(w, "micro_batch", start, [halves], device, settings=WaveSettings(rounds=2, chunk=3, warmup=1))
+    failed = next(t for t in trials if t.key == halves.key)
+    assert failed.status == "failed" and failed.error == (
+        "micro-batches need every batch to have 8 rows, as the first; some have 5 (drop the last, short batch: DataLoader(..., drop_last=True))."
+    )
+    assert next(t for t in trials if t.role == "baseline").status == "ok"
+
+
+def test_an_fp8_trial_converts_the_layers_its_roofline_plans_at_the_micro_batchs_rows() -> None:
+    # As ampkit bench runs fp8: the policy set to the plan made at the batch's own rows (the control: the plan).
+    from ampkit.memory import fp8_layer_plan
+    from ampkit.tuning._trials import trial_policy
+
+    big = nn.Sequential(nn.Linear(4096, 4096), nn.Linear(4096, 16))
+    w = Workload(name="big", model=big, train_batches=[(torch.zeros(8192, 4096), torch.zeros(8192, dtype=torch.long))],
+                 items_per_batch=8192, steps=2, warmup=1)
+    plan = fp8_layer_plan(big, w.train_batches[0], "fp8-tensorwise")
+    policy = trial_policy(w, "fp8-tensorwise")
+    assert policy.layers.names == frozenset(p.name for p in plan.layers if p.convert) == {"0"}  # type: ignore[attr-defined]
+    assert trial_policy(w, "bf16-mixed").name == "bf16-mixed"
