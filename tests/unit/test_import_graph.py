@@ -393,20 +393,20 @@ def test_upward_and_sibling_edges_are_reported(tmp_path):
         {
             "__init__.py": "",
             "training/__init__.py": "",
-            "training/_engine.py": "from ..memory import oom\nfrom ..policy import base\n",
+            "training/engine.py": "from ..memory import oom\nfrom ..policy import base\n",
             "memory/__init__.py": "",
-            "memory/_oom.py": "from ..numerics import stats\n",
+            "memory/oom.py": "from ..numerics import stats\n",
             "numerics/__init__.py": "",
-            "numerics/_stats.py": "",
+            "numerics/stats.py": "",
             "policy/__init__.py": "",
-            "policy/_base.py": "",
+            "policy/base.py": "",
         },
     )
     assert wrong_way_edges(graph) == {
-        ("ampkit.training._engine", "ampkit.memory"),
-        ("ampkit.training._engine", "ampkit.memory._oom"),
-        ("ampkit.memory._oom", "ampkit.numerics"),
-        ("ampkit.memory._oom", "ampkit.numerics._stats"),
+        ("ampkit.training.engine", "ampkit.memory"),
+        ("ampkit.training.engine", "ampkit.memory.oom"),
+        ("ampkit.memory.oom", "ampkit.numerics"),
+        ("ampkit.memory.oom", "ampkit.numerics.stats"),
     }
 
 
@@ -420,18 +420,18 @@ def test_deferred_cycles_and_hidden_type_checking_imports_are_found(tmp_path):
     files = {
         "__init__.py": "",
         "policy/__init__.py": "",
-        "policy/_base.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..training.engine import Engine\n",  # up
+        "policy/base.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..training.engine import Engine\n",  # up
         "training/__init__.py": "",
-        "training/_engine.py": "from . import step\nfrom ..policy import base\ndef f():\n    from . import table\n",
+        "training/engine.py": "from . import step\nfrom ..policy import base\ndef f():\n    from . import table\n",
         "training/step.py": "import typing\nif typing.TYPE_CHECKING:\n    from .engine import Engine\n",  # closes a cycle
-        "training/_hooks.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .step import x\n",  # down, no cycle
+        "training/hooks.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .step import x\n",  # down, no cycle
         "training/table.py": "from . import engine\n",  # with engine's deferred import: a cycle
     }
     graph = _tree(tmp_path, files)
     assert find_cycles(graph) == [] and wrong_way_edges(graph) == set()  # nothing that runs at import is wrong
-    assert find_cycles(import_graph(tmp_path, deferred=True)) == [["ampkit.training._engine", "ampkit.training.table", "ampkit.training._engine"]]
+    assert find_cycles(import_graph(tmp_path, deferred=True)) == [["ampkit.training.engine", "ampkit.training.table", "ampkit.training.engine"]]
     assert hidden_type_checking_edges(tmp_path) == {
-        ("ampkit.policy._base", "ampkit.training"),
-        ("ampkit.policy._base", "ampkit.training._engine"),
-        ("ampkit.training.step", "ampkit.training._engine"),
+        ("ampkit.policy.base", "ampkit.training"),
+        ("ampkit.policy.base", "ampkit.training.engine"),
+        ("ampkit.training.step", "ampkit.training.engine"),
     }
