@@ -21,12 +21,16 @@ torchrun's ``--shutdown-timeout``). Inside the context:
 * Leaving the context puts back the handlers it replaced.
 
 Under torchrun (world size > 1) the ranks must save the same micro-batch, though the signal may reach only some of
-them (torchrun forwards its own SIGTERM to every worker; a scheduler that signals processes one by one may not). Each
-check starts an asynchronous all-reduce (MAX) of the rank's note on a gloo group of its own (on the host, so CUDA
-runs are not synced), and the next check waits for it, by then long finished, and reads the ranks' common answer:
-every rank reads the same answer at the same micro-batch, so all save it, and none waits for a rank that stopped.
-The cost is the reaction: up to two micro-batches after the signal instead of one. Under FSDP a checkpoint cannot
-hold the pending gradients (they are unsharded per rank), so the checks come at window ends only.
+them (torchrun forwards its own SIGTERM to every worker; a scheduler that signals processes one by one may not). An
+agreement starts an asynchronous all-reduce (MAX) of the rank's note on a gloo group of its own (on the host, so CUDA
+runs are not synced), and the next agreement waits for it, by then long finished, and reads the ranks' common
+answer: every rank reads the same answer at the same micro-batch, so all save it, and none waits for a rank that
+stopped. Agreements come every micro-batch or, where micro-batches are short, about :data:`AGREE_EVERY_S` (50 ms)
+apart: the all-reduce carries each rank's proposed interval too, and all take the largest, so they keep counting
+the same checks (an all-reduce per micro-batch is a cost that a short CPU step shows). The cost is the
+reaction: two agreements after the signal at most (about 0.1 s, two micro-batches at least) instead of one
+micro-batch. Under FSDP a checkpoint cannot hold the pending gradients (they are unsharded per rank), so the checks
+come at window ends only.
 
     >>> import signal, torch
     >>> from torch import nn
@@ -43,9 +47,11 @@ hold the pending gradients (they are unsharded per rank), so the checks come at 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable, Sequence
 from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any
@@ -69,6 +75,12 @@ REQUEUE_EXIT_CODE = 75
 invited to retry". Schedulers have no common requeue code; this one is told apart from a crash (1), a kill (137) and
 an unhandled SIGTERM (143) by whoever requeues: SLURM's ``RequeueExit=75`` or the batch script's ``scontrol requeue``,
 a Kubernetes Job's ``podFailurePolicy`` (see the README's "Preemption and integrity")."""
+
+AGREE_EVERY_S = 0.05
+"""Across ranks, how far apart (host time) the agreements come: each costs an all-reduce of two ints on a gloo group,
+and a signal is acted on two agreements later at most (about 0.1 s, and at least two checks)."""
+MAX_INTERVAL = 1000
+"""Most checks between two agreements (micro-batches faster than 50 us)."""
 
 Extra = dict[str, Any] | Callable[[], dict[str, Any] | None] | None
 
@@ -135,8 +147,12 @@ class PreemptionWatch:
         self._handler = self._on_signal  # one bound method: restoring checks that it is still the installed one
         self._previous: dict[signal.Signals, Any] = {}
         self._group: Any = None  # the ranks' gloo group for the agreement; None in a single process
-        self._work: Any = None  # the all-reduce started at the last check
+        self._work: Any = None  # the all-reduce started at the last agreement's check
         self._answer: torch.Tensor | None = None
+        self._interval = 1  # checks between agreements, as the ranks last agreed
+        self._countdown = 1  # checks until the next agreement
+        self._launched: float | None = None  # when the last agreement started (host clock)
+        self._since = 0  # checks since then
         self._boundary_only = False
         self.active = False
 
@@ -200,26 +216,39 @@ class PreemptionWatch:
             if self.received is not None:
                 self._save_and_exit()
             return
+        self._countdown -= 1
+        self._since += 1
+        if self._countdown > 0:
+            return  # not an agreement's check: nothing but this count
         if self._drain():
             self._save_and_exit()
         self._agree(blocking=False)
 
     def _agree(self, blocking: bool) -> bool:
-        """Start the all-reduce of this rank's note (``blocking``: wait for it and return the answer)."""
+        """Start the all-reduce of this rank's note and its proposed interval (``blocking``: wait, return the answer)."""
         if self._group is None:
             return self.received is not None
-        self._answer = torch.tensor([int(self.received is not None)], dtype=torch.int32)
+        now = time.perf_counter()
+        per_check = (now - self._launched) / self._since if self._launched is not None and self._since else 0.0
+        self._launched, self._since = now, 0
+        # Checks until the next agreement, so that agreements come about AGREE_EVERY_S apart: the ranks take the
+        # largest proposal, and all read it from the same all-reduce, so they keep counting the same checks.
+        proposal = min(MAX_INTERVAL, max(1, math.ceil(AGREE_EVERY_S / per_check))) if per_check > 0 else 1
+        self._answer = torch.tensor([int(self.received is not None), proposal], dtype=torch.int64)
         self._work = dist.all_reduce(self._answer, op=dist.ReduceOp.MAX, group=self._group, async_op=True)
         return self._drain() if blocking else False
 
     def _drain(self) -> bool:
-        """Wait for the all-reduce in flight (started a micro-batch ago: done by now); whether any rank got the signal."""
+        """Wait for the all-reduce in flight (started an interval ago: done by now); whether any rank got the signal.
+        Sets the interval to the next agreement, the ranks' common answer."""
         if self._work is None:
             return False
         self._work.wait()
         self._work = None
         assert self._answer is not None
-        return bool(self._answer.tolist()[0])  # a host tensor: no device involved
+        noted, self._interval = self._answer.tolist()  # a host tensor: no device involved
+        self._countdown = self._interval
+        return bool(noted)
 
     def _save_and_exit(self) -> None:
         engine = self._engine
