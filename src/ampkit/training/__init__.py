@@ -6,7 +6,8 @@ optimizer step component it delegates to (:class:`OptimizerStep`, built from :cl
 :class:`StepOutcome` each step), the run's counters (:class:`StepState`), the step-hook protocol (:class:`StepHook`,
 :class:`Hooks`, :data:`HookPoint`), what ``compile=`` asks for (:class:`CompilePlan`), the gradient clipping the step
 applies (:func:`clip_grad_norm`, :func:`clip_grad_value`) and the torch kernel defects it guards against
-(:class:`KernelDefect`, :data:`KNOWN_DEFECTS`). The modules behind them are internal (``_engine.py``, ...).
+(:class:`KernelDefect`, :data:`KNOWN_DEFECTS`), and saving on preemption (``Engine.save_on_preemption`` returns a
+:class:`PreemptionWatch`; :class:`Preempted` exits with :data:`REQUEUE_EXIT_CODE`). The modules behind them are internal (``_engine.py``, ...).
 Importing this package imports none of them: each name loads on first use.
 
     >>> from ampkit.training import Engine, StepOutcome
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from ._hooks import HookPoint, Hooks, StepHook
     from ._kernel_guards import KNOWN_DEFECTS, KernelDefect
     from ._optimizer_step import OptimizerStep, StepOutcome, StepSettings
+    from ._preemption import REQUEUE_EXIT_CODE, Preempted, PreemptionWatch
     from ._step_state import StepState
 
 # Where each public name lives (its module, relative to this package): imported on the name's first use.
@@ -46,6 +48,9 @@ _NAMES = {
     "clip_grad_value": "_clipping",
     "KernelDefect": "_kernel_guards",
     "KNOWN_DEFECTS": "_kernel_guards",
+    "Preempted": "_preemption",
+    "PreemptionWatch": "_preemption",
+    "REQUEUE_EXIT_CODE": "_preemption",
 }
 
 __all__ = [
@@ -63,6 +68,9 @@ __all__ = [
     "clip_grad_value",
     "KernelDefect",
     "KNOWN_DEFECTS",
+    "Preempted",
+    "PreemptionWatch",
+    "REQUEUE_EXIT_CODE",
 ]
 
 __getattr__, __dir__ = lazy_names(__name__, _NAMES, globals())

@@ -21,6 +21,8 @@ settings and parts are read-only: assigning one raises an AttributeError naming 
 from __future__ import annotations
 
 import logging
+import os
+import signal
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
@@ -41,6 +43,7 @@ from ._hooks import AnyHook, Hooks
 from ._micro_batching import MicroBatcher
 from ._misuse import DirectStepGuard, check_window_backward
 from ._optimizer_step import OptimizerStep
+from ._preemption import REQUEUE_EXIT_CODE, Extra, PreemptionWatch
 from ._step_state import StepState
 
 if TYPE_CHECKING:
@@ -133,6 +136,7 @@ class Engine(EngineView):
         self._warned_epoch_length = False  # a declared epoch cut short is named once per run
         # Accumulation position, step count and the last step's outcome; a checkpoint saves the counters through it.
         self._state = StepState()
+        self._preemption: PreemptionWatch | None = None  # the active save_on_preemption() context
         # Before setup: no model, and a step that holds the scaler until setup() builds the real one.
         self._run = Run(OptimizerStep(settings=self._settings, scaler=built, state=self._state), strategy=self._requested)
 
@@ -266,8 +270,12 @@ class Engine(EngineView):
         if boundary and not state.backwards:
             check_window_backward(self, size)  # no engine.backward() in the window: refused where it trains wrong
         if not state.end_micro_batch(boundary):
+            if self._preemption is not None:
+                self._preemption.check(boundary=False)
             return False
         step.step(opts)
+        if self._preemption is not None:
+            self._preemption.check(boundary=True)  # after the step in flight: saves and exits if preempted
         return True
 
     def add_hook(self, hook: AnyHook) -> None:
@@ -290,6 +298,31 @@ class Engine(EngineView):
         from ..checkpoint import save_training_state
 
         save_training_state(self, path, extra)
+
+    def save_on_preemption(self, path: str | os.PathLike[str], *, signals: Sequence[signal.Signals | int] = (signal.SIGTERM,),
+                           exit_code: int = REQUEUE_EXIT_CODE, extra: Extra = None) -> PreemptionWatch:
+        """A context in which ``signals`` (SIGTERM) end the run with :meth:`save` to ``path`` and exit code ``exit_code``.
+
+        The handler only notes the signal and calls the handler it replaced (yours); the micro-batch in flight
+        finishes, then :meth:`step` saves (pending gradients of the window included; under FSDP at the window's end)
+        and raises :class:`~ampkit.training.Preempted` (a ``SystemExit`` with ``exit_code``, default 75 =
+        ``EX_TEMPFAIL``: requeue me). ``extra`` is saved with it: a dict, or a function called at the save (e.g.
+        ``lambda: {"epoch": epoch, "batch": i}``). Under torchrun every rank enters it, and all save the same
+        micro-batch even when one rank got the signal. Leaving it restores the handlers. See
+        :mod:`ampkit.training._preemption` and the README's "Preemption and integrity".
+
+        >>> model = nn.Linear(2, 1); engine = Engine()
+        >>> model, opt = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        >>> with engine.save_on_preemption("runs/last.pt", extra=lambda: {"epoch": 0}):
+        ...     engine.backward(model(torch.ones(1, 2)).sum()); engine.step()   # no signal: trains as before
+        True
+        """
+        return PreemptionWatch(self, self.save, self._attach_preemption, path, signals=signals, exit_code=exit_code, extra=extra)
+
+    def _attach_preemption(self, watch: PreemptionWatch | None) -> None:
+        if watch is not None and self._preemption is not None:
+            raise RuntimeError("save_on_preemption() is active already on this engine; enter it once, around the whole loop.")
+        self._preemption = watch
 
     def load(self, path: Any) -> dict[str, Any] | None:
         """Restore everything :meth:`save` wrote; returns its ``extra``. Nothing changes if the file is bad."""
