@@ -32,6 +32,7 @@ from ._atomic import (
     remove_stale_temporaries,
     write_text_atomic,
 )
+from ._disk import full_disk_message, storage_bytes
 from ._rng import capture_rng_state, check_rng_state, restore_rng_state
 
 __all__ = [
@@ -55,7 +56,8 @@ def save_checkpoint(state: dict, path: str | os.PathLike) -> pathlib.Path:
     """Write ``state`` to ``path`` atomically and return the path written.
 
     The file at ``path`` is replaced only once the new checkpoint is completely on disk: if anything fails
-    (an exception, a ``KeyboardInterrupt``, a full disk), the previous file is left byte-identical and no
+    (an exception, a ``KeyboardInterrupt``, a full disk, which the error names with the space needed and free),
+    the previous file is left byte-identical and no
     temporary file is left behind; temporaries of earlier saves that were killed outright are removed after
     a successful one (:func:`remove_stale_temporaries`). Missing parent directories are created.
 
@@ -110,6 +112,13 @@ def save_checkpoint(state: dict, path: str | os.PathLike) -> pathlib.Path:
             except OSError:  # pragma: no cover - nothing better to do; the real error matters more
                 pass
         if isinstance(exc, Exception) and not isinstance(exc, CheckpointError):
+            # After the temporary is gone, so the free space named is what the next try has.
+            full = full_disk_message(exc, target.parent, storage_bytes(state))
+            if full is not None:
+                raise CheckpointError(
+                    f"Could not write checkpoint {target}: {full}. Free space there or save elsewhere; the previous "
+                    f"checkpoint at {target} is untouched."
+                ) from exc
             raise CheckpointError(
                 f"Could not write checkpoint {target}: {type(exc).__name__}: {exc}. The previous checkpoint at "
                 f"{target} is untouched."
