@@ -32,6 +32,7 @@ from ._atomic import (
     remove_stale_temporaries,
     write_text_atomic,
 )
+from ._checksums import crc32_on, verify_zip_records
 from ._disk import full_disk_message, storage_bytes
 from ._rng import capture_rng_state, check_rng_state, restore_rng_state
 
@@ -95,7 +96,7 @@ def save_checkpoint(state: dict, path: str | os.PathLike) -> pathlib.Path:
     temp: pathlib.Path | None = None
     try:
         temp, handle = _open_temp_file(target)
-        with handle:
+        with handle, crc32_on():  # every record's CRC-32, which load_checkpoint verifies
             torch.save(envelope, handle)
             # flush moves Python's buffer to the OS, fsync moves the OS cache to the disk: only then may the
             # rename below make this file the checkpoint, or a crash could leave a renamed but empty file.
@@ -190,6 +191,9 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device | 
         raise CheckpointError(f"Cannot read checkpoint {source}: {exc}; check its permissions.") from exc
     if not is_zip:
         raise _corrupt(source, "not a complete PyTorch zip archive")
+    # Every record against its checksum before torch.load: torch's reader checks none, and a damaged tensor or
+    # pickled value would otherwise load as a silently different one.
+    verify_zip_records(source)
 
     try:
         loaded = torch.load(source, map_location=map_location, weights_only=True)
