@@ -33,6 +33,7 @@ import torch.distributed as dist
 from .._errors import CheckpointError, one_line
 from ..distributed._strategy import FSDP
 from ..fileio._checkpoint_files import capture_rng_state, load_checkpoint, save_checkpoint
+from ..fileio._checksums import file_crc32
 from ..fileio._disk import full_disk_message, storage_bytes
 from ._checks import check_training_payload
 from ._dcp_state import grouped, sharded_state, single_process_intended
@@ -147,6 +148,10 @@ def save_distributed(engine: Engine, path: str | os.PathLike[str], extra: dict[s
             error = None if failure is None else _write_failure(failure, rank, tmp, state)
             _raise_if_any(error or None, f"saving {target}")
             _raise_if_any("a rank failed without a reason", f"saving {target}")  # pragma: no cover - DCP names one
+        # Each rank's checksums of the files it wrote (read back once, from the page cache), kept in ampkit.pt.
+        written = [tmp / ".metadata"] if rank == 0 else []
+        written += sorted(tmp.glob(f"__{rank}_*.distcp"))
+        shard_sums = _gather_to_rank0({f.name: file_crc32(f) for f in written})
     if rank == 0:
         try:
             payload = training_payload(engine, extra, tensors=not sharded)
@@ -157,6 +162,7 @@ def save_distributed(engine: Engine, path: str | os.PathLike[str], extra: dict[s
                 "pending_grads": [g["pending_grads"] for g in gathered],
             }
             if sharded:
+                payload["shards"] = {name: crc for sums in shard_sums for name, crc in sums.items()}
                 save_checkpoint(payload, tmp / ENGINE_FILE)
                 swap_into_place(tmp, target, token)
                 remove_leftovers(target)  # of earlier saves killed mid-write or mid-swap
@@ -178,7 +184,9 @@ def _read(engine: Engine, target: Path) -> tuple[Path, dict[str, Any], Any]:
         if not is_complete(found):
             raise CheckpointError(f"{found} is a directory but not a complete sharded checkpoint (needs .metadata and {ENGINE_FILE}).")
         payload = load_checkpoint(found / ENGINE_FILE, map_location="cpu")
-        from ._sharded_load import read_metadata
+        from ._sharded_load import read_metadata, verify_shards
+
+        verify_shards(found, payload.get("shards"), *_rank_world())
 
         metadata = read_metadata(found)
     else:

@@ -105,8 +105,13 @@ def _assert_refused_and_unchanged(path: Path, match: str, device: torch.device) 
     assert not engine.optimizers[0].state  # a load that initialised the optimizer's state undid that too
 
 
-def test_crafted_metadata_runs_nothing_and_damaged_shards_change_nothing(saved, tmp_path, device, world):
+def test_crafted_metadata_runs_nothing_and_damaged_shards_change_nothing(saved, tmp_path, device, world, monkeypatch):
     first, _, r0 = saved
+    # The checksums would refuse every copy below first; an attacker rewrites them too (a CRC is no signature), and
+    # a directory saved before them has none: the allow-list and the shard checks must hold on their own.
+    from ampkit.checkpoint import _sharded_load
+
+    monkeypatch.setattr(_sharded_load, "verify_shards", lambda *args: None)
 
     def copy(name: str) -> Path:
         return Path(shutil.copytree(first, tmp_path / name))
@@ -155,6 +160,38 @@ def test_crafted_metadata_runs_nothing_and_damaged_shards_change_nothing(saved, 
     engine.load(first)
     for n, p in model.named_parameters():
         assert torch.equal(p, r0["first"][n]), n
+
+
+@pytest.mark.parametrize("damage", ["flip-one-bit", "overwrite-8-bytes"])
+def test_damage_anywhere_in_a_sharded_directory_is_refused_naming_the_file_or_changes_nothing(saved, tmp_path, device, damage):
+    import random
+
+    first, _, r0 = saved
+    rng = random.Random(38)
+    files = sorted(f.name for f in first.iterdir())
+    refused, named = 0, set()
+    for i in range(20):
+        copy = Path(shutil.copytree(first, tmp_path / f"damaged{i}"))
+        name = rng.choice(files)
+        data = bytearray((copy / name).read_bytes())
+        at = rng.randrange(max(1, len(data) - 8))
+        if damage == "flip-one-bit":
+            data[at] ^= 1 << rng.randrange(8)
+        else:
+            data[at:at + 8] = rng.randbytes(8)
+        (copy / name).write_bytes(bytes(data))
+        model, engine = _setup(None, 9, device)
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        try:
+            engine.load(copy)
+        except CheckpointError as exc:
+            refused += 1
+            assert str(copy) in str(exc) and all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+            named.update(f for f in files if f"{f} (" in str(exc) or ("record archive" in str(exc) and f == ENGINE_FILE))
+            continue
+        for n, p in model.named_parameters():
+            assert torch.equal(p, r0["first"][n]), f"{name} byte {at} damaged: {n} loaded silently changed"
+    assert refused >= 15 and any(f.endswith(".distcp") for f in named), (refused, named)
 
 
 def test_a_save_killed_between_its_renames_is_found_and_the_next_save_cleans_up(saved, tmp_path, device):
