@@ -162,15 +162,15 @@ def test_crafted_metadata_runs_nothing_and_damaged_shards_change_nothing(saved, 
         assert torch.equal(p, r0["first"][n]), n
 
 
-@pytest.mark.parametrize("damage", ["flip-one-bit", "overwrite-8-bytes"])
-def test_damage_anywhere_in_a_sharded_directory_is_refused_naming_the_file_or_changes_nothing(saved, tmp_path, device, damage):
+def test_damage_anywhere_in_a_sharded_directory_is_refused_naming_the_file_or_changes_nothing(saved, tmp_path, device):
     import random
 
-    first, _, r0 = saved
+    first, _, r0 = saved  # one 2-rank save for both kinds of damage: the fixture is the expensive part
     rng = random.Random(38)
     files = sorted(f.name for f in first.iterdir())
     refused, named = 0, set()
-    for i in range(20):
+    for i in range(40):
+        damage = ("flip-one-bit", "overwrite-8-bytes")[i % 2]
         copy = Path(shutil.copytree(first, tmp_path / f"damaged{i}"))
         name = rng.choice(files)
         data = bytearray((copy / name).read_bytes())
@@ -191,7 +191,7 @@ def test_damage_anywhere_in_a_sharded_directory_is_refused_naming_the_file_or_ch
             continue
         for n, p in model.named_parameters():
             assert torch.equal(p, r0["first"][n]), f"{name} byte {at} damaged: {n} loaded silently changed"
-    assert refused >= 15 and any(f.endswith(".distcp") for f in named), (refused, named)
+    assert refused >= 30 and any(f.endswith(".distcp") for f in named), (refused, named)
 
 
 def test_a_save_killed_between_its_renames_is_found_and_the_next_save_cleans_up(saved, tmp_path, device):
