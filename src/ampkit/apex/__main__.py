@@ -7,7 +7,8 @@ its own directory first on ``sys.path`` and ``sys.argv`` set to ``[SCRIPT, *ARGS
 
 The script's directory (the current directory for ``-m``) goes on ``sys.path`` *before* the finder is installed:
 a real Apex vendored beside the script is then found, kept, and only filled in (``apex.amp``), as
-:func:`~ampkit.apex.install` promises; ``--force`` still puts ampkit's modules in front of it.
+:func:`~ampkit.apex.install` promises; ``--force`` still puts ampkit's modules in front of it, and keeps the real
+package's others (``apex.contrib``, ...).
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 A finder at the front of ``sys.meta_path`` answers for ``apex`` and ``apex.*``. Where a real Apex is
 installed, its modules win and the finder fills in only what it lacks (``apex.amp``, deleted in 2025), saying
-so once; ``force=True`` puts ampkit's modules in front of it, also said aloud. While ampkit provides the
+so once; ``force=True`` puts ampkit's modules (:data:`PROVIDED`) in front of it, also said aloud, and the real
+package itself and its other modules (``apex.contrib``, ``apex.transformer``, ...) still load from it. While ampkit provides the
 ``apex`` package itself, the finder also answers ``importlib.metadata`` for the distribution ``apex`` (tools such
 as transformers ask for its version before they import it); a real Apex's own metadata always wins.
 """
@@ -73,9 +74,10 @@ class _AliasLoader(importlib.abc.Loader):
 
 
 class _ApexFinder(importlib.abc.MetaPathFinder):
-    def __init__(self, real_apex: str | None, force: bool) -> None:
+    def __init__(self, real_apex: str | None, force: bool, real_locations: Sequence[str] = ()) -> None:
         self.real_apex = real_apex
         self.force = force
+        self.real_locations = list(real_locations)  # the real package's directories (its __path__)
         self.announced: set[str] = set()
 
     def _ours(self) -> bool:
@@ -84,6 +86,8 @@ class _ApexFinder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
         if fullname != "apex" and not fullname.startswith("apex."):
             return None
+        if self.force and self.real_apex is not None:
+            return self._forced_spec(fullname)
         if not self._ours():
             if fullname == "apex" or fullname not in PROVIDED:
                 return None
@@ -102,6 +106,21 @@ class _ApexFinder(importlib.abc.MetaPathFinder):
             )
         loader = _AliasLoader(PROVIDED[fullname])
         return importlib.machinery.ModuleSpec(fullname, loader, is_package=fullname in ("apex", "apex.parallel"))
+
+    def _forced_spec(self, fullname: str) -> importlib.machinery.ModuleSpec | None:
+        """Under ``force`` over a real Apex: ampkit's module for a :data:`PROVIDED` name, the real one for the rest.
+
+        The package ``apex`` itself is the real one, so its ``__init__`` runs (and what its other modules import from
+        it, such as ``apex.check_cudnn_version_and_warn``, exists); its ``from . import amp`` then gets ampkit's.
+        """
+        if fullname != "apex" and fullname in PROVIDED:
+            return importlib.machinery.ModuleSpec(fullname, _AliasLoader(PROVIDED[fullname]), is_package=fullname == "apex.parallel")
+        if fullname == "apex":
+            return importlib.machinery.PathFinder.find_spec(fullname, self.real_locations)
+        # A real module under one of ampkit's packages (apex.parallel.multiproc): the import system would look in
+        # ampkit's directory, so look in the real package's own directory for that parent instead.
+        parent = fullname.rsplit(".", 1)[0].split(".")[1:]
+        return importlib.machinery.PathFinder.find_spec(fullname, [str(Path(loc, *parent)) for loc in self.real_locations])
 
     def find_distributions(self, context: Any = importlib.metadata.DistributionFinder.Context()) -> Iterable[importlib.metadata.Distribution]:  # noqa: B008 - importlib's own signature; the context is only read
         """The ``apex`` distribution, while ampkit provides the package and no real Apex has metadata."""
@@ -136,7 +155,8 @@ def install(force: bool = False) -> Installed:
     """Make ``import apex`` (and ``apex.amp``, ``apex.optimizers``, ...) resolve to ampkit's modules.
 
     A real Apex found on ``sys.path`` is kept and only its missing modules are supplied, with a warning in
-    the log; ``force=True`` puts ampkit's in front of it. Calling again replaces the previous install. While
+    the log; ``force=True`` puts ampkit's (:data:`PROVIDED`) in front of it, while the real package and its other
+    modules (``apex.contrib``, ...) still load from it. Calling again replaces the previous install. While
     ampkit provides the package, ``importlib.metadata.version("apex")`` answers :data:`APEX_VERSION`.
 
     >>> installed = install()
@@ -152,12 +172,16 @@ def install(force: bool = False) -> Installed:
     real = None
     if spec is not None:
         real = spec.origin or (list(spec.submodule_search_locations or []) or ["?"])[0]
-    finder = _ApexFinder(real, force)
+    finder = _ApexFinder(real, force, list(spec.submodule_search_locations or []) if spec is not None else [])
     sys.meta_path.insert(0, finder)
     if real is None or force:
         provided = tuple(PROVIDED)
         if real is not None:
-            log.warning("ampkit.apex.install(force=True): ampkit's modules shadow the real apex at %s.", real)
+            provided = tuple(n for n in PROVIDED if n != "apex")
+            log.warning(
+                "ampkit.apex.install(force=True): ampkit's %s shadow the real apex's; the package and its other modules "
+                "(apex.contrib, ...) still load from %s.", ", ".join(provided), real,
+            )
     else:
         has = [n for n in PROVIDED if n != "apex" and importlib.machinery.PathFinder.find_spec(n.split(".", 1)[1].split(".")[0], spec.submodule_search_locations) is not None]
         provided = tuple(n for n in PROVIDED if n != "apex" and n.split(".")[1] not in {h.split(".")[1] for h in has})
@@ -172,9 +196,13 @@ def install(force: bool = False) -> Installed:
 def uninstall() -> None:
     """Undo :func:`install`: remove the finder and the ``apex`` names it created (ampkit's modules stay)."""
     finder = _finder()
+    forced_over_real = False
     while finder is not None:
+        forced_over_real |= finder.force and finder.real_apex is not None
         sys.meta_path.remove(finder)
         finder = _finder()
     for name in [n for n in sys.modules if n == "apex" or n.startswith("apex.")]:
-        if getattr(sys.modules[name], "__name__", "").startswith("ampkit."):
+        # A real Apex imported under force holds ampkit's modules as its attributes: forget it too, so the next
+        # import loads it as it is.
+        if forced_over_real or getattr(sys.modules[name], "__name__", "").startswith("ampkit."):
             del sys.modules[name]

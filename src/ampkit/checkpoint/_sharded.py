@@ -33,6 +33,8 @@ import torch.distributed as dist
 from .._errors import CheckpointError, one_line
 from ..distributed._strategy import FSDP
 from ..fileio._checkpoint_files import capture_rng_state, load_checkpoint, save_checkpoint
+from ..fileio._checksums import file_crc32
+from ..fileio._disk import full_disk_message, storage_bytes
 from ._checks import check_training_payload
 from ._dcp_state import grouped, sharded_state, single_process_intended
 from ._payload import Undo, apply_payload, pending_grads, training_payload
@@ -58,9 +60,35 @@ def _raise_if_any(error: str | None, what: str) -> None:
         dist.all_gather_object(errors, error)
     failed = [(r, e) for r, e in enumerate(errors) if e is not None]
     if failed:
-        rank, message = failed[0]
-        where = f"rank {rank}: " if len(errors) > 1 else ""
-        raise CheckpointError(f"{what} failed on {where}{message}")
+        # Every failed rank's own reason (one rank's disk may be full and another's not), rank 0's message included.
+        where = "; ".join(f"rank {r}: {e}" for r, e in failed) if len(errors) > 1 else failed[0][1]
+        raise CheckpointError(f"{what} failed on {where}")
+
+
+def _any_rank(flag: bool) -> bool:
+    """Whether ``flag`` holds on any rank (every rank gets the same answer)."""
+    flags: list[bool] = [flag]
+    if grouped():
+        flags = [False] * dist.get_world_size()
+        dist.all_gather_object(flags, flag)
+    return any(flags)
+
+
+def _write_failure(exc: BaseException, rank: int, directory: Path, state: dict[str, Any]) -> str | None:
+    """This rank's part of a failed DCP save, naming a full disk; None where only other ranks failed."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    cause: BaseException | None = exc
+    if isinstance(exc, CheckpointException):  # DCP hands every rank every rank's failure: rank -> (exception, traceback)
+        own = exc.failures.get(rank)
+        if own is None:
+            return None if exc.failures else one_line(exc, with_type=True)
+        cause = own[0] if isinstance(own, tuple) else own
+    assert cause is not None
+    full = full_disk_message(cause, directory.parent, storage_bytes(state), "this rank's shards need")
+    if full is not None:
+        return f"{full}. Free space there or save elsewhere; the previous checkpoint is untouched"
+    return one_line(cause, with_type=True)
 
 
 def _gather_to_rank0(obj: Any) -> list[Any]:
@@ -99,12 +127,31 @@ def save_distributed(engine: Engine, path: str | os.PathLike[str], extra: dict[s
     target = Path(os.fspath(path))
     token = _broadcast_from_rank0(secrets.token_hex(6) if rank == 0 else None)
     tmp = target.with_name(f"{target.name}.{token}.tmp")
+    error = None
     if sharded:
         import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
 
-        with single_process_intended():
-            dcp.save(sharded_state(engine), checkpoint_id=tmp, no_dist=not grouped())
-    error = None
+        state = sharded_state(engine)
+        failure: BaseException | None = None
+        try:
+            with single_process_intended():
+                dcp.save(state, checkpoint_id=tmp, no_dist=not grouped())
+        except (Exception, CheckpointException) as exc:  # noqa: BLE001 - DCP's is a BaseException; reported on every rank
+            failure = exc
+        if _any_rank(failure is not None):
+            # The partial directory goes first, so the free space each rank then names is what the next try has.
+            if rank == 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+            if grouped():
+                dist.barrier()
+            error = None if failure is None else _write_failure(failure, rank, tmp, state)
+            _raise_if_any(error or None, f"saving {target}")
+            _raise_if_any("a rank failed without a reason", f"saving {target}")  # pragma: no cover - DCP names one
+        # Each rank's checksums of the files it wrote (read back once, from the page cache), kept in ampkit.pt.
+        written = [tmp / ".metadata"] if rank == 0 else []
+        written += sorted(tmp.glob(f"__{rank}_*.distcp"))
+        shard_sums = _gather_to_rank0({f.name: file_crc32(f) for f in written})
     if rank == 0:
         try:
             payload = training_payload(engine, extra, tensors=not sharded)
@@ -115,6 +162,7 @@ def save_distributed(engine: Engine, path: str | os.PathLike[str], extra: dict[s
                 "pending_grads": [g["pending_grads"] for g in gathered],
             }
             if sharded:
+                payload["shards"] = {name: crc for sums in shard_sums for name, crc in sums.items()}
                 save_checkpoint(payload, tmp / ENGINE_FILE)
                 swap_into_place(tmp, target, token)
                 remove_leftovers(target)  # of earlier saves killed mid-write or mid-swap
@@ -136,7 +184,9 @@ def _read(engine: Engine, target: Path) -> tuple[Path, dict[str, Any], Any]:
         if not is_complete(found):
             raise CheckpointError(f"{found} is a directory but not a complete sharded checkpoint (needs .metadata and {ENGINE_FILE}).")
         payload = load_checkpoint(found / ENGINE_FILE, map_location="cpu")
-        from ._sharded_load import read_metadata
+        from ._sharded_load import read_metadata, verify_shards
+
+        verify_shards(found, payload.get("shards"), *_rank_world())
 
         metadata = read_metadata(found)
     else:

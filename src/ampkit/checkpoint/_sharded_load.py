@@ -16,6 +16,7 @@ The price is one more copy of this rank's shards while loading.
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,6 +27,7 @@ from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata
 
 from .._compat import flatten_state_dict, tree_map_only
 from .._errors import CheckpointError, one_line
+from ..fileio._checksums import file_crc32
 from ..training._kernel_guards import guard_optimizer
 from ._dcp_state import grouped, optimizer_owner, sharded_state, single_process_intended
 from ._safe_dcp import SafeFileSystemReader, SafeLoadPlanner, storage_files
@@ -33,7 +35,33 @@ from ._safe_dcp import SafeFileSystemReader, SafeLoadPlanner, storage_files
 if TYPE_CHECKING:
     from ..training._engine import Engine
 
-__all__ = ["read_metadata", "load_shards"]
+__all__ = ["verify_shards", "read_metadata", "load_shards"]
+
+log = logging.getLogger("ampkit")
+
+
+def verify_shards(directory: Path, checksums: dict[str, int] | None, rank: int = 0, world: int = 1) -> None:
+    """Check the directory's files (``.metadata`` and every shard) against the CRC-32s its save kept in ampkit.pt.
+
+    Each rank reads its share of the files (every ``world``-th, from ``rank``), so a load reads each file once more
+    in all; the caller agrees the outcome across ranks. A directory saved before checksums loads unverified, with a
+    note in the log.
+    """
+    if checksums is None:
+        log.info("%s carries no shard checksums (saved by an older ampkit); loaded without verifying its bytes", directory)
+        return
+    for name in sorted(checksums)[rank::world]:
+        path = directory / name
+        try:
+            actual = file_crc32(path)
+        except OSError as exc:
+            raise CheckpointError(f"{directory} is incomplete: {name} cannot be read ({exc}); copy the whole directory again or load an earlier checkpoint.") from exc
+        if actual != checksums[name]:
+            what = "the metadata" if name == ".metadata" else "a shard"
+            raise CheckpointError(
+                f"{directory} is corrupt: {name} ({what}) does not match its checksum; it was damaged on disk or in a "
+                "copy. Copy the whole directory again or load an earlier checkpoint. Nothing was loaded."
+            )
 
 
 def read_metadata(directory: Path) -> Metadata:

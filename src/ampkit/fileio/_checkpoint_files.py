@@ -32,6 +32,8 @@ from ._atomic import (
     remove_stale_temporaries,
     write_text_atomic,
 )
+from ._checksums import crc32_on, verify_zip_records
+from ._disk import full_disk_message, storage_bytes
 from ._rng import capture_rng_state, check_rng_state, restore_rng_state
 
 __all__ = [
@@ -55,7 +57,8 @@ def save_checkpoint(state: dict, path: str | os.PathLike) -> pathlib.Path:
     """Write ``state`` to ``path`` atomically and return the path written.
 
     The file at ``path`` is replaced only once the new checkpoint is completely on disk: if anything fails
-    (an exception, a ``KeyboardInterrupt``, a full disk), the previous file is left byte-identical and no
+    (an exception, a ``KeyboardInterrupt``, a full disk, which the error names with the space needed and free),
+    the previous file is left byte-identical and no
     temporary file is left behind; temporaries of earlier saves that were killed outright are removed after
     a successful one (:func:`remove_stale_temporaries`). Missing parent directories are created.
 
@@ -93,7 +96,7 @@ def save_checkpoint(state: dict, path: str | os.PathLike) -> pathlib.Path:
     temp: pathlib.Path | None = None
     try:
         temp, handle = _open_temp_file(target)
-        with handle:
+        with handle, crc32_on():  # every record's CRC-32, which load_checkpoint verifies
             torch.save(envelope, handle)
             # flush moves Python's buffer to the OS, fsync moves the OS cache to the disk: only then may the
             # rename below make this file the checkpoint, or a crash could leave a renamed but empty file.
@@ -110,6 +113,13 @@ def save_checkpoint(state: dict, path: str | os.PathLike) -> pathlib.Path:
             except OSError:  # pragma: no cover - nothing better to do; the real error matters more
                 pass
         if isinstance(exc, Exception) and not isinstance(exc, CheckpointError):
+            # After the temporary is gone, so the free space named is what the next try has.
+            full = full_disk_message(exc, target.parent, storage_bytes(state))
+            if full is not None:
+                raise CheckpointError(
+                    f"Could not write checkpoint {target}: {full}. Free space there or save elsewhere; the previous "
+                    f"checkpoint at {target} is untouched."
+                ) from exc
             raise CheckpointError(
                 f"Could not write checkpoint {target}: {type(exc).__name__}: {exc}. The previous checkpoint at "
                 f"{target} is untouched."
@@ -181,6 +191,9 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device | 
         raise CheckpointError(f"Cannot read checkpoint {source}: {exc}; check its permissions.") from exc
     if not is_zip:
         raise _corrupt(source, "not a complete PyTorch zip archive")
+    # Every record against its checksum before torch.load: torch's reader checks none, and a damaged tensor or
+    # pickled value would otherwise load as a silently different one.
+    verify_zip_records(source)
 
     try:
         loaded = torch.load(source, map_location=map_location, weights_only=True)

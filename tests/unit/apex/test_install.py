@@ -147,3 +147,51 @@ def test_transformers_sees_apex_while_installed():
     uninstall()
     import_utils.is_apex_available.cache_clear()
     assert import_utils.is_apex_available() is False
+
+
+# ------------------------------------------------------------------------------ force keeps the real Apex's other modules
+# A real Apex as installed today: its own amp (an old one), contrib whose modules reach the package's top level (as
+# apex.contrib's do: `from apex import check_cudnn_version_and_warn`), and a parallel package with a module ampkit lacks.
+_REAL_APEX = {
+    "__init__.py": "REAL = True\ndef check_cudnn_version_and_warn(option, version):\n    return True\n",
+    "amp.py": "REAL = True\n",
+    "contrib/__init__.py": "REAL = True\nfrom apex import check_cudnn_version_and_warn\n",
+    "contrib/sparsity.py": "REAL = True\nfrom apex.contrib import REAL as PARENT_REAL\n",
+    "parallel/__init__.py": "REAL = True\n",
+    "parallel/multiproc.py": "REAL = True\n",
+}
+
+_FORCED = """
+import sys
+import ampkit.apex
+from ampkit.apex import install
+install(force=True)
+import apex
+import apex.contrib.sparsity
+import apex.parallel.multiproc
+from apex import amp
+from apex.parallel import DistributedDataParallel
+print("amp", amp is ampkit.apex.amp, apex.amp is ampkit.apex.amp)
+print("parallel", DistributedDataParallel.__module__.startswith("ampkit."))
+print("contrib", apex.contrib.REAL, apex.contrib.sparsity.PARENT_REAL)
+print("multiproc", apex.parallel.multiproc.REAL)
+print("top", apex.check_cudnn_version_and_warn("x", 1))
+"""
+
+
+def write_real_apex(root) -> None:
+    for name, text in _REAL_APEX.items():
+        (root / "apex" / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / "apex" / name).write_text(text)
+
+
+def test_force_puts_ampkits_modules_in_front_and_keeps_the_real_apexs_others(tmp_path):
+    import os
+    import subprocess
+
+    write_real_apex(tmp_path)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-c", _FORCED], capture_output=True, text=True, timeout=120, env=env, check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:5] == ["amp True True", "parallel True", "contrib True True", "multiproc True", "top True"]
+    assert "still load from" in out.stderr  # the warning names what is shadowed and where the rest comes from

@@ -81,11 +81,13 @@ WHICH_APEX = textwrap.dedent(
     """
     import apex
     import apex.optimizers
+    import apex.contrib
     from apex import amp
 
     print("apex", "vendored" if getattr(apex, "VENDORED", False) else apex.__name__)
     print("optimizers", getattr(apex.optimizers, "FUSED", apex.optimizers.__name__))
     print("amp", amp.initialize.__module__)
+    print("contrib", apex.contrib.WHICH)
     """
 )
 
@@ -96,13 +98,16 @@ def vendored_project(tmp_path):
     (proj / "apex" / "optimizers").mkdir(parents=True)
     (proj / "apex" / "__init__.py").write_text("VENDORED = True\n")
     (proj / "apex" / "optimizers" / "__init__.py").write_text("FUSED = 'vendored FusedAdam'\n")
+    (proj / "apex" / "contrib").mkdir()
+    (proj / "apex" / "contrib" / "__init__.py").write_text("WHICH = 'vendored'\n")
     (proj / "train.py").write_text(WHICH_APEX)
     return proj
 
 
+# --force: ampkit's modules in front (optimizers), the real package and its other modules (contrib) kept.
 @pytest.mark.parametrize(("force", "expected"), [
-    ([], ["apex vendored", "optimizers vendored FusedAdam", "amp ampkit.apex._initialize"]),
-    (["--force"], ["apex ampkit.apex", "optimizers ampkit.apex.optimizers", "amp ampkit.apex._initialize"]),
+    ([], ["apex vendored", "optimizers vendored FusedAdam", "amp ampkit.apex._initialize", "contrib vendored"]),
+    (["--force"], ["apex vendored", "optimizers ampkit.apex.optimizers", "amp ampkit.apex._initialize", "contrib vendored"]),
 ])
 def test_a_real_apex_beside_the_script_is_kept_when_run_from_elsewhere(vendored_project, force, expected):
     # Run from the project's parent: only the script's own directory puts the vendored apex on sys.path.
@@ -111,7 +116,7 @@ def test_a_real_apex_beside_the_script_is_kept_when_run_from_elsewhere(vendored_
         capture_output=True, text=True, timeout=120, cwd=vendored_project.parent, check=False,
     )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split("\n")[:3] == expected
+    assert out.stdout.split("\n")[:4] == expected
     if not force:  # ampkit fills in apex.amp only, and says so
         assert "has no apex.amp; ampkit.apex supplies it" in out.stderr
 

@@ -70,3 +70,48 @@ def test_a_file_of_two_ranks_resumes_in_one_at_a_boundary_and_is_refused_inside_
         load_distributed(loading, path)
     assert same(tensors(loading), before)
     assert load_checkpoint(path)["ranks"]["world_size"] == 2  # the file itself is left as it was
+
+
+def test_every_failed_ranks_reason_reaches_the_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ampkit.checkpoint import _sharded
+
+    # A world of three as the collectives would see it: rank 0 (this process) fine, ranks 1 and 2 out of space.
+    monkeypatch.setattr(_sharded, "grouped", lambda: True)
+    monkeypatch.setattr(_sharded.dist, "get_world_size", lambda: 3)
+    monkeypatch.setattr(_sharded.dist, "all_gather_object", lambda out, obj: out.__setitem__(slice(None), [obj, "disk a full", "disk b full"]))
+    with pytest.raises(CheckpointError, match=r"^saving x failed on rank 1: disk a full; rank 2: disk b full$"):
+        _raise_if_any(None, "saving x")
+
+
+def test_a_full_disk_under_a_sharded_save_is_named_and_the_partial_directory_removed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, trained) -> None:
+    import errno
+    import shutil
+
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from ampkit._util.units import fmt_bytes
+    from ampkit.checkpoint import _sharded
+    from ampkit.fileio._disk import mount_point
+
+    engine = trained()
+    monkeypatch.setattr(_sharded, "FSDP", type(None))  # no strategy, one process: take the sharded path
+
+    def fills_the_disk(state, checkpoint_id, no_dist):  # as DCP reports a write the disk refused
+        Path(checkpoint_id).mkdir()
+        (Path(checkpoint_id) / "__0_0.distcp").write_bytes(b"cut off")
+        raise CheckpointException("save failed", {0: (OSError(errno.ENOSPC, "No space left on device"), None)})
+
+    monkeypatch.setattr(dcp, "save", fills_the_disk)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9 - 1024, 1024))  # type: ignore[attr-defined]
+    shard_bytes = sum(t.numel() * t.element_size() for t in tensors_of(engine))
+    with pytest.raises(CheckpointError) as raised:
+        _sharded.save_distributed(engine, tmp_path / "ckpt")
+    assert f"saving {tmp_path / 'ckpt'} failed on no space left on {mount_point(tmp_path)}: this rank's shards need about " \
+        f"{fmt_bytes(shard_bytes)}, {fmt_bytes(1024)} free" in str(raised.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def tensors_of(engine: Engine) -> list[torch.Tensor]:
+    """The tensors of a sharded save: the model's parameters and AdamW's state (step counts are tensors too)."""
+    opt = engine.optimizers[0]
+    return [*engine.models[0].state_dict().values(), *(v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor))]

@@ -105,8 +105,13 @@ def _assert_refused_and_unchanged(path: Path, match: str, device: torch.device) 
     assert not engine.optimizers[0].state  # a load that initialised the optimizer's state undid that too
 
 
-def test_crafted_metadata_runs_nothing_and_damaged_shards_change_nothing(saved, tmp_path, device, world):
+def test_crafted_metadata_runs_nothing_and_damaged_shards_change_nothing(saved, tmp_path, device, world, monkeypatch):
     first, _, r0 = saved
+    # The checksums would refuse every copy below first; an attacker rewrites them too (a CRC is no signature), and
+    # a directory saved before them has none: the allow-list and the shard checks must hold on their own.
+    from ampkit.checkpoint import _sharded_load
+
+    monkeypatch.setattr(_sharded_load, "verify_shards", lambda *args: None)
 
     def copy(name: str) -> Path:
         return Path(shutil.copytree(first, tmp_path / name))
@@ -157,6 +162,38 @@ def test_crafted_metadata_runs_nothing_and_damaged_shards_change_nothing(saved, 
         assert torch.equal(p, r0["first"][n]), n
 
 
+def test_damage_anywhere_in_a_sharded_directory_is_refused_naming_the_file_or_changes_nothing(saved, tmp_path, device):
+    import random
+
+    first, _, r0 = saved  # one 2-rank save for both kinds of damage: the fixture is the expensive part
+    rng = random.Random(38)
+    files = sorted(f.name for f in first.iterdir())
+    refused, named = 0, set()
+    for i in range(40):
+        damage = ("flip-one-bit", "overwrite-8-bytes")[i % 2]
+        copy = Path(shutil.copytree(first, tmp_path / f"damaged{i}"))
+        name = rng.choice(files)
+        data = bytearray((copy / name).read_bytes())
+        at = rng.randrange(max(1, len(data) - 8))
+        if damage == "flip-one-bit":
+            data[at] ^= 1 << rng.randrange(8)
+        else:
+            data[at:at + 8] = rng.randbytes(8)
+        (copy / name).write_bytes(bytes(data))
+        model, engine = _setup(None, 9, device)
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        try:
+            engine.load(copy)
+        except CheckpointError as exc:
+            refused += 1
+            assert str(copy) in str(exc) and all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+            named.update(f for f in files if f"{f} (" in str(exc) or ("record archive" in str(exc) and f == ENGINE_FILE))
+            continue
+        for n, p in model.named_parameters():
+            assert torch.equal(p, r0["first"][n]), f"{name} byte {at} damaged: {n} loaded silently changed"
+    assert refused >= 30 and any(f.endswith(".distcp") for f in named), (refused, named)
+
+
 def test_a_save_killed_between_its_renames_is_found_and_the_next_save_cleans_up(saved, tmp_path, device):
     first, second, r0 = saved
     # The second save removed the leftovers planted before it; only the two checkpoints remain.
@@ -182,16 +219,18 @@ def test_a_save_killed_between_its_renames_is_found_and_the_next_save_cleans_up(
 
 _KILL_BETWEEN_RENAMES = """
 import os, signal, sys, pathlib
-from ampkit.distributed import checkpoint_dir
+from ampkit.checkpoint import _sharded_dir
+_sharded_dir._exchange = lambda a, b: False  # a filesystem without an atomic exchange (a real kill with one: the slow
+# test_sharded_dir.py::test_a_save_killed_before_any_filesystem_operation_leaves_a_complete_checkpoint_at_the_path)
 real, calls = os.replace, []
 def replace(a, b):
     calls.append(a)
     if len(calls) == 2:
         os.kill(os.getpid(), signal.SIGKILL)
     real(a, b)
-checkpoint_dir.os.replace = replace
+_sharded_dir.os.replace = replace
 root = pathlib.Path(sys.argv[1])
-checkpoint_dir.swap_into_place(root / "ckpt.t0k3n.tmp", root / "ckpt", "t0k3n")
+_sharded_dir.swap_into_place(root / "ckpt.t0k3n.tmp", root / "ckpt", "t0k3n")
 """
 
 
@@ -203,5 +242,5 @@ def test_a_real_kill_between_the_renames_leaves_what_the_loader_recovers(tmp_pat
         os.utime(tmp_path / name / ENGINE_FILE, ns=(stamp, stamp))
     done = subprocess.run([sys.executable, "-c", _KILL_BETWEEN_RENAMES, str(tmp_path)], capture_output=True, timeout=60)
     assert done.returncode == -signal.SIGKILL, done.stderr.decode()
-    assert not (tmp_path / "ckpt").exists()  # the gap: nothing at the path
+    assert not (tmp_path / "ckpt").exists()  # the gap where the filesystem has no exchange: nothing at the path
     assert find_checkpoint(tmp_path / "ckpt") == tmp_path / "ckpt.t0k3n.tmp"  # the newer complete one
