@@ -25,6 +25,11 @@ class CheckpointError(AmpkitError, RuntimeError):
     """A checkpoint could not be written or read; the previous state is untouched."""
 
 
+# They are public as ampkit.AmpkitError, ...: tracebacks and pickles name them there, not by this internal module.
+for _error in (AmpkitError, PolicyError, UnsupportedPolicyError, LossScaleCollapseError, CheckpointError):
+    _error.__module__ = "ampkit"
+
+
 def one_line(exc: BaseException, *, with_type: bool = False) -> str:
     r"""``exc``'s message on one line (tables and ``ampkit: error:`` lines promise one), optionally typed.
 

@@ -7,7 +7,7 @@ its definition under the verdicts):
    eval noise and the run's spread (:mod:`ampkit.bench._quality`: one-sided, better is never a failure):
    **does not pay**, whatever the speed.
 2. At least :data:`PAYS_SPEEDUP` faster by the medians with the speed-up's 95% interval
-   (:func:`ampkit.bench._speedup.speedup_interval`, a bootstrap of the two samples of step times) wholly above 1.0:
+   (:func:`ampkit.bench.speedup_interval`, a bootstrap of the two samples of step times) wholly above 1.0:
    **pays**.
 3. At least :data:`PAYS_MEMORY` leaner: **pays** when the interval rules out a slow-down of more than
    :data:`SAME_SPEED` (its low end at least ``1 - SAME_SPEED``); **trades speed for memory** when it lies wholly

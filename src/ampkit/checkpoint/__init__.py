@@ -1,4 +1,4 @@
-"""Exact save/resume of a training run driven by an :class:`~ampkit.training._engine.Engine`.
+"""Exact save/resume of a training run driven by an :class:`~ampkit.training.Engine`.
 
 A checkpoint holds the models, optimizers, schedulers, the engine's counters, the loss scaler, the fp32
 master weights (Apex lost them, so O2 resumes spiked), gradients pending in an unfinished accumulation

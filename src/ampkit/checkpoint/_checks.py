@@ -5,12 +5,12 @@ names alone is not enough: a scaler of another kind, an optimizer of another cla
 wrong type or an optimizer moment of the wrong shape all load "successfully" into torch's objects and fail
 later, half applied, or not at all. So every part of a payload is compared with what the running setup itself
 would save: same keys, same kinds of values, same tensor shapes. The first difference raises one
-:class:`~ampkit._errors.CheckpointError` that says where it is and what to do.
+:class:`~ampkit.CheckpointError` that says where it is and what to do.
 
     >>> conforms({"lr": 0.1, "steps": [1, 2]}, {"lr": 0.5, "steps": [0, 0]}, "sched")
     >>> conforms({"lr": "fast", "steps": [1, 2]}, {"lr": 0.5, "steps": [0, 0]}, "sched")
     Traceback (most recent call last):
-    ampkit._errors.CheckpointError: sched['lr'] is a str in the checkpoint, where this run has a float
+    ampkit.CheckpointError: sched['lr'] is a str in the checkpoint, where this run has a float
 """
 
 from __future__ import annotations

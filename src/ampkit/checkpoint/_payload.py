@@ -1,4 +1,4 @@
-"""What a checkpoint of an :class:`~ampkit.training._engine.Engine` run holds, and how it is taken and put back.
+"""What a checkpoint of an :class:`~ampkit.training.Engine` run holds, and how it is taken and put back.
 
 One payload for every writer: :mod:`ampkit.checkpoint` writes it to a single file, :mod:`ampkit.checkpoint._sharded`
 beside the shards of a sharded directory. The payload holds the engine's counters, the loss scaler, the fp32 master

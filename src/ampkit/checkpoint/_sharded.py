@@ -1,7 +1,7 @@
 """Checkpoints of a run spread over ranks: one file written by rank 0 (DDP), a sharded directory (FSDP).
 
 * **DDP** (and any replicated run): every rank holds the same model and optimizer, so rank 0 writes the usual
-  single file (atomically, as :func:`ampkit.fileio._checkpoint_files.save_checkpoint` does). What differs per rank travels with
+  single file (atomically, as :func:`ampkit.fileio.save_checkpoint` does). What differs per rank travels with
   it: each rank's RNG state (dropout masks differ per rank) and, inside an accumulation window, each rank's
   local gradients. The file loads on any number of ranks, or in a single process.
 * **FSDP**: each rank writes its shards with ``torch.distributed.checkpoint`` (DCP) into a temporary directory,

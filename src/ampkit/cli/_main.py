@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     Argument errors, ``--help`` and ``--version`` end through argparse's usual ``SystemExit``; an unknown option
     prints the usage of the command it was given to, with its closest option. Names and values that can be judged
     without torch are refused before the command imports it (:func:`~ampkit.cli._checks.check_before_import`). An
-    :class:`~ampkit._errors.AmpkitError` or ``ValueError`` raised by a subcommand is a user error: it is printed
+    :class:`~ampkit.AmpkitError` or ``ValueError`` raised by a subcommand is a user error: it is printed
     as one ``ampkit: error: ...`` line on stderr and gives exit code 2. Anything else is a bug and keeps its
     traceback.
     """

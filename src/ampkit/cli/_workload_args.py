@@ -93,7 +93,7 @@ def workload_from_args(
 
 
 def typed_argv(args: argparse.Namespace) -> list[str]:
-    """The arguments as typed: those :func:`ampkit.cli._main.main` recorded, else this process's own."""
+    """The arguments as typed: those :func:`ampkit.cli.main` recorded, else this process's own."""
     argv = getattr(args, "argv", None)
     return list(argv if argv is not None else sys.argv[1:])
 

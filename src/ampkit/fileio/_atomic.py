@@ -2,7 +2,7 @@
 
 A reader of the target sees the old file or the new one, never half of one. Each temporary carries its writer's
 pid, so a later write can tell the temporaries of a killed writer (stale, removed) from those of one still
-running (left alone). :func:`ampkit.fileio._checkpoint_files.save_checkpoint` adds the fsync and the checkpoint envelope on top.
+running (left alone). :func:`ampkit.fileio.save_checkpoint` adds the fsync and the checkpoint envelope on top.
 
 It imports nothing from ampkit, so that every layer can write files this way without loading another.
 """

@@ -6,7 +6,7 @@ checkpoint downloaded from somewhere else must not be able to run code when load
 * :func:`save_checkpoint` writes to a temporary file next to the target and renames it into place only once
   the bytes are on disk, so the file at ``path`` is always either the old checkpoint or the new one.
 * :func:`load_checkpoint` always loads with ``torch.load(weights_only=True)`` and turns every way a file can be
-  wrong into one :class:`~ampkit._errors.CheckpointError` that names the file and says what to do.
+  wrong into one :class:`~ampkit.CheckpointError` that names the file and says what to do.
 * :func:`capture_rng_state` / :func:`restore_rng_state` (defined in :mod:`ampkit.fileio._rng`, exported here too)
   snapshot every global random generator a training loop draws from, so a resumed run continues the same
   random stream.
@@ -228,7 +228,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device | 
     if not isinstance(loaded, dict) or loaded.get("format") != _FORMAT:
         raise CheckpointError(
             f"{source} is a PyTorch file but not an ampkit checkpoint (it has no 'format': {_FORMAT!r} marker); "
-            f"load it with torch.load directly, or write it with ampkit.fileio._checkpoint_files.save_checkpoint."
+            f"load it with torch.load directly, or write it with ampkit.fileio.save_checkpoint."
         )
     version = loaded.get("format_version")
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:

@@ -38,7 +38,7 @@ def capture_rng_state() -> dict:
     """Snapshot the global random generators: torch CPU, every CUDA device, Python ``random``, NumPy.
 
     The result holds only tensors, lists and plain values, so it can be stored with
-    :func:`ampkit.fileio._checkpoint_files.save_checkpoint` and read back by :func:`ampkit.fileio._checkpoint_files.load_checkpoint`. NumPy's part
+    :func:`ampkit.fileio.save_checkpoint` and read back by :func:`ampkit.fileio.load_checkpoint`. NumPy's part
     covers the legacy global ``np.random`` functions, not ``np.random.Generator`` objects, which the caller owns.
 
     >>> import torch
@@ -165,12 +165,12 @@ def _set_cuda(cuda_states: list[torch.Tensor]) -> None:
 
 
 def check_rng_state(state: Any) -> None:
-    """Raise :class:`~ampkit._errors.CheckpointError` unless ``state`` restores cleanly; changes nothing.
+    """Raise :class:`~ampkit.CheckpointError` unless ``state`` restores cleanly; changes nothing.
 
     >>> check_rng_state(capture_rng_state())
     >>> check_rng_state({"torch": torch.zeros(3, dtype=torch.uint8)})
     Traceback (most recent call last):
-    ampkit._errors.CheckpointError: the RNG snapshot's torch state is malformed (3 bytes, this torch's generator has 5056); pass the dict returned by capture_rng_state, or a checkpoint written by Engine.save().
+    ampkit.CheckpointError: the RNG snapshot's torch state is malformed (3 bytes, this torch's generator has 5056); pass the dict returned by capture_rng_state, or a checkpoint written by Engine.save().
     """
     _parse(state)
 

@@ -3,7 +3,7 @@
 :func:`find_max_batch_size` calls a trial function (a step or two of training at a given batch size) at
 doubling sizes until one runs out of memory, then bisects between the last size that ran and the first that
 did not. After each failure it frees what the attempt held before the next try (see
-:func:`~ampkit.memory._oom.release_memory`); any other exception is a bug and propagates at once. Under
+:func:`~ampkit.memory.release_memory`); any other exception is a bug and propagates at once. Under
 torchrun every rank tries the same sizes and a size counts as fitting only if it fits on every rank, so all
 ranks return the same answer.
 
@@ -23,10 +23,10 @@ Use it as a function or as a decorator, with or without arguments:
     >>> trial(1000)
     256
 
-Prefer :func:`~ampkit.memory._fit.largest_batch` to *predict* the answer without the device (no OOM at all);
+Prefer :func:`~ampkit.memory.largest_batch` to *predict* the answer without the device (no OOM at all);
 use this one on the device itself, where the allocator's rounding, fragmentation and workspaces count too.
 On a CPU an allocation fails only after the machine has swapped (or the OOM killer has ended the process), so
-there the search needs a budget to run out of: the trial's body inside :class:`~ampkit.memory._oom.MemoryBudget`,
+there the search needs a budget to run out of: the trial's body inside :class:`~ampkit.memory.MemoryBudget`,
 as in the examples, or a ``limit``.
 """
 

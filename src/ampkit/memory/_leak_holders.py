@@ -1,6 +1,6 @@
 """What keeps memory alive when a training loop's memory grows: found in the garbage collector, and named.
 
-Given the growth a :class:`~ampkit.memory._tracker.MemoryTracker` saw, :class:`HolderSearch` looks for the usual
+Given the growth a :class:`~ampkit.memory.MemoryTracker` saw, :class:`HolderSearch` looks for the usual
 holders and names them the way the user knows them (a variable of the loop, a module global, ``Trainer.total``,
 ``metrics['loss']``):
 

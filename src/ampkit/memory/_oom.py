@@ -30,7 +30,7 @@ __all__ = ["OutOfMemoryError", "is_out_of_memory", "release_memory", "MemoryBudg
 class MemoryBudget(LiveBytes):
     """Raises ``torch.OutOfMemoryError`` when the live tensors would exceed ``budget`` bytes, as a device would.
 
-    Counts exactly what :class:`~ampkit.memory._accounting.LiveBytes` counts: every storage an op returns while
+    Counts exactly what :class:`~ampkit.memory.LiveBytes` counts: every storage an op returns while
     the budget is active, plus what :meth:`track` is given (parameters, optimizer state made before). The
     failing op's result is dropped, so the bytes are given back as a real allocator's would never be taken.
 

@@ -24,8 +24,8 @@ on fake tensors (:class:`~ampkit.memory._fake.FakeCopies`: nothing allocated) un
     []
 
 The figures are the bytes live between forward and backward (the batch and the weights left out), counted by
-:class:`~ampkit.memory._accounting.LiveBytes`, not by a saved-tensor hook such as
-:class:`~ampkit.memory._accounting.SavedActivations`: checkpoint installs saved-tensor hooks of its own, and hooks
+:class:`~ampkit.memory.LiveBytes`, not by a saved-tensor hook such as
+:class:`~ampkit.memory.SavedActivations`: checkpoint installs saved-tensor hooks of its own, and hooks
 nest innermost-wins, so an outer hook only sees what checkpoint happens to save outside its own (its inputs, in
 torch 2.13), never tensors held in a closure or on a module. Live bytes count whatever holds them. Left out: the
 CPU RNG state each checkpoint stashes for dropout (about 5 KB of host memory per block, made outside dispatch).

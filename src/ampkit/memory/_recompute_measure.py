@@ -1,5 +1,5 @@
 """The activations a training step holds for backward, measured on a copy of the model, and what checkpointing
-each candidate block would free (for :func:`~ampkit.memory._recompute.recompute`).
+each candidate block would free (for :func:`~ampkit.memory.recompute`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The :class:`RecomputeReport` that :func:`~ampkit.memory._recompute.recompute` returns."""
+"""The :class:`RecomputeReport` that :func:`~ampkit.memory.recompute` returns."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Which submodules :func:`~ampkit.memory._recompute.recompute` checkpoints, from the types, names or modules given.
+"""Which submodules :func:`~ampkit.memory.recompute` checkpoints, from the types, names or modules given.
 
 Each way of naming a module that cannot be checkpointed fails here, with an error that names what to pass.
 """

@@ -1,4 +1,4 @@
-"""How :func:`~ampkit.memory._recompute.recompute` puts a module's forward under checkpoint, and takes it off.
+"""How :func:`~ampkit.memory.recompute` puts a module's forward under checkpoint, and takes it off.
 
 The module's forward is replaced on the instance by a ``functools.partial`` of :func:`_recomputed_forward` bound
 to the module, so parameter names and ``state_dict`` keys do not change, and ``copy.deepcopy`` and pickling carry

@@ -4,7 +4,7 @@
 :class:`MemorySample`. On CUDA the figures are the caching allocator's counters (allocated, reserved, the peak
 since the previous step), which live on the host: reading them does not synchronize the device. On the CPU
 there is no allocator to ask, so the tracker counts the bytes of live tensor storages exactly
-(:class:`~ampkit.memory._accounting.LiveBytes`), and reads the process's resident set size (RSS) beside them.
+(:class:`~ampkit.memory.LiveBytes`), and reads the process's resident set size (RSS) beside them.
 
 Memory that rises step after step is reported once, as a warning on the ``ampkit`` logger that names the likely
 holder: a tensor that keeps the autograd graph of past steps (``total += loss``), a list that gains a tensor

@@ -1,4 +1,4 @@
-"""What a :class:`~ampkit.memory._tracker.MemoryTracker` records: one :class:`MemorySample` a step, and a
+"""What a :class:`~ampkit.memory.MemoryTracker` records: one :class:`MemorySample` a step, and a
 :class:`MemorySummary` of the run."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ class MemorySample:
     """1 for the first call of :meth:`MemoryTracker.step`, and so on."""
     allocated: int | None
     """Bytes of live tensors. CUDA: ``torch.cuda.memory_allocated``. CPU: the live storages counted by
-    :class:`~ampkit.memory._accounting.LiveBytes` (None with ``accounted=False``)."""
+    :class:`~ampkit.memory.LiveBytes` (None with ``accounted=False``)."""
     reserved: int | None
     """CUDA: the bytes the caching allocator holds (allocated plus its cache). None on the CPU, where no cache
     sits between tensors and the process (RSS is reported as ``rss``, not folded in here)."""

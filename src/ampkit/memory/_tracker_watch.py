@@ -1,4 +1,4 @@
-"""What a :class:`~ampkit.memory._tracker.MemoryTracker` watches: the tensors that modules, optimizers, an Engine
+"""What a :class:`~ampkit.memory.MemoryTracker` watches: the tensors that modules, optimizers, an Engine
 or containers of them hold, counted in the CPU's live total from the start of tracking."""
 
 from __future__ import annotations

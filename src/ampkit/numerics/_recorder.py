@@ -52,7 +52,7 @@ class ModuleRecorder:
     ``order`` lists module names in the order their forward finished (children before their parent), the
     order in which a problem first shows. ``backward_order`` lists the modules whose output gradients
     arrived, in the order they did. ``rounding=False`` skips the rounding-error casts; ``max_values`` reads large
-    tensors through a subset (see :class:`~ampkit.numerics._stats.StatsAccumulator`).
+    tensors through a subset (see :class:`~ampkit.numerics.StatsAccumulator`).
     """
 
     def __init__(self, model: nn.Module, *, rounding: bool = True, max_values: int | None = None) -> None:

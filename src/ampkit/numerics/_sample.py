@@ -1,5 +1,5 @@
 """One sample of how a training step's gradients and activations fit fp16: the figures, the worst modules, the
-problems with their fixes. Taken by :class:`~ampkit.numerics._sampler.NumericsSampler`; :func:`build_sample`
+problems with their fixes. Taken by :class:`~ampkit.numerics.NumericsSampler`; :func:`build_sample`
 makes one from host-side statistics.
 
     >>> from ampkit.numerics._stats import StatsAccumulator

@@ -1,4 +1,4 @@
-"""Host-side statistics of a set of values, as read from a :class:`~ampkit.numerics._stats.StatsAccumulator`.
+"""Host-side statistics of a set of values, as read from a :class:`~ampkit.numerics.StatsAccumulator`.
 
 :class:`TensorStats` holds the histogram of binary exponents and the counters in plain Python numbers, and
 answers what share of the values would underflow, be subnormal or overflow in fp16 and bf16 (before and after
@@ -25,7 +25,7 @@ _FORMATS = {f.name: f for f in FORMATS}
 
 @dataclass(kw_only=True)
 class TensorStats:
-    """Host-side statistics of a set of values (see :class:`~ampkit.numerics._stats.StatsAccumulator`); combine with :meth:`merge`."""
+    """Host-side statistics of a set of values (see :class:`~ampkit.numerics.StatsAccumulator`); combine with :meth:`merge`."""
 
     count: int = 0
     """Values seen (all of them: zeros and non-finite included)."""

@@ -86,7 +86,7 @@ class Fp8LayerPlan:
 @dataclass(frozen=True)
 class ChosenLayers:
     """A ``layers`` filter that converts exactly the named layers: a plan's decisions, made at each layer's own rows
-    (``ampkit.memory._fp8_layers.planned_policy``), carried into the policy. Picklable, unlike a lambda.
+    (``ampkit.memory.planned_policy``), carried into the policy. Picklable, unlike a lambda.
 
     >>> ChosenLayers(frozenset({"mlp.0"}))(nn.Linear(2, 2), "mlp.0")
     True

@@ -73,7 +73,7 @@ def check_keep_fp32(keep: Any) -> tuple[str | type[nn.Module], ...]:
     >>> check_keep_fp32([5])
     Traceback (most recent call last):
     ...
-    ampkit._errors.PolicyError: keep_fp32 entry 0 is int 5; each entry must be one of: module names such as 'head' or 'blocks.*.attn', or nn.Module subclasses such as nn.LayerNorm.
+    ampkit.PolicyError: keep_fp32 entry 0 is int 5; each entry must be one of: module names such as 'head' or 'blocks.*.attn', or nn.Module subclasses such as nn.LayerNorm.
     """
     if isinstance(keep, (str, type)):
         keep = (keep,)

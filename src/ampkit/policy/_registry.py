@@ -2,7 +2,7 @@
 
 Canonical names follow the ecosystem (Lightning's ``32-true``, ``bf16-mixed``, ...); aliases cover what users
 type elsewhere: Accelerate's ``no``/``fp16``/``bf16``, bare dtypes, and Apex's opt levels ``O0``-``O3``. The names
-and aliases themselves are text in :mod:`ampkit._util.policy_names`, which the command line reads without torch.
+and aliases themselves are text in :mod:`ampkit.policy_names`, which the command line reads without torch.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ POLICIES: dict[str, type[Policy]] = {
     "fp8-tensorwise": FP8Tensorwise,
     "fp8-rowwise": FP8Rowwise,
 }
-"""Each policy's class by its canonical name (:data:`~ampkit._util.policy_names.POLICY_NAMES`, in that order)."""
+"""Each policy's class by its canonical name (:data:`~ampkit.policy_names.POLICY_NAMES`, in that order)."""
 
 
 def policy_names() -> list[str]:
@@ -64,7 +64,7 @@ def get_policy(precision: str | int | Policy, keep_fp32: Iterable[str | type[nn.
     >>> get_policy("01")
     Traceback (most recent call last):
     ...
-    ampkit._errors.PolicyError: Unknown precision '01'. Did you mean 'O1'? Valid: 32-true, tf32, ...
+    ampkit.PolicyError: Unknown precision '01'. Did you mean 'O1'? Valid: 32-true, tf32, ...
     """
     keep = check_keep_fp32(keep_fp32)
     if isinstance(precision, Policy):

@@ -4,7 +4,7 @@ A wrapper's overhead on a short step is mostly what it adds per step: kernel lau
 host-device syncs (each a drained queue). Both are deterministic, so two loops over the same model and data can
 be compared exactly on any machine, a CPU included, where timing them would take a GPU and many rounds.
 :func:`count_step` runs a step once under a ``TorchDispatchMode`` that counts the aten ops (the backward's too:
-autograd carries the mode to its threads) and a :class:`~ampkit.profile._syncs.SyncFinder` that counts the reads,
+autograd carries the mode to its threads) and a :class:`~ampkit.profile.SyncFinder` that counts the reads,
 the library's own included.
 
     >>> model = torch.nn.Linear(4, 1); opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -67,7 +67,7 @@ def count_step(step_fn: Callable[..., Any], *args: Any, warmup: int = 1, device:
     """Call ``step_fn(*args, **kwargs)`` ``warmup`` times, then once more counting its ops and host syncs.
 
     ``device``: where the step runs (for the sync count: a dispatch mode on the CPU, torch's sync debug mode on
-    CUDA; see :class:`~ampkit.profile._syncs.SyncFinder`); default: the device of the first tensor among the
+    CUDA; see :class:`~ampkit.profile.SyncFinder`); default: the device of the first tensor among the
     arguments, else the CPU. Each sync is also counted as ops where it dispatches one (``.item()`` does).
     """
     for _ in range(warmup):

@@ -1,4 +1,4 @@
-"""``ampkit profile``'s run: train a workload through a DataLoader under a :class:`~ampkit.profile._session.Profiler`,
+"""``ampkit profile``'s run: train a workload through a DataLoader under a :class:`~ampkit.profile.Profiler`,
 time the loader's variants on the same step, and put it all, with the advice, in one ``profile.json`` dict.
 
     >>> from ampkit.workloads import get_workload

@@ -9,10 +9,10 @@ before its first step.
 1. ``warmup`` steps: not measured (kernel choice, allocator growth, optimizer state, compilation);
 2. ``plain_steps`` steps: only each step's end is stamped, the loop's plain step time, which the other windows'
    are read against (the profiler's own overhead);
-3. ``timed`` steps: phases timed by a :class:`~ampkit.profile._phases.PhaseTimer` and nothing else, so the times
+3. ``timed`` steps: phases timed by a :class:`~ampkit.profile.PhaseTimer` and nothing else, so the times
    are the loop's own;
 4. ``sync_steps`` steps: every read of device values back to the host is counted at the user's line
-   (:class:`~ampkit.profile._syncs.SyncFinder`; on CUDA through ``torch.cuda.set_sync_debug_mode``);
+   (:class:`~ampkit.profile.SyncFinder`; on CUDA through ``torch.cuda.set_sync_debug_mode``);
 5. ``trace_steps`` steps under ``torch.profiler``: the casts' share, the optimizer's ops, the device's idle time,
    and a Chrome trace.
 
@@ -254,9 +254,9 @@ class Profiler(StepHook):
         return [b - a for a, b in itertools.pairwise(ends)]
 
     def result(self, *, trials: Sequence[Trial] = ()) -> dict[str, Any]:
-        """What the windows measured, with ``trials`` (:func:`~ampkit.profile._trials.try_loader_settings` on this
+        """What the windows measured, with ``trials`` (:func:`~ampkit.profile.try_loader_settings` on this
         loop's loader and step) and the advice, as the ``profile.json`` dict that
-        :func:`~ampkit.profile._files.save_profile` writes (:func:`~ampkit.profile._run.profile_workload` adds what
+        :func:`~ampkit.profile.save_profile` writes (:func:`~ampkit.profile.profile_workload` adds what
         the command knows besides: the workload and the machine)."""
         if self._window is not None:
             raise RuntimeError("Profiler.result() reads a finished profile: call it after the `with Profiler(...)` block.")

@@ -97,7 +97,7 @@ class SyncFinder:
     line that caused it.
 
     ``library``: count the reads torch and ampkit make themselves too (each at the library's line), which are left
-    out by default since the user cannot change them. :func:`~ampkit.profile._op_count.count_step` sets it to
+    out by default since the user cannot change them. :func:`~ampkit.profile.count_step` sets it to
     compare two loops whole, the engine's own reads included.
     """
 

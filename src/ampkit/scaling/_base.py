@@ -1,4 +1,4 @@
-"""The base every ampkit loss scaler shares, so the engine treats dynamic and static scaling alike (the step needs\nonly :class:`~ampkit.scaling._protocol.StepScaler`'s members, which it implements)."""
+"""The base every ampkit loss scaler shares, so the engine treats dynamic and static scaling alike (the step needs\nonly :class:`~ampkit.scaling.StepScaler`'s members, which it implements)."""
 
 from __future__ import annotations
 

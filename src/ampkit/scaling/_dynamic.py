@@ -107,7 +107,7 @@ class DynamicLossScaler(LossScaler):
 
     @property
     def on_collapse(self) -> Literal["raise", "warn"]:
-        """``config.on_collapse``: raise :class:`~ampkit._errors.LossScaleCollapseError`, or warn once per episode."""
+        """``config.on_collapse``: raise :class:`~ampkit.LossScaleCollapseError`, or warn once per episode."""
         return self.config.on_collapse
 
     @property

@@ -1,6 +1,6 @@
 """What the optimizer step needs of a loss scaler: the seam between :mod:`ampkit.training._optimizer_step` and scaling.
 
-:class:`~ampkit.scaling._base.LossScaler` (dynamic and static) implements it; any object with these members can be
+:class:`~ampkit.scaling.LossScaler` (dynamic and static) implements it; any object with these members can be
 passed as ``Engine(scaler=...)``. ``torch.amp.GradScaler`` cannot: it unscales an optimizer's gradients, not a list
 of them, and decides the skip itself inside ``scaler.step(optimizer)``, where the engine's step must decide it once
 for every optimizer (and every rank) it steps; the engine refuses it, naming the equivalent ``ScalerConfig``.

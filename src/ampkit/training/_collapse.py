@@ -51,7 +51,7 @@ class CollapseWatch:
         return collapse_message(reason, nonfinite_parameters(named_params), policy)
 
     def report(self, message: str | None, *, raise_error: bool, say: Callable[[str], Any] = log.warning) -> None:
-        """Raise :class:`~ampkit._errors.LossScaleCollapseError`, or ``say`` the message once per episode."""
+        """Raise :class:`~ampkit.LossScaleCollapseError`, or ``say`` the message once per episode."""
         if message is None:
             return
         if raise_error:

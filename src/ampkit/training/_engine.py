@@ -8,14 +8,11 @@
         engine.backward(loss)
         engine.step()            # updates the weights only at the accumulation boundary
 
-The engine keeps the loop's side: the accumulation window and the counters (a
-:class:`~ampkit.training._step_state.StepState`), autocast and the scaled backward. What setup() builds is owned by
-its builders: the strategy's wrapping (:mod:`ampkit.distributed._strategy`), and the optimizer step
-(:class:`~ampkit.training._optimizer_step.OptimizerStep`), which owns the scaler, the masters, the compiled steps,
-the kernel guards, clipping and the collapse watch, and takes each window's step (no host-device sync beyond the
-one that decides whether to skip). Tools join through step hooks (:mod:`~ampkit.training._hooks`). The engine's
-settings and parts are read-only: assigning one raises an AttributeError naming what to do
-(:mod:`~ampkit.training._read_only`).
+The engine keeps the loop's side: the accumulation window and counters (a :class:`~ampkit.training.StepState`),
+autocast and the scaled backward. What setup() builds is owned by its builders: the strategy's wrapping, and the
+:class:`~ampkit.training.OptimizerStep`, which owns the scaler, masters, compiled steps, kernel guards, clipping and
+collapse watch (no host-device sync beyond the one that decides whether to skip). Tools join through step hooks.
+Settings and parts are read-only: assigning one raises an AttributeError naming what to do.
 """
 
 from __future__ import annotations
@@ -69,28 +66,19 @@ class Engine(EngineView):
         micro_batch_rows: most samples :meth:`train_step` feeds through the model at once (default: the whole batch);
             learnt after an out-of-memory error and saved in checkpoints.
         on_oom: ``"split"`` (default): :meth:`train_step` splits a batch that runs out of memory; ``"raise"``.
-        strategy: under torchrun, ``"ddp"`` or ``"fsdp"`` (or :class:`ampkit.distributed.DDP` / ``FSDP`` with
-            options): setup() wraps or shards the model, and skipping, clipping, accumulation and checkpoints
-            work across ranks (see :mod:`ampkit.distributed._strategy`). Default: none, or what a model wrapped
-            by the user implies.
+        strategy: under torchrun, ``"ddp"`` or ``"fsdp"`` (or :class:`ampkit.distributed.DDP` / ``FSDP``): setup()
+            wraps or shards the model; skipping, clipping, accumulation and checkpoints work across ranks.
         numerics: sample how gradients and activations fit fp16 every N optimizer steps (an int N, or a
-            :class:`ampkit.numerics._sampler.NumericsSampler`): logged, kept as ``engine.numerics.last``; one
-            host-device sync per sample and nothing on the other steps. Default: off. (A step hook: the same
-            as passing the sampler in ``hooks``.)
-        hooks: step hooks (see :mod:`ampkit.training._hooks`): tools called around backward and the optimizer
-            step, such as a :class:`~ampkit.memory._tracker.MemoryTracker`. More with :meth:`add_hook`.
-        compile: ``True`` compiles the model with torch.compile at setup (after the policy and the strategy are
-            applied), ``"regional"`` each repeated block, a dict passes options to torch.compile (see
-            :mod:`ampkit.training._compile`). In place: checkpoint keys stay plain. A model the user compiled
-            before setup is recognised: the engine trains the module inside it and compiles that in place.
-            Default: off.
-        fused_step: master-weight policies: the unscale, inf check, clipping, fp32 update and 16-bit
-            copy-back as one compiled region (see :mod:`ampkit.training._fused_master_step`). Default: on when
-            ``compile`` is, where the optimizer allows; ``True`` (or a dict of torch.compile options) insists,
-            ``False`` keeps the unfused step. A region that fails to compile is never fatal: the run goes on
-            unfused after one warning (``engine.fused_step.failure`` says why). ``bf16-true-sr``: torchao's
-            update of every parameter as one compiled region instead of one compiled call per parameter (see
-            :mod:`ampkit.training._fused_library_step`). Default: on; ``False`` keeps torchao's own step.
+            :class:`ampkit.numerics.NumericsSampler`, a step hook): kept as ``engine.numerics.last``; one
+            host-device sync per sample, nothing on the other steps. Default: off.
+        hooks: step hooks (:class:`ampkit.training.StepHook`), such as a :class:`~ampkit.memory.MemoryTracker`.
+        compile: ``True`` compiles the model in place with torch.compile at setup (after the policy and the
+            strategy), ``"regional"`` each repeated block, a dict passes options to torch.compile. A model the user
+            compiled before setup is recognised. Default: off.
+        fused_step: master-weight policies: unscale, inf check, clipping, fp32 update and 16-bit copy-back as one
+            compiled region (default: on when ``compile`` is; ``True`` or torch.compile options insist; ``False``
+            keeps the unfused step); one that fails to compile warns and the run goes on unfused
+            (``engine.fused_step.failure`` says why). ``bf16-true-sr``: torchao's update as one region (default on).
 
     >>> model = nn.Linear(4, 1); opt = torch.optim.SGD(model.parameters(), lr=0.1)
     >>> engine = Engine(precision="bf16-mixed", accumulate=2)
@@ -162,11 +150,8 @@ class Engine(EngineView):
 
     # ------------------------------------------------------------------------------------------ loop
     def autocast(self) -> AbstractContextManager[Any]:
-        """The context for the forward pass and the loss (autocast for mixed policies, a no-op otherwise).
-
-        Under DDP it also runs the forward of a micro-batch that does not end its accumulation window under
-        ``no_sync``, since DDP decides during the forward whether the coming backward all-reduces.
-        """
+        """The forward's context: autocast (mixed policies); under DDP also ``no_sync`` inside a window (DDP decides
+        in the forward whether the backward all-reduces)."""
         run = self._run
         forward: AbstractContextManager[Any] = self._policy.forward_context(run.device.type)
         if run.parallel.has_forward_context:
@@ -258,10 +243,8 @@ class Engine(EngineView):
         Each call ends one micro-batch: to update several optimizers together, pass them in one call (the
         default); separate calls (a GAN's discriminator, then its generator) each count as a micro-batch.
 
-        ``clip_grad_norm`` clips by the total norm over every optimizer stepped in the call (a model split over
-        two optimizers is clipped as one); since that norm is inf when any gradient is, an overflow then skips
-        every optimizer of the call. Without clipping by norm, each optimizer skips on its own overflow only,
-        as with ``GradScaler``.
+        ``clip_grad_norm`` clips by the total norm over every optimizer of the call, so an overflow skips them all;
+        without it each optimizer skips on its own overflow only, as with ``GradScaler``.
         """
         self._require_setup("step")
         step, state = self._run.step, self._state
@@ -269,17 +252,15 @@ class Engine(EngineView):
         size, boundary = state.window(self._accumulate)
         if boundary and not state.backwards:
             check_window_backward(self, size)  # no engine.backward() in the window: refused where it trains wrong
-        if not state.end_micro_batch(boundary):
-            if self._preemption is not None:
-                self._preemption.check(boundary=False)
-            return False
-        step.step(opts)
+        ended = state.end_micro_batch(boundary)
+        if ended:
+            step.step(opts)
         if self._preemption is not None:
-            self._preemption.check(boundary=True)  # after the step in flight: saves and exits if preempted
-        return True
+            self._preemption.check(boundary=ended)  # after the micro-batch in flight: saves and exits if preempted
+        return ended
 
     def add_hook(self, hook: AnyHook) -> None:
-        """Join a step hook (see :mod:`ampkit.training._hooks`) to this engine's steps from now on."""
+        """Join a step hook (:class:`ampkit.training.StepHook`) to this engine's steps from now on."""
         self._hooks.add(hook)
 
     # ------------------------------------------------------------------------------------------ state
@@ -301,22 +282,10 @@ class Engine(EngineView):
 
     def save_on_preemption(self, path: str | os.PathLike[str], *, signals: Sequence[signal.Signals | int] = (signal.SIGTERM,),
                            exit_code: int = REQUEUE_EXIT_CODE, extra: Extra = None) -> PreemptionWatch:
-        """A context in which ``signals`` (SIGTERM) end the run with :meth:`save` to ``path`` and exit code ``exit_code``.
-
-        The handler only notes the signal and calls the handler it replaced (yours); the micro-batch in flight
-        finishes, then :meth:`step` saves (pending gradients of the window included; under FSDP at the window's end)
-        and raises :class:`~ampkit.training.Preempted` (a ``SystemExit`` with ``exit_code``, default 75 =
-        ``EX_TEMPFAIL``: requeue me). ``extra`` is saved with it: a dict, or a function called at the save (e.g.
-        ``lambda: {"epoch": epoch, "batch": i}``). Under torchrun every rank enters it, and all save the same
-        micro-batch even when one rank got the signal. Leaving it restores the handlers. See
-        :mod:`ampkit.training._preemption` and the README's "Preemption and integrity".
-
-        >>> model = nn.Linear(2, 1); engine = Engine()
-        >>> model, opt = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
-        >>> with engine.save_on_preemption("runs/last.pt", extra=lambda: {"epoch": 0}):
-        ...     engine.backward(model(torch.ones(1, 2)).sum()); engine.step()   # no signal: trains as before
-        True
-        """
+        """A context in which ``signals`` end the run with :meth:`save` to ``path`` and exit code ``exit_code``
+        (75: requeue me), after the micro-batch in flight; the handler it replaces is chained. ``extra``: a dict, or a
+        function called at the save. Every rank under torchrun saves the same micro-batch. Example and details:
+        :class:`ampkit.training.PreemptionWatch` and the README's "Preemption and integrity"."""
         return PreemptionWatch(self, self.save, self._attach_preemption, path, signals=signals, exit_code=exit_code, extra=extra)
 
     def _attach_preemption(self, watch: PreemptionWatch | None) -> None:

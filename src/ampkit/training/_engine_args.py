@@ -1,4 +1,4 @@
-"""Checks and builders for what :class:`~ampkit.training._engine.Engine`'s arguments name.
+"""Checks and builders for what :class:`~ampkit.training.Engine`'s arguments name.
 
 Each error says what was passed and what to pass instead; they run in the constructor and in ``setup()``, before
 anything is changed.

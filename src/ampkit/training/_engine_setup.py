@@ -1,5 +1,5 @@
 """What ``Engine.setup()`` builds: the run (:class:`Run`: models, wrappers, device, strategy, compiled regions) and
-its optimizer step (:class:`~ampkit.training._optimizer_step.OptimizerStep`, which owns the scaler, the masters and
+its optimizer step (:class:`~ampkit.training.OptimizerStep`, which owns the scaler, the masters and
 the compiled steps).
 
 Everything that can be refused is checked before anything changes (the optimizers, the compile plan, a fused step

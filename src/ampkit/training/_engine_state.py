@@ -1,11 +1,11 @@
 """The engine's own state as a plain dict: counters, the loss scaler, master weights, pending gradients, and the
 stochastic rounding's stream.
 
-:meth:`Engine.state_dict <ampkit.training._engine.Engine.state_dict>` returns :func:`engine_state`; a checkpoint
+:meth:`Engine.state_dict <ampkit.training.Engine.state_dict>` returns :func:`engine_state`; a checkpoint
 stores it beside the models and optimizers (:mod:`ampkit.checkpoint._payload`) and, once it has validated it,
 puts it back with :func:`apply_engine_state`. It goes through the engine's public surface only: ``step_state``
-(a :class:`~ampkit.training._step_state.StepState`), ``micro_batch_rows``, ``named_parameters()``, and the
-optimizer step's own ``state_dict`` / ``load_state_dict`` (:class:`~ampkit.training._optimizer_step.OptimizerStep`:
+(a :class:`~ampkit.training.StepState`), ``micro_batch_rows``, ``named_parameters()``, and the
+optimizer step's own ``state_dict`` / ``load_state_dict`` (:class:`~ampkit.training.OptimizerStep`:
 the scaler's, the masters' and the rounding stream's).
 """
 

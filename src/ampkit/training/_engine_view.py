@@ -1,4 +1,4 @@
-"""What an :class:`~ampkit.training._engine.Engine` lets its users and tools read: its settings, the parts setup()
+"""What an :class:`~ampkit.training.Engine` lets its users and tools read: its settings, the parts setup()
 built, where the run stands and how the last optimizer step went. All of it read-only.
 
 The settings are fixed when the engine is built and the parts belong to their owners (the optimizer step owns the
@@ -47,7 +47,7 @@ def _read(get: Callable[[EngineView], T], doc: str) -> ReadOnly[EngineView, T]:
 
 
 class EngineView:
-    """The read side of the engine (see the module docstring); :class:`~ampkit.training._engine.Engine` fills it in."""
+    """The read side of the engine (see the module docstring); :class:`~ampkit.training.Engine` fills it in."""
 
     _policy: Policy
     _accumulate: int

@@ -1,4 +1,4 @@
-"""Loops that bypass :class:`~ampkit.training._engine.Engine` where that trains wrong in silence: refused, naming the line to write.
+"""Loops that bypass :class:`~ampkit.training.Engine` where that trains wrong in silence: refused, naming the line to write.
 
 Two calls carry the engine's loop, ``engine.backward(loss)`` and ``engine.step()``; what each does to the gradients
 the other relies on:

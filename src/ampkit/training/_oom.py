@@ -3,7 +3,7 @@
 Recovering from an out-of-memory error takes more than catching it: the exception's traceback keeps every
 frame of the failed attempt alive, and with them its activations, so a retry would start with the memory
 still taken. :func:`release_memory` drops those frames, collects the cycles and returns the CUDA cache.
-(:class:`ampkit.memory._oom.MemoryBudget` provokes such errors on purpose, for tests without a GPU.)
+(:class:`ampkit.memory.MemoryBudget` provokes such errors on purpose, for tests without a GPU.)
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 :class:`OptimizerStep` holds the loss scaler, the fp32 master weights, the compiled steps (the master-weight region
 and the library region), the stochastic rounding's stream, the kernel guards, the clipping settings and the
-collapse watch; nothing else writes them. :meth:`ampkit.training._engine.Engine.step` calls :meth:`OptimizerStep.step`
+collapse watch; nothing else writes them. :meth:`ampkit.training.Engine.step` calls :meth:`OptimizerStep.step`
 at each window's end, which unscales, checks, clips, steps or skips, updates the scale and returns a
 :class:`StepOutcome`; a checkpoint takes the component's state through :meth:`OptimizerStep.state_dict` (the
 scaler's, the masters', the stream's, under the keys checkpoints have always used).
@@ -99,7 +99,7 @@ class OptimizerStep:
         masters: fp32 master weights the optimizers step in place of the 16-bit model, or None.
         fused: the compiled master-weight region, or None; ``library``: the compiled library step, or None.
         rounding: the stochastic rounding's stream, or None.
-        state: where the outcome is recorded (the engine's :class:`~ampkit.training._step_state.StepState`).
+        state: where the outcome is recorded (the engine's :class:`~ampkit.training.StepState`).
         device: the training device; ``names``: parameter names by ``id`` (collapse messages name them).
         reduce_found_flags: combine the ranks' overflow flags before deciding (FSDP, or no DDP).
         hooks, owner: the step hooks, called with ``owner`` (the engine) before and after the step.
@@ -168,7 +168,7 @@ class OptimizerStep:
     def step(self, opts: Sequence[torch.optim.Optimizer]) -> StepOutcome:
         """Step (or skip) ``opts`` with the gradients of the window that has just ended, and zero those gradients.
 
-        Raises :class:`~ampkit._errors.LossScaleCollapseError` once the step is complete, when the scale has
+        Raises :class:`~ampkit.LossScaleCollapseError` once the step is complete, when the scale has
         collapsed and the scaler says to raise.
         """
         state, scaler, settings = self._state, self.scaler, self.settings

@@ -1,4 +1,4 @@
-"""Why an :class:`~ampkit.training._engine.Engine` attribute cannot be assigned, and what to write instead.
+"""Why an :class:`~ampkit.training.Engine` attribute cannot be assigned, and what to write instead.
 
 The engine's configuration is fixed when it is built (the checks, the optimizer step and checkpoints were set up
 for it), its parts are owned by whoever built them (``setup()``, the optimizer step), and its counters move with the

@@ -1,4 +1,4 @@
-"""Where an :class:`~ampkit.training._engine.Engine` run stands: the counters a checkpoint keeps, and the last step's outcome.
+"""Where an :class:`~ampkit.training.Engine` run stands: the counters a checkpoint keeps, and the last step's outcome.
 
 The counters (micro-batches into the epoch, the declared epoch length, optimizer steps) are saved and put back
 by :mod:`ampkit.checkpoint._payload` through :meth:`StepState.to_dict` / :meth:`StepState.from_dict`, under the
@@ -7,7 +7,7 @@ load clears them, since they answer for a step the loaded run did not take here.
 
 Two owners write it, each its own fields and only through these methods: the engine's loop the counters
 (:meth:`StepState.end_micro_batch`, :meth:`StepState.start_epoch`, :meth:`StepState.load_counters`,
-:meth:`StepState.discard_window`), the optimizer step (:class:`~ampkit.training._optimizer_step.OptimizerStep`) the
+:meth:`StepState.discard_window`), the optimizer step (:class:`~ampkit.training.OptimizerStep`) the
 outcome (``norm``, ``diagnose_late``, :meth:`StepState.record_outcome`, :meth:`StepState.poll`).
 
 A step that nothing forced to read its overflow flag (a fused optimizer on an accelerator) sends the flag to the

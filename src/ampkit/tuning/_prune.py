@@ -1,6 +1,6 @@
 """Prune before running: the rules that rule a configuration out, each with its reason, and the order of trials.
 
-Every rule is a pure function of a :class:`~ampkit.tuning._space.Candidate`, the incumbent it varies and the
+Every rule is a pure function of a :class:`~ampkit.tuning.Candidate`, the incumbent it varies and the
 :class:`~ampkit.tuning._space.Facts`; it returns the reason the candidate is not worth a trial, or None. The
 reasons are printed in the report beside the candidates they removed, so every configuration the space holds is
 either measured, pruned with its reason, or listed as not tried for the budget.

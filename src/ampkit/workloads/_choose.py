@@ -3,7 +3,7 @@
 
 The rules, the same for bench, memory, doctor and profile (and the coming tune):
 
-- Nothing named: the device's default built-in workload (:func:`~ampkit.workloads._defaults.default_workload`).
+- Nothing named: the device's default built-in workload (:func:`~ampkit.workloads.default_workload`).
 - ``--model`` alone trains the user's model on a built-in workload's data, so it needs ``-w``; it is refused
   before anything of the user's is imported. ``--data`` alone has no model to train.
 - ``--batch-size`` rebuilds a built-in workload's batches; the user's ``--data`` makes its own batches, so there it

@@ -2,7 +2,7 @@
 
 Chosen per machine, for every tool alike (bench, memory, doctor; the profile has a default workload of its own):
 
-- device: the GPU when there is one, else the CPU (:func:`ampkit.workloads._device.default_device`);
+- device: the GPU when there is one, else the CPU (:func:`ampkit.workloads.default_device`);
 - workload: the one that shows the effect best there and checks accuracy with an eval metric. On a CPU that is
   ``digits`` (real data; measured on the development machine: bf16-mixed 1.65x faster than fp32 with 36%
   less activation memory, against 1.44x for ``gpt``, whose CPU attention kernel is slower in bf16, and 1.24x

@@ -1,6 +1,6 @@
-"""Eval metrics for the built-in workloads beyond :class:`~ampkit.workloads._workload.Accuracy`.
+"""Eval metrics for the built-in workloads beyond :class:`~ampkit.workloads.Accuracy`.
 
-Both follow the :class:`~ampkit.workloads._workload.Metric` protocol: ``update()`` only launches device work (no
+Both follow the :class:`~ampkit.workloads.Metric` protocol: ``update()`` only launches device work (no
 ``.item()``, no boolean indexing, nothing whose output size depends on the data), so an eval loop over many
 batches never waits on the accelerator; ``compute()`` reads the totals back once.
 

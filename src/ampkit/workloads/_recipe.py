@@ -1,6 +1,6 @@
 """The training recipe of a workload, as every tool trains it: micro-batches per step, the clip, the learning rate.
 
-A :class:`~ampkit.workloads._workload.Workload` carries its recipe (``accumulate``, ``clip_grad_norm``, ``lr``); the
+A :class:`~ampkit.workloads.Workload` carries its recipe (``accumulate``, ``clip_grad_norm``, ``lr``); the
 bench, the profile and the coming tune all train it the same way, so the rules live here, once:
 
 - ``accumulate``: micro-batches per optimizer step (``Engine(accumulate=K)``), an int >= 1;

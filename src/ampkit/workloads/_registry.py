@@ -53,7 +53,7 @@ def workload_names() -> list[str]:
 
 
 def get_workload(name: str, size: str = "small", seed: int = 0, batch_size: int | None = None) -> Workload:
-    """Build the built-in workload ``name`` at ``size`` (one of :data:`~ampkit.workloads._workload.SIZES`).
+    """Build the built-in workload ``name`` at ``size`` (one of :data:`~ampkit.workloads.SIZES`).
 
     ``batch_size`` (``--batch-size``) replaces the size's rows per training batch; throughput counts them.
 

@@ -61,7 +61,7 @@ class BenchData:
     targets (a dict batch's ``labels``); default: the output's ``.loss``, else cross-entropy or MSE by the
     targets' dtype."""
     metric: Callable[[], Metric] | None = None
-    """Factory of a fresh :class:`~ampkit.workloads._workload.Metric`; default: mean eval loss."""
+    """Factory of a fresh :class:`~ampkit.workloads.Metric`; default: mean eval loss."""
     unit: str | None = None
     """What throughput counts: ``samples`` or ``tokens``; default: ``tokens`` for dict batches with ``input_ids``,
     else ``samples``."""
