@@ -130,7 +130,7 @@ def _train(workload: Workload, candidate: Candidate, device: torch.device, steps
         run.build()
         run.train(steps, False)
         run.summarize()
-        evals = [to_device(b, device, workload.channels_last) for b in workload.eval_batches]
+        evals = [to_device(b, device, candidate.channels_last) for b in workload.eval_batches]
         run.evaluate(evals)
     run.release()
     r = run.result

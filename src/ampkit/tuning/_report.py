@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 __all__ = ["COLUMNS", "PLOTS", "VERDICTS", "code", "render", "rows", "write_report"]
 
 COLUMNS: dict[str, str] = {
-    "configuration": "what differs from the start (fp32, your batch, eager, torch's threads)",
+    "configuration": "what differs from the start (fp32, your batch, eager, torch's threads, your memory format)",
     "throughput": "{unit} per second of the global batch at the median optimizer step, compile time amortised over "
     "{run_steps} steps (--run-steps); the data already in memory (a DataLoader's trials, where tuned, are listed apart)",
     "start then": "the start's throughput measured in the same interleaved rounds as this row: the speed-up's control "
@@ -132,6 +132,8 @@ def code(result: TuneResult) -> str:
         lines.append(f"torch.set_num_threads({w.threads})")
     if w.recompute:
         lines.append("ampkit.recompute(model, ampkit.memory.repeated_blocks(model))  # before setup: recompute each block in backward")
+    if w.channels_last:
+        lines.append("model = model.to(memory_format=torch.channels_last)  # before setup: convolutions in NHWC")
     lines.append(f"engine = ampkit.Engine({', '.join(args)})")
     lines.append("model, optimizer = engine.setup(model, optimizer)")
     loader = dict(w.loader)
@@ -143,6 +145,8 @@ def code(result: TuneResult) -> str:
     lines.append(f"loader = torch.utils.data.DataLoader(dataset, batch_size={w.micro_batch}{kwargs}){note}")
     if threads is not None:
         lines.append(f"torch.set_num_threads({threads})  # the cores the loader's workers leave")
+    if w.channels_last:
+        lines.append("# each batch's 4-D inputs: images = images.to(device, memory_format=torch.channels_last)")
     if non_blocking:
         lines.append("# copy each batch with .to(device, non_blocking=True)")
     return "\n".join(lines)
