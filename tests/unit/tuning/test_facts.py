@@ -94,3 +94,22 @@ def test_a_convolutional_workload_gets_the_channels_last_candidate_and_an_mlp_do
     assert plan_stage("channels_last", start, facts).kept == [dataclasses.replace(start, channels_last=True)]
     mlp = gather_facts(_workload(), CPU, precisions=[], memory_budget=1 << 40)
     assert mlp.convs == 0 and plan_stage("channels_last", start, mlp).kept == []
+
+
+def test_tf32_is_the_precision_stages_tf32_policy_tried_where_the_device_has_it_else_pruned_with_its_reason(device: torch.device) -> None:
+    # TF32 (fp32 matmuls on tensor cores) is the `tf32` policy: the precision stage tries it on CUDA sm80+ and prunes
+    # it elsewhere with the policy's own reason; no lever of its own (under a 16-bit policy the matmuls are 16-bit).
+    from ampkit.policy import get_policy
+    from ampkit.tuning import Candidate
+    from ampkit.tuning._prune import plan_stage
+
+    facts = gather_facts(_workload(), device, precisions=["tf32"], memory_budget=1 << 40)
+    start = Candidate(policy="32-true", micro_batch=ROWS, accumulate=1)
+    support = get_policy("tf32").support(device)
+    plan = plan_stage("precision", start, facts)
+    tf32 = dataclasses.replace(start, policy="tf32")
+    if support.supported and support.fast:
+        assert plan.kept == [tf32]
+    else:
+        assert plan.kept == [] and plan.pruned == [(tf32, f"not supported on {device.type}: {support.reason}")]
+        assert device.type != "cpu" or "TF32 is a CUDA tensor-core mode" in support.reason
