@@ -157,6 +157,7 @@ def speed_memory_figure(points: list[SpeedPoint], left_out: list[tuple[str, str]
             ax.errorbar([x], [p.speedup], yerr=err, linestyle="none", capsize=4, label=None if p.verdict in shown else p.verdict, **style)  # type: ignore[arg-type]
             shown.add(p.verdict)
             ax.annotate(p.configuration, (x, p.speedup), textcoords="offset points", xytext=(6, 4), fontsize="x-small")
+        ax.margins(x=0.12, y=0.1)  # room for the labels of the outermost points
         ax.set_xlabel(f"peak memory ({unit}): the table's 'peak memory'")
         ax.set_ylabel(f"speed-up over the start (compile amortised over {run_steps} steps)")
         ax.grid(True, alpha=0.3)
