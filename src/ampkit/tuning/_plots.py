@@ -103,7 +103,7 @@ def speed_points(result: TuneResult) -> tuple[list[SpeedPoint], list[tuple[str, 
             left_out.append((r["configuration"], "no peak memory measured (a compiled step on a CPU)"))
         else:
             interval = tuple(r["interval"]) if r["interval"] is not None else None
-            points.append(SpeedPoint(r["configuration"], int(r["peak_memory_bytes"]), float(r["speedup"]), interval, r["verdict"]))  # type: ignore[arg-type]
+            points.append(SpeedPoint(r["configuration"], int(r["peak_memory_bytes"]), float(r["speedup"]), interval, r["verdict"]))
     return points, left_out
 
 
