@@ -244,7 +244,7 @@ def add_tune(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--budget", type=positive, default=300, metavar="SECONDS", help="wall-clock budget: trials stop, and the report lists what was not tried (default: 300)")
     p.add_argument("--run-steps", type=positive, default=1000, metavar="N", help="steps your real run trains: compile time is amortised over them (default: 1000)")
     p.add_argument("--precision", help="comma-separated policies the tune may choose from (default: every policy this device runs fast)")
-    p.add_argument("--stages", metavar="LIST", help="comma-separated levers to tune: fit, loader, precision, compile, fused_step, micro_batch, threads (default: all; fit runs whenever your batch does not fit)")
+    p.add_argument("--stages", metavar="LIST", help="comma-separated levers to tune: fit, loader, channels_last, precision, compile, fused_step, micro_batch, threads (default: all; fit runs whenever your batch does not fit)")
     p.add_argument("--batch-size", type=positive, metavar="N", help="rows per training batch of a built-in workload: your global batch (default: the size's)")
     p.add_argument("--accumulate", type=positive, default=1, metavar="K", help="your accumulation: the global batch is K batches (default: 1)")
     p.add_argument("--rounds", type=positive, default=4, help="interleaving rounds of each trial (default: 4)")

@@ -16,7 +16,7 @@ the memory prediction, fp8's roofline, the doctor and the loader (:mod:`~ampkit.
 interleaved trials** on the bench's machinery with bootstrap intervals, compile time amortised
 (:mod:`~ampkit.tuning._trials`); the **accuracy guard** against fp32 and its own measured noise
 (:mod:`~ampkit.tuning._guard`); the stages and finalists (:mod:`~ampkit.tuning._run`); the **report**
-(:mod:`~ampkit.tuning._report`), with trials kept on disk so a killed tune resumes (:mod:`~ampkit.tuning._store`).
+(:mod:`~ampkit.tuning._report`) with its plots (:mod:`~ampkit.tuning._plots`, written by :mod:`~ampkit.tuning._files`), with trials kept on disk so a killed tune resumes (:mod:`~ampkit.tuning._store`).
 
     >>> import ampkit
     >>> ampkit.tune is tune
@@ -26,8 +26,9 @@ interleaved trials** on the bench's machinery with bootstrap intervals, compile 
 from __future__ import annotations
 
 from ._api import tune
+from ._files import write_files
 from ._guard import GuardResult
-from ._report import code, rows, write_files
+from ._report import code, rows
 from ._result import TuneResult
 from ._run import tune_workload
 from ._space import STAGES, Candidate

@@ -163,7 +163,8 @@ def gather_facts(
     facts = Facts(
         device=device.type, rows=rows, policies=_policy_facts(device, precisions), accumulate=workload.accumulate,
         memory_budget=memory_budget if memory_budget is not None else available_memory(device),
-        blocks=len(repeated_blocks(workload.model)), cores=usable_cores(), threads=torch.get_num_threads(),
+        blocks=len(repeated_blocks(workload.model)), convs=sum(isinstance(m, torch.nn.Conv2d) for m in workload.model.modules()),
+        cores=usable_cores(), threads=torch.get_num_threads(),
         compiler=compiler_available(device),
     )
     _predictions(workload, facts, device, notes)

@@ -58,6 +58,9 @@ class Reference:
     """The metric's own tolerance, in its units."""
     steps: int
     losses: list[float] = field(default_factory=list)
+    """The reference's training loss per optimizer step."""
+    reordered_losses: list[float] = field(default_factory=list)
+    """The reordered twin's (the report's loss curves show both: fp32's noise beside the finalists)."""
 
     @property
     def noise(self) -> float:
@@ -127,7 +130,7 @@ def _train(workload: Workload, candidate: Candidate, device: torch.device, steps
         run.build()
         run.train(steps, False)
         run.summarize()
-        evals = [to_device(b, device, workload.channels_last) for b in workload.eval_batches]
+        evals = [to_device(b, device, candidate.channels_last) for b in workload.eval_batches]
         run.evaluate(evals)
     run.release()
     r = run.result
@@ -159,14 +162,14 @@ def reference(
     progress("accuracy guard: fp32 reference")
     metric, loss, a = _train(workload, start, device, steps, seed)
     progress("accuracy guard: fp32 reference, batches reordered (its noise)")
-    metric_b, loss_b, _ = _train(reordered(workload, seed), start, device, steps, seed)
+    metric_b, loss_b, b = _train(reordered(workload, seed), start, device, steps, seed)
     value, other = _figure(workload, metric, loss), _figure(workload, metric_b, loss_b)
     if _has_metric(workload):
         m = workload.metric()  # type: ignore[misc]
         name, higher, floor = m.name, m.higher_is_better, m.tolerance * (abs(value) if m.relative else 1.0)
     else:
         name, higher, floor = "final_loss", False, LOSS_TOLERANCE * abs(value)
-    return Reference(name, higher, value, other, floor, steps, a["losses"])
+    return Reference(name, higher, value, other, floor, steps, a["losses"], b["losses"])
 
 
 def judge(

@@ -43,6 +43,7 @@ PRIORS: dict[str, float] = {
     "fused_step": 1.05,  # the master step as one region instead of a loop of per-tensor kernels
     "micro_batch": 0.95,  # smaller micro-batches mostly add per-step overhead
     "threads": 1.02,  # a thread count other than torch's default rarely helps, but costs a cheap trial
+    "channels_last": 1.1,  # fp32 convolutions gain little from NHWC; 16-bit ones need it (see stage_order)
 }
 """The gain each lever is expected to give, used only to order trials (never reported as a measurement)."""
 
@@ -122,8 +123,16 @@ def needless_recompute(c: Candidate, incumbent: Candidate, facts: Facts) -> str 
     return None
 
 
+def no_convolutions(c: Candidate, incumbent: Candidate, facts: Facts) -> str | None:
+    """channels_last changes the layout of 4-D convolution inputs and weights: a model without Conv2d has none."""
+    if c.channels_last and not incumbent.channels_last and facts.convs == 0:
+        return "the model has no Conv2d: channels_last changes only the layout of convolutions' 4-D inputs and weights"
+    return None
+
+
 RULES: tuple[Callable[[Candidate, Candidate, Facts], str | None], ...] = (
     unsupported, slow, needs_compile, fp8_roofline, fp16_overflow, no_compiler, no_blocks, too_big, needless_recompute,
+    no_convolutions,
 )
 """Applied in this order; the first that gives a reason prunes the candidate."""
 
@@ -146,6 +155,8 @@ def expected_gain(c: Candidate, incumbent: Candidate, facts: Facts) -> float:
         gain *= PRIORS["threads"]
     if c.loader != incumbent.loader:
         gain *= loader_bound(facts)
+    if c.channels_last and not incumbent.channels_last:
+        gain *= PRIORS["channels_last"]
     return gain
 
 
@@ -173,6 +184,7 @@ _EMPTY_STAGE = {
     "threads": "not a CPU run: the thread count is the host's, not the device's",
     "compile": "the configuration is compiled already",
     "micro_batch": "the global batch does not split further",
+    "channels_last": "the model and its inputs are channels_last already (as given)",
 }
 
 
@@ -216,17 +228,24 @@ def _fit_choices(kept: list[Candidate]) -> tuple[list[Candidate], list[tuple[Can
 
 def stage_order(facts: Facts, start_fits: bool = True) -> list[str]:
     """The stages in the order they run: ``fit`` first when the user's batch does not fit (nothing runs until it
-    does), the loader next when it is the bottleneck (:data:`LOADER_BOTTLENECK`), then by expected gain.
+    does), the loader next when it is the bottleneck (:data:`LOADER_BOTTLENECK`), channels_last just before the
+    precision stage, the rest by expected gain.
+
+    channels_last goes before the policies whatever its own prior: 16-bit convolutions run fast only in NHWC
+    (oneDNN's bf16 kernels on a CPU, tensor cores on CUDA), so measured the other way round a bf16 policy of a
+    convolutional model would be judged in a layout that hides its gain. The stage is empty (no trial) for a
+    model without Conv2d or one given channels_last already.
 
     >>> from ampkit.tuning._space import Facts
-    >>> stage_order(Facts(device="cpu", rows=8, policies={}, data_share=0.7))[:2]
-    ['loader', 'precision']
+    >>> stage_order(Facts(device="cpu", rows=8, policies={}, data_share=0.7))[:3]
+    ['loader', 'channels_last', 'precision']
     """
     best = {
         "precision": PRIORS["policy-fast"], "compile": PRIORS["compile-model"], "fused_step": PRIORS["fused_step"],
         "micro_batch": PRIORS["micro_batch"], "threads": PRIORS["threads"], "loader": loader_bound(facts),
     }
     rest = sorted((s for s in STAGES if s in best), key=lambda s: -best[s])
+    rest.insert(rest.index("precision"), "channels_last")
     first = [] if start_fits else ["fit"]
     if facts.data_share is not None and facts.data_share >= LOADER_BOTTLENECK:
         first.append("loader")

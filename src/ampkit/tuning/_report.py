@@ -11,11 +11,11 @@ Each figure has one definition (:data:`COLUMNS`, printed under the table), and e
 from __future__ import annotations
 
 import dataclasses
-import json
 import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .._report.markdown import plot_links
 from ._format import fmt_bytes
 from ._space import Candidate
 
@@ -24,10 +24,10 @@ if TYPE_CHECKING:
 
     from ._result import TuneResult
 
-__all__ = ["COLUMNS", "VERDICTS", "code", "render", "rows", "write_files", "write_report"]
+__all__ = ["COLUMNS", "PLOTS", "VERDICTS", "code", "render", "rows", "write_report"]
 
 COLUMNS: dict[str, str] = {
-    "configuration": "what differs from the start (fp32, your batch, eager, torch's threads)",
+    "configuration": "what differs from the start (fp32, your batch, eager, torch's threads, your memory format)",
     "throughput": "{unit} per second of the global batch at the median optimizer step, compile time amortised over "
     "{run_steps} steps (--run-steps); the data already in memory (a DataLoader's trials, where tuned, are listed apart)",
     "start then": "the start's throughput measured in the same interleaved rounds as this row: the speed-up's control "
@@ -56,6 +56,15 @@ VERDICTS: dict[str, str] = {
     "cut": "the budget ended its wave before it had enough timed steps for an interval",
 }
 """Every verdict word and its meaning."""
+
+PLOTS: dict[str, str] = {
+    "speed_memory.png": "one point per row of the table that has both figures: x its peak memory, y its speed-up over "
+    "the start, the error bar its 95% interval, all as the table defines them; the winner a star, rejected ones a "
+    "cross; rows without a figure are named under the picture",
+    "loss_curves.png": "the training loss per optimizer step of the accuracy guard's runs: the fp32 reference, the same "
+    "on reordered batches (how far fp32 moves by chance alone), and each finalist, from the same weights on the same batches",
+}
+"""What each picture of report.md shows, printed above it (:mod:`ampkit.tuning._plots` draws them)."""
 
 
 def _trial_rows(result: TuneResult) -> list[Any]:
@@ -123,6 +132,8 @@ def code(result: TuneResult) -> str:
         lines.append(f"torch.set_num_threads({w.threads})")
     if w.recompute:
         lines.append("ampkit.recompute(model, ampkit.memory.repeated_blocks(model))  # before setup: recompute each block in backward")
+    if w.channels_last:
+        lines.append("model = model.to(memory_format=torch.channels_last)  # before setup: convolutions in NHWC")
     lines.append(f"engine = ampkit.Engine({', '.join(args)})")
     lines.append("model, optimizer = engine.setup(model, optimizer)")
     loader = dict(w.loader)
@@ -134,6 +145,8 @@ def code(result: TuneResult) -> str:
     lines.append(f"loader = torch.utils.data.DataLoader(dataset, batch_size={w.micro_batch}{kwargs}){note}")
     if threads is not None:
         lines.append(f"torch.set_num_threads({threads})  # the cores the loader's workers leave")
+    if w.channels_last:
+        lines.append("# each batch's 4-D inputs: images = images.to(device, memory_format=torch.channels_last)")
     if non_blocking:
         lines.append("# copy each batch with .to(device, non_blocking=True)")
     return "\n".join(lines)
@@ -208,8 +221,20 @@ def render(result: TuneResult, console: Console) -> None:
                   + (f"; {result.resumed} trial(s) read back from an earlier run" if result.resumed else "") + "[/dim]")
 
 
-def write_report(result: TuneResult, out: Path) -> Path:
-    """``report.md``: the same table, footnotes, lists and code as the terminal shows."""
+def _plot_lines(out: Path, plots: list[Path] | None, plots_note: str | None) -> list[str]:
+    """The ``## Plots`` section: each picture's definition and the picture; or why there are none."""
+    if plots_note:
+        return ["", "## Plots", "", f"No plots: {plots_note}"]
+    lines = []
+    for path in plots or []:
+        for title, link in plot_links(out, [path]):  # none when the file is missing (warned there)
+            lines += ["", f"{Path(path).name}: {PLOTS.get(Path(path).name, '')}", "", f"![{title}]({link})"]
+    return ["", "## Plots", *lines] if lines else []
+
+
+def write_report(result: TuneResult, out: Path, plots: list[Path] | None = None, plots_note: str | None = None) -> Path:
+    """``report.md``: the same table, footnotes, lists and code as the terminal shows, and ``plots`` (the PNGs of
+    :func:`ampkit.tuning._plots.write_plots`, linked relative to ``out``), or ``plots_note``: why there are none."""
     lines = [f"# ampkit tune: {result.workload}", "", f"{result.description}", "",
              f"Device: {result.device.get('name', result.device.get('type'))}; torch {result.torch}; ampkit {result.ampkit}; {result.date}.",
              f"Command: `{result.command}`" if result.command else "", "",
@@ -217,6 +242,7 @@ def write_report(result: TuneResult, out: Path) -> Path:
     for row in rows(result):
         lines.append("| " + " | ".join(c.replace("|", "/") for c in _cells(result, row)) + " |")
     lines += [""] + [f"- {n}" for n in footnotes(result)]
+    lines += _plot_lines(Path(out), plots, plots_note)
     if result.loader_trials:
         lines += ["", "## DataLoader settings", "", "The chosen step fed by each loader variant; its time includes waiting for data.", ""]
         lines += [f"- {t['name']}: {t['step_s'] * 1e3:.1f} ms a step, {t['speedup']:.2f}x the loader as given" for t in result.loader_trials]
@@ -232,13 +258,3 @@ def write_report(result: TuneResult, out: Path) -> Path:
     path = Path(out) / "report.md"
     path.write_text("\n".join(lines), encoding="utf-8")
     return path
-
-
-def write_files(result: TuneResult, out: Path) -> tuple[Path, Path]:
-    """``tune.json`` and ``report.md`` in ``out`` (created if missing)."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    data = {**result.to_dict(), "rows": rows(result), "winner_code": code(result)}
-    path = out / "tune.json"
-    path.write_text(json.dumps(data, indent=1, default=str), encoding="utf-8")
-    return path, write_report(result, out)

@@ -283,7 +283,7 @@ class _Tune:
 
             self.progress("loader: the DataLoader's variants")
             try:
-                found = try_loader_settings(self.loader, step, self.device, channels_last=self.workload.channels_last)
+                found = try_loader_settings(self.loader, step, self.device, channels_last=incumbent.channels_last)
             except Exception as exc:  # noqa: BLE001 - the loader as given failing ends this stage, not the tune
                 self.result.notes.append(f"the DataLoader's trials failed ({one_line(exc, with_type=True)}): its settings are left as given")
                 self.result.stages.append({"stage": "loader", "incumbent": incumbent.key, "chosen": incumbent.key, "why": "its trials failed"})
@@ -376,7 +376,8 @@ def tune_workload(
         raise ValueError(f"budget={budget!r}: give the tune's wall-clock budget in seconds, a positive number.")
     guard_steps = guard_steps if guard_steps is not None else max(workload.steps, 30)
     rows = batch_rows(workload.train_batches[0])
-    start = Candidate(policy="32-true", micro_batch=rows, accumulate=workload.accumulate)
+    # The start is the workload as given: fp32, its batch, its memory format (the bench's conv workloads come channels_last).
+    start = Candidate(policy="32-true", micro_batch=rows, accumulate=workload.accumulate, channels_last=workload.channels_last)
     store = TrialStore(Path(out) if out is not None else None, _fingerprint(workload, device, seed, waves, guard_steps))
     clock_budget = _Budget(float(budget), clock, device.type)
     result = TuneResult(
@@ -448,7 +449,7 @@ def _search(
 def _facts_summary(facts: Facts) -> dict[str, Any]:
     return {
         "memory_budget": facts.memory_budget, "predicted_peak": dict(facts.predicted_peak), "fp8_layers": {k: list(v) for k, v in facts.fp8_layers.items()},
-        "fp16_overflow": list(facts.fp16_overflow), "data_share": facts.data_share, "blocks": facts.blocks, "cores": facts.cores,
+        "fp16_overflow": list(facts.fp16_overflow), "data_share": facts.data_share, "blocks": facts.blocks, "convs": facts.convs, "cores": facts.cores,
         "threads": facts.threads, "compiler": facts.compiler,
     }
 

@@ -2,7 +2,8 @@
 
 A :class:`Candidate` is one training configuration: the precision policy, torch.compile (off, each repeated block,
 or the whole model), the fused master step, the micro-batch and accumulation (the global batch stays the user's),
-activation checkpointing, the DataLoader's settings and torch's CPU threads. :class:`Facts` is what was learnt
+activation checkpointing, the memory format (channels_last for convolutional models), the DataLoader's settings
+and torch's CPU threads. :class:`Facts` is what was learnt
 about the model and the device before any trial (which policies the device runs fast, the predicted memory of
 each configuration against the memory there is, fp8's layer plan, the doctor's fp16 overflow, the loader's share
 of the step); the rules of :mod:`ampkit.tuning._prune` read only these two, so they are pure functions, tested
@@ -28,9 +29,11 @@ from typing import Any
 
 __all__ = ["STAGES", "Candidate", "Facts", "PolicyFacts", "micro_batches", "stage_candidates"]
 
-STAGES = ("fit", "loader", "precision", "compile", "fused_step", "micro_batch", "threads")
+STAGES = ("fit", "loader", "channels_last", "precision", "compile", "fused_step", "micro_batch", "threads")
 """The levers, one stage each. ``fit``: the micro-batch and recompute that make the step fit at all (only when the
-user's batch does not); ``loader``: the DataLoader's workers, pinning and prefetch (only with a DataLoader)."""
+user's batch does not); ``loader``: the DataLoader's workers, pinning and prefetch (only with a DataLoader);
+``channels_last``: the model and its 4-D inputs in NHWC (only for a model with Conv2d). TF32 is a policy
+(``tf32``), tried in the precision stage where the device has it."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,9 @@ class Candidate:
     """``torch.set_num_threads`` (CPU); None: as the process has it."""
     loader: tuple[tuple[str, Any], ...] = ()
     """DataLoader keyword arguments that differ from the user's loader, as sorted pairs (hashable)."""
+    channels_last: bool = False
+    """The model and its 4-D floating inputs in ``torch.channels_last`` (NHWC), as the bench's workloads convert
+    them: the layout the 16-bit convolution kernels want (oneDNN on a CPU, tensor cores on CUDA)."""
 
     @property
     def key(self) -> str:
@@ -60,12 +66,13 @@ class Candidate:
         parts += ["recompute"] if self.recompute else []
         parts += [f"threads={self.threads}"] if self.threads is not None else []
         parts += [f"{k}={v}" for k, v in self.loader]
+        parts += ["channels_last"] if self.channels_last else []
         return " ".join(parts)
 
     @property
     def numerics_key(self) -> str:
-        """The settings that can change what training computes (threads and the loader change only its speed): the
-        accuracy guard judges each such configuration once."""
+        """The settings that can change what training computes (threads and the loader change only its speed; the
+        memory format changes the kernels' summation order): the accuracy guard judges each such configuration once."""
         return dataclasses.replace(self, threads=None, loader=()).key
 
     def describe(self, base: Candidate) -> str:
@@ -90,6 +97,8 @@ class Candidate:
             out.append(f"{self.threads} threads")
         if self.loader != base.loader:
             out.append(", ".join(f"{k}={v}" for k, v in self.loader) or "loader as given")
+        if self.channels_last != base.channels_last:
+            out.append("channels_last" if self.channels_last else "contiguous")
         return ", ".join(out) or "as given"
 
     def to_dict(self) -> dict[str, Any]:
@@ -139,6 +148,8 @@ class Facts:
     as the keyword arguments that differ from the user's loader."""
     blocks: int = 0
     """Repeated blocks of the model (what regional compile and recompute work on)."""
+    convs: int = 0
+    """Conv2d modules of the model (what channels_last changes the layout of)."""
     cores: int = 1
     threads: int = 1
     """torch's intra-op threads as the process has them."""
@@ -196,4 +207,7 @@ def stage_candidates(stage: str, incumbent: Candidate, facts: Facts) -> list[Can
         return [replace(incumbent, threads=n) for n in options]
     if stage == "loader":
         return [replace(incumbent, loader=tuple(sorted(v.items()))) for v in facts.loader_variants]
+    if stage == "channels_last":
+        # One direction only: a model given channels_last (the bench's conv workloads) keeps the layout it was given.
+        return [] if incumbent.channels_last else [replace(incumbent, channels_last=True)]
     raise ValueError(f"unknown tune stage {stage!r}; the stages are {', '.join(STAGES)}.")

@@ -164,9 +164,11 @@ def _recompute_blocks(model: torch.nn.Module) -> None:
 
 
 def make_run(workload: Workload, candidate: Candidate, device: torch.device, seed: int, steps: int) -> PolicyRun:
-    """The bench run that trains ``candidate``: its policy, compile, fused step, recompute and micro-batches, on
-    the first ``steps`` optimizer steps' batches moved to ``device`` once (the bench times steps, not copies)."""
-    w = micro_workload(workload, candidate)
+    """The bench run that trains ``candidate``: its policy, compile, fused step, recompute, micro-batches and memory
+    format, on the first ``steps`` optimizer steps' batches moved to ``device`` once (the bench times steps, not
+    copies). channels_last is the bench's own conversion (:attr:`ampkit.workloads.Workload.channels_last`: the copy
+    of the model and the 4-D floating inputs)."""
+    w = dataclasses.replace(micro_workload(workload, candidate), channels_last=candidate.channels_last)
     needed = min(len(w.train_batches), steps * w.accumulate)
     batches = [to_device(w.train_batches[i], device, w.channels_last) for i in range(needed)]
     options = {"fused_step": candidate.fused_step} if candidate.fused_step is not None else {}

@@ -39,7 +39,7 @@ def test_a_tune_of_the_users_model_writes_its_files_and_a_second_run_resumes_the
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--stages", "precision,batch"], "--stages precision,batch: the stages are fit, loader, precision, compile, fused_step, micro_batch, threads."),
+        (["--stages", "precision,batch"], "--stages precision,batch: the stages are fit, loader, channels_last, precision, compile, fused_step, micro_batch, threads."),
         (["--precision", "tf32"], "--precision tf32 can run"),
     ],
 )

@@ -78,3 +78,38 @@ def test_loader_variants_are_the_profiles_worker_counts() -> None:
     loader = DataLoader(TensorDataset(torch.randn(64, 8)), batch_size=ROWS)
     control = [dataclasses.asdict(s) for s in candidate_settings(LoaderSettings(), CPU)]
     assert [{**dataclasses.asdict(LoaderSettings()), **v} for v in loader_variants(loader, CPU)] == control
+
+
+def test_a_convolutional_workload_gets_the_channels_last_candidate_and_an_mlp_does_not() -> None:
+    from ampkit.tuning import Candidate
+    from ampkit.tuning._prune import plan_stage
+
+    torch.manual_seed(0)
+    conv = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 4, 3, padding=1), nn.Flatten(), nn.Linear(4 * 8 * 8, 3))
+    images = [(torch.randn(ROWS, 3, 8, 8), torch.randint(0, 3, (ROWS,))) for _ in range(2)]
+    w = Workload(name="conv", model=conv, train_batches=images, items_per_batch=ROWS, steps=4, warmup=1)
+    facts = gather_facts(w, CPU, precisions=[], memory_budget=1 << 40)
+    start = Candidate(policy="32-true", micro_batch=ROWS, accumulate=1)
+    assert facts.convs == 2
+    assert plan_stage("channels_last", start, facts).kept == [dataclasses.replace(start, channels_last=True)]
+    mlp = gather_facts(_workload(), CPU, precisions=[], memory_budget=1 << 40)
+    assert mlp.convs == 0 and plan_stage("channels_last", start, mlp).kept == []
+
+
+def test_tf32_is_the_precision_stages_tf32_policy_tried_where_the_device_has_it_else_pruned_with_its_reason(device: torch.device) -> None:
+    # TF32 (fp32 matmuls on tensor cores) is the `tf32` policy: the precision stage tries it on CUDA sm80+ and prunes
+    # it elsewhere with the policy's own reason; no lever of its own (under a 16-bit policy the matmuls are 16-bit).
+    from ampkit.policy import get_policy
+    from ampkit.tuning import Candidate
+    from ampkit.tuning._prune import plan_stage
+
+    facts = gather_facts(_workload(), device, precisions=["tf32"], memory_budget=1 << 40)
+    start = Candidate(policy="32-true", micro_batch=ROWS, accumulate=1)
+    support = get_policy("tf32").support(device)
+    plan = plan_stage("precision", start, facts)
+    tf32 = dataclasses.replace(start, policy="tf32")
+    if support.supported and support.fast:
+        assert plan.kept == [tf32]
+    else:
+        assert plan.kept == [] and plan.pruned == [(tf32, f"not supported on {device.type}: {support.reason}")]
+        assert device.type != "cpu" or "TF32 is a CUDA tensor-core mode" in support.reason

@@ -81,3 +81,15 @@ def test_only_worse_beyond_the_tolerance_is_rejected(value: float, passed: bool)
     g = GuardResult("k", "accuracy", True, value, ref.value, ref.noise, ref.tolerance)
     assert g.passed is passed and (g.reason is None) is passed
     assert GuardResult("k", "final_loss", False, 1.0, 1.2, 0.0, 0.01).passed  # a lower loss is better, never a failure
+
+
+def test_the_reference_keeps_both_fp32_runs_losses_for_the_reports_curves() -> None:
+    from ampkit.tuning._guard import _train
+
+    torch.manual_seed(0)
+    w = _workload(nn.Linear(WIDTH, 2), 0.0)
+    ref = reference(w, _start(), torch.device("cpu"), steps=4)
+    _, _, control = _train(reordered(w, seed=0), _start(), torch.device("cpu"), 4, 0)  # the twin trained alone
+    assert len(ref.losses) == len(ref.reordered_losses) == 4
+    assert ref.reordered_losses == control["losses"] and ref.reordered_losses != ref.losses
+    assert Reference.from_dict(ref.to_dict()).reordered_losses == ref.reordered_losses

@@ -102,7 +102,7 @@ def test_the_loader_stage_comes_first_when_the_step_waits_for_data_and_fit_befor
     assert stage_order(_facts(data_share=LOADER_BOTTLENECK))[0] == "loader"
     assert stage_order(_facts(data_share=LOADER_BOTTLENECK), start_fits=False)[:2] == ["fit", "loader"]
     calm = stage_order(_facts(data_share=0.02))
-    assert calm[0] == "precision" and calm.index("loader") > calm.index("compile") and "fit" not in calm
+    assert calm[:2] == ["channels_last", "precision"] and calm.index("loader") > calm.index("compile") and "fit" not in calm
 
 
 @pytest.mark.parametrize("share", [0.0, 0.25, 0.5, 0.9])
@@ -113,3 +113,19 @@ def test_the_loaders_expected_gain_is_amdahls_bound_on_the_measured_wait(share: 
 def test_an_empty_stage_says_why() -> None:
     assert plan_stage("loader", START, _facts()).reason == "the data is in memory, not read through a DataLoader: no loader settings to try"
     assert plan_stage("precision", START, _facts(policies={"32-true": FAST})).reason == "nothing to try"
+
+
+def test_channels_last_is_pruned_for_a_model_without_conv2d_and_kept_for_one_with() -> None:
+    plan = plan_stage("channels_last", START, _facts(convs=0))
+    assert plan.kept == [] and _pruned(plan) == {
+        f"{START.key} channels_last": "the model has no Conv2d: channels_last changes only the layout of convolutions' 4-D inputs and weights"
+    }
+    assert plan_stage("channels_last", START, _facts(convs=3)).kept == [dataclasses.replace(START, channels_last=True)]
+    done = plan_stage("channels_last", dataclasses.replace(START, channels_last=True), _facts(convs=3))
+    assert done.kept == [] and done.reason == "the model and its inputs are channels_last already (as given)"
+
+
+def test_channels_last_runs_before_the_precision_stage_it_makes_fast() -> None:
+    order = stage_order(_facts(convs=1))
+    assert order.index("channels_last") == order.index("precision") - 1
+    assert stage_order(_facts(data_share=LOADER_BOTTLENECK), start_fits=False)[:3] == ["fit", "loader", "channels_last"]

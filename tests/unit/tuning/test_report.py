@@ -8,6 +8,7 @@ import statistics
 from pathlib import Path
 
 import pytest
+import torch
 
 import ampkit
 from ampkit.bench import speedup_interval
@@ -103,3 +104,16 @@ def test_the_files_hold_the_same_table(tmp_path: Path) -> None:
     text = report.read_text()
     assert "| precision bf16-mixed, compile regional |" in text and "- winner: the recommendation" in text
     assert Candidate.from_dict(data["winner"]) == result.winner
+
+
+def test_a_channels_last_winners_code_converts_the_model_and_its_inputs() -> None:
+    result = _result()
+    assert "channels_last" not in code(result)
+    result.winner = dataclasses.replace(result.winner, channels_last=True)
+    lines = code(result).splitlines()
+    model_line = lines.index("model = model.to(memory_format=torch.channels_last)  # before setup: convolutions in NHWC")
+    assert model_line < next(i for i, line in enumerate(lines) if line.startswith("model, optimizer = engine.setup"))
+    assert "# each batch's 4-D inputs: images = images.to(device, memory_format=torch.channels_last)" in lines
+    model = torch.nn.Conv2d(3, 4, 3)
+    converted = eval(lines[model_line].split("  #")[0].removeprefix("model = "), {"torch": torch, "model": model})  # runs as printed
+    assert converted.weight.is_contiguous(memory_format=torch.channels_last)

@@ -298,3 +298,28 @@ def test_dict_batches_of_a_hugging_face_style_model_are_tuned_on_its_own_loss() 
     assert result.unit == "tokens" and result.items_per_step == 32
     assert all(t.status == "ok" for t in result.trials)
     assert result.reference is None or result.reference.metric == "final_loss"
+
+
+def test_the_start_keeps_the_workloads_memory_format_and_a_conv_model_has_channels_last_tried(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ampkit.tuning import Candidate, _run
+
+    tried: list[tuple[str, Candidate, list[Candidate]]] = []
+
+    def wave(workload: Workload, stage: str, baseline: Candidate, candidates: list[Candidate], *args: Any, **kwargs: Any) -> Any:
+        tried.append((stage, baseline, list(candidates)))
+        raise KeyboardInterrupt  # what was tried is the finding; measuring it is test_trials'
+
+    monkeypatch.setattr(_run, "measure_wave", wave)
+    g = torch.Generator().manual_seed(0)
+    images = [(torch.randn(4, 3, 6, 6, generator=g), torch.randint(0, 2, (4,), generator=g)) for _ in range(2)]
+    torch.manual_seed(0)
+    conv = Workload(name="conv", model=nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.Linear(64, 2)), train_batches=images,
+                    items_per_batch=4, steps=6, warmup=1)
+    options = {**FAST, "stages": ["channels_last"]}
+    result = tune_workload(conv, "cpu", budget=300, **options)  # type: ignore[arg-type]
+    start = Candidate(policy="32-true", micro_batch=4, accumulate=1)
+    assert result.start == start and tried == [("channels_last", start, [dataclasses.replace(start, channels_last=True)])]
+    given = tune_workload(dataclasses.replace(conv, channels_last=True), "cpu", budget=300, **options)  # type: ignore[arg-type]
+    assert given.start == dataclasses.replace(start, channels_last=True) and len(tried) == 1
+    assert given.stages == [{"stage": "channels_last", "incumbent": given.start.key, "chosen": given.start.key,
+                             "why": "the model and its inputs are channels_last already (as given)"}]

@@ -53,7 +53,7 @@ def test_threads_are_a_cpu_lever_only() -> None:
 
 
 def test_an_unknown_stage_is_refused_with_the_stages() -> None:
-    with pytest.raises(ValueError, match="the stages are fit, loader, precision"):
+    with pytest.raises(ValueError, match="the stages are fit, loader, channels_last, precision"):
         stage_candidates("batch", START, _facts())
 
 
@@ -69,3 +69,14 @@ def test_keys_are_stable_and_round_trip_and_numerics_ignore_speed_only_levers() 
 def test_micro_batches_are_the_even_splits_largest_first() -> None:
     assert micro_batches(8) == [8, 4, 2, 1]
     assert micro_batches(7) == [7, 1]
+
+
+def test_channels_last_is_tried_on_an_incumbent_in_the_default_layout_only() -> None:
+    facts = _facts(convs=2)
+    assert stage_candidates("channels_last", START, facts) == [dataclasses.replace(START, channels_last=True)]
+    already = dataclasses.replace(START, channels_last=True)
+    assert stage_candidates("channels_last", already, facts) == []
+    assert already.key == f"{START.key} channels_last" and already.describe(START) == "channels_last"
+    assert Candidate.from_dict(already.to_dict()) == already
+    assert Candidate.from_dict({k: v for k, v in START.to_dict().items() if k != "channels_last"}) == START  # stored before the lever
+    assert already.numerics_key != START.numerics_key  # the guard judges the layout: its kernels sum in another order

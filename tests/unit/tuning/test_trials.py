@@ -162,3 +162,21 @@ def test_an_fp8_trial_converts_the_layers_its_roofline_plans_at_the_micro_batchs
     policy = trial_policy(w, "fp8-tensorwise")
     assert policy.layers.names == frozenset(p.name for p in plan.layers if p.convert) == {"0"}  # type: ignore[attr-defined]
     assert trial_policy(w, "bf16-mixed").name == "bf16-mixed"
+
+
+def test_channels_last_converts_the_copy_and_the_images_and_trains_as_the_default_layout(device: torch.device) -> None:
+    g = torch.Generator().manual_seed(0)
+    images = [(torch.randn(4, 3, 6, 6, generator=g), torch.randint(0, 2, (4,), generator=g)) for _ in range(2)]
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 4 * 4, 2)).to(device)
+    w = Workload(name="conv", model=model, train_batches=images, items_per_batch=4, steps=2, warmup=1)
+    start = Candidate(policy="32-true", micro_batch=4, accumulate=1)
+    nhwc = make_run(w, dataclasses.replace(start, channels_last=True), device, seed=0, steps=2)
+    assert all(x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous() for x, _ in nhwc.batches)
+    control = make_run(w, start, device, seed=0, steps=2)
+    assert all(x.is_contiguous() for x, _ in control.batches)
+    a, b = _trained(w, start, device, steps=2), _trained(w, dataclasses.replace(start, channels_last=True), device, steps=2)
+    assert b[0].weight.is_contiguous(memory_format=torch.channels_last) and not b[0].weight.is_contiguous()
+    assert not model[0].weight.is_contiguous(memory_format=torch.channels_last)  # the user's model is left as given
+    for p, q in zip(a.parameters(), b.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)  # the same training, another summation order
