@@ -40,6 +40,7 @@ from ..bench import PolicyRun, speedup_interval
 from ..memory import fp8_layer_plan, planned_policy, recompute, repeated_blocks
 from ..policy import Policy, get_policy
 from ..workloads import Workload, batch_rows, split_batch, to_device
+from ._mfu import flops_key, step_flops
 from ._space import Candidate
 
 __all__ = ["COMPILE_MODES", "DEFAULT_WAVES", "Trial", "WaveInterrupted", "WaveSettings", "make_run", "measure_wave", "micro_workload", "threads", "trial_policy"]
@@ -70,6 +71,9 @@ class Trial:
     compile_s: float | None = None
     """Compile time, kept out of the step times (None: nothing compiled)."""
     peak_memory_bytes: int | None = None
+    flops_by_format: dict[str, float] = field(default_factory=dict)
+    """Useful FLOPs of one optimizer step by format (:mod:`ampkit.tuning._mfu`: the bench's counter, on the eager
+    twin); {} where not counted (a device without a known peak)."""
     resumed: bool = False
     """Read back from an earlier tune's trials (not measured in this one)."""
 
@@ -227,6 +231,7 @@ def measure_wave(
     deadline: float | None = None,
     clock: Callable[[], float] = time.monotonic,
     progress: Callable[[str], None] = lambda what: None,
+    flops: dict[str, dict[str, float]] | None = None,
 ) -> list[Trial]:
     """Train ``baseline``, ``incumbent`` (the configuration the candidates vary, when it is not the baseline) and
     each of ``candidates`` interleaved (see the module's docstring); one :class:`Trial` each, the baseline's last,
@@ -234,6 +239,8 @@ def measure_wave(
 
     ``deadline`` (on ``clock``): no round starts after it; a candidate left with fewer timed steps than an
     interval needs is ``cut``. Ctrl-C during the rounds raises :class:`WaveInterrupted` holding the trials so far.
+    ``flops``: when given, each trial's step FLOPs are counted (an eager run's in its memory step, a compiled one's
+    on its eager twin) and kept there by :func:`~ampkit.tuning._mfu.flops_key`, so each is counted once per tune.
     """
     others = ([incumbent] if incumbent is not None and incumbent != baseline else []) + list(candidates)
     wave = [baseline] + [c for c in dict.fromkeys(others) if c != baseline]
@@ -247,7 +254,14 @@ def measure_wave(
     runs = [make_run(workload, c, device, seed, settings.steps) for c in wave]
     for run, c in zip(runs, wave):
         progress(f"{stage}: {c.describe(baseline)}: measuring memory")
-        _guarded(run, c, "measuring memory", run.measure_alone, settings.measure_steps, False)
+        counting = flops is not None and c.compile is None and flops_key(c) not in flops
+        _guarded(run, c, "measuring memory", run.measure_alone, settings.measure_steps, counting)
+        if flops is not None and run.result.flops_by_format:
+            flops.setdefault(flops_key(c), dict(run.result.flops_by_format))
+    for run, c in zip(runs, wave):  # a compiled run's FLOPs: its eager twin's (its own step would trace again)
+        if flops is not None and run.alive and flops_key(c) not in flops:
+            progress(f"{stage}: {c.describe(baseline)}: counting FLOPs")
+            flops[flops_key(c)] = step_flops(workload, c, device, seed)
     for run, c in zip(runs, wave):
         progress(f"{stage}: {c.describe(baseline)}: warm-up")
         _guarded(run, c, "building", run.build)
@@ -274,6 +288,7 @@ def measure_wave(
         trials.append(Trial(
             key=c.key, stage=stage, candidate=c.to_dict(), role=role, status=status, error=res.error, step_times_s=list(res.step_times_s or []),
             compile_s=res.compile_time_s, peak_memory_bytes=res.peak_memory_bytes,
+            flops_by_format=dict((flops or {}).get(flops_key(c), {})),
         ))
     trials += [Trial(key=c.key, stage=stage, candidate=c.to_dict(), status="failed", error=why) for c, why in unbuilt.items()]
     base_times = trials[0].step_times_s
