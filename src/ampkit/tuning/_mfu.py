@@ -6,7 +6,7 @@ keeps it out). The FLOPs are those ``ampkit bench`` counts (:func:`ampkit.bench.
 ``FlopCounterMode``): one eager optimizer step of the configuration's policy at its micro-batch, every micro-batch
 of the global batch included. Compile, the fused step, recompute and threads do not change the useful FLOPs (a
 recomputed forward is counted apart, not as useful work), so a compiled candidate's FLOPs are its eager twin's, as
-the bench copies a compiled run's count from its eager run. Counted only where the device's peak is known (a listed
+the bench copies a compiled run's count from its eager run (:func:`ampkit.tuning._trials.step_flops` counts it). Counted only where the device's peak is known (a listed
 GPU): elsewhere the column shows ``-`` and nothing is counted.
 
     >>> c = Candidate(policy="bf16-mixed", micro_batch=4, accumulate=2, compile="model", fused_step=True, recompute=True)
@@ -20,21 +20,14 @@ GPU): elsewhere the column shows ``-`` and nothing is counted.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from typing import Any
 
-import torch
-
-from .._errors import one_line
 from ..bench._flops import mfu
 from ..policy._gpu_specs import gpu_spec
-from ..workloads import Workload
 from ._space import Candidate
 
-__all__ = ["counts_flops", "eager_twin", "flops_key", "row_mfu", "step_flops"]
-
-log = logging.getLogger("ampkit")
+__all__ = ["counts_flops", "eager_twin", "flops_key", "row_mfu"]
 
 
 def counts_flops(device: Mapping[str, Any]) -> bool:
@@ -52,23 +45,6 @@ def flops_key(c: Candidate) -> str:
     """What the useful FLOPs of a step depend on: the policy (the formats; an fp8 plan is made per micro-batch's rows)
     and the micro-batches."""
     return eager_twin(c).key
-
-
-def step_flops(workload: Workload, c: Candidate, device: torch.device, seed: int) -> dict[str, float]:
-    """The useful FLOPs of one optimizer step of ``c``, by format, counted eagerly on a throwaway copy of its eager
-    twin (the bench's :meth:`ampkit.bench.PolicyRun.measure_alone`); {} when the counter failed (logged)."""
-    from ._trials import make_run  # deferred: _trials imports this module
-
-    try:
-        run = make_run(workload, eager_twin(c), device, seed, 2)
-        try:
-            run.measure_alone(2, True)
-        finally:
-            run.release()
-    except Exception as exc:  # noqa: BLE001 - no count is a "-" in one column, never a failed trial
-        log.warning("tune: FLOPs of %s not counted (%s)", c.key, one_line(exc, with_type=True))
-        return {}
-    return dict(run.result.flops_by_format)
 
 
 def row_mfu(flops_by_format: Mapping[str, float], median_s: float | None, device: Mapping[str, Any]) -> tuple[float | None, str | None]:

@@ -40,10 +40,10 @@ from ..bench import PolicyRun, speedup_interval
 from ..memory import fp8_layer_plan, planned_policy, recompute, repeated_blocks
 from ..policy import Policy, get_policy
 from ..workloads import Workload, batch_rows, split_batch, to_device
-from ._mfu import flops_key, step_flops
+from ._mfu import eager_twin, flops_key
 from ._space import Candidate
 
-__all__ = ["COMPILE_MODES", "DEFAULT_WAVES", "Trial", "WaveInterrupted", "WaveSettings", "make_run", "measure_wave", "micro_workload", "threads", "trial_policy"]
+__all__ = ["COMPILE_MODES", "DEFAULT_WAVES", "Trial", "WaveInterrupted", "WaveSettings", "make_run", "measure_wave", "micro_workload", "step_flops", "threads", "trial_policy"]
 
 log = logging.getLogger("ampkit")
 
@@ -178,6 +178,21 @@ def make_run(workload: Workload, candidate: Candidate, device: torch.device, see
         w, trial_policy(w, candidate.policy), device, batches, seed, compile=COMPILE_MODES.get(candidate.compile or ""),
         mode=candidate.compile, engine_options=options, prepare=_recompute_blocks if candidate.recompute else None,
     )
+
+
+def step_flops(workload: Workload, c: Candidate, device: torch.device, seed: int) -> dict[str, float]:
+    """The useful FLOPs of one optimizer step of ``c``, by format, counted eagerly on a throwaway copy of its eager
+    twin (the bench's :meth:`ampkit.bench.PolicyRun.measure_alone`); {} when the counter failed (logged)."""
+    try:
+        run = make_run(workload, eager_twin(c), device, seed, 2)
+        try:
+            run.measure_alone(2, True)
+        finally:
+            run.release()
+    except Exception as exc:  # noqa: BLE001 - no count is a "-" in one column, never a failed trial
+        log.warning("tune: FLOPs of %s not counted (%s)", c.key, one_line(exc, with_type=True))
+        return {}
+    return dict(run.result.flops_by_format)
 
 
 def trial_policy(workload: Workload, name: str) -> Policy:
