@@ -82,6 +82,7 @@ class Step:
     # every row it has.
     time_limit_margin_s: float | None = None
     compiles: bool = False  # the process runs torch.compile: its budget holds a first compile (FIRST_COMPILE_S)
+    limit_flag: str = "--time-limit"  # how the command is told its own limit (ampkit tune: --budget)
 
 
 @dataclass
@@ -126,19 +127,22 @@ def _script(name: str, *args: str) -> tuple[str, ...]:
 #   doctor          nothing of gpt large in 15 s: size small (the CPU's table, the same weights: a control): 16 s
 #   numerics_sampler  no row in 9 s (gpt large's build, then 2 x 25 steps a round): a round after the first: 18 s
 #   apex            finished in 12 s on both runs: 13 s
-#   compile         both forms side by side, a row each, the known one first: gpt large built and warmed up 4 s
-#                   (the 2026-11-28 log, its JSON at 23 s); regional: compile 11.6 s, 3 rounds of 8 at 31-37 ms a
-#                   step, 13.5 s; the whole model: compile about 20 s (20.2 s at 6 blocks on 2026-11-27, the process's
-#                   first; now 12 blocks but after regional's, its kernels cached: this run's compile column says),
-#                   22 s (its margin); 1.5 s for it to start: 46 s. Its exit after the JSON took more than 7 s on
-#                   2026-11-28 (compile workers shutting down): a kill then loses no row
+#   tune            in the compile step's place and budget (it measures that step's two forms on the same model and
+#                   policy, against the same eager twin): gpt large built 2 s; the tune's facts (memory predicted for
+#                   32-true and bf16-mixed, 3.7 s each: 07-memory_prediction.log's gpt estimate), its fp32 probe, the
+#                   precision wave (13 steps each) and the guard (10 fp32 steps twice, at about 0.17 s a step) about
+#                   20 s; a compile form 11.6 s (regional) to about 20 s (the whole model), which the tune tries only
+#                   where its estimate (20 s a compile until one is measured) fits what is left: the time the steps before
+#                   it save (the tests step's 35 s margin, most of the time) runs them; margin 12 s (the build, the
+#                   files, the compile workers' exit): 46 s
 #   optimizer_steps no row in 20 s: torchao's per-shape compiles, the sr region's, gpt small; kahan's if time allows: 50 s
 #   profile         attribution and syncs in 15 s, the advice's A/B cut: 20 steps, 2 rounds: 32 s
 #   fp8             1 of 10 shapes in its 18 s, the 1B bf16-mixed row (197 ms a step, 9 s compile), nothing more in
 #                   44 s: 12 timed steps; last, it takes what earlier steps saved: 36 s (DEVELOPERS.md: run it
 #                   alone after the suite when it skips rows)
 #
-# The compile step's second form took 14 s, and no step had that to spare: the 2026-11-28 logs show a second or two
+# (The compile step, 46 s, measured compile='regional' and compile=True on gpt large bf16-mixed against eager; the tune
+# step took its place and its budget: no step had time to spare for both.) The compile step's second form took 14 s, and no step had that to spare: the 2026-11-28 logs show a second or two
 # at most (fused_optimizers 10 s of 13, apex 12 of 13), the other steps were cut. It comes from fp8, which is last so
 # that it measures what the steps before it leave: its own 36 s still hold a process start, a first compile and its
 # longest row (the 1B model's), and what the steps before it leave (the tests step's margin, 35 s for a test in
@@ -234,16 +238,23 @@ STEPS: tuple[Step, ...] = (
         budget_s=13,  # 12 s on both runs
     ),
     Step(
-        "compile",
-        "Engine(compile='regional') and compile=True (the whole model) against eager on gpt large, bf16-mixed: step time, speed-up and its spread over rounds, compile time",
-        # Side by side, a row each, each against its own eager twin in interleaved rounds: regional first (its compile
-        # 11.6 s on 2026-11-28, 0.85x in one measurement), then the whole model (1.11x on 2026-11-27's smaller GPT,
-        # 20.2 s to compile at 6 blocks). Each row is printed as it is measured, with its speed-up per round.
-        _script("compile_speed.py", "--workloads", "gpt", "--size", "large", "--precision", "bf16-mixed", "--compile", "regional,true", "--rounds", "3", "--steps", "8"),
-        _script("compile_speed.py", "--smoke"),
+        "tune",
+        "ampkit tune on gpt large (GPT-2 small's shape, batch 8 x 1024): fp32, then bf16-mixed, then compile='regional' and compile=True on it, each against fp32 in interleaved rounds, the winner guarded against fp32: throughput, speed-up, MFU, compile time",
+        # It holds what the compile step measured (regional and the whole model against their eager twin on gpt large,
+        # bf16-mixed, compile time apart), now with a 95% interval, the accuracy guard and MFU, from the fp32 start the
+        # issue's 40% MFU target is about. --budget is the step's limit less the process's start and its margin; the
+        # tune starts no trial its estimate says would not end in time, and lists those it did not try.
+        ("-m", "ampkit", "tune", "-w", "gpt", "--size", "large", "--precision", "bf16-mixed", "--stages", "precision,compile",
+         "--guard-steps", "10", "--rounds", "3"),
+        ("-m", "ampkit", "tune", "-w", "gpt", "--size", "tiny", "--precision", "bf16-mixed", "--stages", "precision",
+         "--guard-steps", "4", "--rounds", "3", "--chunk", "2"),
         budget_s=46,
-        time_limit_margin_s=22,  # the whole model's row: its compile, about 20 s, and 3 rounds of 8
+        writes_json=False,
+        # gpt large's build before the tune's clock starts (2 s), an estimate's overrun, writing its files, and the exit
+        # of inductor's compile workers (more than 7 s after compile_speed's JSON on 2026-11-28).
+        time_limit_margin_s=12,
         compiles=True,
+        limit_flag="--budget",
     ),
     Step(
         "optimizer_steps",
@@ -290,8 +301,8 @@ def command_for(step: Step, device: str, smoke: bool, out: Path) -> list[str]:
     (['-m', 'ampkit', 'bench'], ['--device', 'cuda', '--out', '/tmp/s/bench'])
     """
     argv = [sys.executable, *(step.smoke if smoke else step.full), "--device", device]
-    if step.name == "bench":
-        argv += ["--out", str(out / "bench")]
+    if step.name in ("bench", "tune"):
+        argv += ["--out", str(out / step.name)]
     elif step.name == "tests":  # each failure on disk as it is reported, whatever ends the pass (see failure_log.py)
         argv += ["-p", "benchmarks.failure_log", "--failure-log", str(out / FAILURE_LOG), "--junitxml", str(out / JUNIT_XML)]
     elif step.writes_json:
@@ -311,7 +322,7 @@ def with_time_limit(step: Step, command: list[str], limit_s: float, smoke: bool 
         return [*command, *_pytest_extras(step, smoke, limit_s)]
     if step.time_limit_margin_s is None:
         return command
-    return [*command, "--time-limit", f"{own_limit(step, limit_s):.0f}"]
+    return [*command, step.limit_flag, f"{own_limit(step, limit_s):.0f}"]
 
 
 def own_limit(step: Step, limit_s: float) -> float:
@@ -590,6 +601,35 @@ def bench_digest(folder: Path) -> str:
     return f"{head}\n\n" + "\n".join(rows)
 
 
+def tune_digest(folder: Path) -> str:
+    """The tune's ranked table as its report.md has it, the MFU column's definition from there, then the winner and the
+    MFU of the start and of the winner (tune.json's rows); "" when the tune wrote no tune.json."""
+    path = folder / "tune.json"
+    if not path.exists():
+        return ""
+    data = json.loads(path.read_text())
+    report = (folder / "report.md").read_text() if (folder / "report.md").exists() else ""
+    rows = data.get("rows", [])
+    start = next((r for r in rows if r.get("verdict") == "start"), None)
+    winner = next((r for r in rows if r.get("verdict") == "winner"), start)
+
+    def mfu(row: dict[str, object] | None) -> str:
+        if row is None:
+            return "not measured"
+        return _fmt(row.get("mfu"), 100, "{:.1f}%") if row.get("mfu") is not None else f"— ({row.get('mfu_note') or 'not counted'})"
+
+    device = data.get("device") or {}
+    head = (f"`{data.get('command') or 'ampkit tune'}`: {data.get('workload')} on {device.get('name', device.get('type'))}, "
+            f"torch {data.get('torch')}, {data.get('elapsed_s', 0):.0f} s of a {data.get('budget_s', 0):.0f} s budget")
+    lines = [head, ""]
+    lines.append(last_markdown_table(report))
+    lines += ["", *[line for line in report.splitlines() if line.startswith("- MFU:")]]
+    lines += ["", f"**Winner**: {winner['configuration'] if winner else 'the start'}: {data.get('winner_reason', '')}",
+              "", f"MFU: start {mfu(start)}, winner {mfu(winner)}"]
+    lines += [f"- not tried: {p['change']}: {p['reason']}" for p in data.get("not_tried", [])]
+    return "\n".join(lines)
+
+
 def _fmt(value: object, scale: float, pattern: str) -> str:
     return pattern.format(value * scale) if isinstance(value, (int, float)) else "—"
 
@@ -602,6 +642,8 @@ def figures_of(result: StepResult, out: Path) -> str:
         return pytest_digest(text, lines, killed=result.status == "timeout")
     if result.step.name == "bench":
         return bench_digest(out / "bench") or last_markdown_table(text)
+    if result.step.name == "tune":
+        return tune_digest(out / "tune") or last_markdown_table(text)
     return last_markdown_table(text, result.step.tables)
 
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._report.markdown import plot_links
 from ._format import fmt_bytes
+from ._mfu import row_mfu
 from ._space import Candidate
 
 if TYPE_CHECKING:
@@ -34,6 +35,10 @@ COLUMNS: dict[str, str] = {
     "(each stage's rounds run at another time, and the machine's speed moves between them)",
     "speed-up": "the start's median step in the same rounds over this one's (amortised); in brackets its 95% "
     "bootstrap interval",
+    "MFU": "model FLOPs utilisation, ampkit bench's definition: the time one optimizer step's useful FLOPs (forward "
+    "and backward as torch's FlopCounterMode counts them, on the configuration's eager step; a recomputed forward "
+    "left out) would take at the device's dense peak for each format they ran in, over the median step (compile "
+    "time left out, unlike throughput's); - where no peak is known for the device (a CPU) or the count failed",
     "compile": "seconds of compilation, kept out of the step times (its first steps less as many steady ones)",
     "peak memory": "the most bytes live during a training step, measured alone (CPU: live tensor bytes of an eager "
     "step, ampkit memory's definition, not measured for a compiled step; CUDA: the allocator's peak)",
@@ -101,10 +106,12 @@ def rows(result: TuneResult) -> list[dict[str, Any]]:
             verdict = "no gain"
         if dataclasses.replace(c, loader=result.winner.loader) == result.winner and not result.interrupted and not is_base:
             verdict = "winner"
+        mfu, mfu_note = row_mfu(t.flops_by_format, t.median_s, result.device)
         out.append({
             "key": c.key, "configuration": c.describe(result.start), "throughput": result.items_per_step / amortised if amortised else None,
             "start_then": result.items_per_step / statistics.median(t.baseline_times_s) if t.baseline_times_s else None,
-            "speedup": 1.0 if is_base else t.speedup(result.run_steps), "interval": None if is_base else ci, "compile_s": t.compile_s,
+            "speedup": 1.0 if is_base else t.speedup(result.run_steps), "interval": None if is_base else ci,
+            "flops_per_step": sum(t.flops_by_format.values()) or None, "mfu": mfu, "mfu_note": mfu_note, "compile_s": t.compile_s,
             "peak_memory_bytes": t.peak_memory_bytes, "gap": guard.gap if guard else None, "tolerance": guard.tolerance if guard else None,
             "verdict": verdict, "why": t.error if t.status == "failed" else guard.reason if guard is not None else None, "stage": t.stage,
             "resumed": t.resumed,
@@ -166,12 +173,12 @@ def _cells(result: TuneResult, row: dict[str, Any]) -> list[str]:
         row["configuration"] + (" (resumed)" if row["resumed"] else ""),
         "-" if row["throughput"] is None else f"{row['throughput']:,.0f}",
         "-" if row["start_then"] is None else f"{row['start_then']:,.0f}",
-        speed, "-" if row["compile_s"] is None else f"{row['compile_s']:.1f}", fmt_bytes(row["peak_memory_bytes"]),
+        speed, "-" if row["mfu"] is None else f"{row['mfu']:.1%}", "-" if row["compile_s"] is None else f"{row['compile_s']:.1f}", fmt_bytes(row["peak_memory_bytes"]),
         accuracy, row["verdict"], row["why"] or "",
     ]
 
 
-HEADERS = ["configuration", "throughput", "start then", "speed-up", "compile", "peak memory", "accuracy", "verdict", "why"]
+HEADERS = ["configuration", "throughput", "start then", "speed-up", "MFU", "compile", "peak memory", "accuracy", "verdict", "why"]
 
 
 def footnotes(result: TuneResult) -> list[str]:
@@ -195,7 +202,7 @@ def render(result: TuneResult, console: Console) -> None:
 
     table = Table(title=f"ampkit tune: {result.workload} on {result.device.get('name', result.device.get('type'))}")
     for h in HEADERS:
-        table.add_column(h, justify="right" if h in ("throughput", "start then", "speed-up", "compile", "peak memory") else "left")
+        table.add_column(h, justify="right" if h in ("throughput", "start then", "speed-up", "MFU", "compile", "peak memory") else "left")
     for row in rows(result):
         table.add_row(*_cells(result, row))
     console.print(table)

@@ -38,6 +38,7 @@ from ..workloads import Workload, batch_rows, device_info, split_batch
 from ._facts import add_loader_facts, gather_facts
 from ._format import fmt_bytes
 from ._guard import GuardResult, Reference, judge, reference
+from ._mfu import counts_flops
 from ._prune import StagePlan, plan_stage, stage_order
 from ._result import TuneResult
 from ._space import Candidate, Facts, memory_key
@@ -133,6 +134,8 @@ class _Tune:
         self.waves, self.seed, self.run_steps, self.guard_steps, self.loader = waves, seed, run_steps, guard_steps, loader
         self._progress = progress
         self.reference: Reference | None = None
+        # Step FLOPs by configuration (ampkit.tuning._mfu.flops_key), counted once per tune, where MFU can be given.
+        self.flops: dict[str, dict[str, float]] | None = {} if counts_flops(result.device) else None
 
     def progress(self, what: str) -> None:
         self._progress(what, self.budget.elapsed, max(0.0, self.budget.left))
@@ -192,7 +195,8 @@ class _Tune:
             deadline = self.budget.start + self.budget.seconds - self.guard_reserve(tried[0])
             try:
                 trials = measure_wave(self.workload, plan.stage, baseline, tried, self.device, incumbent=incumbent, settings=self.waves,
-                                      seed=self.seed, deadline=deadline, clock=self.budget.clock, progress=self.progress)
+                                      seed=self.seed, deadline=deadline, clock=self.budget.clock, progress=self.progress,
+                                      flops=self.flops)
             except WaveInterrupted as stopped:
                 r.trials += stopped.trials  # shown as measured so far; not stored, so a resumed tune measures the wave whole
                 raise

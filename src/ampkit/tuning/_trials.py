@@ -40,9 +40,10 @@ from ..bench import PolicyRun, speedup_interval
 from ..memory import fp8_layer_plan, planned_policy, recompute, repeated_blocks
 from ..policy import Policy, get_policy
 from ..workloads import Workload, batch_rows, split_batch, to_device
+from ._mfu import eager_twin, flops_key
 from ._space import Candidate
 
-__all__ = ["COMPILE_MODES", "DEFAULT_WAVES", "Trial", "WaveInterrupted", "WaveSettings", "make_run", "measure_wave", "micro_workload", "threads", "trial_policy"]
+__all__ = ["COMPILE_MODES", "DEFAULT_WAVES", "Trial", "WaveInterrupted", "WaveSettings", "make_run", "measure_wave", "micro_workload", "step_flops", "threads", "trial_policy"]
 
 log = logging.getLogger("ampkit")
 
@@ -70,6 +71,9 @@ class Trial:
     compile_s: float | None = None
     """Compile time, kept out of the step times (None: nothing compiled)."""
     peak_memory_bytes: int | None = None
+    flops_by_format: dict[str, float] = field(default_factory=dict)
+    """Useful FLOPs of one optimizer step by format (:mod:`ampkit.tuning._mfu`: the bench's counter, on the eager
+    twin); {} where not counted (a device without a known peak)."""
     resumed: bool = False
     """Read back from an earlier tune's trials (not measured in this one)."""
 
@@ -178,6 +182,21 @@ def make_run(workload: Workload, candidate: Candidate, device: torch.device, see
     )
 
 
+def step_flops(workload: Workload, c: Candidate, device: torch.device, seed: int) -> dict[str, float]:
+    """The useful FLOPs of one optimizer step of ``c``, by format, counted eagerly on a throwaway copy of its eager
+    twin (the bench's :meth:`ampkit.bench.PolicyRun.measure_alone`); {} when the counter failed (logged)."""
+    try:
+        run = make_run(workload, eager_twin(c), device, seed, 2)
+        try:
+            run.measure_alone(2, True)
+        finally:
+            run.release()
+    except Exception as exc:  # noqa: BLE001 - no count is a "-" in one column, never a failed trial
+        log.warning("tune: FLOPs of %s not counted (%s)", c.key, one_line(exc, with_type=True))
+        return {}
+    return dict(run.result.flops_by_format)
+
+
 def trial_policy(workload: Workload, name: str) -> Policy:
     """The policy ``name`` as a trial runs it: an fp8 policy set to the layers its roofline plans at the workload's
     micro-batch rows (:func:`ampkit.memory.fp8_layer_plan`, as ``ampkit bench`` runs it), any other as it comes."""
@@ -229,6 +248,7 @@ def measure_wave(
     deadline: float | None = None,
     clock: Callable[[], float] = time.monotonic,
     progress: Callable[[str], None] = lambda what: None,
+    flops: dict[str, dict[str, float]] | None = None,
 ) -> list[Trial]:
     """Train ``baseline``, ``incumbent`` (the configuration the candidates vary, when it is not the baseline) and
     each of ``candidates`` interleaved (see the module's docstring); one :class:`Trial` each, the baseline's last,
@@ -236,6 +256,8 @@ def measure_wave(
 
     ``deadline`` (on ``clock``): no round starts after it; a candidate left with fewer timed steps than an
     interval needs is ``cut``. Ctrl-C during the rounds raises :class:`WaveInterrupted` holding the trials so far.
+    ``flops``: when given, each trial's step FLOPs are counted (an eager run's in its memory step, a compiled one's
+    on its eager twin) and kept there by :func:`~ampkit.tuning._mfu.flops_key`, so each is counted once per tune.
     """
     others = ([incumbent] if incumbent is not None and incumbent != baseline else []) + list(candidates)
     wave = [baseline] + [c for c in dict.fromkeys(others) if c != baseline]
@@ -249,7 +271,14 @@ def measure_wave(
     runs = [make_run(workload, c, device, seed, settings.steps) for c in wave]
     for run, c in zip(runs, wave):
         progress(f"{stage}: {c.describe(baseline)}: measuring memory")
-        _guarded(run, c, "measuring memory", run.measure_alone, settings.measure_steps, False)
+        counting = flops is not None and c.compile is None and flops_key(c) not in flops
+        _guarded(run, c, "measuring memory", run.measure_alone, settings.measure_steps, counting)
+        if flops is not None and run.result.flops_by_format:
+            flops.setdefault(flops_key(c), dict(run.result.flops_by_format))
+    for run, c in zip(runs, wave):  # a compiled run's FLOPs: its eager twin's (its own step would trace again)
+        if flops is not None and run.alive and flops_key(c) not in flops:
+            progress(f"{stage}: {c.describe(baseline)}: counting FLOPs")
+            flops[flops_key(c)] = step_flops(workload, c, device, seed)
     for run, c in zip(runs, wave):
         progress(f"{stage}: {c.describe(baseline)}: warm-up")
         _guarded(run, c, "building", run.build)
@@ -276,6 +305,7 @@ def measure_wave(
         trials.append(Trial(
             key=c.key, stage=stage, candidate=c.to_dict(), role=role, status=status, error=res.error, step_times_s=list(res.step_times_s or []),
             compile_s=res.compile_time_s, peak_memory_bytes=res.peak_memory_bytes,
+            flops_by_format=dict((flops or {}).get(flops_key(c), {})),
         ))
     trials += [Trial(key=c.key, stage=stage, candidate=c.to_dict(), status="failed", error=why) for c, why in unbuilt.items()]
     base_times = trials[0].step_times_s
