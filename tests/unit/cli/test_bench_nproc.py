@@ -39,6 +39,9 @@ def model_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
+# CI time (2026-11-28): slow tier. CI checks the relaunch under torchrun (tests/unit/distributed/test_launch.py) and
+# the engine under DDP against one process (tests/unit/distributed/test_engine_ddp.py); this runs the whole command.
+@pytest.mark.slow
 def test_two_processes_train_under_ddp_and_match_one_process(model_module: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(model_module), os.environ.get("PYTHONPATH", "")])}

@@ -86,6 +86,9 @@ def test_files_hold_the_table_and_the_winners_code(tuned: tuple[TuneResult, Path
     assert "| configuration | throughput |" in text and "- speed-up: the start's median step" in text
 
 
+# CI time (2026-11-28): slow tier. CI checks Ctrl-C inside a wave (the next test and tests/unit/tuning/test_trials.py)
+# and a second tune resuming the first's trials (tests/unit/cli/test_tune.py).
+@pytest.mark.slow
 def test_ctrl_c_keeps_what_was_measured_and_the_next_run_resumes_there(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from ampkit.tuning import _run
 
