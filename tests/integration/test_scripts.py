@@ -76,6 +76,9 @@ def test_profile_example_finds_its_read_back_and_times_the_loader(tmp_path: Path
     assert (out / "report.md").exists() and (out / "trace.json").exists()
 
 
+# CI time (2026-11-28): slow tier. CI checks save and resume of a loop like this one, bitwise per policy
+# (tests/unit/checkpoint/test_resume_loader.py), and runs examples/train_digits.py in the next test (its refusal).
+@pytest.mark.slow
 def test_example_trains_and_resumes(tmp_path: Path) -> None:
     pytest.importorskip("sklearn", reason="Requires: scikit-learn (pip install -e '.[examples]')")
     ckpt = str(tmp_path / "digits.pt")

@@ -207,6 +207,9 @@ def test_a_budget_too_small_for_one_trial_names_the_minimum(monkeypatch: pytest.
     assert 36 <= about < 46 and math.ceil(1.5 * (about - 1)) <= enough <= math.ceil(1.5 * about)
 
 
+# CI time (2026-11-28): slow tier. CI checks the budget ending a wave between rounds and marking what it cut
+# (tests/unit/tuning/test_trials.py) and a budget too small for one trial (tests/unit/cli/test_tune.py).
+@pytest.mark.slow
 def test_candidates_the_budget_has_no_time_for_are_listed_not_tried(monkeypatch: pytest.MonkeyPatch) -> None:
     # A probed step of 0.6 s: a trial is 9 steps (5.4 s), the guard's reserve 3 runs of 6 steps (10.8 s). A budget
     # of 32 s leaves about 21 s for trials: the baseline's and two candidates' (16.2 s), not a third (21.6 s).
