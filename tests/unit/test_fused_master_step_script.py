@@ -9,9 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+# CI time (2026-11-28): slow tier. No GPU suite step runs this script; CI checks the fused master step against the
+# unfused one in tests/unit/training/test_fused_master_step.py.
+@pytest.mark.slow
 def test_smoke_run_times_each_step_and_the_fused_masters_match_the_unfused(tmp_path: Path) -> None:
     out = tmp_path / "fused.json"
     done = subprocess.run(

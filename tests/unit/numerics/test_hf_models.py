@@ -31,6 +31,9 @@ def test_diagnose_compares_against_the_models_own_fp32_loss(hf_gpt2: str, device
     assert d.recommended_precision == "bf16-mixed"
 
 
+# CI time (2026-11-28): slow tier. CI runs the doctor's CLI on the built-in workloads (tests/unit/cli/test_doctor.py)
+# and the HF model's memory and bench paths in tests/unit/memory/test_hf_models.py and tests/unit/bench/test_hf_models.py.
+@pytest.mark.slow
 def test_cli_doctor_runs_the_example_and_names_the_model(hf_gpt2: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "doc"
     argv = ["doctor", "--model", f"{hf_gpt2}:model", "--data", f"{hf_gpt2}:data", "--steps", "1", "--precision", "bf16-mixed",
