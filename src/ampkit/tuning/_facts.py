@@ -6,7 +6,8 @@
   the smaller micro-batches, with and without recompute, are predicted too.
 - **fp8**: :func:`ampkit.memory.fp8_layer_plan`'s roofline, per fp8 policy the device runs.
 - **fp16**: the doctor (:func:`ampkit.numerics.diagnose`) records one fp32 step and names the modules whose
-  activations exceed fp16's range, where an fp16 policy is in play (CUDA).
+  activations exceed fp16's range, where an fp16 policy is in play (CUDA), with its fix: the modules 16-mixed
+  keeps in fp32 so that its step is finite and agrees with fp32's, which the precision stage then tries.
 - **The loader**: with a DataLoader, the wait for a batch as the loader is given, against the step's own time:
   the share of a step spent waiting for data, as ``ampkit profile``'s data phase measures it in a loop without
   workers (the loader then runs in the step's own thread, one batch after the other).
@@ -38,7 +39,7 @@ from ..profile import candidate_settings, loader_settings, usable_cores
 from ..workloads import Workload
 from ._space import Facts, PolicyFacts, memory_key, micro_batches
 
-__all__ = ["add_loader_facts", "available_memory", "compiler_available", "data_wait_s", "gather_facts", "loader_variants", "predict_peak"]
+__all__ = ["add_loader_facts", "available_memory", "compiler_available", "data_wait_s", "fp16_overflow_and_fix", "gather_facts", "loader_variants", "predict_peak"]
 
 log = logging.getLogger("ampkit")
 
@@ -177,7 +178,7 @@ def gather_facts(
                 notes.append(f"{name}: no fp8 layer plan ({one_line(exc, with_type=True)})")
     fp16 = [n for n, p in facts.policies.items() if n.startswith("16-") and p.supported and p.fast]
     if check_fp16 if check_fp16 is not None else bool(fp16):
-        facts.fp16_overflow = fp16_overflowing_modules(workload, device, notes)
+        facts.fp16_overflow, facts.fp16_keep_fp32 = fp16_overflow_and_fix(workload, device, notes)
     if loader is not None and step_s:
         add_loader_facts(facts, loader, step_s, device, measure_wait)
     return facts
@@ -194,8 +195,10 @@ def add_loader_facts(
     facts.loader_variants = loader_variants(loader, device)
 
 
-def fp16_overflowing_modules(workload: Workload, device: torch.device, notes: list[str]) -> list[str]:
-    """The modules whose outputs exceed fp16's range in one recorded fp32 step (the doctor's numerics)."""
+def fp16_overflow_and_fix(workload: Workload, device: torch.device, notes: list[str]) -> tuple[list[str], list[str]]:
+    """The doctor's numerics for fp16, from one recorded fp32 step (:func:`ampkit.numerics.diagnose` tailored for
+    16-mixed): the modules whose outputs exceed fp16's range, and its fix, the modules 16-mixed keeps in fp32 so that
+    its step is finite and agrees with fp32's (empty when its tailored step does not agree: no fix to try)."""
     from ..numerics import diagnose
 
     try:
@@ -205,5 +208,12 @@ def fp16_overflowing_modules(workload: Workload, device: torch.device, notes: li
         )
     except Exception as exc:  # noqa: BLE001 - no diagnosis: fp16 is tried, and the guard judges it
         notes.append(f"fp16 overflow not checked ({one_line(exc, with_type=True)})")
-        return []
-    return [m["name"] or "(the model)" for m in diagnosis.modules if any("outputs overflow fp16" in p for p in m.get("problems", []))]
+        return [], []
+    overflowing = [m["name"] or "(the model)" for m in diagnosis.modules if any("outputs overflow fp16" in p for p in m.get("problems", []))]
+    agrees = diagnosis.recommended_precision == "16-mixed" and any(
+        c.label == "recommended" and c.finite and not c.diverging for c in diagnosis.comparisons
+    )
+    fix = list(diagnosis.keep_fp32) if agrees and overflowing else []
+    if overflowing and not fix:
+        notes.append(f"fp16 overflows in {', '.join(overflowing[:3])} and the doctor found no modules to keep in fp32 that make its step agree with fp32's")
+    return overflowing, fix

@@ -38,12 +38,12 @@ def counts_flops(device: Mapping[str, Any]) -> bool:
 
 def eager_twin(c: Candidate) -> Candidate:
     """The configuration whose eager step does ``c``'s useful math: same policy and micro-batches, nothing else."""
-    return Candidate(policy=c.policy, micro_batch=c.micro_batch, accumulate=c.accumulate)
+    return Candidate(policy=c.policy, micro_batch=c.micro_batch, accumulate=c.accumulate, keep_fp32=c.keep_fp32)
 
 
 def flops_key(c: Candidate) -> str:
-    """What the useful FLOPs of a step depend on: the policy (the formats; an fp8 plan is made per micro-batch's rows)
-    and the micro-batches."""
+    """What the useful FLOPs of a step depend on: the policy and the modules it keeps in fp32 (the formats; an fp8
+    plan is made per micro-batch's rows) and the micro-batches."""
     return eager_twin(c).key
 
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from ._format import fmt_bytes
 from ._space import STAGES, Candidate, Facts, PolicyFacts, memory_key, stage_candidates
 
-__all__ = ["LOADER_BOTTLENECK", "PRIORS", "RULES", "StagePlan", "expected_gain", "plan_stage", "stage_order"]
+__all__ = ["LOADER_BOTTLENECK", "MAX_GAIN", "PRIORS", "RULES", "compile_cannot_pay", "StagePlan", "expected_gain", "plan_stage", "stage_order"]
 
 LOADER_BOTTLENECK = 0.5
 """A step that waits for its data at least this share of its time is loader-bound: a faster step would wait as
@@ -80,10 +80,15 @@ def fp8_roofline(c: Candidate, incumbent: Candidate, facts: Facts) -> str | None
 
 
 def fp16_overflow(c: Candidate, incumbent: Candidate, facts: Facts) -> str | None:
-    """The doctor found activations above fp16's largest value (65504): an fp16 policy would overflow there."""
-    if c.policy.startswith("16-") and facts.fp16_overflow:
+    """The doctor found activations above fp16's largest value (65504): an fp16 policy would overflow there. The
+    candidate that applies the doctor's fix (those modules kept in fp32) is not ruled out: the trial and the
+    accuracy guard judge it."""
+    if c.policy.startswith("16-") and facts.fp16_overflow and not c.keep_fp32:
         shown = ", ".join(facts.fp16_overflow[:3]) + (f" and {len(facts.fp16_overflow) - 3} more" if len(facts.fp16_overflow) > 3 else "")
-        return f"activations overflow fp16 (above 65504) in {shown} (ampkit doctor): use a bf16 policy"
+        fixed = c.policy == "16-mixed" and facts.fp16_keep_fp32 and "16-mixed" in facts.policies
+        remedy = (f"tried with the doctor's fix instead, keep_fp32={list(facts.fp16_keep_fp32)}" if fixed
+                  else "the doctor found no fix that keeps its step finite and in line with fp32's: use a bf16 policy")
+        return f"activations overflow fp16 (above 65504) in {shown} (ampkit doctor): {remedy}"
     return None
 
 
@@ -130,9 +135,37 @@ def no_convolutions(c: Candidate, incumbent: Candidate, facts: Facts) -> str | N
     return None
 
 
+MAX_GAIN = 3.0
+"""No lever is assumed to make a step more than this much faster: the largest single-lever gain in this repository's
+benches is 2.3x (bf16 on a CPU's AMX), so 3x is a generous bound. A compile whose cost, spread over the run, would
+not be repaid even at this gain is not tried (:func:`compile_cannot_pay`)."""
+
+
+def compile_cost_per_step(c: Candidate, facts: Facts) -> float:
+    """``c``'s estimated compile time spread over the user's run, seconds per step; 0 where nothing is estimated."""
+    if facts.compile_s is None or not facts.run_steps:
+        return 0.0
+    return facts.compile_s(c) / facts.run_steps
+
+
+def compile_cannot_pay(c: Candidate, incumbent: Candidate, facts: Facts) -> str | None:
+    """The candidate compiles more than the incumbent, and that compile's estimated time spread over the run adds
+    more to each step than even a :data:`MAX_GAIN` faster step would save: it cannot pay within ``--run-steps``."""
+    extra = compile_cost_per_step(c, facts) - compile_cost_per_step(incumbent, facts)
+    if facts.step_s is None or extra <= 0:
+        return None
+    saved = facts.step_s * (1 - 1 / MAX_GAIN)
+    if extra < saved:
+        return None
+    total = facts.compile_s(c) if facts.compile_s else 0.0
+    return (f"its compile (about {total:.0f} s, estimated) spread over the run's {facts.run_steps} steps (--run-steps) adds "
+            f"{extra * 1e3:.1f} ms a step, more than a {MAX_GAIN:g}x faster step would save ({saved * 1e3:.1f} ms of "
+            f"{facts.step_s * 1e3:.1f} ms): it pays only over a longer run")
+
+
 RULES: tuple[Callable[[Candidate, Candidate, Facts], str | None], ...] = (
     unsupported, slow, needs_compile, fp8_roofline, fp16_overflow, no_compiler, no_blocks, too_big, needless_recompute,
-    no_convolutions,
+    no_convolutions, compile_cannot_pay,
 )
 """Applied in this order; the first that gives a reason prunes the candidate."""
 
@@ -157,6 +190,9 @@ def expected_gain(c: Candidate, incumbent: Candidate, facts: Facts) -> float:
         gain *= loader_bound(facts)
     if c.channels_last and not incumbent.channels_last:
         gain *= PRIORS["channels_last"]
+    extra = compile_cost_per_step(c, facts) - compile_cost_per_step(incumbent, facts)
+    if facts.step_s and extra > 0:  # the compile, amortised over the run, as the trial will rank it
+        gain = 1.0 / (1.0 / gain + extra / facts.step_s)
     return gain
 
 

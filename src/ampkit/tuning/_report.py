@@ -130,6 +130,8 @@ def code(result: TuneResult) -> str:
     clip = result.settings.get("clip_grad_norm")
     if clip is not None:
         args.append(f"clip_grad_norm={clip:g}")
+    if w.keep_fp32:
+        args.append(f"keep_fp32={list(w.keep_fp32)!r}")
     if w.compile is not None:
         args.append("compile=True" if w.compile == "model" else "compile='regional'")
     if w.fused_step is not None:

@@ -26,6 +26,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,8 @@ import torch
 
 from .. import __version__
 from .._errors import one_line
+from ..memory import repeated_blocks
+from ..policy import get_policy
 from ..profile import loader_settings, try_loader_settings
 from ..workloads import Workload, batch_rows, device_info, split_batch
 from ._facts import add_loader_facts, gather_facts
@@ -45,16 +48,23 @@ from ._space import Candidate, Facts, memory_key
 from ._store import TrialStore
 from ._trials import DEFAULT_WAVES, Trial, WaveInterrupted, WaveSettings, make_run, measure_wave
 
-__all__ = ["COMPILE_GUESS_S", "FINALISTS", "LOADER_MIN_SPEEDUP", "RECOMPILE_SHARE", "tune_workload"]
+__all__ = ["COMPILE_MIN_S", "COMPILE_S_PER_MODULE", "COMPILE_S_PER_PARAMETER", "FINALISTS", "CompileSizes", "compiled_step", "LOADER_MIN_SPEEDUP", "RECOMPILE_SHARE", "tune_workload"]
 
 log = logging.getLogger("ampkit")
 
 FINALISTS = 3
 """At most this many of the fastest configurations go through the accuracy guard."""
-COMPILE_GUESS_S = {"cpu": 20.0, "cuda": 20.0}
-"""What one compilation is assumed to cost, for the budget, until a trial has measured one (then: the most measured).
-The CPU's: digits tiny's whole-model compile took 18.6 s on the 2-core development machine (2026-11-28); the H200's
-first torch.compile took 11.6 s (DEVELOPERS.md)."""
+COMPILE_S_PER_MODULE = {"cpu": 1.0, "cuda": 0.2}
+"""Seconds a compile of the model is assumed to take per leaf module it traces (the whole model's, or one repeated
+block's for regional compile), until a trial has measured one. The CPU's: whole-model compiles on the 2-core
+development machine took 0.6-1.4 s per leaf module (digits 10 s for 11, gpt 14-17 s for 18, a GPT-2 built from a
+config 28 s for 45, segment 32-73 s for 51; cold caches, 2026-11-28); the H200's about 0.1-0.2 s (gpt large's
+compiles, 11.6 s regional to about 20 s whole)."""
+COMPILE_S_PER_PARAMETER = {"cpu": 1.0, "cuda": 0.1}
+"""The same for a compiled optimizer step (bf16-true-sr's library step, the fused master step), per parameter
+tensor it updates: bf16-true-sr's step of segment's 86 tensors compiled in 77 s on the development CPU."""
+COMPILE_MIN_S = 5.0
+"""The least a compile is assumed to take: tracing and code generation cost this much even for a tiny graph."""
 RECOMPILE_SHARE = 0.1
 """A trial's run compiles twice (alone for its compile time, then the timed run), and a guard run once more: the
 same graph again, which torch.compile's on-disk cache serves (0.76 s after 18.6 s for digits tiny on a CPU)."""
@@ -64,13 +74,47 @@ threshold: its trials give means, not intervals, and smaller differences are thi
 PROBE_STEPS = 3
 
 
+@dataclass(frozen=True)
+class CompileSizes:
+    """What the compile time of a configuration scales with: the model's leaf modules, one repeated block's (what
+    regional compile traces: the other blocks reuse its code), and the parameter tensors an optimizer step updates."""
+
+    modules: int = 1
+    block_modules: int = 1
+    parameters: int = 1
+
+    @classmethod
+    def of(cls, model: torch.nn.Module) -> CompileSizes:
+        def leaves(m: torch.nn.Module) -> int:
+            return sum(1 for x in m.modules() if next(x.children(), None) is None)
+
+        blocks = repeated_blocks(model)
+        modules = leaves(model)
+        return cls(modules, leaves(model.get_submodule(blocks[0])) if blocks else modules, sum(1 for _ in model.parameters()))
+
+
+def compiled_step(c: Candidate) -> bool:
+    """Whether ``c``'s engine compiles its optimizer step: ``fused_step=True``; bf16-true-sr's library step; a
+    master-weight policy under ``compile=`` (fused there by default)."""
+    if c.fused_step is False:
+        return False
+    policy = get_policy(c.policy)
+    return bool(c.fused_step) or policy.name == "bf16-true-sr" or (c.compile is not None and policy.master_weights)
+
+
 class _Budget:
-    """The wall clock of a tune: its deadline, and estimates of what the remaining work costs."""
+    """The wall clock of a tune: its deadline, and estimates of what the remaining work costs.
+
+    A compile's cost is estimated from the sizes it scales with (:class:`CompileSizes`, at
+    :data:`COMPILE_S_PER_MODULE` and :data:`COMPILE_S_PER_PARAMETER`), times a **scale** that the trials calibrate:
+    each measured compile sets it to the largest ratio of measured to estimated seen so far, so one slow compile
+    makes every later estimate as pessimistic (a compile cannot be stopped once started)."""
 
     def __init__(self, seconds: float, clock: Callable[[], float], device: str) -> None:
-        self.clock, self.start, self.seconds = clock, clock(), seconds
+        self.clock, self.start, self.seconds, self.device = clock, clock(), seconds, device
         self.step_s = 0.0
-        self.compile_s = COMPILE_GUESS_S.get(device, 30.0)
+        self.sizes = CompileSizes()
+        self.scale = 1.0
 
     @property
     def elapsed(self) -> float:
@@ -80,16 +124,30 @@ class _Budget:
     def left(self) -> float:
         return self.seconds - self.elapsed
 
-    @staticmethod
-    def compiles(c: Candidate) -> int:
-        """The regions ``c`` compiles: the model, the fused master step, bf16-true-sr's library step."""
-        return (c.compile is not None) + bool(c.fused_step) + (c.policy == "bf16-true-sr")
+    def compile_guess(self, c: Candidate) -> float:
+        """Seconds ``c``'s compiles take by the per-size rates alone (before the calibrated scale); 0 for none."""
+        per_module = COMPILE_S_PER_MODULE.get(self.device, 1.0)
+        total = 0.0
+        if c.compile is not None:
+            total += max(COMPILE_MIN_S, per_module * (self.sizes.modules if c.compile == "model" else self.sizes.block_modules))
+        if compiled_step(c):
+            total += max(COMPILE_MIN_S, COMPILE_S_PER_PARAMETER.get(self.device, 1.0) * self.sizes.parameters)
+        return total
+
+    def compile_s(self, c: Candidate) -> float:
+        return self.scale * self.compile_guess(c)
+
+    def calibrate(self, c: Candidate, measured: float) -> None:
+        """Scale later estimates by what ``c``'s compile took against its estimate (never down)."""
+        guess = self.compile_guess(c)
+        if guess > 0 and measured > 0:
+            self.scale = max(self.scale, measured / guess)
 
     def trial_s(self, c: Candidate, steps: int) -> float:
-        return steps * self.step_s + self.compiles(c) * self.compile_s * (1 + RECOMPILE_SHARE)
+        return steps * self.step_s + self.compile_s(c) * (1 + RECOMPILE_SHARE)
 
     def guard_s(self, c: Candidate, steps: int) -> float:
-        return steps * self.step_s + self.compiles(c) * self.compile_s * RECOMPILE_SHARE
+        return steps * self.step_s + self.compile_s(c) * RECOMPILE_SHARE
 
 
 def _probe(workload: Workload, start: Candidate, device: torch.device, seed: int) -> float:
@@ -201,9 +259,9 @@ class _Tune:
                 r.trials += stopped.trials  # shown as measured so far; not stored, so a resumed tune measures the wave whole
                 raise
             self.store.put_wave(wave_key, [t.to_dict() for t in trials])
-            measured = [t.compile_s for t in trials if t.compile_s]
-            if measured:
-                self.budget.compile_s = max(measured)
+            for t in trials:
+                if t.compile_s and not t.resumed:
+                    self.budget.calibrate(Candidate.from_dict(t.candidate), t.compile_s)
         r.trials += trials
         return self.choose(plan, trials, incumbent, baseline)
 
@@ -423,6 +481,7 @@ def _search(
         baseline = fit.kept[0]
         result.notes.append(f"the user's batch of {start.micro_batch} rows does not fit ({fmt_bytes(facts.memory_budget)} free): "
                             f"speed-ups are against {baseline.describe(start)}, the largest micro-batch that fits")
+    budget.sizes = CompileSizes.of(workload.model)
     tune.progress("timing the starting configuration")
     budget.step_s = _probe(workload, baseline, device, tune.seed)
     minimum = budget.elapsed + 2 * budget.trial_s(baseline, tune.waves.steps) + tune.guard_reserve(baseline)
@@ -438,16 +497,24 @@ def _search(
     result.notes += notes
     result.facts = _facts_summary(facts)
     result.baseline = incumbent = baseline
+    # What a compile's cost is weighed against (compile_cannot_pay, and the order of trials): the estimate, the run.
+    facts.compile_s, facts.run_steps, facts.step_s = budget.compile_s, tune.run_steps, budget.step_s
     order = stage_order(facts, start_fits)
     for stage in order:
         if stages is not None and stage not in stages and stage != "fit":  # nothing runs until the step fits
             continue
+        facts.step_s = _step_of(result.trials, incumbent) or facts.step_s
         if stage == "fit":
             plan = plan_stage("fit", start, facts)
             incumbent = tune.stage(plan, baseline, baseline)
             continue
         incumbent = tune.stage(plan_stage(stage, incumbent, facts), incumbent, baseline)
     result.winner = tune.finalists(baseline, incumbent)
+
+
+def _step_of(trials: Sequence[Trial], c: Candidate) -> float | None:
+    """``c``'s median step in the latest wave that measured it (None: not measured yet)."""
+    return next((t.median_s for t in reversed(trials) if t.key == c.key and t.status == "ok" and t.median_s), None)
 
 
 def _facts_summary(facts: Facts) -> dict[str, Any]:

@@ -23,7 +23,7 @@ together, on top of each other, instead of each on the starting point alone.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +57,9 @@ class Candidate:
     channels_last: bool = False
     """The model and its 4-D floating inputs in ``torch.channels_last`` (NHWC), as the bench's workloads convert
     them: the layout the 16-bit convolution kernels want (oneDNN on a CPU, tensor cores on CUDA)."""
+    keep_fp32: tuple[str, ...] = ()
+    """Modules the policy runs in fp32 (``Engine(keep_fp32=...)``): the doctor's fix for an fp16 policy whose
+    activations overflow there (:attr:`Facts.fp16_keep_fp32`)."""
 
     @property
     def key(self) -> str:
@@ -67,6 +70,7 @@ class Candidate:
         parts += [f"threads={self.threads}"] if self.threads is not None else []
         parts += [f"{k}={v}" for k, v in self.loader]
         parts += ["channels_last"] if self.channels_last else []
+        parts += [f"keep_fp32={','.join(self.keep_fp32)}"] if self.keep_fp32 else []
         return " ".join(parts)
 
     @property
@@ -85,6 +89,8 @@ class Candidate:
         out = []
         if self.policy != base.policy:
             out.append(f"precision {self.policy}")
+        if self.keep_fp32 != base.keep_fp32:
+            out.append(f"{', '.join(self.keep_fp32)} kept in fp32" if self.keep_fp32 else "no module kept in fp32")
         if self.compile != base.compile:
             out.append(f"compile {self.compile or 'off'}")
         if self.fused_step != base.fused_step:
@@ -102,11 +108,11 @@ class Candidate:
         return ", ".join(out) or "as given"
 
     def to_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "loader": dict(self.loader)}
+        return {**dataclasses.asdict(self), "loader": dict(self.loader), "keep_fp32": list(self.keep_fp32)}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Candidate:
-        return cls(**{**data, "loader": tuple(sorted(dict(data.get("loader") or {}).items()))})
+        return cls(**{**data, "loader": tuple(sorted(dict(data.get("loader") or {}).items())), "keep_fp32": tuple(data.get("keep_fp32") or ())})
 
 
 @dataclass(frozen=True)
@@ -141,6 +147,9 @@ class Facts:
     """Per fp8 policy: (Linear layers the roofline says pay, Linear layers in all)."""
     fp16_overflow: list[str] = field(default_factory=list)
     """Modules whose activations overflow fp16 (the doctor's numerics); empty when none do or fp16 was not checked."""
+    fp16_keep_fp32: list[str] = field(default_factory=list)
+    """The doctor's fix for that overflow: the modules 16-mixed keeps in fp32 so that its step is finite and agrees
+    with fp32's (:func:`ampkit.numerics.diagnose` tailored for 16-mixed); empty when it found none."""
     data_share: float | None = None
     """The share of a step spent waiting for the DataLoader as given; None: no DataLoader (the data is in memory)."""
     loader_variants: list[dict[str, Any]] = field(default_factory=list)
@@ -155,6 +164,14 @@ class Facts:
     """torch's intra-op threads as the process has them."""
     compiler: bool = True
     """torch.compile can build kernels here (on a CPU inductor needs a C++ compiler)."""
+    step_s: float | None = None
+    """The incumbent's step, seconds (the start's probe, then each adopted configuration's measured median): what a
+    compile's cost is weighed against. None: not measured yet (no compile is ruled out for its cost)."""
+    run_steps: int | None = None
+    """The steps the user's run trains (``--run-steps``), over which compile time is amortised."""
+    compile_s: Callable[[Candidate], float] | None = None
+    """A candidate's estimated compile seconds (the tune's budget: by the model's size, calibrated by the compiles
+    measured so far); None: not estimated."""
 
 
 def memory_key(policy: str, micro_batch: int, recompute: bool) -> str:
@@ -177,7 +194,12 @@ def stage_candidates(stage: str, incumbent: Candidate, facts: Facts) -> list[Can
     replace = dataclasses.replace
     global_rows = incumbent.micro_batch * incumbent.accumulate
     if stage == "precision":
-        return [replace(incumbent, policy=name) for name in facts.policies if name != incumbent.policy]
+        out = [replace(incumbent, policy=name) for name in facts.policies if name != incumbent.policy]
+        # fp16 where the doctor saw its activations overflow: the plain policy is pruned for it (fp16_overflow), and
+        # 16-mixed is tried as the doctor tailored it, with the modules its fix keeps in fp32.
+        if facts.fp16_overflow and facts.fp16_keep_fp32 and "16-mixed" in facts.policies:
+            out.append(replace(incumbent, policy="16-mixed", keep_fp32=tuple(facts.fp16_keep_fp32)))
+        return out
     if stage == "compile":
         out = [replace(incumbent, compile=mode) for mode in ("regional", "model") if mode != incumbent.compile]
         # The policies that pay only compiled (fp8) are tried here, compiled, where the device runs them at all (the

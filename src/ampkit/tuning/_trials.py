@@ -8,9 +8,12 @@ torch's threads set around its steps. A wave of candidates runs as the bench run
 
 1. each alone first, for its memory (the bench's definition: on a CPU the peak of live tensor bytes of an eager
    step; CUDA: the allocator's peak) and, compiled, its compile time: its first steps less as many steady ones;
-2. all built and warmed up, untimed;
+2. all built and warmed up, untimed. An eager run whose engine compiles its optimizer step (bf16-true-sr's library
+   step, ``fused_step=True``) compiles here: its compile time is its warm-up less as many steady steps;
 3. timed in ``rounds`` rounds of ``chunk`` steps, the order rotating each round, so a machine that speeds up or
-   slows down spreads over every candidate. The wave stops between rounds when its deadline passes.
+   slows down spreads over every candidate. The wave stops between rounds when its deadline passes, and no
+   candidate starts step 1 or 2 after it (a compile cannot be stopped once started): the candidates left are
+   ``cut``.
 
 A wave always holds the **baseline** (the user's starting configuration), so every candidate's speed-up over it is
 a ratio of step times measured in the same rounds, with the bootstrap interval of :func:`ampkit.bench.speedup_interval`.
@@ -37,6 +40,7 @@ import torch
 
 from .._errors import one_line
 from ..bench import PolicyRun, speedup_interval
+from ..bench._policy_run import compile_phase
 from ..memory import fp8_layer_plan, planned_policy, recompute, repeated_blocks
 from ..policy import Policy, get_policy
 from ..workloads import Workload, batch_rows, split_batch, to_device
@@ -177,7 +181,7 @@ def make_run(workload: Workload, candidate: Candidate, device: torch.device, see
     batches = [to_device(w.train_batches[i], device, w.channels_last) for i in range(needed)]
     options = {"fused_step": candidate.fused_step} if candidate.fused_step is not None else {}
     return PolicyRun(
-        w, trial_policy(w, candidate.policy), device, batches, seed, compile=COMPILE_MODES.get(candidate.compile or ""),
+        w, trial_policy(w, candidate.policy, candidate.keep_fp32), device, batches, seed, compile=COMPILE_MODES.get(candidate.compile or ""),
         mode=candidate.compile, engine_options=options, prepare=_recompute_blocks if candidate.recompute else None,
     )
 
@@ -197,10 +201,11 @@ def step_flops(workload: Workload, c: Candidate, device: torch.device, seed: int
     return dict(run.result.flops_by_format)
 
 
-def trial_policy(workload: Workload, name: str) -> Policy:
-    """The policy ``name`` as a trial runs it: an fp8 policy set to the layers its roofline plans at the workload's
-    micro-batch rows (:func:`ampkit.memory.fp8_layer_plan`, as ``ampkit bench`` runs it), any other as it comes."""
-    policy = get_policy(name)
+def trial_policy(workload: Workload, name: str, keep_fp32: Sequence[str] = ()) -> Policy:
+    """The policy ``name`` as a trial runs it, with ``keep_fp32``'s modules in fp32: an fp8 policy set to the layers
+    its roofline plans at the workload's micro-batch rows (:func:`ampkit.memory.fp8_layer_plan`, as ``ampkit bench``
+    runs it), any other as it comes."""
+    policy = get_policy(name, keep_fp32=keep_fp32)
     if not policy.needs_compile:
         return policy
     try:
@@ -269,20 +274,39 @@ def measure_wave(
             unbuilt[c] = str(exc)
     wave = [c for c in wave if c not in unbuilt]
     runs = [make_run(workload, c, device, seed, settings.steps) for c in wave]
-    for run, c in zip(runs, wave):
+    # A compile cannot be stopped once started: no candidate starts measuring or warming up after the deadline
+    # (it is cut), so the budget is overrun by at most the step or compile in progress when it passed.
+    late: set[int] = set()
+
+    def too_late(i: int) -> bool:
+        if i not in late and deadline is not None and clock() > deadline:
+            late.add(i)
+        return i in late
+
+    for i, (run, c) in enumerate(zip(runs, wave)):
+        if too_late(i):
+            continue
         progress(f"{stage}: {c.describe(baseline)}: measuring memory")
         counting = flops is not None and c.compile is None and flops_key(c) not in flops
         _guarded(run, c, "measuring memory", run.measure_alone, settings.measure_steps, counting)
         if flops is not None and run.result.flops_by_format:
             flops.setdefault(flops_key(c), dict(run.result.flops_by_format))
-    for run, c in zip(runs, wave):  # a compiled run's FLOPs: its eager twin's (its own step would trace again)
-        if flops is not None and run.alive and flops_key(c) not in flops:
+    for i, (run, c) in enumerate(zip(runs, wave)):  # a compiled run's FLOPs: its eager twin's (its own step would trace again)
+        if flops is not None and run.alive and flops_key(c) not in flops and not too_late(i):
             progress(f"{stage}: {c.describe(baseline)}: counting FLOPs")
             flops[flops_key(c)] = step_flops(workload, c, device, seed)
-    for run, c in zip(runs, wave):
+    warm_s: dict[int, float] = {}
+    compiling: set[int] = set()
+    for i, (run, c) in enumerate(zip(runs, wave)):
+        if too_late(i):
+            continue
         progress(f"{stage}: {c.describe(baseline)}: warm-up")
+        began = time.perf_counter()
         _guarded(run, c, "building", run.build)
+        if run.alive and run.engine is not None and compile_phase(run.engine) is not None:
+            compiling.add(i)
         _guarded(run, c, "warming up", run.train, settings.warmup, False)
+        warm_s[i] = time.perf_counter() - began
     interrupted = False
     try:
         for r in range(settings.rounds):
@@ -291,20 +315,33 @@ def measure_wave(
                 break
             for i in range(len(wave)):
                 j = (i + r) % len(wave)  # rotate who goes first each round
+                if j in late:
+                    continue
                 progress(f"{stage}: {wave[j].describe(baseline)}: round {r + 1}/{settings.rounds}")
                 _guarded(runs[j], wave[j], "training", runs[j].train, settings.chunk, True)
     except KeyboardInterrupt:
         interrupted = True  # the rounds so far are kept: summarised below, then the interrupt goes on
     trials = []
     for i, (run, c) in enumerate(zip(runs, wave)):
+        role = "baseline" if i == 0 else "incumbent" if c == incumbent else "candidate"
+        if i in late:
+            run.release()
+            trials.append(Trial(key=c.key, stage=stage, candidate=c.to_dict(), role=role, status="cut",
+                                error="the budget ended the wave before this configuration's trial started"))
+            continue
         _guarded(run, c, "summarising", run.summarize)
         run.release()
         res = run.result
         status = {"failed": "failed", "unsupported": "failed"}.get(res.status, "ok")
-        role = "baseline" if i == 0 else "incumbent" if c == incumbent else "candidate"
+        times = list(res.step_times_s or [])
+        compile_s = res.compile_time_s
+        if compile_s is None and i in compiling and times:
+            # An eager run whose engine compiles its optimizer step (bf16-true-sr's library step, the fused master
+            # step) compiles in its warm-up, outside the steps measured alone: its warm-up less as many steady steps.
+            compile_s = max(0.0, warm_s[i] - settings.warmup * statistics.median(times))
         trials.append(Trial(
-            key=c.key, stage=stage, candidate=c.to_dict(), role=role, status=status, error=res.error, step_times_s=list(res.step_times_s or []),
-            compile_s=res.compile_time_s, peak_memory_bytes=res.peak_memory_bytes,
+            key=c.key, stage=stage, candidate=c.to_dict(), role=role, status=status, error=res.error, step_times_s=times,
+            compile_s=compile_s, peak_memory_bytes=res.peak_memory_bytes,
             flops_by_format=dict((flops or {}).get(flops_key(c), {})),
         ))
     trials += [Trial(key=c.key, stage=stage, candidate=c.to_dict(), status="failed", error=why) for c, why in unbuilt.items()]

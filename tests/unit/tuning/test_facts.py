@@ -9,7 +9,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from ampkit.memory import estimate
-from ampkit.tuning._facts import fp16_overflowing_modules, gather_facts, loader_variants, predict_peak
+from ampkit.tuning._facts import fp16_overflow_and_fix, gather_facts, loader_variants, predict_peak
 from ampkit.tuning._space import memory_key
 from ampkit.workloads import Workload
 
@@ -57,11 +57,52 @@ def test_the_doctor_names_the_modules_whose_activations_overflow_fp16() -> None:
             self.up, self.head = nn.Linear(8, 8), nn.Linear(8, 3)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.head(self.up(x) * 1e5)  # 1e5 > 65504: the head's input overflows fp16, and its output too
+            return self.head(self.up(x) * 1e6)  # far above 65504 whatever the init: the head's input overflows fp16, and its output too
 
     notes: list[str] = []
-    assert fp16_overflowing_modules(_workload(Loud()), CPU, notes) == ["head", "(the model)"] and not notes
-    assert fp16_overflowing_modules(_workload(), CPU, notes) == [] and not notes
+    # The overflow is in the model's own forward (x * 1e6), which no module kept in fp32 can fix: named, no fix.
+    assert fp16_overflow_and_fix(_workload(Loud()), CPU, notes) == (["head", "(the model)"], [])
+    assert notes and "found no modules to keep in fp32" in notes[0]
+    notes.clear()
+    assert fp16_overflow_and_fix(_workload(), CPU, notes) == ([], []) and not notes
+
+
+class _Fixable(nn.Module):
+    """A block whose first layer's outputs are far above 65504 and normalised back before they leave it: keeping
+    that layer in fp32 makes an fp16 step finite."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.big, self.norm = nn.Linear(8, 8), nn.LayerNorm(8)
+        with torch.no_grad():
+            self.big.weight.mul_(1e6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.big(x))
+
+
+def _fixable() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 8), _Fixable(), nn.Linear(8, 3))
+
+
+def test_where_keeping_the_overflowing_module_in_fp32_fixes_fp16_the_doctors_fix_is_a_fact() -> None:
+    notes: list[str] = []
+    assert fp16_overflow_and_fix(_workload(_fixable()), CPU, notes) == (["1.big"], ["1.big"]) and not notes
+
+
+def test_the_doctors_fix_joins_the_precision_stage_where_fp16_runs_fast(device: torch.device) -> None:
+    from ampkit.tuning._prune import plan_stage
+    from ampkit.tuning._space import Candidate
+
+    w = _workload(_fixable().to(device))
+    w.train_batches = [tuple(t.to(device) for t in b) for b in w.train_batches]
+    facts = gather_facts(w, device, check_fp16=True, precisions=["16-mixed", "bf16-mixed"])
+    assert (facts.fp16_overflow, facts.fp16_keep_fp32) == (["1.big"], ["1.big"])
+    kept = plan_stage("precision", Candidate(policy="32-true", micro_batch=ROWS, accumulate=1), facts).kept
+    fixed = [c for c in kept if c.policy == "16-mixed"]
+    # Where fp16 runs fast (CUDA) 16-mixed is tried with the doctor's fix only; on a CPU it is pruned as slow.
+    assert [c.keep_fp32 for c in fixed] == ([("1.big",)] if facts.policies["16-mixed"].fast else [])
 
 
 def test_the_loaders_share_of_the_step_is_its_wait_against_the_step() -> None:

@@ -55,8 +55,22 @@ def test_fp16_is_pruned_where_the_doctor_saw_activations_overflow_and_bf16_is_no
     policies = {"32-true": FAST, "16-mixed": FAST, "bf16-mixed": FAST}
     plan = plan_stage("precision", START, _facts(device="cuda", policies=policies, fp16_overflow=["head"]))
     assert [c.policy for c in plan.kept] == ["bf16-mixed"]
-    assert _pruned(plan)["16-mixed mb8x1 compile=off"] == "activations overflow fp16 (above 65504) in head (ampkit doctor): use a bf16 policy"
+    assert _pruned(plan)["16-mixed mb8x1 compile=off"] == (
+        "activations overflow fp16 (above 65504) in head (ampkit doctor): the doctor found no fix that keeps its step finite and in "
+        "line with fp32's: use a bf16 policy")
     assert [c.policy for c in plan_stage("precision", START, _facts(device="cuda", policies=policies)).kept] == ["16-mixed", "bf16-mixed"]
+
+
+def test_where_the_doctor_has_a_fix_for_fp16s_overflow_16_mixed_is_tried_with_it() -> None:
+    policies = {"32-true": FAST, "16-mixed": FAST, "16-true": FAST, "bf16-mixed": FAST}
+    plan = plan_stage("precision", START, _facts(device="cuda", policies=policies, fp16_overflow=["head", "(the model)"], fp16_keep_fp32=["head"]))
+    fixed = dataclasses.replace(START, policy="16-mixed", keep_fp32=("head",))
+    assert fixed in plan.kept and {c.policy for c in plan.kept} == {"16-mixed", "bf16-mixed"}
+    assert fixed.key == "16-mixed mb8x1 compile=off keep_fp32=head" and fixed.describe(START) == "precision 16-mixed, head kept in fp32"
+    assert _pruned(plan)["16-mixed mb8x1 compile=off"].endswith("(ampkit doctor): tried with the doctor's fix instead, keep_fp32=['head']")
+    assert _pruned(plan)["16-true mb8x1 compile=off"].endswith("use a bf16 policy")  # the doctor tailored 16-mixed only
+    # Without the overflow there is nothing to fix: no such candidate.
+    assert all(not c.keep_fp32 for c in plan_stage("precision", START, _facts(device="cuda", policies=policies, fp16_keep_fp32=["head"])).kept)
 
 
 def test_compile_is_pruned_without_a_compiler_and_regional_without_repeated_blocks() -> None:
@@ -129,3 +143,22 @@ def test_channels_last_runs_before_the_precision_stage_it_makes_fast() -> None:
     order = stage_order(_facts(convs=1))
     assert order.index("channels_last") == order.index("precision") - 1
     assert stage_order(_facts(data_share=LOADER_BOTTLENECK), start_fits=False)[:3] == ["fit", "loader", "channels_last"]
+
+
+def test_a_compile_that_cannot_pay_within_the_run_is_not_tried_and_a_longer_run_lets_it() -> None:
+    # A 30 ms step; whole-model compile estimated at 40 s, a block's at 8 s. Over 1000 steps the whole model's
+    # compile adds 40 ms a step: more than even a 3x faster step would save (20 ms). The block's adds 8 ms: tried.
+    facts = _facts(step_s=0.030, run_steps=1000, compile_s=lambda c: {"model": 40.0, "regional": 8.0}.get(c.compile or "", 0.0))
+    plan = plan_stage("compile", START, facts)
+    assert [c.compile for c in plan.kept] == ["regional"]
+    assert _pruned(plan)["32-true mb8x1 compile=model"] == (
+        "its compile (about 40 s, estimated) spread over the run's 1000 steps (--run-steps) adds 40.0 ms a step, more than a "
+        "3x faster step would save (20.0 ms of 30.0 ms): it pays only over a longer run")
+    # Ten times the run: 4 ms a step, tried; and ordered by its amortised gain (1.25 / (1 + 1.25 * 4/30) = 1.07)
+    # behind the block's (1.2 / (1 + 1.2 * 0.8/30) = 1.16).
+    longer = dataclasses.replace(facts, run_steps=10_000)
+    assert [c.compile for c in plan_stage("compile", START, longer).kept] == ["regional", "model"]
+    assert expected_gain(dataclasses.replace(START, compile="model"), START, longer) == pytest.approx(1 / (1 / 1.25 + 0.004 / 0.030))
+    # An incumbent compiled already pays nothing more for a candidate that compiles the same.
+    compiled = dataclasses.replace(START, compile="model")
+    assert plan_stage("precision", compiled, facts).kept == [dataclasses.replace(compiled, policy="bf16-mixed")]

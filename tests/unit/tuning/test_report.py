@@ -93,6 +93,9 @@ def test_the_winners_code_is_the_engine_call_the_tune_measured() -> None:
     assert "ampkit.recompute(model, ampkit.memory.repeated_blocks(model))" in text
     assert "DataLoader(dataset, batch_size=16, num_workers=2, persistent_workers=True)  # 16 x 2 micro-batches = your batch of 32" in text
     assert "torch.set_num_threads(1)" in text
+    result.winner = Candidate(policy="16-mixed", micro_batch=32, accumulate=1, keep_fp32=("head",))  # the doctor's fix
+    engine_line = next(line for line in code(result).splitlines() if line.startswith("engine = "))
+    assert eval(engine_line.removeprefix("engine = "), {"ampkit": ampkit}).policy.keep_fp32 == ("head",)
 
 
 def test_the_files_hold_the_same_table(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 import ampkit
-from ampkit.tuning import TuneResult, WaveSettings, tune_workload, write_files
+from ampkit.tuning import Candidate, TuneResult, WaveSettings, tune_workload, write_files
 from ampkit.workloads import Accuracy, Workload
 
 ROWS = 16
@@ -118,14 +118,14 @@ def test_ctrl_c_inside_a_wave_shows_its_rounds_so_far_and_stores_none_of_them(tm
     real = _run.measure_wave
 
     def interrupted_rounds(*args: Any, **kwargs: Any) -> Any:
-        ticks = iter(range(100))
+        said: list[str] = []
 
         def clock() -> float:
-            if next(ticks) == 1:
+            if any("round 1/" in s for s in said):
                 raise KeyboardInterrupt  # the second round's start
             return 0.0
 
-        return real(*args, **{**kwargs, "clock": clock, "deadline": 1.0})
+        return real(*args, **{**kwargs, "clock": clock, "deadline": 1.0, "progress": said.append})
 
     monkeypatch.setattr(_run, "measure_wave", interrupted_rounds)
     result = tune_workload(_workload(), "cpu", budget=300, out=tmp_path, **FAST)  # type: ignore[arg-type]
@@ -329,3 +329,29 @@ def test_the_start_keeps_the_workloads_memory_format_and_a_conv_model_has_channe
     assert given.start == dataclasses.replace(start, channels_last=True) and len(tried) == 1
     assert given.stages == [{"stage": "channels_last", "incumbent": given.start.key, "chosen": given.start.key,
                              "why": "the model and its inputs are channels_last already (as given)"}]
+
+
+def test_a_compiles_estimate_scales_with_what_it_traces_and_a_measured_compile_makes_later_ones_as_pessimistic() -> None:
+    from ampkit.tuning._run import COMPILE_MIN_S, COMPILE_S_PER_MODULE, COMPILE_S_PER_PARAMETER, CompileSizes, _Budget, compiled_step
+
+    blocks = nn.Sequential(*[nn.Sequential(nn.Linear(8, 8), nn.Tanh()) for _ in range(3)], nn.Linear(8, 3))
+    assert CompileSizes.of(blocks) == CompileSizes(modules=7, block_modules=2, parameters=8)  # a block: Linear, Tanh
+    assert CompileSizes.of(_workload().model) == CompileSizes(modules=3, block_modules=3, parameters=4)  # no blocks: the model
+    start = Candidate(policy="32-true", micro_batch=ROWS, accumulate=1)
+    # What compiles a step: the fused step asked for; bf16-true-sr's library step; a master policy compiled.
+    assert [compiled_step(dataclasses.replace(start, **kw)) for kw in (
+        {}, {"policy": "bf16-true-sr"}, {"policy": "bf16-true-sr", "fused_step": False}, {"policy": "bf16-true-masters", "fused_step": True},
+        {"policy": "bf16-true-masters", "compile": "model"}, {"policy": "bf16-mixed", "compile": "model"},
+    )] == [False, True, False, True, True, False]
+    budget = _Budget(100.0, lambda: 0.0, "cpu")
+    budget.sizes = CompileSizes(modules=40, block_modules=8, parameters=30)
+    model_c, regional = dataclasses.replace(start, compile="model"), dataclasses.replace(start, compile="regional")
+    sr = dataclasses.replace(start, policy="bf16-true-sr")
+    assert budget.compile_s(start) == 0.0
+    assert budget.compile_s(model_c) == 40 * COMPILE_S_PER_MODULE["cpu"]
+    assert budget.compile_s(regional) == max(COMPILE_MIN_S, 8 * COMPILE_S_PER_MODULE["cpu"])
+    assert budget.compile_s(sr) == 30 * COMPILE_S_PER_PARAMETER["cpu"]
+    budget.calibrate(model_c, 2.5 * budget.compile_s(model_c))  # the machine compiles 2.5x slower than assumed
+    assert budget.compile_s(sr) == pytest.approx(2.5 * 30 * COMPILE_S_PER_PARAMETER["cpu"])
+    budget.calibrate(regional, 0.1)  # a faster one (a warm cache) never makes estimates optimistic again
+    assert budget.scale == pytest.approx(2.5)

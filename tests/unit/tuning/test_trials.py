@@ -4,7 +4,6 @@ the bench's, the budget stops a wave between rounds."""
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import statistics
 
 import pytest
@@ -100,11 +99,56 @@ def test_a_wave_times_every_candidate_beside_the_baseline_in_the_same_rounds(dev
 def test_the_budget_ends_a_wave_between_rounds_and_marks_what_it_cut(device: torch.device) -> None:
     w = _workload(device)
     start = Candidate(policy="32-true", micro_batch=ROWS, accumulate=1)
-    ticks = itertools.count()
+    said: list[str] = []
     trials = measure_wave(w, "threads", start, [dataclasses.replace(start, threads=1)], device,
-                          settings=WaveSettings(rounds=3, chunk=3, warmup=1), deadline=0.5, clock=lambda: next(ticks))
-    # The first round starts at tick 0 (before the deadline), the second at tick 1: 3 timed steps each, too few.
+                          settings=WaveSettings(rounds=3, chunk=3, warmup=1), deadline=0.5, progress=said.append,
+                          clock=lambda: 1.0 if any("round 1/" in s for s in said) else 0.0)
+    # The clock passes the deadline once the first round has begun: the second never starts. 3 timed steps each, too few.
     assert [len(t.step_times_s) for t in trials] == [3, 3] and {t.status for t in trials} == {"cut"}
+
+
+def test_no_candidate_starts_measuring_or_warming_up_after_the_deadline(device: torch.device) -> None:
+    # A compile cannot be stopped once started: the budget must stop the next candidate before it starts. The clock
+    # passes the deadline after the baseline's memory step: the candidate never runs, and is cut with its reason.
+    w = _workload(device)
+    start = Candidate(policy="32-true", micro_batch=ROWS, accumulate=1)
+    later = dataclasses.replace(start, threads=1)
+    ticks = iter([0.0, 10.0])
+    trials = measure_wave(w, "threads", start, [later], device, settings=WaveSettings(rounds=2, chunk=3, warmup=1),
+                          deadline=5.0, clock=lambda: next(ticks, 10.0))
+    cut = next(t for t in trials if t.key == later.key)
+    assert cut.status == "cut" and cut.step_times_s == [] and cut.peak_memory_bytes is None
+    assert cut.error == "the budget ended the wave before this configuration's trial started"
+
+
+def test_an_eager_run_that_compiles_its_optimizer_step_gets_its_warm_ups_excess_as_compile_time(
+    device: torch.device, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # bf16-true-sr's library step and the fused master step compile in the warm-up, not in the steps measured
+    # alone (those run eagerly): the warm-up less as many steady steps is their compile time. Here a 0.5 s sleep in
+    # the candidate's first step stands for the compile.
+    import time
+
+    import ampkit.tuning._trials as trials_module
+
+    w = _workload(device)
+    start = Candidate(policy="32-true", micro_batch=ROWS, accumulate=1)
+    other = dataclasses.replace(start, threads=1)
+    monkeypatch.setattr(trials_module, "compile_phase", lambda engine: "compiling the optimizer step")  # both "compile"
+    real_train = trials_module.PolicyRun.train
+    slept = []
+
+    def train(self: object, steps: int, timed: bool) -> None:
+        if not timed and torch.get_num_threads() == 1 and not slept:
+            slept.append(time.sleep(0.5))
+        real_train(self, steps, timed)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(trials_module.PolicyRun, "train", train)
+    with threads(2):  # the baseline runs at 2 threads, the candidate at 1: only the candidate's warm-up sleeps
+        result = measure_wave(w, "threads", start, [other], device, settings=WaveSettings(rounds=2, chunk=3, warmup=1))
+    by_key = {t.key: t for t in result}
+    assert 0.0 <= (by_key[start.key].compile_s or 0.0) < 0.3
+    assert 0.5 <= (by_key[other.key].compile_s or 0.0) < 1.5
 
 
 def test_a_candidate_that_fails_is_its_rows_finding_and_the_wave_goes_on(device: torch.device) -> None:
@@ -121,16 +165,16 @@ def test_ctrl_c_in_the_rounds_keeps_the_rounds_already_measured(device: torch.de
 
     w = _workload(device)
     start = Candidate(policy="32-true", micro_batch=ROWS, accumulate=1)
-    ticks = itertools.count()
+    said: list[str] = []
 
-    def clock() -> float:  # read at each round's start: the second round is interrupted
-        if next(ticks) == 1:
+    def clock() -> float:  # read before each candidate starts and at each round's start: the second round is interrupted
+        if any("round 1/" in s for s in said):
             raise KeyboardInterrupt
         return 0.0
 
     with pytest.raises(WaveInterrupted) as stopped:
         measure_wave(w, "threads", start, [dataclasses.replace(start, threads=1)], device,
-                     settings=WaveSettings(rounds=3, chunk=3, warmup=1), deadline=1.0, clock=clock)
+                     settings=WaveSettings(rounds=3, chunk=3, warmup=1), deadline=1.0, clock=clock, progress=said.append)
     assert [(t.role, len(t.step_times_s), t.status) for t in stopped.value.trials] == [("candidate", 3, "cut"), ("baseline", 3, "cut")]
 
 
@@ -162,6 +206,23 @@ def test_an_fp8_trial_converts_the_layers_its_roofline_plans_at_the_micro_batchs
     policy = trial_policy(w, "fp8-tensorwise")
     assert policy.layers.names == frozenset(p.name for p in plan.layers if p.convert) == {"0"}  # type: ignore[attr-defined]
     assert trial_policy(w, "bf16-mixed").name == "bf16-mixed"
+
+
+def test_the_doctors_fix_runs_its_modules_in_fp32_in_the_trial() -> None:
+    # 16-mixed with the head kept in fp32 (the doctor's fix): the trial's engine gets that policy, and the head's
+    # output comes out fp32 where the rest of the forward is fp16.
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 3))
+    w = Workload(name="mlp", model=model, train_batches=[(torch.randn(4, 8), torch.randint(0, 3, (4,)))], items_per_batch=4, steps=2, warmup=1)
+    c = Candidate(policy="16-mixed", micro_batch=4, accumulate=1, keep_fp32=("1",))
+    run = make_run(w, c, torch.device("cpu"), seed=0, steps=1)
+    assert run.policy.name == "16-mixed" and run.policy.keep_fp32 == ("1",)
+    seen = {}
+    run.build()
+    for name in ("0", "1"):
+        run.model.get_submodule(name).register_forward_hook(lambda m, i, o, name=name: seen.__setitem__(name, o.dtype))
+    run.train(1, False)
+    run.release()
+    assert seen == {"0": torch.float16, "1": torch.float32}
 
 
 def test_channels_last_converts_the_copy_and_the_images_and_trains_as_the_default_layout(device: torch.device) -> None:
