@@ -37,6 +37,7 @@ from .._errors import one_line
 from ..memory import repeated_blocks
 from ..policy import get_policy
 from ..profile import loader_settings, try_loader_settings
+from ..training._regions import shape_groups
 from ..workloads import Workload, batch_rows, device_info, split_batch
 from ._facts import add_loader_facts, gather_facts
 from ._format import fmt_bytes
@@ -76,8 +77,9 @@ PROBE_STEPS = 3
 
 @dataclass(frozen=True)
 class CompileSizes:
-    """What the compile time of a configuration scales with: the model's leaf modules, one repeated block's (what
-    regional compile traces: the other blocks reuse its code), and the parameter tensors an optimizer step updates."""
+    """What the compile time of a configuration scales with: the model's leaf modules, those of one repeated block of
+    each shape (what regional compile traces: blocks of one shape reuse its code), and the parameter tensors an
+    optimizer step updates."""
 
     modules: int = 1
     block_modules: int = 1
@@ -88,9 +90,12 @@ class CompileSizes:
         def leaves(m: torch.nn.Module) -> int:
             return sum(1 for x in m.modules() if next(x.children(), None) is None)
 
-        blocks = repeated_blocks(model)
         modules = leaves(model)
-        return cls(modules, leaves(model.get_submodule(blocks[0])) if blocks else modules, sum(1 for _ in model.parameters()))
+        # Regional compile traces one block of each shape (blocks of one shape share its code: ampkit.training's
+        # regions); blocks that all differ trace about as much as the whole model.
+        groups = shape_groups(model, repeated_blocks(model))
+        traced = sum(leaves(model.get_submodule(g[0])) for g in groups)
+        return cls(modules, min(modules, traced) if groups else modules, sum(1 for _ in model.parameters()))
 
 
 def compiled_step(c: Candidate) -> bool:

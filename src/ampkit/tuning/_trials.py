@@ -326,7 +326,8 @@ def measure_wave(
         role = "baseline" if i == 0 else "incumbent" if c == incumbent else "candidate"
         if i in late:
             run.release()
-            trials.append(Trial(key=c.key, stage=stage, candidate=c.to_dict(), role=role, status="cut",
+            # A compile measured alone before the deadline passed is kept: the budget's estimates learn from it.
+            trials.append(Trial(key=c.key, stage=stage, candidate=c.to_dict(), role=role, status="cut", compile_s=run.result.compile_time_s,
                                 error="the budget ended the wave before this configuration's trial started"))
             continue
         _guarded(run, c, "summarising", run.summarize)

@@ -337,6 +337,9 @@ def test_a_compiles_estimate_scales_with_what_it_traces_and_a_measured_compile_m
     blocks = nn.Sequential(*[nn.Sequential(nn.Linear(8, 8), nn.Tanh()) for _ in range(3)], nn.Linear(8, 3))
     assert CompileSizes.of(blocks) == CompileSizes(modules=7, block_modules=2, parameters=8)  # a block: Linear, Tanh
     assert CompileSizes.of(_workload().model) == CompileSizes(modules=3, block_modules=3, parameters=4)  # no blocks: the model
+    # Blocks of two shapes: regional compile traces one of each (2 + 2 leaves), as its regions compile them.
+    mixed = nn.Sequential(*[nn.Sequential(nn.Linear(8, 8), nn.Tanh()) for _ in range(2)], nn.Sequential(nn.Linear(8, 16), nn.Tanh()), nn.Linear(16, 3))
+    assert CompileSizes.of(mixed) == CompileSizes(modules=7, block_modules=4, parameters=8)
     start = Candidate(policy="32-true", micro_batch=ROWS, accumulate=1)
     # What compiles a step: the fused step asked for; bf16-true-sr's library step; a master policy compiled.
     assert [compiled_step(dataclasses.replace(start, **kw)) for kw in (
