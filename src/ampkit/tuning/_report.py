@@ -34,7 +34,8 @@ COLUMNS: dict[str, str] = {
     "start then": "the start's throughput measured in the same interleaved rounds as this row: the speed-up's control "
     "(each stage's rounds run at another time, and the machine's speed moves between them)",
     "speed-up": "the start's median step in the same rounds over this one's (amortised); in brackets its 95% "
-    "bootstrap interval",
+    "bootstrap interval; a finalist's from the confirmation wave (the finalists measured again beside the start, the "
+    "figure they were ranked by, not the one their stage selected them on)",
     "MFU": "model FLOPs utilisation, ampkit bench's definition: the time one optimizer step's useful FLOPs (forward "
     "and backward as torch's FlopCounterMode counts them, on the configuration's eager step; a recomputed forward "
     "left out) would take at the device's dense peak for each format they ran in, over the median step (compile "
@@ -49,8 +50,8 @@ COLUMNS: dict[str, str] = {
 """What each column of the table means; printed as footnotes wherever the table is."""
 
 VERDICTS: dict[str, str] = {
-    "winner": "the recommendation: the fastest configuration whose speed-up interval lies wholly above 1.0 and that "
-    "passed the accuracy guard",
+    "winner": "the recommendation: the fastest configuration whose speed-up interval lies wholly above 1.0 (in the "
+    "confirmation wave, where there was time for it) and that passed the accuracy guard",
     "start": "your starting point, the control every speed-up and accuracy gap is measured against; the recommendation "
     "when nothing beat it",
     "faster": "its speed-up interval lies wholly above 1.0 (a gain the step-time noise cannot explain)",
@@ -79,6 +80,8 @@ def _trial_rows(result: TuneResult) -> list[Any]:
     for t in result.trials:
         if (t.role == "baseline" and result.baseline.key not in seen) or (t.role == "candidate" and t.key not in seen):
             seen[t.key] = t  # each configuration once: where its stage tried it (the baseline: its first wave)
+        elif t.stage == "final" and t.role == "candidate":
+            seen[t.key] = t  # a finalist: as the confirmation wave measured it, beside the other finalists (what ranked it)
     return list(seen.values())
 
 

@@ -371,8 +371,14 @@ class _Tune:
 
     # -- the finalists --------------------------------------------------------------------------
     def finalists(self, baseline: Candidate, incumbent: Candidate) -> Candidate:
-        """Guard the fastest measured configurations that beat the baseline beyond the noise; the winner is the
-        fastest that passes (the incumbent's loader settings carried over), else the baseline."""
+        """The winner: the fastest configurations measured (each in its own stage's wave, beyond the noise) are
+        measured again side by side in one **confirmation wave**, ranked by it, and guarded in that order; the
+        winner is the fastest that passes (the incumbent's loader settings carried over), else the baseline.
+
+        A stage adopts the candidate whose one wave cleared the noise; among many such draws some clear it by luck
+        (the winner's curse), and each stage's rounds ran at another time. The confirmation wave is a fresh draw,
+        every finalist beside the start in the same rounds, so the figure the winner is chosen by is not the one it
+        was selected on. Without time for it, the stages' own waves rank them (the notes say so)."""
         best: dict[str, Trial] = {}
         for t in self.result.trials:
             # Each configuration as its own stage measured it (an incumbent measured again in a later wave is that
@@ -384,26 +390,61 @@ class _Tune:
                 continue
             if t.key not in best or (t.speedup(self.run_steps) or 0) > (best[t.key].speedup(self.run_steps) or 0):
                 best[t.key] = t
-        ranked = sorted(best.values(), key=lambda t: -(t.speedup(self.run_steps) or 0))
-        considered = 0
-        for t in ranked:
+        ranked = sorted(best.values(), key=lambda t: -(t.speedup(self.run_steps) or 0))[:FINALISTS]
+        confirmed = self.confirm([Candidate.from_dict(t.candidate) for t in ranked], baseline) if ranked else None
+        if confirmed is not None:
+            ranked = confirmed
+        for considered, t in enumerate(ranked, 1):
             c = dataclasses.replace(Candidate.from_dict(t.candidate), loader=incumbent.loader)
-            if considered >= FINALISTS:
-                break
-            considered += 1
             self.progress(f"finalist {considered}: {c.describe(baseline)}")
             g = self.guarded(c)
             if g is None:
                 self.result.notes.append(f"{c.key}: not guarded (no time left in the budget), so not recommended")
                 continue
             if g.passed:
-                self.result.winner_reason = (f"the fastest configuration measured whose speed-up over the start clears the noise and "
+                where = "in the confirmation wave" if confirmed is not None else "in its stage's wave"
+                self.result.winner_reason = (f"the fastest configuration whose speed-up over the start clears the noise {where} and "
                                              f"that passed the accuracy guard ({t.speedup(self.run_steps):.2f}x)")
                 return c
-        self.result.winner_reason = ("no configuration was measured faster than the start beyond the noise and passed the "
-                                     "accuracy guard: keep the start" if ranked or not self.result.interrupted else
-                                     "interrupted before any configuration was proven")
+        if confirmed is not None and not confirmed:
+            self.result.winner_reason = ("no finalist's speed-up over the start cleared the noise again in the confirmation wave: "
+                                         "keep the start")
+        else:
+            self.result.winner_reason = ("no configuration was measured faster than the start beyond the noise and passed the "
+                                         "accuracy guard: keep the start" if ranked or not self.result.interrupted else
+                                         "interrupted before any configuration was proven")
         return dataclasses.replace(baseline, loader=incumbent.loader)
+
+    def confirm(self, contenders: list[Candidate], baseline: Candidate) -> list[Trial] | None:
+        """Measure ``contenders`` again beside ``baseline`` in one wave; their trials there that clear the noise,
+        fastest first (None: no time for the wave). Compile time is each graph's first, cold compile in this tune:
+        the wave finds torch's caches warm and would otherwise charge a compiled finalist almost nothing."""
+        key = "final|" + "|".join(c.key for c in contenders)
+        stored = self.store.wave(key)
+        if stored is not None:
+            trials = [Trial.from_dict(t) for t in stored]
+        else:
+            steps = self.waves.steps
+            cost = (len(contenders) + 1) * steps * self.budget.step_s + sum(self.budget.compile_s(c) * RECOMPILE_SHARE for c in contenders)
+            if cost > self.budget.left - self.guard_reserve(contenders[0]):
+                self.result.notes.append(f"no time left for the confirmation wave (about {cost:.0f} s): the finalists are ranked by their "
+                                         "own stages' waves")
+                return None
+            deadline = self.budget.start + self.budget.seconds - self.guard_reserve(contenders[0])
+            trials = measure_wave(self.workload, "final", baseline, contenders, self.device, settings=self.waves, seed=self.seed,
+                                  deadline=deadline, clock=self.budget.clock, progress=self.progress)
+            cold: dict[str, float] = {}
+            for t in self.result.trials:
+                if t.compile_s:
+                    k = Candidate.from_dict(t.candidate).numerics_key
+                    cold[k] = max(cold.get(k, 0.0), t.compile_s)
+            for t in trials:
+                k = Candidate.from_dict(t.candidate).numerics_key
+                t.compile_s = max(t.compile_s or 0.0, cold.get(k, 0.0)) or None
+            self.store.put_wave(key, [t.to_dict() for t in trials])
+        self.result.trials += trials
+        cleared = [t for t in trials if t.role == "candidate" and t.status == "ok" and (ci := t.interval(self.run_steps)) is not None and ci[0] > 1.0]
+        return sorted(cleared, key=lambda t: -(t.speedup(self.run_steps) or 0))
 
 
 def tune_workload(
