@@ -132,7 +132,8 @@ def _script(name: str, *args: str) -> tuple[str, ...]:
 #                   32-true and bf16-mixed, 3.7 s each: 07-memory_prediction.log's gpt estimate), its fp32 probe, the
 #                   precision wave (13 steps each) and the guard (10 fp32 steps twice, at about 0.17 s a step) about
 #                   20 s; a compile form 11.6 s (regional) to about 20 s (the whole model), which the tune tries only
-#                   where its estimate (20 s a compile until one is measured) fits what is left: the time the steps before
+#                   where its estimate fits what is left (before one is measured: 0.2 s a leaf module, at least 10 s:
+#                   regional 10 s, the whole model's 88 modules 18 s; then scaled by the compiles measured): the time the steps before
 #                   it save (the tests step's 35 s margin, most of the time) runs them; margin 12 s (the build, the
 #                   files, the compile workers' exit): 46 s
 #   optimizer_steps no row in 20 s: torchao's per-shape compiles, the sr region's, gpt small; kahan's if time allows: 50 s

@@ -64,8 +64,9 @@ compiles, 11.6 s regional to about 20 s whole)."""
 COMPILE_S_PER_PARAMETER = {"cpu": 1.0, "cuda": 0.1}
 """The same for a compiled optimizer step (bf16-true-sr's library step, the fused master step), per parameter
 tensor it updates: bf16-true-sr's step of segment's 86 tensors compiled in 77 s on the development CPU."""
-COMPILE_MIN_S = 5.0
-"""The least a compile is assumed to take: tracing and code generation cost this much even for a tiny graph."""
+COMPILE_MIN_S = {"cpu": 5.0, "cuda": 10.0}
+"""The least a compile is assumed to take: tracing, code generation and (CUDA) Triton's start cost this much even for
+a small graph (the H200's regional compile of gpt large's 7-module block took 11.6 s)."""
 RECOMPILE_SHARE = 0.1
 """A trial's run compiles twice (alone for its compile time, then the timed run), and a guard run once more: the
 same graph again, which torch.compile's on-disk cache serves (0.76 s after 18.6 s for digits tiny on a CPU)."""
@@ -131,12 +132,12 @@ class _Budget:
 
     def compile_guess(self, c: Candidate) -> float:
         """Seconds ``c``'s compiles take by the per-size rates alone (before the calibrated scale); 0 for none."""
-        per_module = COMPILE_S_PER_MODULE.get(self.device, 1.0)
+        per_module, least = COMPILE_S_PER_MODULE.get(self.device, 1.0), COMPILE_MIN_S.get(self.device, 5.0)
         total = 0.0
         if c.compile is not None:
-            total += max(COMPILE_MIN_S, per_module * (self.sizes.modules if c.compile == "model" else self.sizes.block_modules))
+            total += max(least, per_module * (self.sizes.modules if c.compile == "model" else self.sizes.block_modules))
         if compiled_step(c):
-            total += max(COMPILE_MIN_S, COMPILE_S_PER_PARAMETER.get(self.device, 1.0) * self.sizes.parameters)
+            total += max(least, COMPILE_S_PER_PARAMETER.get(self.device, 1.0) * self.sizes.parameters)
         return total
 
     def compile_s(self, c: Candidate) -> float:

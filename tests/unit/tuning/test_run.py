@@ -352,7 +352,7 @@ def test_a_compiles_estimate_scales_with_what_it_traces_and_a_measured_compile_m
     sr = dataclasses.replace(start, policy="bf16-true-sr")
     assert budget.compile_s(start) == 0.0
     assert budget.compile_s(model_c) == 40 * COMPILE_S_PER_MODULE["cpu"]
-    assert budget.compile_s(regional) == max(COMPILE_MIN_S, 8 * COMPILE_S_PER_MODULE["cpu"])
+    assert budget.compile_s(regional) == max(COMPILE_MIN_S["cpu"], 8 * COMPILE_S_PER_MODULE["cpu"])
     assert budget.compile_s(sr) == 30 * COMPILE_S_PER_PARAMETER["cpu"]
     budget.calibrate(model_c, 2.5 * budget.compile_s(model_c))  # the machine compiles 2.5x slower than assumed
     assert budget.compile_s(sr) == pytest.approx(2.5 * 30 * COMPILE_S_PER_PARAMETER["cpu"])
