@@ -49,7 +49,7 @@ from ._space import Candidate, Facts, memory_key
 from ._store import TrialStore
 from ._trials import DEFAULT_WAVES, Trial, WaveInterrupted, WaveSettings, make_run, measure_wave
 
-__all__ = ["COMPILE_MIN_S", "COMPILE_S_PER_MODULE", "COMPILE_S_PER_PARAMETER", "FINALISTS", "CompileSizes", "compiled_step", "LOADER_MIN_SPEEDUP", "RECOMPILE_SHARE", "tune_workload"]
+__all__ = ["UNMEASURED_MARGIN", "COMPILE_MIN_S", "COMPILE_S_PER_MODULE", "COMPILE_S_PER_PARAMETER", "FINALISTS", "CompileSizes", "compiled_step", "LOADER_MIN_SPEEDUP", "RECOMPILE_SHARE", "tune_workload"]
 
 log = logging.getLogger("ampkit")
 
@@ -64,6 +64,9 @@ compiles, 11.6 s regional to about 20 s whole)."""
 COMPILE_S_PER_PARAMETER = {"cpu": 1.0, "cuda": 0.1}
 """The same for a compiled optimizer step (bf16-true-sr's library step, the fused master step), per parameter
 tensor it updates: bf16-true-sr's step of segment's 86 tensors compiled in 77 s on the development CPU."""
+UNMEASURED_MARGIN = 1.5
+"""Until a compile has been measured its estimate is taken this much larger: a compile cannot be stopped once
+started, and the per-size rates are one machine's (bf16-true-sr's step on resnet took 74 s against 62 estimated)."""
 COMPILE_MIN_S = {"cpu": 5.0, "cuda": 10.0}
 """The least a compile is assumed to take: tracing, code generation and (CUDA) Triton's start cost this much even for
 a small graph (the H200's regional compile of gpt large's 7-module block took 11.6 s)."""
@@ -120,7 +123,12 @@ class _Budget:
         self.clock, self.start, self.seconds, self.device = clock, clock(), seconds, device
         self.step_s = 0.0
         self.sizes = CompileSizes()
-        self.scale = 1.0
+        self.scale: float | None = None
+        """Measured compile time over estimated, the largest seen; None until a compile is measured (then the
+        estimate carries :data:`UNMEASURED_MARGIN`)."""
+        self.work_scale = 1.0
+        """A wave's measured wall time over its estimate (steps, memory steps under the tracker, builds), the largest
+        seen, at least 1: what the estimates of later steps are multiplied by."""
 
     @property
     def elapsed(self) -> float:
@@ -141,19 +149,27 @@ class _Budget:
         return total
 
     def compile_s(self, c: Candidate) -> float:
-        return self.scale * self.compile_guess(c)
+        return (self.scale if self.scale is not None else UNMEASURED_MARGIN) * self.compile_guess(c)
 
     def calibrate(self, c: Candidate, measured: float) -> None:
         """Scale later estimates by what ``c``'s compile took against its estimate (never down)."""
         guess = self.compile_guess(c)
         if guess > 0 and measured > 0:
-            self.scale = max(self.scale, measured / guess)
+            self.scale = max(self.scale or 0.0, measured / guess)
+
+    def calibrate_work(self, estimated_s: float, measured_s: float) -> None:
+        """Scale later step estimates by what a wave took against its estimate (never below 1, never down)."""
+        if estimated_s > 0:
+            self.work_scale = max(self.work_scale, measured_s / estimated_s)
+
+    def steps_s(self, steps: int) -> float:
+        return steps * self.step_s * self.work_scale
 
     def trial_s(self, c: Candidate, steps: int) -> float:
-        return steps * self.step_s + self.compile_s(c) * (1 + RECOMPILE_SHARE)
+        return self.steps_s(steps) + self.compile_s(c) * (1 + RECOMPILE_SHARE)
 
     def guard_s(self, c: Candidate, steps: int) -> float:
-        return steps * self.step_s + self.compile_s(c) * RECOMPILE_SHARE
+        return self.steps_s(steps) + self.compile_s(c) * RECOMPILE_SHARE
 
 
 def _probe(workload: Workload, start: Candidate, device: torch.device, seed: int) -> float:
@@ -198,6 +214,8 @@ class _Tune:
         self.waves, self.seed, self.run_steps, self.guard_steps, self.loader = waves, seed, run_steps, guard_steps, loader
         self._progress = progress
         self.reference: Reference | None = None
+        # True once the finalists are reached: no time is kept back for the confirmation wave any more (it runs now, or not).
+        self.finishing = False
         # Step FLOPs by configuration (ampkit.tuning._mfu.flops_key), counted once per tune, where MFU can be given.
         self.flops: dict[str, dict[str, float]] | None = {} if counts_flops(result.device) else None
 
@@ -205,9 +223,18 @@ class _Tune:
         self._progress(what, self.budget.elapsed, max(0.0, self.budget.left))
 
     # -- the guard ------------------------------------------------------------------------------
-    def guard_reserve(self, c: Candidate) -> float:
+    def guard_reserve(self, c: Candidate, confirmation: bool = True) -> float:
+        """The time kept back for the end of the tune: the guard's runs for ``c`` (and the fp32 reference's, until
+        run) and, until the finalists are reached, the confirmation wave (:meth:`finalists`), so that the stages'
+        trials never eat the time that makes their answer trustworthy."""
         refs = 0.0 if self.reference is not None or self.store.guard("__reference__") else 2 * self.budget.guard_s(self.result.start, self.guard_steps)
-        return refs + self.budget.guard_s(c, self.guard_steps)
+        confirm = self.confirmation_s() if confirmation and not self.finishing else 0.0
+        return refs + self.budget.guard_s(c, self.guard_steps) + confirm
+
+    def confirmation_s(self) -> float:
+        """What the confirmation wave is expected to take: :data:`FINALISTS` configurations and the start, a trial
+        each, their compiles served by torch's cache (they were compiled in their stages)."""
+        return (FINALISTS + 1) * self.budget.trial_s(self.result.start, self.waves.steps)
 
     def guarded(self, c: Candidate) -> GuardResult | None:
         """``c``'s guard result (run now if not stored); None when the budget has no time left for it."""
@@ -257,6 +284,7 @@ class _Tune:
                 r.stages.append({"stage": plan.stage, "incumbent": incumbent.key, "chosen": incumbent.key, "why": "no time left in the budget"})
                 return incumbent
             deadline = self.budget.start + self.budget.seconds - self.guard_reserve(tried[0])
+            began = self.budget.clock()
             try:
                 trials = measure_wave(self.workload, plan.stage, baseline, tried, self.device, incumbent=incumbent, settings=self.waves,
                                       seed=self.seed, deadline=deadline, clock=self.budget.clock, progress=self.progress,
@@ -264,10 +292,15 @@ class _Tune:
             except WaveInterrupted as stopped:
                 r.trials += stopped.trials  # shown as measured so far; not stored, so a resumed tune measures the wave whole
                 raise
+            took = self.budget.clock() - began
             self.store.put_wave(wave_key, [t.to_dict() for t in trials])
+            members = [Candidate.from_dict(t.candidate) for t in trials]
             for t in trials:
                 if t.compile_s and not t.resumed:
                     self.budget.calibrate(Candidate.from_dict(t.candidate), t.compile_s)
+            # With the compiles calibrated, what the wave's steps took beyond their estimate is the work's own misfit.
+            compiles = sum(t.compile_s or 0.0 for t in trials) * (1 + RECOMPILE_SHARE)
+            self.budget.calibrate_work(len(members) * self.waves.steps * self.budget.step_s, took - compiles)
         r.trials += trials
         return self.choose(plan, trials, incumbent, baseline)
 
@@ -392,6 +425,7 @@ class _Tune:
             if t.key not in best or (t.speedup(self.run_steps) or 0) > (best[t.key].speedup(self.run_steps) or 0):
                 best[t.key] = t
         ranked = sorted(best.values(), key=lambda t: -(t.speedup(self.run_steps) or 0))[:FINALISTS]
+        self.finishing = True
         confirmed = self.confirm([Candidate.from_dict(t.candidate) for t in ranked], baseline) if ranked else None
         if confirmed is not None:
             ranked = confirmed
@@ -531,7 +565,7 @@ def _search(
     budget.sizes = CompileSizes.of(workload.model)
     tune.progress("timing the starting configuration")
     budget.step_s = _probe(workload, baseline, device, tune.seed)
-    minimum = budget.elapsed + 2 * budget.trial_s(baseline, tune.waves.steps) + tune.guard_reserve(baseline)
+    minimum = budget.elapsed + 2 * budget.trial_s(baseline, tune.waves.steps) + tune.guard_reserve(baseline, confirmation=False)
     if minimum > budget.seconds:
         enough = math.ceil(minimum * 1.5)
         raise ValueError(

@@ -211,11 +211,12 @@ def test_a_budget_too_small_for_one_trial_names_the_minimum(monkeypatch: pytest.
 # (tests/unit/tuning/test_trials.py) and a budget too small for one trial (tests/unit/cli/test_tune.py).
 @pytest.mark.slow
 def test_candidates_the_budget_has_no_time_for_are_listed_not_tried(monkeypatch: pytest.MonkeyPatch) -> None:
-    # A probed step of 0.6 s: a trial is 9 steps (5.4 s), the guard's reserve 3 runs of 6 steps (10.8 s). A budget
-    # of 32 s leaves about 21 s for trials: the baseline's and two candidates' (16.2 s), not a third (21.6 s).
+    # A probed step of 0.6 s: a trial is 9 steps (5.4 s); kept back, the guard's 3 runs of 6 steps (10.8 s) and the
+    # confirmation wave's 4 trials (21.6 s). A budget of 54 s leaves about 21 s for trials: the baseline's and two
+    # candidates' (16.2 s), not a third (21.6 s).
     monkeypatch.setattr("ampkit.tuning._run._probe", lambda *args: 0.6)
     precisions = ["bf16-mixed", "bf16-true", "bf16-true-masters", "bf16-true-remainder", "bf16-true-kahan"]
-    result = tune_workload(_workload(), "cpu", budget=32, **{**FAST, "precisions": precisions})  # type: ignore[arg-type]
+    result = tune_workload(_workload(), "cpu", budget=54, **{**FAST, "precisions": precisions})  # type: ignore[arg-type]
     assert len({t.key for t in result.trials}) == 3
     assert [n["reason"] for n in result.not_tried] == ["no time left in the budget (about 5 s for its trial)"] * 3
     assert {n["key"] for n in result.not_tried} | {t.key for t in result.trials} == {f"{p} mb16x1 compile=off" for p in ["32-true", *precisions]}
@@ -332,7 +333,9 @@ def test_the_start_keeps_the_workloads_memory_format_and_a_conv_model_has_channe
 
 
 def test_a_compiles_estimate_scales_with_what_it_traces_and_a_measured_compile_makes_later_ones_as_pessimistic() -> None:
-    from ampkit.tuning._run import COMPILE_MIN_S, COMPILE_S_PER_MODULE, COMPILE_S_PER_PARAMETER, CompileSizes, _Budget, compiled_step
+    from ampkit.tuning._run import (
+        COMPILE_MIN_S, COMPILE_S_PER_MODULE, COMPILE_S_PER_PARAMETER, UNMEASURED_MARGIN, CompileSizes, _Budget, compiled_step,
+    )
 
     blocks = nn.Sequential(*[nn.Sequential(nn.Linear(8, 8), nn.Tanh()) for _ in range(3)], nn.Linear(8, 3))
     assert CompileSizes.of(blocks) == CompileSizes(modules=7, block_modules=2, parameters=8)  # a block: Linear, Tanh
@@ -350,14 +353,21 @@ def test_a_compiles_estimate_scales_with_what_it_traces_and_a_measured_compile_m
     budget.sizes = CompileSizes(modules=40, block_modules=8, parameters=30)
     model_c, regional = dataclasses.replace(start, compile="model"), dataclasses.replace(start, compile="regional")
     sr = dataclasses.replace(start, policy="bf16-true-sr")
+    # Before any compile is measured, the estimate carries its margin.
     assert budget.compile_s(start) == 0.0
-    assert budget.compile_s(model_c) == 40 * COMPILE_S_PER_MODULE["cpu"]
-    assert budget.compile_s(regional) == max(COMPILE_MIN_S["cpu"], 8 * COMPILE_S_PER_MODULE["cpu"])
-    assert budget.compile_s(sr) == 30 * COMPILE_S_PER_PARAMETER["cpu"]
-    budget.calibrate(model_c, 2.5 * budget.compile_s(model_c))  # the machine compiles 2.5x slower than assumed
+    assert budget.compile_s(model_c) == UNMEASURED_MARGIN * 40 * COMPILE_S_PER_MODULE["cpu"]
+    assert budget.compile_s(regional) == UNMEASURED_MARGIN * max(COMPILE_MIN_S["cpu"], 8 * COMPILE_S_PER_MODULE["cpu"])
+    assert budget.compile_s(sr) == UNMEASURED_MARGIN * 30 * COMPILE_S_PER_PARAMETER["cpu"]
+    budget.calibrate(model_c, 2.5 * budget.compile_guess(model_c))  # the machine compiles 2.5x slower than assumed
     assert budget.compile_s(sr) == pytest.approx(2.5 * 30 * COMPILE_S_PER_PARAMETER["cpu"])
     budget.calibrate(regional, 0.1)  # a faster one (a warm cache) never makes estimates optimistic again
     assert budget.scale == pytest.approx(2.5)
+    # Steps: a wave that took twice its estimate (memory steps under the tracker, builds) doubles later estimates.
+    budget.step_s = 0.01
+    assert budget.trial_s(start, 10) == pytest.approx(0.1)
+    budget.calibrate_work(1.0, 2.0)
+    budget.calibrate_work(1.0, 0.5)
+    assert budget.work_scale == 2.0 and budget.trial_s(start, 10) == pytest.approx(0.2)
 
 
 def _fake_waves(monkeypatch: pytest.MonkeyPatch, medians: dict[str, dict[str, float]]) -> list[str]:
