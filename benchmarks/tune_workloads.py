@@ -218,6 +218,7 @@ def compare(name: str, budget: float, run_steps: int, seed: int, log: Any) -> di
         "hands": hand_rows,
         "winner_reason": result.winner_reason,
         "stages": result.stages,
+        "timings": result.timings,
         "loader_trials": result.loader_trials,
     }
     if tuned_t.status == "ok" and best_single != tuned and by_key[best_single.key].status == "ok":

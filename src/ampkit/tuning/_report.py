@@ -229,7 +229,8 @@ def render(result: TuneResult, console: Console) -> None:
         console.print(f"[yellow]note:[/yellow] {note}")
     console.print(f"\n[bold]winner[/bold]: {result.winner.describe(result.start)}: {result.winner_reason}")
     console.print(Syntax(code(result), "python", theme="ansi_dark", background_color="default"))
-    console.print(f"[dim]tuned in {result.elapsed_s:.0f} s of a {result.budget_s:g} s budget"
+    parts = ", ".join(f"{k.replace('_', ' ')} {v:.0f} s" for k, v in result.timings.items() if v >= 0.5)
+    console.print(f"[dim]tuned in {result.elapsed_s:.0f} s of a {result.budget_s:g} s budget" + (f" ({parts})" if parts else "")
                   + (f"; {result.resumed} trial(s) read back from an earlier run" if result.resumed else "") + "[/dim]")
 
 

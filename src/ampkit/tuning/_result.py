@@ -50,6 +50,9 @@ class TuneResult:
     notes: list[str] = field(default_factory=list)
     settings: dict[str, Any] = field(default_factory=dict)
     elapsed_s: float = 0.0
+    timings: dict[str, float] = field(default_factory=dict)
+    """Wall seconds of each part: ``facts``, ``probe``, each stage by name, ``finalists`` (the confirmation wave and
+    the accuracy guard's runs not run before), in the order they ran."""
     interrupted: bool = False
     resumed: int = 0
     """Candidates whose trials were read back from an earlier, interrupted tune with the same ``--out``."""
@@ -67,7 +70,7 @@ class TuneResult:
         return {
             "workload": self.workload, "description": self.description, "device": self.device, "unit": self.unit,
             "items_per_step": self.items_per_step, "run_steps": self.run_steps, "budget_s": self.budget_s,
-            "elapsed_s": self.elapsed_s, "interrupted": self.interrupted, "resumed": self.resumed,
+            "elapsed_s": self.elapsed_s, "timings": self.timings, "interrupted": self.interrupted, "resumed": self.resumed,
             "start": self.start.to_dict(), "baseline": self.baseline.to_dict(), "winner": self.winner.to_dict(),
             "winner_reason": self.winner_reason,
             "trials": [t.to_dict() for t in self.trials], "pruned": self.pruned, "not_tried": self.not_tried,

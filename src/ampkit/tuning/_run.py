@@ -550,9 +550,17 @@ def _search(
 ) -> None:
     result, budget = tune.result, tune.budget
     start = result.start
+    mark = [budget.elapsed]
+
+    def took(part: str) -> None:  # where the budget went, part by part (the report's last line)
+        now = budget.elapsed
+        result.timings[part] = round(result.timings.get(part, 0.0) + now - mark[0], 3)
+        mark[0] = now
+
     tune.progress("predicting memory and reading the model")
     notes: list[str] = []
     facts = gather_facts(workload, device, memory_budget=memory_budget, precisions=precisions, notes=notes)
+    took("facts")
     start_fits = facts.memory_budget is None or facts.predicted_peak.get(memory_key(start.policy, start.micro_batch, False), 0) <= facts.memory_budget
     baseline = start
     if not start_fits:
@@ -565,6 +573,7 @@ def _search(
     budget.sizes = CompileSizes.of(workload.model)
     tune.progress("timing the starting configuration")
     budget.step_s = _probe(workload, baseline, device, tune.seed)
+    took("probe")
     minimum = budget.elapsed + 2 * budget.trial_s(baseline, tune.waves.steps) + tune.guard_reserve(baseline, confirmation=False)
     if minimum > budget.seconds:
         enough = math.ceil(minimum * 1.5)
@@ -575,6 +584,7 @@ def _search(
         )
     if tune.loader is not None:
         add_loader_facts(facts, tune.loader, budget.step_s, device)
+        took("facts")
     result.notes += notes
     result.facts = _facts_summary(facts)
     result.baseline = incumbent = baseline
@@ -588,9 +598,11 @@ def _search(
         if stage == "fit":
             plan = plan_stage("fit", start, facts)
             incumbent = tune.stage(plan, baseline, baseline)
-            continue
-        incumbent = tune.stage(plan_stage(stage, incumbent, facts), incumbent, baseline)
+        else:
+            incumbent = tune.stage(plan_stage(stage, incumbent, facts), incumbent, baseline)
+        took(stage)
     result.winner = tune.finalists(baseline, incumbent)
+    took("finalists")
 
 
 def _step_of(trials: Sequence[Trial], c: Candidate) -> float | None:

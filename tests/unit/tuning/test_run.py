@@ -54,6 +54,9 @@ def test_every_policy_is_measured_pruned_or_untried_and_the_winner_was_guarded(t
         guard = result.guard_of(result.winner)
         assert guard is not None and guard.passed
     assert result.reference is None or result.reference.steps == 6
+    # Where the budget went, part by part, in the order they ran: together, the tune's whole time.
+    assert list(result.timings) == ["facts", "probe", "precision", "finalists"]
+    assert sum(result.timings.values()) == pytest.approx(result.elapsed_s, rel=0.05, abs=0.05)
 
 
 def test_a_second_tune_with_the_same_out_measures_nothing_again(tuned: tuple[TuneResult, Path], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -334,7 +337,13 @@ def test_the_start_keeps_the_workloads_memory_format_and_a_conv_model_has_channe
 
 def test_a_compiles_estimate_scales_with_what_it_traces_and_a_measured_compile_makes_later_ones_as_pessimistic() -> None:
     from ampkit.tuning._run import (
-        COMPILE_MIN_S, COMPILE_S_PER_MODULE, COMPILE_S_PER_PARAMETER, UNMEASURED_MARGIN, CompileSizes, _Budget, compiled_step,
+        COMPILE_MIN_S,
+        COMPILE_S_PER_MODULE,
+        COMPILE_S_PER_PARAMETER,
+        UNMEASURED_MARGIN,
+        CompileSizes,
+        _Budget,
+        compiled_step,
     )
 
     blocks = nn.Sequential(*[nn.Sequential(nn.Linear(8, 8), nn.Tanh()) for _ in range(3)], nn.Linear(8, 3))
