@@ -59,7 +59,7 @@ from ampkit.policy import get_policy, policy_names
 from ampkit.profile import workload_loader
 from ampkit.tuning import Candidate, TuneResult, WaveSettings, tune_workload
 from ampkit.tuning._guard import GuardResult, Reference, judge
-from ampkit.tuning._trials import Trial, measure_wave
+from ampkit.tuning._trials import Trial, cold_compiles, measure_wave
 from ampkit.workloads import Workload, get_workload, workload_from
 
 WORKLOADS = ("digits", "digits-aug", "segment", "gpt", "resnet", "hf-gpt2")
@@ -104,18 +104,6 @@ def build(name: str, seed: int) -> tuple[Workload, Any]:
 def fast_policies() -> list[str]:
     cpu = torch.device("cpu")
     return [n for n in policy_names() if n != "32-true" and get_policy(n).support(cpu).fast]
-
-
-def cold_compiles(trials: list[Trial]) -> dict[str, float]:
-    """Each configuration's compile time (by its numerics key: threads and the loader change no graph): the longest
-    measured in this process, i.e. its first, cold compile; a later trial of the same graph finds inductor's caches
-    warm (on disk and in memory) and would understate what a fresh run pays."""
-    out: dict[str, float] = {}
-    for t in trials:
-        if t.compile_s:
-            key = Candidate.from_dict(t.candidate).numerics_key
-            out[key] = max(out.get(key, 0.0), t.compile_s)
-    return out
 
 
 def amortised(t: Trial, run_steps: int, compiles: dict[str, float]) -> list[float]:

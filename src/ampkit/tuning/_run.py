@@ -47,7 +47,7 @@ from ._prune import StagePlan, plan_stage, stage_order
 from ._result import TuneResult
 from ._space import Candidate, Facts, memory_key
 from ._store import TrialStore
-from ._trials import DEFAULT_WAVES, Trial, WaveInterrupted, WaveSettings, make_run, measure_wave
+from ._trials import DEFAULT_WAVES, Trial, WaveInterrupted, WaveSettings, cold_compiles, make_run, measure_wave
 
 __all__ = ["UNMEASURED_MARGIN", "COMPILE_MIN_S", "COMPILE_S_PER_MODULE", "COMPILE_S_PER_PARAMETER", "FINALISTS", "CompileSizes", "compiled_step", "LOADER_MIN_SPEEDUP", "RECOMPILE_SHARE", "tune_workload"]
 
@@ -460,7 +460,7 @@ class _Tune:
             trials = [Trial.from_dict(t) for t in stored]
         else:
             steps = self.waves.steps
-            cost = (len(contenders) + 1) * steps * self.budget.step_s + sum(self.budget.compile_s(c) * RECOMPILE_SHARE for c in contenders)
+            cost = (len(contenders) + 1) * self.budget.steps_s(steps) + sum(self.budget.compile_s(c) * RECOMPILE_SHARE for c in contenders)
             if cost > self.budget.left - self.guard_reserve(contenders[0]):
                 self.result.notes.append(f"no time left for the confirmation wave (about {cost:.0f} s): the finalists are ranked by their "
                                          "own stages' waves")
@@ -468,11 +468,7 @@ class _Tune:
             deadline = self.budget.start + self.budget.seconds - self.guard_reserve(contenders[0])
             trials = measure_wave(self.workload, "final", baseline, contenders, self.device, settings=self.waves, seed=self.seed,
                                   deadline=deadline, clock=self.budget.clock, progress=self.progress)
-            cold: dict[str, float] = {}
-            for t in self.result.trials:
-                if t.compile_s:
-                    k = Candidate.from_dict(t.candidate).numerics_key
-                    cold[k] = max(cold.get(k, 0.0), t.compile_s)
+            cold = cold_compiles(self.result.trials)
             for t in trials:
                 k = Candidate.from_dict(t.candidate).numerics_key
                 t.compile_s = max(t.compile_s or 0.0, cold.get(k, 0.0)) or None

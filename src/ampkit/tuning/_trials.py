@@ -47,7 +47,7 @@ from ..workloads import Workload, batch_rows, split_batch, to_device
 from ._mfu import eager_twin, flops_key
 from ._space import Candidate
 
-__all__ = ["COMPILE_MODES", "DEFAULT_WAVES", "Trial", "WaveInterrupted", "WaveSettings", "make_run", "measure_wave", "micro_workload", "step_flops", "threads", "trial_policy"]
+__all__ = ["COMPILE_MODES", "DEFAULT_WAVES", "Trial", "cold_compiles", "WaveInterrupted", "WaveSettings", "make_run", "measure_wave", "micro_workload", "step_flops", "threads", "trial_policy"]
 
 log = logging.getLogger("ampkit")
 
@@ -111,6 +111,23 @@ class Trial:
     def from_dict(cls, data: dict[str, Any]) -> Trial:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names}, resumed=True)
+
+
+def cold_compiles(trials: Sequence[Trial]) -> dict[str, float]:
+    """Each configuration's compile time by its numerics key (threads and the loader change no graph): the longest
+    measured among ``trials``, i.e. its first, cold compile. A later trial of the same graph finds inductor's caches
+    warm (on disk and in memory) and would understate what a fresh run pays.
+
+    >>> c = Candidate(policy="bf16-mixed", micro_batch=8, accumulate=1, compile="model")
+    >>> cold_compiles([Trial(key=c.key, stage="a", candidate=c.to_dict(), compile_s=s) for s in (20.0, 0.5)])
+    {'bf16-mixed mb8x1 compile=model': 20.0}
+    """
+    out: dict[str, float] = {}
+    for t in trials:
+        if t.compile_s:
+            key = Candidate.from_dict(t.candidate).numerics_key
+            out[key] = max(out.get(key, 0.0), t.compile_s)
+    return out
 
 
 @dataclass(frozen=True)
