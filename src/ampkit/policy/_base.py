@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, Literal
@@ -123,10 +123,12 @@ class Policy:
 
     # -- the parts of a run ---------------------------------------------------------------------
     def build_masters(
-        self, models: Sequence[nn.Module], named: Sequence[tuple[str, nn.Parameter]], optimizers: Sequence[torch.optim.Optimizer]
+        self, models: Sequence[nn.Module], named: Sequence[tuple[str, nn.Parameter]], optimizers: Sequence[torch.optim.Optimizer],
+        values: Mapping[int, torch.Tensor] | None = None,
     ) -> MasterWeights | None:
         """fp32 master weights for the parameters :meth:`convert_module` turns 16-bit, put in the optimizers' place of
-        them; None for a policy without masters. Called before the cast, while the parameters hold their fp32 values.
+        them; None for a policy without masters. Called before the cast, while the parameters hold their fp32 values,
+        or after it with those values kept by :meth:`master_values` (optimizers built on the converted model).
 
         >>> import ampkit
         >>> model = nn.Sequential(nn.Linear(2, 2), nn.LayerNorm(2)); opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -137,7 +139,22 @@ class Policy:
         if not self.master_weights:
             return None
         converted = {id(p) for m in models for c in self.converted_modules(m) for p in c.parameters(recurse=False)}
-        return self.master_store.clone([(n, p) for n, p in named if id(p) in converted], optimizers)
+        return self.master_store.clone([(n, p) for n, p in named if id(p) in converted], optimizers, values)
+
+    def master_values(self, models: Sequence[nn.Module]) -> dict[int, torch.Tensor]:
+        """The fp32 values of the parameters :meth:`convert_module` turns 16-bit, by ``id``, to be taken before the cast
+        when the optimizers come after it (``Engine.setup_module``): the masters are cloned from them, not from the
+        rounded 16-bit weights. Empty for a policy without masters.
+
+        >>> import ampkit
+        >>> model = nn.Sequential(nn.Linear(2, 2), nn.LayerNorm(2))
+        >>> len(ampkit.get_policy("O2").master_values([model])), ampkit.get_policy("bf16-true").master_values([model])
+        (2, {})
+        """
+        if not self.master_weights:
+            return {}
+        return {id(p): p.detach().to(torch.float32, copy=True) for m in models for c in self.converted_modules(m)
+                for p in c.parameters(recurse=False) if p.is_floating_point()}
 
     def default_scaler(self) -> StepScaler | None:
         """The loss scaler a run gets unless ``Engine(scaler=...)`` says otherwise: dynamic where ``loss_scaling`` is.

@@ -19,7 +19,7 @@ from torch import nn
 
 from .._errors import PolicyError
 
-__all__ = ["KeepFp32", "check_keep_fp32", "cast_floating", "match_modules", "make_fp32_island", "is_fp32_island", "NORM_TYPES"]
+__all__ = ["KeepFp32", "check_keep_fp32", "cast_floating", "match_modules", "make_fp32_island", "is_fp32_island", "retarget_islands", "NORM_TYPES"]
 
 KeepFp32 = Sequence["str | type[nn.Module]"]
 
@@ -152,3 +152,22 @@ def is_fp32_island(module: nn.Module) -> bool:
     """True when :func:`make_fp32_island` has been applied to ``module``."""
     fwd = module.__dict__.get("forward")
     return isinstance(fwd, functools.partial) and fwd.func is _island_forward
+
+
+def retarget_islands(model: nn.Module, device_type: str) -> int:
+    """Point every fp32 island inside ``model`` at ``device_type``'s autocast; returns how many changed.
+
+    An island turns autocast off for the device it was made for. A model converted before a framework moved it
+    (``Engine.setup_module`` in a Lightning or Accelerate run) is re-pointed once it is on its device.
+
+    >>> norm = nn.LayerNorm(2); make_fp32_island(norm, "cuda")
+    >>> retarget_islands(nn.Sequential(norm), "cpu"), norm.forward.args[1]
+    (1, 'cpu')
+    """
+    changed = 0
+    for m in model.modules():
+        fwd = m.__dict__.get("forward")
+        if isinstance(fwd, functools.partial) and fwd.func is _island_forward and fwd.args[1] != device_type:
+            m.forward = functools.partial(_island_forward, m, device_type, *fwd.args[2:])
+            changed += 1
+    return changed

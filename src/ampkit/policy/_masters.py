@@ -9,7 +9,7 @@ gradients live in persistent buffers that are overwritten, not reallocated, at e
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import ClassVar
 
 import torch
@@ -30,6 +30,8 @@ class MasterWeights:
     torch.float32
     """
 
+    mergeable: ClassVar[bool] = True
+    """Whether :meth:`merged` can join another store's masters to these (one optimizer's, then another's)."""
     untraceable: ClassVar[str | None] = None
     """Why the fused master step (one compiled region) cannot trace a step of these masters; None: it can."""
 
@@ -44,15 +46,30 @@ class MasterWeights:
         self._staging: list[torch.Tensor] | None = None
 
     @classmethod
-    def clone(cls, named_params: Iterable[tuple[str, nn.Parameter]], optimizers: Sequence[torch.optim.Optimizer]) -> MasterWeights:
-        """Clone fp32 masters of ``named_params`` that the optimizers hold, and put them in the optimizers."""
+    def clone(
+        cls, named_params: Iterable[tuple[str, nn.Parameter]], optimizers: Sequence[torch.optim.Optimizer],
+        values: Mapping[int, torch.Tensor] | None = None,
+    ) -> MasterWeights:
+        """Clone fp32 masters of ``named_params`` that the optimizers hold, and put them in the optimizers.
+
+        ``values``: the fp32 values to clone by parameter ``id``, where the parameter no longer holds them (a model
+        cast before its optimizer was built, :func:`ampkit.policy.fp32_values`); each master lands on its parameter's
+        device.
+
+        >>> model = nn.Linear(2, 2); kept = {id(p): p.detach().clone() for p in model.parameters()}
+        >>> _ = model.half(); opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> masters = MasterWeights.clone(model.named_parameters(), [opt], values=kept)
+        >>> torch.equal(masters.masters[0], kept[id(model.weight)]), opt.param_groups[0]["params"][0].dtype
+        (True, torch.float32)
+        """
         optimized = {id(p) for opt in optimizers for g in opt.param_groups for p in g["params"]}
         pairs: list[tuple[str, nn.Parameter, nn.Parameter]] = []
         swap: dict[int, nn.Parameter] = {}
         for name, p in named_params:
             if id(p) in swap or id(p) not in optimized or not p.is_floating_point():
                 continue
-            master = nn.Parameter(p.detach().to(torch.float32, copy=True), requires_grad=p.requires_grad)
+            value = values.get(id(p), p) if values is not None else p
+            master = nn.Parameter(value.detach().to(device=p.device, dtype=torch.float32, copy=True), requires_grad=p.requires_grad)
             swap[id(p)] = master
             pairs.append((name, p, master))
         for opt in optimizers:
@@ -63,6 +80,20 @@ class MasterWeights:
                 for key in [k for k in opt.state if id(k) == old_id]:
                     opt.state[master] = opt.state.pop(key)
         return cls(pairs)
+
+    def merged(self, other: MasterWeights) -> MasterWeights:
+        """These masters and ``other``'s in one store (the same tensors: the optimizers holding them stay valid).
+
+        >>> a, b = nn.Linear(1, 1), nn.Linear(1, 1)
+        >>> ma = MasterWeights.clone(a.named_parameters(), [torch.optim.SGD(a.parameters(), lr=0.1)])
+        >>> mb = MasterWeights.clone(b.named_parameters(), [torch.optim.SGD(b.parameters(), lr=0.1)])
+        >>> len(ma.merged(mb)), ma.merged(mb).masters[2] is mb.masters[0]
+        (4, True)
+        """
+        if not (self.mergeable and other.mergeable):
+            raise ValueError(f"{type(self).__name__} keeps its masters in one flat store: build it with every optimizer at once.")
+        pairs = [*zip(self.names, self.model_params, self.masters), *zip(other.names, other.model_params, other.masters)]
+        return type(self)(pairs)  # type: ignore[arg-type]  # model_params/masters are Parameters, held as Tensors
 
     def __len__(self) -> int:
         return len(self.masters)

@@ -83,6 +83,7 @@ class RemainderMasters(MasterWeights):
     True
     """
 
+    mergeable: ClassVar[bool] = False  # one flat buffer per device, built at once
     untraceable: ClassVar[str | None] = (
         "the remainder masters rebuild fp32 masters around the step, which the region does not trace; use fused_step=False or 'bf16-true-masters'"
     )

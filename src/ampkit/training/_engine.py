@@ -32,7 +32,7 @@ from ..policy import Policy, get_policy
 from ..scaling import ScalerConfig, StepScaler
 from ._compile import compile_plan
 from ._engine_args import build_sampler, build_scaler, check_accumulate, step_settings
-from ._engine_setup import Run, set_up
+from ._engine_setup import Run, StepParts, adopt_optimizers, set_up
 from ._engine_state import engine_state
 from ._engine_view import EngineView
 from ._fused_master_step import check_fused_step_spec
@@ -135,18 +135,48 @@ class Engine(EngineView):
         Build the optimizers on the fp32 model and pass them here; for master-weight policies the optimizers'
         parameters are swapped for fp32 masters. Returns ``(model, *optimizers)``, or the model alone.
         """
+        return self._set_up(models, optimizers, schedulers, later=False)
+
+    def setup_module(self, models: nn.Module | Sequence[nn.Module], *, device: torch.device | str | None = None) -> Any:
+        """:meth:`setup` in two calls, as Lightning Fabric's ``setup_module`` / ``setup_optimizers``: the policy is
+        applied to the model now, and the optimizers built on what this returns come to :meth:`setup_optimizers`.
+        Master weights are then cloned from the fp32 values kept here, not from the rounded 16-bit ones. ``device``:
+        where the model will train when a framework moves it there after this call (checked at setup_optimizers).
+        Backward passes may run in between; a step may not.
+
+        >>> engine = Engine("bf16-true-masters"); model = engine.setup_module(nn.Linear(2, 2))
+        >>> opt = torch.optim.SGD(model.parameters(), lr=0.1); model.weight.dtype
+        torch.bfloat16
+        >>> engine.setup_optimizers(opt)[0].param_groups[0]["params"][0].dtype
+        torch.float32
+        """
+        return self._set_up(models, (), None, later=True, device=torch.device(device) if device is not None else None)
+
+    def setup_optimizers(self, *optimizers: torch.optim.Optimizer, schedulers: Any = None) -> tuple[torch.optim.Optimizer, ...]:
+        """Adopt optimizers built on the model :meth:`setup_module` prepared (see there); returns the ones to step."""
+        self._require_setup("setup_optimizers")
+        parts = StepParts(policy=self._policy, settings=self._settings, scaler=self._run.step.scaler, plan=self._compile_plan,
+                          fused_spec=self._fused_spec, state=self._state, hooks=self._hooks, owner=self)
+        self._run, opts = adopt_optimizers(self._run, optimizers, schedulers, parts)
+        self._guard(opts)
+        return opts
+
+    def _set_up(self, models: Any, optimizers: Sequence[torch.optim.Optimizer], schedulers: Any, *, later: bool, device: torch.device | None = None) -> Any:
         if self._run.models:
             raise RuntimeError("Engine.setup() was already called; create one Engine per training run.")
         self._run, opts = set_up(
             models, optimizers, policy=self._policy, settings=self._settings, scaler=self._run.step.scaler,
             strategy=self._requested, plan=self._compile_plan, fused_spec=self._fused_spec, schedulers=schedulers,
-            state=self._state, hooks=self._hooks, owner=self,
+            state=self._state, hooks=self._hooks, owner=self, later=later, device=device,
         )
+        self._guard(opts)
+        out_model = self._run.wrappers[0] if isinstance(models, nn.Module) else list(self._run.wrappers)
+        return (out_model, *opts) if opts else out_model
+
+    def _guard(self, opts: Sequence[torch.optim.Optimizer]) -> None:
         guard = DirectStepGuard(self)  # an optimizer.step() of the user's own on the engine's gradients is refused
         for opt in opts:
             opt.register_step_pre_hook(guard)
-        out_model = self._run.wrappers[0] if isinstance(models, nn.Module) else list(self._run.wrappers)
-        return (out_model, *opts) if opts else out_model
 
     # ------------------------------------------------------------------------------------------ loop
     def autocast(self) -> AbstractContextManager[Any]:
@@ -192,6 +222,9 @@ class Engine(EngineView):
         if not isinstance(loss, torch.Tensor):
             raise TypeError(f"backward() takes the loss tensor, got {type(loss).__name__}.")
         run, hooks = self._run, self._hooks
+        if run.step.unscaled_ahead:
+            raise RuntimeError("engine.backward() after engine.unscale_() and before engine.step(): its gradients would join unscaled "
+                               "ones. Unscale once per step, after the window's last backward.")
         size, boundary = self._state.window(self._accumulate)
         if hooks.active:
             hooks.run("before_backward", self, loss)
@@ -248,6 +281,8 @@ class Engine(EngineView):
         """
         self._require_setup("step")
         step, state = self._run.step, self._state
+        if self._run.values is not None and not step.optimizers:
+            raise RuntimeError("engine.step() after setup_module(model) and before setup_optimizers(optimizer): there is no optimizer to step yet.")
         opts = step.stepping(optimizers)
         size, boundary = state.window(self._accumulate)
         if boundary and not state.backwards:
@@ -258,6 +293,17 @@ class Engine(EngineView):
         if self._preemption is not None:
             self._preemption.check(boundary=ended)  # after the micro-batch in flight: saves and exits if preempted
         return ended
+
+    def unscale_(self, *optimizers: torch.optim.Optimizer) -> None:
+        """Unscale (and copy to the masters) the gradients of ``optimizers`` (default: all) before :meth:`step`, to read
+        or clip them yourself, as with ``GradScaler.unscale_``; the step then takes them as they are. At a window's end
+        only (after its last backward). No sync. Framework plugins call it before their gradient hooks."""
+        self._require_setup("unscale_")
+        if not self.is_boundary:
+            raise RuntimeError("engine.unscale_() inside an accumulation window: later backward passes would add scaled gradients to "
+                               "unscaled ones. Call it after the window's last engine.backward(), when engine.is_boundary is True.")
+        step = self._run.step
+        step.unscale_(step.stepping(optimizers))
 
     def add_hook(self, hook: AnyHook) -> None:
         """Join a step hook (:class:`ampkit.training.StepHook`) to this engine's steps from now on."""

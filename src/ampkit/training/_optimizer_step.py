@@ -141,6 +141,11 @@ class OptimizerStep:
         self._state = state if state is not None else StepState()
         self._names = dict(names or {})
         self._hooks, self._owner, self._policy_name = hooks, owner, policy_name
+        # The window's gradients taken ahead of the step by unscale_(): each such optimizer's overflow flag (None
+        # where nothing is checked), whether the masters hold their copy, whether the hooks have seen them.
+        self._unscaled: dict[int, torch.Tensor | None] = {}
+        self._masters_copied = False
+        self._hooks_ran = False
         for opt in self.optimizers:
             guard_optimizer(opt)  # known torch kernel defects, once the parameters' dtypes and devices are final
 
@@ -165,6 +170,49 @@ class OptimizerStep:
         return list(optimizers)
 
     # ------------------------------------------------------------------------------------------ the step
+    @property
+    def unscaled_ahead(self) -> bool:
+        """Whether :meth:`unscale_` has taken gradients that no step has taken since (no backward may add to them)."""
+        return bool(self._unscaled)
+
+    def unscale_(self, opts: Sequence[torch.optim.Optimizer]) -> None:
+        """Unscale and check the gradients of ``opts`` now, ahead of :meth:`step`: ``GradScaler.unscale_``'s protocol,
+        for code that reads or clips gradients between the backward and the step (a framework's gradient-norm
+        logging, its own clipping). Where there are masters, the gradients are copied there first: the optimizers'
+        parameters hold the unscaled fp32 gradients. The step then takes these gradients and flags as they are. No sync.
+
+        >>> from torch import nn
+        >>> from ampkit.scaling import StaticLossScaler
+        >>> model = nn.Linear(2, 1); opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> step = OptimizerStep([opt], settings=StepSettings(skip_nonfinite=True), scaler=StaticLossScaler(4.0))
+        >>> step.scale_loss(model(torch.ones(1, 2)).sum()).backward(); step.unscale_([opt])
+        >>> model.bias.grad  # 4.0 before
+        tensor([1.])
+        """
+        again = [type(o).__name__ for o in opts if id(o) in self._unscaled]
+        if again:
+            raise RuntimeError(f"unscale_() was called already on {again} since its last step; call it once per step, before reading or clipping the gradients.")
+        if not self._hooks_ran:
+            self._run_hooks("before_optimizer_step")  # the gradients as the backward left them, before they change
+            self._hooks_ran = True
+        self._copy_to_masters()
+        scaler, dev = self.scaler, self.device
+        for opt in opts:
+            found = torch.zeros((), dtype=torch.float32, device=dev) if self.settings.skip_nonfinite else None
+            if found is not None:
+                grads = grads_of([p for g in opt.param_groups for p in g["params"]])
+                if scaler is not None:
+                    scaler.unscale_(grads, found)
+                else:
+                    unscale_grads_(grads, torch.ones((), device=dev), found)  # check only
+            self._unscaled[id(opt)] = found
+
+    def _copy_to_masters(self) -> None:
+        """The 16-bit gradients to the fp32 masters, once per step (unscale_() may have done it)."""
+        if self.masters is not None and not self._masters_copied:
+            self.masters.copy_grads_to_masters()
+            self._masters_copied = True
+
     def step(self, opts: Sequence[torch.optim.Optimizer]) -> StepOutcome:
         """Step (or skip) ``opts`` with the gradients of the window that has just ended, and zero those gradients.
 
@@ -180,9 +228,10 @@ class OptimizerStep:
         # reported once this step is complete.
         late_collapse = self.diagnose_collapse() if state.diagnose_late else None
         state.diagnose_late = False
-        self._run_hooks("before_optimizer_step")  # the 16-bit gradients as the backward left them
+        if not self._hooks_ran:
+            self._run_hooks("before_optimizer_step")  # the 16-bit gradients as the backward left them
         fused = self.fused
-        if fused is not None and fused.ready(opts):
+        if fused is not None and fused.ready(opts) and not self._unscaled:
             inv_scale = scaler.inv_scale() if scaler is not None else None
             try:
                 found, state.norm = fused.step(opts, inv_scale, settings.clip_grad_norm, settings.clip_grad_value, settings.skip_nonfinite)
@@ -204,16 +253,20 @@ class OptimizerStep:
     def _unfused(self, opts: Sequence[torch.optim.Optimizer], late_collapse: str | None) -> StepOutcome:
         """The step as separate foreach passes: gradients to the masters, unscale and check, clip, step or skip."""
         state, scaler, settings, dev = self._state, self.scaler, self.settings, self.device
-        if self.masters is not None:
-            self.masters.copy_grads_to_masters()
+        self._copy_to_masters()
         params = [[p for g in o.param_groups for p in g["params"]] for o in opts]
-        found = [torch.zeros((), dtype=torch.float32, device=dev) for _ in opts] if settings.skip_nonfinite else []
+        # Optimizers whose gradients unscale_() took already: their flags stand, their gradients are unscaled.
+        ahead = [id(o) in self._unscaled for o in opts]
+        taken = [self._unscaled.pop(id(o), None) for o in opts]
+        found = [t if t is not None else torch.zeros((), dtype=torch.float32, device=dev) for t in taken] if settings.skip_nonfinite else []
         # A fused SGD with momentum must not see found_inf before its first real step (see kernel_guards).
         fused = [scaler is not None and step_supports_amp_scaling(o) and not first_step_pending(o) for o in opts]
         clipping = settings.clip_grad_norm is not None or settings.clip_grad_value is not None
-        unscaled = scaler is not None and (clipping or not all(fused))
+        unscaled = scaler is not None and (clipping or not all(fused) or any(ahead))
         if settings.skip_nonfinite:
             for i, ps in enumerate(params):
+                if ahead[i]:
+                    continue
                 grads = grads_of(ps)
                 if scaler is None:
                     unscale_grads_(grads, torch.ones((), device=dev), found[i])  # check only
@@ -264,6 +317,7 @@ class OptimizerStep:
         """After the update: the loss scale, the outcome (``host_found``: the flags read already, or None to defer),
         the 16-bit copy-back (the fused region made it), schedulers, zeroed gradients, hooks."""
         state, scaler = self._state, self.scaler
+        self._masters_copied = self._hooks_ran = False  # the next step's gradients come from the next backward
         any_found = None if not found else found[0] if len(found) == 1 else torch.stack(found).amax()
         if scaler is not None and any_found is not None:  # a scaler comes with the checks (see __init__)
             scaler.update(any_found)
