@@ -30,6 +30,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("distributed",),  # strategies: what differs across ranks
     ("training",),  # the engine, its step state, the optimizer step, masters, clipping, OOM splitting
     ("checkpoint",),  # one payload, single-file and sharded writers, the safe DCP reader
+    ("accelerate", "lightning"),  # the engine inside the frameworks people train with: Accelerate's Accelerator, Lightning's plugin
+    ("transformers",),  # Hugging Face's Trainer, on the Accelerate integration (the Trainer trains through an Accelerator)
     ("_report",),  # figures, markdown and tables shared by the tools: below every tool, so each can use it
     ("workloads",),  # what the tools run: built-in workloads, the user's model and data, batch rules, step timing
     ("memory", "numerics"),  # tools, siblings
