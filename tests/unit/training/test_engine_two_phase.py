@@ -9,6 +9,7 @@ batches: the two-phase run must match it bit for bit, masters and loss scale inc
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -45,7 +46,11 @@ def _available(policy: str) -> None:
         pytest.skip(f"{policy}: {support.reason}")
 
 
-def _train(engine: Engine, model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]], poison: set[int] = frozenset()) -> list[float]:
+def _train(
+    engine: Engine, model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]], poison: set[int] = frozenset(),
+    before_step: Callable[[], None] | None = None,
+) -> list[float]:
+    """Train on ``batches``; an inf in one gradient at the steps in ``poison``; ``before_step`` runs before each step."""
     losses = []
     for i, (x, y) in enumerate(batches):
         with engine.autocast():
@@ -53,6 +58,8 @@ def _train(engine: Engine, model: nn.Module, batches: list[tuple[torch.Tensor, t
         engine.backward(loss)
         if i in poison:
             next(p for p in model.parameters() if p.grad is not None).grad.view(-1)[0] = INF
+        if before_step is not None:
+            before_step()
         engine.step()
         losses.append(loss.item())
     return losses
@@ -183,16 +190,13 @@ def test_unscale_then_clip_by_hand_matches_the_engine_clipping(policy: str) -> N
     model = _net()
     two = Engine(policy)
     model, opt = two.setup(model, _adamw(model.parameters()))
-    for i, (x, y) in enumerate(data):
-        with two.autocast():
-            loss = nn.functional.cross_entropy(model(x).float(), y)
-        two.backward(loss)
-        if i in poison:
-            next(p for p in model.parameters() if p.grad is not None).grad.view(-1)[0] = INF
+
+    def unscale_and_clip() -> None:
         two.unscale_()
         params = [p for g in opt.param_groups for p in g["params"]]  # the masters, where there are
         torch.nn.utils.clip_grad_norm_(params, 0.5, foreach=True)
-        two.step()
+
+    _train(two, model, data, poison, before_step=unscale_and_clip)
     for p, q in zip(model.parameters(), control.parameters()):
         assert torch.equal(p, q)
     assert two.skipped_steps == one.skipped_steps == len(poison) and two.scale == one.scale
