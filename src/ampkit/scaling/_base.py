@@ -24,6 +24,18 @@ class LossScaler(ABC):
         self._scale = torch.full((), float(init_scale), dtype=torch.float32, device=self.device)
         self._one = torch.ones((), dtype=torch.float32, device=self.device)
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # An unpickled scaler owns its state. torch.multiprocessing hands a CPU tensor to a spawned process as shared
+        # memory: a scaler passed to spawned ranks (Lightning's ddp_spawn pickles its precision plugin) would otherwise
+        # keep one scale for all of them, and each rank's update would back it off again (two ranks: a quarter).
+        self.__dict__.update(state)
+        self._own_state()
+
+    def _own_state(self) -> None:
+        for name, value in vars(self).items():
+            if isinstance(value, torch.Tensor):
+                setattr(self, name, value.clone())
+
     def to(self, device: torch.device | str) -> LossScaler:
         """Move the scaler's state tensors to ``device`` (the engine does this at setup)."""
         device = torch.device(device)

@@ -41,6 +41,10 @@ class DynamicLossScaler(LossScaler):
     def _bind_skip_flags(self) -> None:
         self._consecutive_skips, self._blocked_at_floor = self._skip_flags.unbind()  # views, made once
 
+    def _own_state(self) -> None:
+        super()._own_state()
+        self._bind_skip_flags()  # the views were cloned apart: bind them to the cloned tensor again
+
     def to(self, device: torch.device | str) -> DynamicLossScaler:
         super().to(device)
         self._bind_skip_flags()  # the views moved one by one are copies: bind them to the moved tensor again

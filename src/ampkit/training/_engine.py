@@ -213,10 +213,12 @@ class Engine(EngineView):
             self._warned_epoch_length = True
             log.warning("%s", warning)
 
-    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+    def backward(self, loss: torch.Tensor, backward_fn: Callable[[torch.Tensor], None] | None = None, **kwargs: Any) -> None:
         """Backward of ``loss`` divided by the window size and multiplied by the loss scale.
 
         Call it once or several times (several losses) per micro-batch; ``kwargs`` go to ``Tensor.backward``.
+        ``backward_fn(scaled_loss)`` runs the backward in place of ``scaled_loss.backward(**kwargs)``: a framework's
+        own backward hook (``LightningModule.backward``).
         """
         self._require_setup("backward")
         if not isinstance(loss, torch.Tensor):
@@ -232,7 +234,11 @@ class Engine(EngineView):
         if size > 1:
             loss = loss / size
         with self._policy.backward_context(run.device.type):
-            run.step.scale_loss(loss).backward(**kwargs)  # type: ignore[no-untyped-call]  # Tensor.backward has no annotations (torch 2.13)
+            scaled = run.step.scale_loss(loss)
+            if backward_fn is not None:
+                backward_fn(scaled)
+            else:
+                scaled.backward(**kwargs)  # type: ignore[no-untyped-call]  # Tensor.backward has no annotations (torch 2.13)
         self._state.note_backward()  # gradients of the engine's making: an optimizer.step() of the user's own is refused
         if hooks.active:
             hooks.run("after_backward", self)

@@ -466,3 +466,26 @@ def test_loading_static_state_into_dynamic_raises(device):
     with pytest.raises(ValueError, match="static"):
         s.load_state_dict(StaticLossScaler(4.0).state_dict())
     assert s.get_scale() == 8.0
+
+
+def _back_off_once(rank: int, scaler: DynamicLossScaler, out: torch.multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+    scaler.update(torch.ones(()))  # this rank's overflow
+    out.put(scaler.get_scale())
+
+
+@pytest.mark.parametrize("hysteresis", [1, 2])
+def test_each_spawned_process_owns_the_scaler_it_was_handed(hysteresis):
+    """torch.multiprocessing hands CPU tensors to spawned processes as shared memory; a scaler pickled to two ranks
+    (Lightning's ddp_spawn pickles its precision plugin) must still keep one scale per rank, each backed off once."""
+    ctx = torch.multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    scaler = DynamicLossScaler(ScalerConfig(hysteresis=hysteresis))
+    procs = [ctx.Process(target=_back_off_once, args=(rank, scaler, out)) for rank in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    control = DynamicLossScaler(ScalerConfig(hysteresis=hysteresis))
+    control.update(torch.ones(()))
+    assert [out.get(timeout=5), out.get(timeout=5)] == [control.get_scale()] * 2
+    assert scaler.get_scale() == 65536.0  # the parent's own is untouched
