@@ -64,6 +64,9 @@ class Advice:
     """Rows of one micro-batch; None: the batch as the user has it (no loader line is printed)."""
     accumulate: int = 1
     """Micro-batches per optimizer step."""
+    given_micro_batch: int | None = None
+    """The user's own micro-batch: the frameworks' forms set the batch only where the advice changes it (the Engine
+    form always has its DataLoader line); None: not known."""
     given_accumulate: int = 1
     """The user's own accumulation: when ``accumulate`` is larger, the batch line says how it splits the user's batch."""
     clip_grad_norm: float | None | Literal["as given"] = AS_GIVEN
@@ -95,10 +98,10 @@ class Advice:
         self.precision = get_policy(self.precision).name  # an alias ("bf16") resolved once, here; a typo refused naming the closest
         if self.compile not in (None, "regional", "model"):
             raise ValueError(f"Advice(compile={self.compile!r}): give None (eager), 'regional' (each repeated block) or 'model' (the whole model).")
-        for name in ("accumulate", "given_accumulate", "micro_batch", "threads"):
+        for name in ("accumulate", "given_accumulate", "micro_batch", "given_micro_batch", "threads"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"Advice({name}={value!r}): give a whole number >= 1" + (" or None." if name in ("micro_batch", "threads") else "."))
+                raise ValueError(f"Advice({name}={value!r}): give a whole number >= 1" + ("." if "accumulate" in name else " or None."))
         clip = self.clip_grad_norm
         if clip is not None and clip != AS_GIVEN and (isinstance(clip, bool) or not isinstance(clip, (int, float)) or not math.isfinite(clip) or clip <= 0):
             raise ValueError(f"Advice(clip_grad_norm={clip!r}): give a positive finite norm, None (no clipping) or AS_GIVEN (not advised).")
@@ -179,13 +182,18 @@ def _loader_kwargs(advice: Advice) -> tuple[dict[str, Any], int | None, bool]:
     return kwargs, advice.loader.get("torch_threads"), bool(advice.loader.get("non_blocking"))
 
 
-def _loader_line(advice: Advice) -> str:
-    """``loader = torch.utils.data.DataLoader(dataset, ...)`` with the advice's batch and settings; empty when it
-    changes neither."""
+def _new_micro_batch(advice: Advice) -> int | None:
+    """The micro-batch where the advice changes the user's (a framework's form sets nothing else); else None."""
+    return advice.micro_batch if advice.micro_batch != advice.given_micro_batch else None
+
+
+def _loader_line(advice: Advice, batch: int | None) -> str:
+    """``loader = torch.utils.data.DataLoader(dataset, ...)`` with ``batch`` and the advice's settings; empty when it
+    sets neither."""
     kwargs, _, _ = _loader_kwargs(advice)
-    if advice.micro_batch is None and not kwargs:
+    if batch is None and not kwargs:
         return ""
-    args = ["dataset"] + ([f"batch_size={advice.micro_batch}"] if advice.micro_batch is not None else [])
+    args = ["dataset"] + ([f"batch_size={batch}"] if batch is not None else [])
     args += [f"{k}={v!r}" for k, v in sorted(kwargs.items())]
     return f"loader = torch.utils.data.DataLoader({', '.join(args)})"
 
@@ -241,7 +249,7 @@ def _engine(advice: Advice) -> str:
         lines.append("model = model.to(memory_format=torch.channels_last)  # before setup: convolutions in NHWC")
     lines.append(f"engine = ampkit.Engine({', '.join(args)})")
     lines.append("model, optimizer = engine.setup(model, optimizer)")
-    loader = _loader_line(advice)
+    loader = _loader_line(advice, advice.micro_batch)
     _, threads, non_blocking = _loader_kwargs(advice)
     if loader:
         lines.append(loader + advice.batch_comment())
@@ -271,7 +279,7 @@ def _lightning(advice: Advice) -> str:
     body = _before(advice, advice.recompute, compile_lines=True)
     body.append(f"trainer = L.Trainer({', '.join(kwargs)})")
     _, threads, _ = _loader_kwargs(advice)  # non_blocking: Lightning copies batches to a GPU with it already
-    loader = _loader_line(advice)
+    loader = _loader_line(advice, _new_micro_batch(advice))
     if loader:
         body.append(loader + advice.batch_comment("in place of what your train_dataloader() returns"))
     if threads is not None:
@@ -291,7 +299,7 @@ def _transformers(advice: Advice) -> str:
     kwargs = ["use_cpu=True"] if advice.device == "cpu" else []
     if not ampkit_trainer and flag is not None:
         kwargs.append(f"{flag}=True")
-    if advice.micro_batch is not None:
+    if _new_micro_batch(advice) is not None:
         kwargs.append(f"per_device_train_batch_size={advice.micro_batch}")
     if advice.accumulate > 1 or advice.given_accumulate > 1:
         kwargs.append(f"gradient_accumulation_steps={advice.accumulate}")

@@ -5,6 +5,7 @@ transformers, and build what the advice says; the lines of ampkit's integrations
 from __future__ import annotations
 
 import ast
+import dataclasses
 import functools
 import importlib.util
 from pathlib import Path
@@ -325,3 +326,12 @@ def test_hugging_face_ampkit_trainer_lines_build_the_real_trainer(tmp_path: Path
     monkeypatch.chdir(tmp_path)
     ns = _run(paste_code(AMPKIT_TRAINER_ADVICE[0], "transformers"), {"model": _hf_model(), "train_dataset": _hf_dataset()}, last=False)
     assert isinstance(ns["trainer"], AmpkitTrainer) and ns["trainer"].args.per_device_train_batch_size == 4
+
+
+def test_the_frameworks_forms_set_the_batch_only_where_the_advice_changes_it() -> None:
+    same = Advice(precision="bf16-mixed", micro_batch=32, given_micro_batch=32, device="cpu")
+    assert "DataLoader" not in paste_code(same, "lightning") and "per_device_train_batch_size" not in paste_code(same, "transformers")
+    assert "loader = torch.utils.data.DataLoader(dataset, batch_size=32)" in paste_code(same)  # the Engine form states its loader always
+    split = dataclasses.replace(same, micro_batch=16, accumulate=2)
+    assert "loader = torch.utils.data.DataLoader(dataset, batch_size=16)  # 16 x 2 micro-batches = your batch of 32;" in paste_code(split, "lightning")
+    assert "per_device_train_batch_size=16, gradient_accumulation_steps=2" in paste_code(split, "transformers")
