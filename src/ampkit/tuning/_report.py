@@ -15,6 +15,7 @@ import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .._report.dialect import AS_GIVEN, Advice, paste_code
 from .._report.markdown import plot_links
 from ._format import fmt_bytes
 from ._mfu import row_mfu
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
 
     from ._result import TuneResult
 
-__all__ = ["COLUMNS", "PLOTS", "VERDICTS", "code", "render", "rows", "write_report"]
+__all__ = ["COLUMNS", "PLOTS", "VERDICTS", "advice", "code", "render", "rows", "write_report"]
 
 COLUMNS: dict[str, str] = {
     "configuration": "what differs from the start (fp32, your batch, eager, torch's threads, your memory format)",
@@ -124,44 +125,38 @@ def rows(result: TuneResult) -> list[dict[str, Any]]:
     return out
 
 
-def code(result: TuneResult) -> str:
-    """The winner as the lines to paste into a training script."""
+def advice(result: TuneResult) -> Advice:
+    """The winner as the configuration to recommend (:class:`ampkit._report.dialect.Advice`), with the clipping it
+    was measured with."""
     w = result.winner
-    args = [repr(w.policy)]
-    if w.accumulate > 1:
-        args.append(f"accumulate={w.accumulate}")
-    clip = result.settings.get("clip_grad_norm")
-    if clip is not None:
-        args.append(f"clip_grad_norm={clip:g}")
-    if w.keep_fp32:
-        args.append(f"keep_fp32={list(w.keep_fp32)!r}")
-    if w.compile is not None:
-        args.append("compile=True" if w.compile == "model" else "compile='regional'")
-    if w.fused_step is not None:
-        args.append(f"fused_step={w.fused_step}")
-    lines = ["import ampkit", "import torch", ""]
-    if w.threads is not None:
-        lines.append(f"torch.set_num_threads({w.threads})")
-    if w.recompute:
-        lines.append("ampkit.recompute(model, ampkit.memory.repeated_blocks(model))  # before setup: recompute each block in backward")
-    if w.channels_last:
-        lines.append("model = model.to(memory_format=torch.channels_last)  # before setup: convolutions in NHWC")
-    lines.append(f"engine = ampkit.Engine({', '.join(args)})")
-    lines.append("model, optimizer = engine.setup(model, optimizer)")
-    loader = dict(w.loader)
-    threads = loader.pop("torch_threads", None)
-    non_blocking = loader.pop("non_blocking", None)
-    kwargs = "".join(f", {k}={v!r}" for k, v in sorted(loader.items()))
-    whole = w.micro_batch * w.accumulate
-    note = f"  # {w.micro_batch} x {w.accumulate} micro-batches = your batch of {whole}" if w.accumulate > result.start.accumulate else ""
-    lines.append(f"loader = torch.utils.data.DataLoader(dataset, batch_size={w.micro_batch}{kwargs}){note}")
-    if threads is not None:
-        lines.append(f"torch.set_num_threads({threads})  # the cores the loader's workers leave")
-    if w.channels_last:
-        lines.append("# each batch's 4-D inputs: images = images.to(device, memory_format=torch.channels_last)")
-    if non_blocking:
-        lines.append("# copy each batch with .to(device, non_blocking=True)")
-    return "\n".join(lines)
+    return Advice(
+        precision=w.policy, keep_fp32=w.keep_fp32, micro_batch=w.micro_batch, accumulate=w.accumulate,
+        given_micro_batch=result.start.micro_batch, given_accumulate=result.start.accumulate,
+        clip_grad_norm=result.settings.get("clip_grad_norm", AS_GIVEN), compile=w.compile, fused_step=w.fused_step, recompute=w.recompute,
+        gradient_checkpointing=result.supports_gradient_checkpointing, threads=w.threads, loader=dict(w.loader), channels_last=w.channels_last,
+        device=result.device.get("type"),
+    )
+
+
+def code(result: TuneResult) -> str:
+    """The winner as the lines to paste into a training script, in the terms of the framework the model came from
+    (:attr:`TuneResult.framework`): ``ampkit.Engine`` for plain PyTorch, ``L.Trainer`` for Lightning,
+    ``TrainingArguments`` and a ``Trainer`` for Hugging Face.
+
+    >>> from ampkit.tuning import TuneResult
+    >>> start = Candidate(policy="32-true", micro_batch=32, accumulate=1)
+    >>> result = TuneResult(workload="toy", description="", device={"type": "cpu"}, unit="samples", items_per_step=32, run_steps=100,
+    ...                     budget_s=60, start=start, baseline=start, winner=Candidate(policy="bf16-mixed", micro_batch=16, accumulate=2),
+    ...                     settings={"clip_grad_norm": 1.0}, framework="lightning")
+    >>> print(code(result))
+    import lightning as L
+    import torch
+    <BLANKLINE>
+    trainer = L.Trainer(accelerator="cpu", precision="bf16-mixed", accumulate_grad_batches=2, gradient_clip_val=1.0)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=16)  # 16 x 2 micro-batches = your batch of 32; in place of what your train_dataloader() returns
+    trainer.fit(model, train_dataloaders=loader)
+    """
+    return paste_code(advice(result), result.framework)
 
 
 def _fmt_interval(ci: tuple[float, float] | None) -> str:

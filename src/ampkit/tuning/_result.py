@@ -60,6 +60,12 @@ class TuneResult:
     date: str = ""
     torch: str = ""
     ampkit: str = ""
+    framework: str | None = None
+    """The framework the model came from (``Workload.extra["framework"]``: ``"lightning"``, ``"transformers"``): the
+    winner's code is printed in its terms (:mod:`ampkit._report.dialect`); None: plain PyTorch, as ``ampkit.Engine``."""
+    supports_gradient_checkpointing: bool | None = None
+    """A Hugging Face model's own gradient checkpointing (``Workload.extra``): recompute is printed as
+    ``gradient_checkpointing=True`` where it has it; None: not known."""
 
     def guard_of(self, candidate: Candidate) -> GuardResult | None:
         return self.guard.get(candidate.numerics_key)
@@ -77,5 +83,6 @@ class TuneResult:
             "stages": self.stages, "reference": self.reference.to_dict() if self.reference else None,
             "guard": {k: g.to_dict() for k, g in self.guard.items()}, "loader_trials": self.loader_trials,
             "facts": self.facts, "notes": self.notes, "settings": self.settings, "command": self.command, "date": self.date,
-            "torch": self.torch, "ampkit": self.ampkit,
+            "torch": self.torch, "ampkit": self.ampkit, "framework": self.framework,
+            "supports_gradient_checkpointing": self.supports_gradient_checkpointing,
         }

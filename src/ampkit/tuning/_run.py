@@ -34,6 +34,7 @@ import torch
 
 from .. import __version__
 from .._errors import one_line
+from .._report.dialect import check_framework, gradient_checkpointing_of
 from ..memory import repeated_blocks
 from ..policy import get_policy
 from ..profile import loader_settings, try_loader_settings
@@ -526,6 +527,9 @@ def tune_workload(
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), torch=torch.__version__, ampkit=__version__,
         settings={"seed": seed, **dataclasses.asdict(waves), "guard_steps": guard_steps, "wave_steps": waves.steps,
                   "clip_grad_norm": workload.clip_grad_norm},
+        # Where the model came from: the winner is printed in that framework's terms (refused here, before any trial, if unknown).
+        framework=check_framework(workload.extra.get("framework")),
+        supports_gradient_checkpointing=gradient_checkpointing_of(workload.extra),
     )
     tune = _Tune(workload, device, result, store, clock_budget, waves, seed, run_steps, guard_steps, loader, progress)
     # The tune reseeds the global RNG for its runs; the caller's state is theirs and comes back untouched.

@@ -120,3 +120,33 @@ def test_a_channels_last_winners_code_converts_the_model_and_its_inputs() -> Non
     model = torch.nn.Conv2d(3, 4, 3)
     converted = eval(lines[model_line].split("  #")[0].removeprefix("model = "), {"torch": torch, "model": model})  # runs as printed
     assert converted.weight.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_the_winners_code_is_in_the_terms_of_the_framework_the_model_came_from(tmp_path: Path) -> None:
+    result = _result()  # bf16-mixed, compiled block by block, clipped at 1.0, on the CPU
+    engine_form = code(result)
+    assert engine_form.splitlines()[0] == "import ampkit" and "engine = ampkit.Engine('bf16-mixed'" in engine_form  # no tag: as before
+    result.framework = "lightning"
+    lightning = code(result)
+    assert lightning.splitlines()[0] == "import lightning as L" and "ampkit.Engine" not in lightning
+    assert 'L.Trainer(accelerator="cpu", precision="bf16-mixed", gradient_clip_val=1.0)' in lightning
+    assert "    model.get_submodule(name).compile()" in lightning
+    assert lightning.endswith("\ntrainer.fit(model)") and "DataLoader" not in lightning  # the user's batch, unchanged: their loader stays
+    result.framework, result.supports_gradient_checkpointing = "transformers", True
+    result.winner = dataclasses.replace(result.winner, micro_batch=16, accumulate=2, recompute=True, compile="model")
+    hf = code(result)
+    assert ("args = TrainingArguments(use_cpu=True, bf16=True, per_device_train_batch_size=16, gradient_accumulation_steps=2, max_grad_norm=1.0, "
+            "torch_compile=True, activation_checkpointing=True)  # 16 x 2 micro-batches = your batch of 32; beside your other arguments") in hf
+    assert "trainer = Trainer(model=model, args=args, train_dataset=train_dataset)" in hf and "ampkit.recompute" not in hf
+    data_path, report = write_files(result, tmp_path)
+    data = json.loads(data_path.read_text())
+    assert (data["framework"], data["supports_gradient_checkpointing"], data["winner_code"]) == ("transformers", True, hf)
+    assert f"```python\n{hf}\n```" in report.read_text()
+
+
+def test_a_winner_measured_without_clipping_turns_off_the_trainers_default_clip() -> None:
+    result = _result()
+    result.framework, result.settings = "transformers", {"clip_grad_norm": None}
+    assert "max_grad_norm=0.0" in code(result)  # the Trainer clips at 1.0 unless told
+    result.settings = {}  # a result that does not say: nothing printed either way
+    assert "max_grad_norm" not in code(result)

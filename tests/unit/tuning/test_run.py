@@ -73,6 +73,26 @@ def test_a_second_tune_with_the_same_out_measures_nothing_again(tuned: tuple[Tun
     assert all(t.resumed for t in again.trials)
 
 
+def test_a_resumed_tune_of_a_model_from_a_framework_prints_the_winner_in_its_terms(tuned: tuple[TuneResult, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    first, out = tuned  # trials stored by a tune that knew no framework: resumed, not measured again
+
+    def measured(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a stored trial was measured again")
+
+    for name in ("measure_wave", "judge", "reference"):
+        monkeypatch.setattr(f"ampkit.tuning._run.{name}", measured)
+    workload = _workload()
+    workload.extra.update(framework="lightning")
+    again = tune_workload(workload, "cpu", budget=300, out=out, **FAST)  # type: ignore[arg-type]
+    assert again.framework == "lightning" and again.winner == first.winner and again.resumed == 1
+    text = ampkit.tuning.code(again)
+    assert text.startswith("import lightning as L") and f'L.Trainer(accelerator="cpu", precision="{again.winner.policy}"' in text
+    assert first.framework is None and ampkit.tuning.code(first).startswith("import ampkit")  # untagged: the Engine form
+    workload.extra.update(framework="keras")
+    with pytest.raises(ValueError, match=r"framework 'keras'.*'lightning', 'transformers' or None"):
+        tune_workload(workload, "cpu", budget=300, out=out, **FAST)  # type: ignore[arg-type]
+
+
 def test_trials_of_another_tune_are_refused_with_the_fix(tuned: tuple[TuneResult, Path]) -> None:
     _, out = tuned
     with pytest.raises(ValueError, match=r"holds the trials of another tune \(it differs in seed\); pass another --out"):
