@@ -7,7 +7,8 @@
     ampkit doctor -w gpt --fp8-recipe rowwise            # fp8 headroom per Linear under torchao's rowwise recipe
 
 Trains a few fp32 steps with every module recorded, then tries the policy one step at a time (see
-:mod:`ampkit.numerics`). Prints the worst modules and the recommendation (stdout); ``--out DIR`` writes
+:mod:`ampkit.numerics`). Prints the worst modules and the recommendation (stdout): the Engine line, after the
+lines of a Lightning or Hugging Face Trainer script for a model from that framework; ``--out DIR`` writes
 doctor.json, report.md and PNG exponent histograms. Exit code 0 when a 16-bit policy was recommended, 1 when
 none trains this model (stay in 32-true), 2 for bad input.
 """
@@ -19,6 +20,7 @@ import logging
 
 import torch
 
+from .._report.dialect import check_framework
 from .._report.out_dir import write_out
 from ._checks import writable_dir
 from ._console import stdout_console
@@ -45,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
     size = workload_size(args, device)
     steps_needed = args.steps + 1  # the reference steps, then the batch the policy step is compared on
     workload = workload_from_args(args, device, size, steps=max(steps_needed, 2), warmup=1)
+    framework = check_framework(workload.extra.get("framework"))  # the prescription is printed in its terms too
     console = stdout_console()
     console.print(f"[dim]ampkit doctor: {args.steps} fp32 reference steps of {workload.name}, then one step per policy tried...[/dim]")
     batches = [to_device(b, device, workload.channels_last) for b in workload.train_batches[:steps_needed]]
@@ -57,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
         compile=compile, update_steps=args.update_steps, fp8_recipe=None if args.fp8_recipe == "none" else args.fp8_recipe,
         context={"command": command, "workload": {"name": workload.name, "description": workload.description, "size": size if args.data is None else None}},
     )
+    diagnosis.framework = framework
     data = diagnosis.to_dict()
     from ..numerics._table import render
 

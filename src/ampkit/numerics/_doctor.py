@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._report.dialect import Advice, check_framework, paste_code
 from .._util.model_io import batch_loss, default_loss, to_device
 from .._util.units import fmt_share
 from ..policy import Policy, get_policy
@@ -86,6 +87,9 @@ class Diagnosis:
     fp8: Fp8Headroom | None = None
     """How each Linear's input, weight and grad_output fit torchao's float8 cast (:mod:`~ampkit.numerics._fp8_headroom`);
     None with ``fp8_recipe=None``."""
+    framework: str | None = None
+    """The framework the model came from (``"lightning"``, ``"transformers"``; ``ampkit doctor`` sets it from the
+    workload): the prescription is also printed in its terms (:meth:`framework_code`); None: plain PyTorch."""
 
     @property
     def recommended_loss_scale(self) -> float:
@@ -120,6 +124,18 @@ class Diagnosis:
         """The Python line that builds the recommended engine: the one recommendation, printed as ``Paste:``."""
         return engine_code(self.recommended_precision, self.keep_fp32, self._scaler_settings())
 
+    def advice(self) -> Advice:
+        """The prescription as the configuration to recommend (:class:`ampkit._report.dialect.Advice`): the policy,
+        the modules kept in fp32 and the scaler's settings, on the device the doctor ran on."""
+        device = torch.device(str(self.context.get("device", "cpu"))).type
+        return Advice(precision=self.recommended_precision, keep_fp32=tuple(self.keep_fp32), scaler=self._scaler_settings(), device=device)
+
+    def framework_code(self) -> str | None:
+        """The prescription as the lines to paste into a script of :attr:`framework` (``L.Trainer`` for Lightning,
+        ``TrainingArguments`` and a ``Trainer`` for Hugging Face); None for plain PyTorch, whose line is
+        :meth:`engine_code`."""
+        return paste_code(self.advice(), self.framework) if check_framework(self.framework) is not None else None
+
     def _update_dict(self) -> dict[str, Any] | None:
         """doctor.json's ``update_precision``, with whether its prescription is the recommendation's (``applied``:
         the recommended policy steps bf16 weights) or an option beside it (the recommendation keeps fp32 weights)."""
@@ -145,6 +161,7 @@ class Diagnosis:
             "loss_scale_log2": k, "gradient_max_abs": self.scale.max_abs, "keep_fp32": list(self.keep_fp32),
             "engine": {"precision": self.recommended_precision, "keep_fp32": list(self.keep_fp32), "scaler": self._scaler_settings()},
             "engine_code": self.engine_code(),
+            "framework": self.framework, "framework_code": self.framework_code(),
             "underflow_share_unscaled": self.scale.underflow_unscaled,
             "underflow_share_scaled": TensorStats.merge([self.weight_grads, self.activation_grads]).underflow_share("fp16", k),
             "gradient_underflow": {

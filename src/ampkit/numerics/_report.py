@@ -1,8 +1,9 @@
 """report.md: a doctor result as a Markdown page to read on its own, or paste into an issue or a PR.
 
-It says what ran, what the doctor recommends and why (the Engine line to paste, the loss scale, the modules kept
-in fp32), how the default and the recommended policy compared with the fp32 reference, the module table worst
-first, the pictures, and how to read the thresholds. The module columns and summary sentences are those of the
+It says what ran, what the doctor recommends and why (the Engine line to paste, after the lines of its own script
+for a model from Lightning or Hugging Face; the loss scale, the modules kept in fp32), how the default and the
+recommended policy compared with the fp32 reference, the module table worst first, the pictures, and how to read
+the thresholds. The module columns and summary sentences are those of the
 terminal (:mod:`ampkit.numerics._table`), so the two never disagree.
 
     >>> import tempfile
@@ -20,6 +21,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from .._report.dialect import FRAMEWORKS
 from .._report.markdown import (
     code_block,
     markdown_table,
@@ -125,7 +127,12 @@ def _recommendation(data: dict[str, Any]) -> list[str]:
     lines += [f"- {md_escape(r)}" for r in reasons] + ([""] if reasons else [])
     notes = data.get("tailoring_notes") or []  # written by the doctor when it had to bend the advice to the target
     lines += [f"> {md_escape(n)}" for n in notes] + ([""] if notes else [])
-    if data.get("engine_code"):
+    framework = FRAMEWORKS.get(data.get("framework") or "")
+    if framework and data.get("framework_code"):  # the user's own framework first; the Engine line for a plain loop
+        lines += [f"Paste into your {framework} script:", "", *code_block(str(data["framework_code"]), "python"), ""]
+        if data.get("engine_code"):
+            lines += ["Or, in a plain PyTorch loop:", "", *code_block(str(data["engine_code"]), "python"), ""]
+    elif data.get("engine_code"):
         lines += ["Paste into your training script:", "", *code_block(str(data["engine_code"]), "python"), ""]
     scale = loss_scale_line(data)
     if scale:

@@ -25,6 +25,7 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
+from .._report.dialect import FRAMEWORKS
 from .._report.tables import TableRows, column_widths, table_width
 from .._util.units import MISSING, fmt_float, fmt_share, is_missing
 from ._cells import fmt_cosine, fmt_error, module_label
@@ -197,7 +198,8 @@ def loss_scale_line(data: dict[str, Any]) -> str | None:
 
 
 def recommendation_lines(data: dict[str, Any]) -> list[str]:
-    """The recommendation in words: precision and reasons, loss scale, modules kept in fp32, the Engine line."""
+    """The recommendation in words: precision and reasons, loss scale, modules kept in fp32, the Engine line; for a
+    model from a framework (doctor.json's ``framework``), its script's lines first (``framework_code``)."""
     precision = data.get("recommended_precision") or MISSING
     target = data.get("target")
     lines = [f"Recommended precision: {precision}" + (f" (tailored for {target})" if target else "")]
@@ -209,7 +211,12 @@ def recommendation_lines(data: dict[str, Any]) -> list[str]:
         lines.append(scale + ("" if needed else " (only fp16 needs a loss scale)"))
     kept = [module_label(name) for name in data.get("keep_fp32") or []]
     lines.append(f"Keep in fp32: {', '.join(kept) if kept else 'nothing'}")
-    if data.get("engine_code"):
+    framework = FRAMEWORKS.get(data.get("framework") or "")
+    if framework and data.get("framework_code"):  # the user's own framework first; the Engine line for a plain loop
+        lines += [f"Paste into your {framework} script:", *str(data["framework_code"]).splitlines()]
+        if data.get("engine_code"):
+            lines.append(f"Or, in a plain PyTorch loop: {data['engine_code']}")
+    elif data.get("engine_code"):
         lines.append(f"Paste: {data['engine_code']}")
     return lines
 
@@ -365,10 +372,11 @@ def render(data: dict[str, Any], console: Console, top: int = TOP) -> None:
     else:
         log.warning("doctor result for %s has no modules to show", (data.get("workload") or {}).get("name"))
     console.print()
+    code = set(str(data.get("framework_code") or "").splitlines())
     for line in recommendation_lines(data):
-        # The Engine line is for pasting: soft-wrapped, rich puts no newline inside it.
+        # The lines to paste are soft-wrapped: rich puts no newline inside them.
         style = "bold" if line.startswith("Recommended") else ""
-        console.print(Text(line, style=style), soft_wrap=line.startswith("Paste:"))
+        console.print(Text(line, style=style), soft_wrap=line.startswith(("Paste:", "Or, in a plain PyTorch loop:")) or line in code)
     comparisons = data.get("comparisons") or []
     if comparisons:
         console.print()

@@ -122,3 +122,44 @@ def test_compile_flag_checks_the_compiled_step_and_reports_it(tmp_path: Path, ca
 def test_bad_compile_flags_are_one_line_and_exit_2(extra: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["doctor", "-w", "digits", "--size", "tiny", *extra]) == 2
     assert message in capsys.readouterr().err
+
+
+def _tagged(monkeypatch: pytest.MonkeyPatch, framework: str) -> None:
+    """The workload as the tools build it for a model from ``framework`` (``Workload.extra["framework"]``)."""
+    import ampkit.cli._doctor as doctor
+
+    build = doctor.workload_from_args
+
+    def tagged(*args: Any, **kwargs: Any) -> Any:
+        workload = build(*args, **kwargs)
+        workload.extra["framework"] = framework
+        return workload
+
+    monkeypatch.setattr(doctor, "workload_from_args", tagged)
+
+
+def test_a_model_from_lightning_gets_the_prescription_as_its_trainer(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    import ast
+
+    _tagged(monkeypatch, "lightning")
+    argv = ["doctor", "--model", f"{FRAGILE}:overflow_net", "--data", f"{FRAGILE}:batches", "--update-steps", "0", "--precision", "fp16", "--fp8-recipe", "none"]
+    assert main([*argv, "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "doctor.json").read_text())
+    printed = capsys.readouterr().out.splitlines()
+    start, end = printed.index("Paste into your Lightning script:"), next(i for i, line in enumerate(printed) if line.startswith("Or, in a plain PyTorch loop: "))
+    code = "\n".join(printed[start + 1 : end])
+    assert (data["framework"], data["framework_code"]) == ("lightning", code)
+    assert printed[end] == f"Or, in a plain PyTorch loop: {data['engine_code']}"
+    # fp16 on this CPU, with the doctor's fix: ampkit's plugin (Lightning's own 16-mixed runs bf16 here), its numbers the doctor's.
+    plugin = next(n for n in ast.walk(ast.parse(code)) if isinstance(n, ast.Call) and ast.unparse(n.func) == "AmpkitPrecision")
+    keywords = {k.arg: ast.unparse(k.value) for k in plugin.keywords}
+    assert ast.literal_eval(plugin.args[0]) == "16-mixed" and ast.literal_eval(keywords["keep_fp32"]) == data["keep_fp32"] == ["amplify"]
+    assert keywords["scaler"] == f"ampkit.ScalerConfig(init_scale={data['recommended_loss_scale']!r})"
+    assert "Paste into your Lightning script:" in (tmp_path / "report.md").read_text()
+
+
+def test_an_unknown_framework_is_refused_before_the_doctor_runs(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    _tagged(monkeypatch, "keras")
+    monkeypatch.setattr("ampkit.numerics.diagnose", lambda *a, **k: pytest.fail("the doctor ran"))
+    assert main(["doctor", "--model", f"{FRAGILE}:overflow_net", "--data", f"{FRAGILE}:batches", "--precision", "fp16"]) == 2
+    assert "framework 'keras'" in capsys.readouterr().err

@@ -357,3 +357,29 @@ def test_beside_fp32_weights_the_update_remedy_is_an_option_said_as_one(gains_di
         f"Paste: {d.engine_code()}",
         'Only to hold the weights in bf16 (the recommendation above keeps them in fp32): Engine(precision="bf16-true", keep_fp32=["1"])',
     ]
+
+
+# -- the prescription in the user's framework's terms ------------------------------------------------------
+def test_the_prescription_is_printed_in_the_frameworks_terms_beside_the_engine_line(overflow_diagnosis, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    import ast
+
+    d = copy.copy(overflow_diagnosis)  # the fixture's, shared by other tests: its framework left as it was
+    assert d.framework is None and d.framework_code() is None and d.to_dict()["framework_code"] is None  # plain PyTorch: the Engine line alone
+    engine_line = d.engine_code()
+    scaler = d.engine_kwargs()["scaler"]
+    for framework, call in (("lightning", "AmpkitPrecision"), ("transformers", "AmpkitTrainer")):
+        d.framework = framework
+        text = d.framework_code()
+        assert text is not None and d.engine_code() == engine_line  # the Engine line as it was
+        tree = ast.parse(text)
+        calls = {ast.unparse(n.func): n for n in ast.walk(tree) if isinstance(n, ast.Call)}
+        # 16-mixed with a module kept in fp32 and its own loss scale: ampkit's integration, carrying exactly the doctor's numbers.
+        keywords = {k.arg: k.value for k in calls[call].keywords}
+        assert ast.literal_eval(keywords["keep_fp32"]) == [fragile.OVERFLOW_LAYER]
+        got = {k.arg: ast.literal_eval(k.value) for k in calls["ampkit.ScalerConfig"].keywords}
+        assert got == {k: getattr(scaler, k) for k in got} and got["init_scale"] == d.recommended_loss_scale
+        data = json.loads(d.write_json(tmp_path / f"{framework}.json").read_text())
+        assert (data["framework"], data["framework_code"], data["engine_code"]) == (framework, text, engine_line)
+    d.framework = "keras"
+    with pytest.raises(ValueError, match=r"framework 'keras'.*'lightning', 'transformers' or None"):
+        d.framework_code()

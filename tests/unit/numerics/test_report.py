@@ -130,3 +130,13 @@ def test_md_escape() -> None:
     assert md_escape("a|b_c*d`e") == "a\\|b\\_c\\*d\\`e"
     assert md_escape("<0.01%") == "<0.01%" and md_escape("<script>") == "\\<script>"
     assert md_escape("two\nlines") == "two lines"
+
+
+def test_a_model_from_a_framework_gets_its_scripts_lines_first_then_the_engine_line_in_the_report(doctor_data: dict[str, Any]) -> None:
+    code = "from transformers import Trainer, TrainingArguments\n\nargs = TrainingArguments(use_cpu=True, bf16=True)"
+    section = _section(render_report({**doctor_data, "framework": "transformers", "framework_code": code}), "Recommendation")
+    ours, engine = f"```python\n{code}\n```", f"```python\n{doctor_data['engine_code']}\n```"
+    assert "Paste into your Hugging Face Trainer script:" in section and "Or, in a plain PyTorch loop:" in section
+    assert section.index(ours) < section.index(engine)
+    plain = _section(render_report(doctor_data), "Recommendation")  # no tag: the Engine line alone, as before
+    assert "Paste into your training script:" in plain and "```python\nimport" not in plain

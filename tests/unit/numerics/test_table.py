@@ -163,3 +163,15 @@ def test_a_module_the_recommendation_prescribes_nothing_for_is_watched_not_a_pro
     assert fc1["Problems"] == "" and fc1["Watch"].startswith("grads: 5.0% below")
     text = _render(doctor_data)
     assert "Watch" in text and "Problems" in text
+
+
+def test_a_model_from_a_framework_gets_its_scripts_lines_first_then_the_engine_line(doctor_data: dict[str, Any]) -> None:
+    code = 'import lightning as L\n\ntrainer = L.Trainer(accelerator="cpu", precision="bf16-mixed")\ntrainer.fit(model)'
+    lines = recommendation_lines({**doctor_data, "framework": "lightning", "framework_code": code})
+    start = lines.index("Paste into your Lightning script:")
+    assert lines[start + 1 : start + 5] == code.splitlines()
+    assert lines[start + 5] == f"Or, in a plain PyTorch loop: {doctor_data['engine_code']}" and not any(line.startswith("Paste: ") for line in lines)
+    # Without the tag (plain PyTorch, or a doctor.json written before it): the one Paste line, as before.
+    assert f"Paste: {doctor_data['engine_code']}" in recommendation_lines({**doctor_data, "framework": None, "framework_code": None})
+    printed = _render({**doctor_data, "framework": "lightning", "framework_code": code}, width=40)  # narrower than the code: none may wrap
+    assert 'trainer = L.Trainer(accelerator="cpu", precision="bf16-mixed")' in printed.splitlines()
