@@ -61,4 +61,5 @@ def recipe_settings(workload: Workload, compile: Any, tolerance: float | None, b
         "lr": workload.lr,
         "tolerance": tolerance,
         "compile": compile if compile is None or isinstance(compile, (bool, str, dict)) else repr(compile),
+        "channels_last": workload.channels_last,  # the memory format every run trained in: part of what to paste
     }

@@ -1,8 +1,9 @@
 """report.md: a finished bench as a Markdown page that can be read on its own, pasted into an issue or a PR.
 
 It holds what a reader needs to trust the figures: where and how they were taken (device, versions, the
-exact command, the settings), the same results table as the terminal, the verdicts, each policy's memory
-by part, the plots, and a short account of the measurement method.
+exact command, the settings), the same results table as the terminal, the verdicts, the change to paste where a
+policy pays (in the terms of the framework the model came from), each policy's memory by part, the plots, and a
+short account of the measurement method.
 
     >>> import tempfile
     >>> from pathlib import Path
@@ -29,6 +30,7 @@ from .._report.markdown import (
     write_markdown,
 )
 from ..memory._fp8_layers import Fp8Plan
+from ._advice import closing_lines
 from ._format import MISSING, fmt_bytes
 from ._fp8_table import fp8_markdown
 from ._plots import MEMORY_PARTS
@@ -158,6 +160,8 @@ def render_report(result: BenchResult, out_dir: str | os.PathLike[str] = ".", pl
     lines += [result.recovery, ""] if result.recovery else []
     legend = legend_lines(result)
     lines += [f"**{legend[0]}**", "", *(f"- {table_cell(line)}" for line in legend[1:]), ""] if legend else []
+    closing = closing_lines(result)
+    lines += ["## What to paste", "", closing[0], "", *code_block("\n".join(closing[1:]), "python"), ""] if closing else []
 
     for name, plan in result.fp8_layers.items():
         lines += [f"## fp8 layers: {name}", "", fp8_markdown(Fp8Plan.from_dict(plan))]

@@ -8,7 +8,9 @@ results.json (``BenchResult.to_dict()``) holds:
   1 without torchrun, and ``strategy``: ``"ddp"`` under torchrun, else None; the recipe: ``batch_size`` (rows
   of a micro-batch), ``accumulate`` (micro-batches per optimizer step), ``step_items`` (samples or tokens of
   one step), ``clip_grad_norm`` (None: off), ``tolerance`` (None: the metric's own), ``compile`` (None, or what
-  ``Engine(compile=...)`` was given)), ``workload_info`` (parameter count, shapes).
+  ``Engine(compile=...)`` was given), ``channels_last`` (the model and its 4-D inputs in NHWC)), ``workload_info``
+  (parameter count, shapes; ``framework``: ``"lightning"`` or ``"transformers"`` for a model from one, whose
+  closing advice is printed in its terms).
 - ``reference``: the policy speed-ups and memory savings are measured against (``32-true``).
 - ``runs``: one object per policy (and with ``compile``, one more per policy: its compiled twin, ``compile`` set),
   the fields of :class:`RunResult`. Times are seconds, memory is bytes,

@@ -5,7 +5,8 @@
     ampkit bench --model mypkg.nets:build --data mypkg.data:batches --steps 200 --tensorboard tb/
 
 Prints its progress while running on stderr (a bar on a terminal, plain lines in a log) and a table with one verdict
-per policy at the end (stdout).
+per policy at the end (stdout), then, where some policy pays, the change to paste for the fastest that does, in the
+terms of the framework the model came from (:mod:`ampkit.bench._advice`).
 ``--out DIR`` writes results.json, report.md and plots. Exit code 0 when every run produced figures, 1 when a
 run failed (its row says why), 2 for bad input.
 
@@ -25,10 +26,13 @@ import sys
 import torch
 import torch.distributed as dist
 from rich.console import Console
+from rich.text import Text
 
 from .._errors import AmpkitError, one_line
+from .._report.dialect import check_framework
 from .._report.out_dir import write_out
 from .._util.values import clip_from
+from ..bench._advice import closing_lines
 from ..bench._defaults import default_precisions, resolve_precisions
 from ..bench._progress import NullReporter, PlainReporter, Reporter, RichReporter
 from ..bench._results import BenchResult
@@ -78,6 +82,7 @@ def _workload(args: argparse.Namespace, device: torch.device, size: str) -> Work
     workload.lr = args.lr
     if workload.steps <= workload.warmup:
         raise ValueError(f"--steps {workload.steps} must exceed --warmup {workload.warmup} so some steps are timed.")
+    check_framework(workload.extra.get("framework"))  # the closing advice is printed in its terms: refused now, not after the runs
     if args.tolerance is not None and (workload.metric is None or not workload.eval_batches):
         raise ValueError(
             f"--tolerance {args.tolerance}: workload {workload.name} has no eval metric to hold to it; drop --tolerance "
@@ -213,6 +218,12 @@ def _present(result: BenchResult, args: argparse.Namespace, console: Console) ->
     from ..bench import _table as table
 
     table.render(result, console)
+    closing = closing_lines(result)  # the change to paste, in the model's framework, where some policy pays
+    if closing:
+        console.print()
+        code = set(closing[1:])
+        for line in closing:
+            console.print(Text(line, style="" if line in code else "bold"), soft_wrap=True)  # pasted: never broken
     if args.out is not None:
         from ..bench._plots import write_plots
         from ..bench._report import write_report

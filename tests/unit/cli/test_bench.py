@@ -269,3 +269,23 @@ def test_a_bench_run_turns_each_precision_name_into_a_policy_once(toy: str, monk
     assert main(argv) == 0
     assert sorted(looked_up) == ["32-true", "bf16"]
     assert "bf16-mixed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("nproc", [None, 2])
+def test_an_unknown_framework_is_refused_before_any_run(nproc: int | None, toy: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    # The closing advice is printed in the model's framework's terms: a tag it has no terms for is refused at once.
+    import ampkit.cli._bench as bench
+
+    build = bench.workload_from_args
+
+    def tagged(*args: Any, **kwargs: Any) -> Any:
+        workload = build(*args, **kwargs)
+        workload.extra["framework"] = "keras"
+        return workload
+
+    monkeypatch.setattr(bench, "workload_from_args", tagged)
+    monkeypatch.setattr(bench, "run_bench", lambda *a, **k: pytest.fail("the bench ran"))
+    monkeypatch.setattr(bench, "relaunch", lambda *a, **k: pytest.fail("the workers were started"))
+    argv = ["bench", "--model", f"{toy}:model", "--data", f"{toy}:data", "--steps", "6", "--warmup", "2", "--no-progress"]
+    assert main(argv + (["--nproc", str(nproc)] if nproc else [])) == 2
+    assert "framework 'keras'" in capsys.readouterr().err
