@@ -65,7 +65,7 @@ class TuneResult:
     winner's code is printed in its terms (:mod:`ampkit._report.dialect`); None: plain PyTorch, as ``ampkit.Engine``."""
     supports_gradient_checkpointing: bool | None = None
     """A Hugging Face model's own gradient checkpointing (``Workload.extra``): recompute is printed as
-    ``gradient_checkpointing=True`` where it has it; None: not known."""
+    ``TrainingArguments(activation_checkpointing=True)`` where it has it; None: not known."""
 
     def guard_of(self, candidate: Candidate) -> GuardResult | None:
         return self.guard.get(candidate.numerics_key)
