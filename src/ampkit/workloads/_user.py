@@ -27,92 +27,23 @@ import importlib.util
 import itertools
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from .._compat import tree_leaves
 from .._errors import one_line
 from .._util.model_io import LOSS_FN_HINT, batch_parts, call_model, default_loss
 from ..training._micro_batching import batch_rows
-from ._workload import Batch, Metric, Workload
+from ._bench_data import BenchData, EvalLoss
+from ._framework_inputs import framework_inputs
+from ._frameworks import is_lightning_module
+from ._hf_folder import HfFolder, hf_folder, is_hf_spec, load_hf_model
+from ._workload import Batch, Workload
 
 __all__ = ["BenchData", "EvalLoss", "default_loss", "load_factory", "spec_parts", "user_workload", "workload_from"]
-
-
-@dataclass(kw_only=True)
-class BenchData:
-    """What a ``--data`` factory may return when plain batches are not enough.
-
-    >>> x, y = torch.randn(4, 3), torch.tensor([0, 1, 0, 1])
-    >>> BenchData(train=[(x, y)], eval=[(x, y)], unit="samples").loss_fn is None
-    True
-    """
-
-    train: Iterable[Batch]
-    """Training batches, ``(inputs, targets)`` or dicts of keyword arguments; an iterable is read once, up to the
-    number of steps."""
-    eval: Iterable[Batch] = ()
-    """Held-out batches for the eval metric."""
-    loss_fn: Callable[[Any, Any], torch.Tensor] | None = None
-    """``loss_fn(output, targets)``, given the output as the model returned it (a floating tensor in fp32) and the
-    targets (a dict batch's ``labels``); default: the output's ``.loss``, else cross-entropy or MSE by the
-    targets' dtype."""
-    metric: Callable[[], Metric] | None = None
-    """Factory of a fresh :class:`~ampkit.workloads.Metric`; default: mean eval loss."""
-    unit: str | None = None
-    """What throughput counts: ``samples`` or ``tokens``; default: ``tokens`` for dict batches with ``input_ids``,
-    else ``samples``."""
-    items_per_batch: int | None = None
-    """Samples (or tokens) per training batch; default: the first batch's ``len(targets)``, or for a dict batch its
-    rows (samples) or the ``numel()`` of its ``input_ids`` (tokens, padding included: what the model computes on)."""
-
-    def __post_init__(self) -> None:
-        for name in ("train", "eval"):
-            value = getattr(self, name)
-            if isinstance(value, (torch.Tensor, dict, str, bytes)) or not isinstance(value, Iterable):
-                raise TypeError(
-                    f"BenchData({name}=...) got {type(value).__name__}; {name} must be a list (or any iterable, e.g. a "
-                    "DataLoader) of batches: (inputs, targets) pairs or dicts of model keyword arguments."
-                )
-        for name in ("loss_fn", "metric"):
-            value = getattr(self, name)
-            if value is not None and not callable(value):
-                raise TypeError(f"BenchData({name}=...) got {type(value).__name__}; {name} must be a callable or None.")
-        if self.unit is not None and (not isinstance(self.unit, str) or not self.unit):
-            raise TypeError(f"BenchData(unit=...) got {self.unit!r}; unit must be a word such as 'samples' or 'tokens'.")
-        n = self.items_per_batch
-        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
-            raise ValueError(f"BenchData(items_per_batch=...) got {n!r}; it must be a positive int, or None to count len(targets).")
-
-
-class EvalLoss:
-    """The mean loss over eval batches: the metric of last resort, lower is better, within 0.02 counts as equal.
-
-    The tolerance is in the loss's own units, not a fraction of it: a loss near zero (a classifier that fits its
-    eval set) would make any fraction of it a gap far below the eval's noise. For a cross-entropy, 0.02 nats is
-    the 2% of perplexity the ``gpt`` workload allows; for a loss on another scale (an MSE), set ``--tolerance``.
-    """
-
-    name = "eval_loss"
-    higher_is_better = False
-    tolerance = 0.02
-    relative = False
-
-    def __init__(self, loss_fn: Callable[[Any, Any], torch.Tensor]) -> None:
-        self._loss_fn = loss_fn
-        self._sum: torch.Tensor | None = None
-        self._count = 0
-
-    def update(self, output: Any, target: Any) -> None:
-        loss = self._loss_fn(output, target).detach().float()  # the default loss_fn takes a ModelOutput's .loss
-        self._sum = loss if self._sum is None else self._sum + loss
-        self._count += 1
-
-    def compute(self) -> dict[str, float]:
-        return {self.name: float("nan") if self._sum is None else self._sum.item() / self._count}
 
 
 def spec_parts(spec: str) -> tuple[str, str]:
@@ -189,7 +120,8 @@ def _read(batches: Iterable[Any], limit: int | None, where: str, what: str) -> l
 
 
 def _is_kwargs(b: Any) -> bool:
-    return isinstance(b, Mapping) and all(isinstance(k, str) for k in b) and any(isinstance(v, torch.Tensor) for v in b.values())
+    # A tensor anywhere in the values: a LightningModule's step batch holds the user's batch, a tuple of tensors.
+    return isinstance(b, Mapping) and all(isinstance(k, str) for k in b) and any(isinstance(v, torch.Tensor) for v in tree_leaves(list(b.values())))
 
 
 def _check_batches(batches: Sequence[Any], where: str, what: str) -> list[Batch]:
@@ -263,19 +195,25 @@ def model_name(model: nn.Module, spec: str | None = None) -> str:
 
 def workload_from(
     model: nn.Module, data: Any, *, steps: int, warmup: int, model_spec: str | None = None, data_spec: str = "data", cli: bool = False,
-    accumulate: int = 1,
+    accumulate: int = 1, batch_size: int | None = None, folder: HfFolder | None = None, seed: int = 0,
 ) -> Workload:
-    """The Workload of ``model`` trained on ``data`` (a :class:`BenchData`, or an iterable of batches).
+    """The Workload of ``model`` trained on ``data`` (a :class:`BenchData`, an iterable of batches, a ``datasets.Dataset``
+    or a LightningDataModule; None: the model's own, see :mod:`~ampkit.workloads._framework_inputs`).
 
     ``model_spec``/``data_spec`` name them in the description and results.json; errors name them as the options
     ``--model``/``--data`` when ``cli``. ``accumulate`` micro-batches make a step: up to ``steps * accumulate``
-    training batches are read.
+    training batches are read. ``batch_size``: rows per batch of a Dataset; ``folder``: the ``hf:`` folder the model
+    was read from; ``seed``: the seed of data made for it.
     """
     if not isinstance(model, nn.Module):
         raise ValueError(f"{'--model ' + str(model_spec) if cli else 'model'} is {type(model).__name__}; it must be a torch.nn.Module.")  # noqa: TRY004 - a ValueError: the command prints it as one line and exits 2
     name = model_name(model, model_spec)
     model_at, data_at = (f"--model {model_spec}", f"--data {data_spec}") if cli else (name, data_spec)
-    data = _as_bench_data(data, data_at)
+    made = framework_inputs(
+        model, data, count=steps * accumulate, where=model_at, data_where=data_at, batch_size=batch_size, folder=folder, seed=seed,
+    )
+    model, name = made.model, model_name(made.model, model_spec)
+    data = _as_bench_data(made.data, data_at)
     train = _check_batches(_read(data.train, steps * accumulate, data_at, "training"), data_at, "training")
     if not train:
         raise ValueError(f"{data_at} gave no training batches; give at least one batch.")
@@ -285,7 +223,9 @@ def workload_from(
     _smoke_test(model, train[0], loss_fn, model_at)
     unit = data.unit or ("tokens" if isinstance(train[0], Mapping) and "input_ids" in train[0] else "samples")
     n_params = sum(p.numel() for p in model.parameters())
-    return Workload(
+    # What the data is, where it was not given as batches: a Dataset's collation, a module's own loaders, made data.
+    described = data_spec if made.data_text is None else made.data_text if data_spec == "data" else f"{data_spec}: {made.data_text}"
+    workload = Workload(
         name=name,
         model=model,
         train_batches=train,
@@ -297,31 +237,49 @@ def workload_from(
         steps=steps,
         warmup=warmup,
         accumulate=accumulate,
-        description=f"{model_spec or name} on {data_spec}",
-        extra={"model": model_spec or name, "data": data_spec, "model_class": type(model).__name__, "parameters": n_params},
+        description=f"{model_spec or name} on {described}",
+        extra={"model": model_spec or name, "data": described, "model_class": type(model).__name__, "parameters": n_params, **made.facts},
     )
+    if made.optimizer is not None:
+        workload.optimizer = made.optimizer
+    return workload
+
+
+def _model_of(model_spec: str, folder: HfFolder | None, seed: int) -> nn.Module:
+    if folder is not None:
+        return load_hf_model(folder, seed)
+    model = _call_factory(load_factory(model_spec, "--model"), model_spec, "--model")
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"--model {model_spec} returned {type(model).__name__}; it must return a torch.nn.Module.")  # noqa: TRY004 - a ValueError: the command prints it as one line and exits 2
+    return model
 
 
 def user_workload(
-    model_spec: str | None, data_spec: str | None, *, steps: int, warmup: int, base: Workload | None = None, accumulate: int = 1
+    model_spec: str | None, data_spec: str | None, *, steps: int, warmup: int, base: Workload | None = None, accumulate: int = 1,
+    batch_size: int | None = None, seed: int = 0,
 ) -> Workload:
-    """The Workload for ``--model``/``--data``; with only ``--model``, the model trains on ``base``'s data.
+    """The Workload for ``--model``/``--data``; with only ``--model``, the model trains on ``base``'s data, or without a
+    ``base`` on its own (a LightningModule's loaders, data made for an ``hf:`` folder's model).
 
-    ``steps`` and ``warmup`` are the bench's settings (user data carries no defaults of its own).
+    ``steps`` and ``warmup`` are the bench's settings (user data carries no defaults of its own); ``batch_size``: rows
+    per batch of a ``datasets.Dataset``; ``seed``: an ``hf:`` model's random initialisation and made data.
     """
-    model = None
-    if model_spec is not None:
-        model = _call_factory(load_factory(model_spec, "--model"), model_spec, "--model")
-        if not isinstance(model, nn.Module):
-            raise ValueError(f"--model {model_spec} returned {type(model).__name__}; it must return a torch.nn.Module.")
-    if data_spec is None:
-        if base is None or model is None:
-            raise ValueError("--model without --data needs a built-in --workload whose data it trains on; or pass --data pkg.module:factory.")
-        _smoke_test(model, base.train_batches[0], base.loss_fn, f"--model {model_spec}")
-        return dataclasses.replace(
-            base, name=f"{model_name(model, model_spec)} on {base.name}", model=model, description=f"{model_spec} on {base.name} data"
-        )
-    if model is None:
+    if model_spec is None:
         raise ValueError(f"--data {data_spec} needs --model pkg.module:factory: the model to train on it.")
-    data = _call_factory(load_factory(data_spec, "--data"), data_spec, "--data")
-    return workload_from(model, data, steps=steps, warmup=warmup, model_spec=model_spec or "", data_spec=data_spec, cli=True, accumulate=accumulate)
+    try:
+        folder = hf_folder(model_spec) if is_hf_spec(model_spec) else None
+        model = _model_of(model_spec, folder, seed)
+        if data_spec is None and base is not None:
+            _smoke_test(model, base.train_batches[0], base.loss_fn, f"--model {model_spec}")
+            return dataclasses.replace(
+                base, name=f"{model_name(model, model_spec)} on {base.name}", model=model, description=f"{model_spec} on {base.name} data"
+            )
+        if data_spec is None and folder is None and not is_lightning_module(model):
+            raise ValueError("--model without --data needs a built-in --workload whose data it trains on; or pass --data pkg.module:factory.")
+        data = None if data_spec is None else _call_factory(load_factory(data_spec, "--data"), data_spec, "--data")
+        return workload_from(
+            model, data, steps=steps, warmup=warmup, model_spec=model_spec, data_spec=data_spec or "data", cli=True, accumulate=accumulate,
+            batch_size=batch_size, folder=folder, seed=seed,
+        )
+    except ImportError as exc:  # a framework package missing: its message names the extra to install
+        raise ValueError(one_line(exc)) from exc
