@@ -48,8 +48,19 @@ def _add_workload(p: argparse.ArgumentParser, *, seeds: str = _TRAINING_SEED) ->
     data (``--model``, ``--data``), and ``--seed``, whose help names what it ``seeds``."""
     p.add_argument("-w", "--workload", help="built-in workload: digits, digits-aug, segment, gpt, resnet (default: the one for the device)")
     p.add_argument("--size", default="auto", choices=("auto", *SIZES), help="built-in workload size (default: auto: small on CPU, large on GPU)")
-    p.add_argument("--model", metavar="MODULE:FACTORY", help="your model: a no-argument callable returning an nn.Module")
-    p.add_argument("--data", metavar="MODULE:FACTORY", help="your data: a no-argument callable returning batches ((inputs, targets) pairs or dicts of model keyword arguments) or a BenchData")
+    p.add_argument(
+        "--model", metavar="MODULE:FACTORY",
+        help="your model: a no-argument callable returning an nn.Module or a LightningModule (its training_step is the loss, "
+        "configure_optimizers() the optimizer, its own dataloaders the data without --data); or hf:PATH, a local Hugging "
+        "Face model folder (with weights: from_pretrained; with only config.json: random init from --seed; nothing is "
+        "downloaded; without --data, a causal LM trains on text tokenized by the folder's tokenizer, else random tokens)",
+    )
+    p.add_argument(
+        "--data", metavar="MODULE:FACTORY",
+        help="your data: a no-argument callable returning batches ((inputs, targets) pairs or dicts of model keyword "
+        "arguments), a DataLoader, a BenchData, a datasets.Dataset (collated into batches of --batch-size rows, default 8; "
+        "a DatasetDict's validation split is the eval) or a LightningDataModule",
+    )
     p.add_argument("--seed", type=int, default=0, help=f"seed of {seeds} (default: 0)")
 
 
@@ -88,7 +99,8 @@ def add_bench(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -
     )
     p.add_argument(
         "--batch-size", type=positive, metavar="N",
-        help="rows per training batch of a built-in workload (default: the size's); your own --data sets its own",
+        help="rows per training batch of a built-in workload (default: the size's) or of a datasets.Dataset from --data "
+        "(default: 8); other --data sets its own",
     )
     p.add_argument(
         "--accumulate", type=positive, default=1, metavar="K",
@@ -245,7 +257,7 @@ def add_tune(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--run-steps", type=positive, default=1000, metavar="N", help="steps your real run trains: compile time is amortised over them (default: 1000)")
     p.add_argument("--precision", help="comma-separated policies the tune may choose from (default: every policy this device runs fast)")
     p.add_argument("--stages", metavar="LIST", help="comma-separated levers to tune: fit, loader, channels_last, precision, compile, fused_step, micro_batch, threads (default: all; fit runs whenever your batch does not fit)")
-    p.add_argument("--batch-size", type=positive, metavar="N", help="rows per training batch of a built-in workload: your global batch (default: the size's)")
+    p.add_argument("--batch-size", type=positive, metavar="N", help="rows per training batch of a built-in workload or a datasets.Dataset from --data: your global batch (default: the size's; a Dataset's 8)")
     p.add_argument("--accumulate", type=positive, default=1, metavar="K", help="your accumulation: the global batch is K batches (default: 1)")
     p.add_argument("--rounds", type=positive, default=4, help="interleaving rounds of each trial (default: 4)")
     p.add_argument("--chunk", type=positive, default=3, metavar="STEPS", help="timed steps per candidate per round (default: 3)")

@@ -114,6 +114,19 @@ def _check_arguments(caller: str, model: Any, example_batch: Any, loss_fn: Any) 
         raise TypeError(f"{caller}(): loss_fn must be a callable loss_fn(output, targets), got {type(loss_fn).__name__}.")
 
 
+def _framework_inputs(caller: str, model: Any, example_batch: Any, optimizer: Any, loss_fn: LossFn) -> tuple[Any, Any, Any, LossFn]:
+    """The plain module, batch, optimizer and loss of what the user passed: a model ``Accelerator.prepare()`` returned is
+    unwrapped, a LightningModule's batch runs its ``training_step`` (whose loss is the loss), a ``datasets.Dataset``
+    gives its first collated batch (see :func:`ampkit.workloads._framework_inputs.tool_inputs`)."""
+    from ..workloads._framework_inputs import tool_inputs
+    from ..workloads._frameworks import is_hf_dataset, is_hf_dataset_dict
+    from ..workloads._prepared import unwrap_optimizer
+
+    dataset = is_hf_dataset(example_batch) or is_hf_dataset_dict(example_batch)
+    model, batches, loss_fn = tool_inputs(model, example_batch if dataset else [example_batch], loss_fn, count=1, what=f"{caller}()")
+    return model, batches[0], unwrap_optimizer(optimizer), loss_fn
+
+
 def _model_device(model: nn.Module) -> torch.device:
     for t in [*model.parameters(), *model.buffers()]:
         if t.device.type != "meta":
@@ -186,10 +199,13 @@ def estimate(
     """Predict the memory of one training step of ``model`` on ``example_batch`` under ``policy``, allocating nothing.
 
     ``model`` may live anywhere, on the ``meta`` device too (build a model too large for this machine under
-    ``with torch.device("meta"):``). ``example_batch`` is ``(inputs, targets)`` or a dict of keyword arguments, as
-    in ``ampkit bench``; tensors may be meta. ``loss_fn(output, targets)``: default, the output's ``.loss`` or
-    cross-entropy (:func:`ampkit.bench._model_io.default_loss`). ``optimizer`` is an optimizer of ``model`` (rebuilt with the same settings over the copy) or a
-    factory ``params -> optimizer``; None counts no optimizer state. ``device`` is the target (default: the
+    ``with torch.device("meta"):``); a LightningModule (the batch runs its ``training_step``) and a model
+    ``accelerate.Accelerator.prepare()`` returned (its plain fp32 module is estimated) are taken too.
+    ``example_batch`` is ``(inputs, targets)`` or a dict of keyword arguments, as in ``ampkit bench`` (or a
+    ``datasets.Dataset``, whose first 8 rows are collated); tensors may be meta. ``loss_fn(output, targets)``:
+    default, the output's ``.loss`` or cross-entropy (:func:`ampkit.bench._model_io.default_loss`). ``optimizer``
+    is an optimizer of ``model`` (rebuilt with the same settings over the copy) or a factory ``params ->
+    optimizer``; None counts no optimizer state. ``device`` is the target (default: the
     model's device, or the CPU). ``engine_options`` go to :class:`ampkit.Engine` (e.g. ``clip_grad_norm=1.0``).
 
     >>> from torch import nn
@@ -200,6 +216,7 @@ def estimate(
     >>> round(e.parameters / 2**30, 2), round(e.master_weights / 2**30, 2), round(e.total / 2**30, 1)
     (2.0, 8.0, 20.0)
     """
+    model, example_batch, optimizer, loss_fn = _framework_inputs("estimate", model, example_batch, optimizer, loss_fn)
     _check_arguments("estimate", model, example_batch, loss_fn)
     resolved = get_policy(policy)  # an unknown name fails here, in one line, before any work
     requested = resolved.name
@@ -258,6 +275,7 @@ def measure(
     >>> (m.total, m.peak, m.method) == (e.total, e.peak, "measure")
     True
     """
+    model, example_batch, optimizer, loss_fn = _framework_inputs("measure", model, example_batch, optimizer, loss_fn)
     _check_arguments("measure", model, example_batch, loss_fn)
     target = as_device(device) if device is not None else _model_device(model)
     if any(t.device.type == "meta" for t in model.parameters()):

@@ -243,9 +243,11 @@ def diagnose(
     """Diagnose how ``model`` fits fp16/bf16 on ``batches`` and recommend a policy, fp32 modules and a loss scale.
 
     Args:
-        model: the fp32 model (left untouched: the doctor trains a copy).
+        model: the fp32 model (left untouched: the doctor trains a copy); a LightningModule (its ``training_step``
+            is the loss) or a model ``accelerate.Accelerator.prepare()`` returned (its plain fp32 module) too.
         batches: ``(inputs, targets)`` pairs or dicts of model keyword arguments (targets: their ``labels``); step
-            ``i`` uses ``batches[i % len(batches)]``, the comparison the next.
+            ``i`` uses ``batches[i % len(batches)]``, the comparison the next. A ``datasets.Dataset`` is collated
+            into ``steps + 1`` batches of 8 rows.
         loss_fn: ``loss_fn(output, targets)``, given a tensor output in fp32; default: the output's ``.loss``, else
             cross-entropy or MSE by the targets' dtype (:func:`ampkit.bench._model_io.default_loss`).
         steps: fp32 reference steps whose statistics are collected (the optimizer steps between them).
@@ -266,6 +268,10 @@ def diagnose(
     """
     if steps < 1:
         raise ValueError(f"steps must be >= 1 (fp32 reference steps to collect statistics from), got {steps}.")
+    from ..workloads._framework_inputs import tool_inputs  # deferred: the doctor's import stays that of its own parts
+
+    # A prepared model unwrapped, a LightningModule's training_step as the loss, a Dataset collated (steps + 1 batches).
+    model, batches, loss_fn = tool_inputs(model, batches, loss_fn, count=steps + 1, what="diagnose()")
     if not batches:
         raise ValueError("diagnose() needs at least one (inputs, targets) batch.")
     if fp8_recipe is not None and fp8_recipe not in FP8_RECIPES:

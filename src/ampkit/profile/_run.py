@@ -24,6 +24,8 @@ from .._util.model_io import batch_loss
 from ..policy import Policy, get_policy
 from ..training._engine import Engine
 from ..workloads._device import device_info
+from ..workloads._lightning_step import StepCall, step_loader
+from ..workloads._prepared import unwrap_prepared
 from ..workloads._recipe import with_lr
 from ..workloads._workload import Batch, Workload
 from ._advice import advise
@@ -98,7 +100,8 @@ def profile_workload(
     policy = get_policy(precision)  # the API's edge: a name becomes a Policy here, once
     device = torch.device(device)
     torch.manual_seed(seed)
-    model = copy.deepcopy(workload.model).to(device)
+    # A hand-built Workload may hold what Accelerator.prepare() returned: profile the plain fp32 module inside.
+    model = copy.deepcopy(unwrap_prepared(workload.model, "profile_workload()")).to(device)
     if workload.channels_last:
         model = model.to(memory_format=torch.channels_last)
     optimizer = with_lr(workload.optimizer(model.parameters()), workload.lr)
@@ -107,6 +110,8 @@ def profile_workload(
     model.train()
     given_loader = loader is not None
     loader = loader if loader is not None else workload_loader(workload)
+    if given_loader and isinstance(workload.model, StepCall):
+        loader = step_loader(loader)  # a LightningModule's own batches, given to its training_step
 
     def micro_step(batch: Any) -> None:
         with engine.autocast():

@@ -12,6 +12,9 @@ import torch
 from torch import nn
 
 from ..workloads import BenchData, Workload, default_device, workload_from
+from ..workloads._framework_inputs import tool_inputs
+from ..workloads._lightning_step import StepCall, step_loader
+from ..workloads._prepared import unwrap_optimizer
 from ._result import TuneResult
 from ._run import tune_workload
 from ._trials import DEFAULT_WAVES, WaveSettings
@@ -73,13 +76,17 @@ def tune(
 ) -> TuneResult:
     """The fastest training configuration of ``model`` on ``data`` that keeps fp32's accuracy, measured here.
 
-    ``model``: the fp32 ``nn.Module`` as you train it (each trial trains a deep copy: ``model`` keeps its weights).
+    ``model``: the fp32 ``nn.Module`` as you train it (each trial trains a deep copy: ``model`` keeps its weights);
+    a LightningModule (its ``training_step`` is the loss, its ``configure_optimizers()`` the optimizer) or a model
+    ``accelerate.Accelerator.prepare()`` returned (its plain fp32 module is tuned) too.
     ``data``: what :func:`ampkit.bench.bench_model` takes: a list (or any iterable) of batches, ``(inputs,
     targets)`` pairs or dicts of keyword arguments (a Hugging Face batch with ``labels``: the model's ``.loss`` is
     the loss); a :class:`ampkit.workloads.BenchData` (with eval batches, the accuracy guard scores its metric);
-    or a DataLoader, whose workers, pinning and prefetch are tuned too. ``loss_fn(output, targets)``: default, the
-    output's ``.loss``, else cross-entropy or MSE. ``optimizer``: an optimizer of ``model`` (copied, never stepped)
-    or a factory ``params -> optimizer``; default AdamW. ``budget``: wall-clock seconds; ``run_steps``: the steps
+    or a DataLoader, whose workers, pinning and prefetch are tuned too; a ``datasets.Dataset`` (collated, 8 rows a
+    batch) or a LightningDataModule; None for a LightningModule's own ``train_dataloader()``.
+    ``loss_fn(output, targets)``: default, the output's ``.loss``, else cross-entropy or MSE. ``optimizer``: an
+    optimizer of ``model`` (copied, never stepped; an ``AcceleratedOptimizer``'s own) or a factory ``params ->
+    optimizer``; default AdamW (a LightningModule's: its ``configure_optimizers()``). ``budget``: wall-clock seconds; ``run_steps``: the steps
     your real run trains, over which compile time is amortised; ``out``: a folder where trials are kept, so a
     killed tune resumes (write ``tune.json`` and ``report.md`` there with :func:`ampkit.tuning.write_files`).
     ``stages``: only these levers (:data:`ampkit.tuning.STAGES`); ``precisions``: only these policies (names or
@@ -97,13 +104,17 @@ def tune(
     dev = default_device() if device is None else torch.device(device)
     loader = data if isinstance(data, torch.utils.data.DataLoader) else None
     steps = max(guard_steps or 30, waves.steps)
+    optimizer = unwrap_optimizer(optimizer)  # Accelerator.prepare()'s wrapper: the torch optimizer inside is the one to copy
     if loss_fn is not None:  # given before the data is read: the check of one forward and loss uses it
+        model, data, loss_fn = tool_inputs(model, data, loss_fn, count=steps, what="tune()")  # a Dataset's batches made here
         data = dataclasses.replace(data, loss_fn=loss_fn) if isinstance(data, BenchData) else BenchData(train=data, loss_fn=loss_fn)
     workload: Workload = workload_from(model, data, steps=steps, warmup=min(5, steps // 10))
     factory = optimizer_factory(optimizer, model)
     if factory is not None:
         workload.optimizer = factory
     workload.clip_grad_norm = clip_grad_norm
+    if loader is not None and isinstance(workload.model, StepCall):
+        loader = step_loader(loader)  # the loader trials feed a LightningModule's training_step its own batches
     return tune_workload(
         workload, dev, budget=budget, run_steps=run_steps, out=out, seed=seed, waves=waves, guard_steps=guard_steps,
         memory_budget=memory_budget, loader=loader, stages=stages, precisions=precisions, progress=progress or (lambda what, elapsed, left: None),
