@@ -36,6 +36,7 @@ UPDATE_VARIABLE = "AMPKIT_UPDATE_API"
 # keeps this list and the source tree in step.
 PUBLIC_MODULES = (
     "ampkit",
+    "ampkit.accelerate",
     "ampkit.apex",
     "ampkit.apex.amp",
     "ampkit.apex.fp16_utils",
@@ -58,6 +59,7 @@ PUBLIC_MODULES = (
     "ampkit.profile",
     "ampkit.scaling",
     "ampkit.training",
+    "ampkit.transformers",
     "ampkit.tuning",
     "ampkit.workloads",
 )

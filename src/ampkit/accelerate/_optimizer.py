@@ -33,7 +33,7 @@ class StepLedger:
 
     def before_step(self, optimizer: AmpkitOptimizer) -> None:
         if self.last is not None and self.last is not optimizer:
-            self.last.settle()  # read its outcome before the engine's next step replaces it
+            self.last._settle()  # read its outcome before the engine's next step replaces it
         self.last = optimizer
 
 
@@ -50,10 +50,10 @@ class AmpkitOptimizer(AcceleratedOptimizer):
     ('AmpkitOptimizer', True, 32768.0)
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, engine: Engine, ledger: StepLedger, device_placement: bool = True) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, engine: Engine, ledger: StepLedger | None = None, device_placement: bool = True) -> None:
         super().__init__(optimizer, device_placement=device_placement, scaler=None)
         self._engine = engine
-        self._ledger = ledger
+        self._ledger = ledger if ledger is not None else StepLedger()  # the accelerator's, shared by its optimizers
         self._outcome_pending = False  # stepped, and the engine still holds the outcome
 
     def step(self, closure: Any = None) -> None:
@@ -78,7 +78,7 @@ class AmpkitOptimizer(AcceleratedOptimizer):
             self._ledger.unscaled.discard(id(self.optimizer))  # the step took (or, on error, dropped) what unscale_ made
         self._outcome_pending = True
 
-    def settle(self) -> None:
+    def _settle(self) -> None:
         """Read this optimizer's last outcome from the engine now (it may sync once)."""
         if self._outcome_pending:
             self._is_overflow = self._engine.step_was_skipped
@@ -87,5 +87,5 @@ class AmpkitOptimizer(AcceleratedOptimizer):
     @property
     def step_was_skipped(self) -> bool:
         """Whether this optimizer's last step was skipped (non-finite gradients). May sync once."""
-        self.settle()
+        self._settle()
         return bool(self._is_overflow)
