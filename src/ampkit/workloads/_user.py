@@ -39,7 +39,7 @@ from .._util.model_io import LOSS_FN_HINT, batch_parts, call_model, default_loss
 from ..training._micro_batching import batch_rows
 from ._bench_data import BenchData, EvalLoss
 from ._framework_inputs import framework_inputs
-from ._frameworks import is_lightning_module
+from ._frameworks import framework_facts, is_lightning_module
 from ._hf_folder import HfFolder, hf_folder, is_hf_spec, load_hf_model
 from ._workload import Batch, Workload
 
@@ -272,7 +272,12 @@ def user_workload(
         if data_spec is None and base is not None:
             _smoke_test(model, base.train_batches[0], base.loss_fn, f"--model {model_spec}")
             return dataclasses.replace(
-                base, name=f"{model_name(model, model_spec)} on {base.name}", model=model, description=f"{model_spec} on {base.name} data"
+                base, name=f"{model_name(model, model_spec)} on {base.name}", model=model, description=f"{model_spec} on {base.name} data",
+                # The built-in's data facts, the user's model's own: its class, parameter count and framework.
+                extra={
+                    **base.extra, "model": model_spec, "model_class": type(model).__name__, "parameters": sum(p.numel() for p in model.parameters()),
+                    **framework_facts(model), **({"hf_path": str(folder.path)} if folder else {}),
+                },
             )
         if data_spec is None and folder is None and not is_lightning_module(model):
             raise ValueError("--model without --data needs a built-in --workload whose data it trains on; or pass --data pkg.module:factory.")

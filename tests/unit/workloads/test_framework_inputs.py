@@ -27,6 +27,9 @@ class Lit(pl.LightningModule):
         torch.manual_seed(0)
         self.net = nn.Linear(6, 3)
 
+    def forward(self, x):
+        return self.net(x)
+
     def training_step(self, batch, batch_idx):
         loss = nn.functional.cross_entropy(self.net(batch[0]), batch[1])
         self.log("loss", loss)
@@ -52,6 +55,11 @@ def batches():
 
 def linear():
     return nn.Linear(6, 3)
+
+def digit_lit():
+    lit = Lit()
+    lit.net = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))  # forward: the digits' 8x8 images to their 10 classes
+    return lit
 """
 
 
@@ -120,3 +128,9 @@ def test_estimate_and_diagnose_take_a_lightning_module_and_a_dataset(user: str) 
     assert first.batch_size == 8
     with pytest.raises(ValueError, match="a LightningModule's loss is its training_step's; drop loss_fn"):
         tool_inputs(lit, [batch], lambda out, y: out, count=1, what="estimate()")
+
+
+def test_a_lightning_module_on_a_built_in_workloads_data_is_still_recorded_as_lightning(user: str) -> None:
+    workload = choose_workload("digits", f"{user}:digit_lit", size="tiny", device=CPU, steps=2, warmup=1)
+    assert workload.name == "Lit on digits" and workload.extra["framework"] == "lightning"
+    assert workload.extra["parameters"] == 64 * 10 + 10  # its own, not the digits CNN's
