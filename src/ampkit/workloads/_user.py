@@ -14,6 +14,9 @@ The contract (also in the README):
   scored by their mean loss (lower is better, within 2% counts as equal).
 - Tables and reports name the workload by the model's class (``GPT2LMHeadModel``).
 - ``path/to/file.py:factory`` works too. Modules are imported with the current directory on ``sys.path``.
+- The frameworks' own objects (:mod:`~ampkit.workloads._framework_inputs`): ``--model hf:PATH`` (a local Hugging Face
+  folder), a factory returning a LightningModule (its ``training_step`` is the loss; without ``--data``, its own
+  loaders), and ``--data`` returning a ``datasets.Dataset`` or a LightningDataModule.
 
     >>> spec_parts("mypkg.models:build")
     ('mypkg.models', 'build')
