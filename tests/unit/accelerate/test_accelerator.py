@@ -295,3 +295,22 @@ def test_autocast_is_the_policys_and_an_fp32_block_may_opt_out() -> None:
             assert (a @ a).dtype == torch.float32
     with pytest.raises(ValueError, match="only AutocastKwargs\\(enabled=False\\)"), accelerator.autocast(AutocastKwargs(cache_enabled=True)):
         pass
+
+
+# ------------------------------------------------------------------------------------------------ the tools
+def test_the_doctor_samples_in_the_loop_and_the_tools_take_the_prepared_model() -> None:
+    """numerics=1 samples how the gradients fit fp16 at every step of the Accelerate loop; the memory estimate and the
+    doctor take the prepared model once Accelerate's wrapping is off (unwrap_model(keep_fp32_wrapper=False)), and
+    estimate it as they estimate the model never prepared (bf16-mixed keeps the parameters fp32)."""
+    accelerator = AmpkitAccelerator("bf16-mixed", numerics=1)
+    model = _net()
+    model, opt = accelerator.prepare(model, _opt(model.parameters()))
+    x, y = _batches(1)[0]
+    accelerator.backward(nn.functional.cross_entropy(model(x), y))
+    opt.step()
+    assert accelerator.engine.numerics.last is not None
+    plain = accelerator.unwrap_model(model, keep_fp32_wrapper=False)
+    prepared = ampkit.memory.estimate(plain, (x, y), policy="bf16-mixed")
+    never = ampkit.memory.estimate(_net(), (x, y), policy="bf16-mixed")
+    assert (prepared.parameters, prepared.activations, prepared.peak) == (never.parameters, never.activations, never.peak)
+    assert ampkit.numerics.diagnose(plain, [(x, y)], steps=1).recommended_precision

@@ -76,3 +76,20 @@ def test_an_unknown_policy_names_the_closest_before_the_trainer_starts() -> None
 def test_precision_is_required() -> None:
     with pytest.raises(TypeError, match="precision"):
         AmpkitTrainer(model=_gpt2(), args=_args())
+
+
+def test_a_transformers_release_outside_the_tested_range_is_named(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    import importlib
+    import importlib.metadata
+    import logging
+
+    import ampkit._util.framework_versions as versions
+    import ampkit.transformers
+
+    real = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "5.99.0" if name == "transformers" else real(name))
+    monkeypatch.setattr(versions, "_warned", set())
+    with caplog.at_level(logging.WARNING, logger="ampkit"):
+        importlib.reload(ampkit.transformers)
+    assert "ampkit.transformers: transformers 5.99.0 is outside the releases ampkit is tested with" in caplog.text
+    assert "pip install 'transformers>=5.23,<5.24'" in caplog.text
