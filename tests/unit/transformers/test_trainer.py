@@ -19,7 +19,7 @@ from ampkit.transformers import AmpkitTrainer, AmpkitTrainerMixin
 
 VOCAB, SEQ, STEPS, ACCUMULATE = 64, 16, 12, 2
 # bf16-true-sr's step is torchao's, compiled by torch.compile: about 45 s for this GPT-2's 30 tensors on two loaded
-# cores, where the other policies take seconds. CI checks the same AmpkitAccelerator path with sr on a small MLP
+# cores with inductor's cache cold (as in CI; 9 s warm), where the other policies take seconds. CI checks the same AmpkitAccelerator path with sr on a small MLP
 # (tests/unit/accelerate/test_accelerator.py, bit for bit against the engine loop); the Trainer adds nothing sr-specific.
 POLICIES = ["32-true", "bf16-mixed", "16-mixed", "bf16-true", "bf16-true-masters", "bf16-true-remainder", "16-true-masters",
             "bf16-true-kahan", pytest.param("bf16-true-sr", marks=pytest.mark.slow)]
