@@ -53,6 +53,7 @@ PUBLIC_MODULES = (
     "ampkit.cli",
     "ampkit.distributed",
     "ampkit.fileio",
+    "ampkit.lightning",
     "ampkit.memory",
     "ampkit.numerics",
     "ampkit.policy",
