@@ -23,6 +23,7 @@ from ..profile import workload_loader
 from ..tuning import STAGES, TuneResult, WaveSettings, tune_workload, write_files
 from ..tuning._report import render
 from ..workloads import Workload, load_factory
+from ..workloads._lightning_step import StepCall, step_loader
 from ._checks import writable_dir
 from ._console import stdout_console
 from ._parsers import add_tune as register  # declared apart: `ampkit --help` imports none of this module
@@ -58,7 +59,10 @@ def _loader(args: argparse.Namespace, workload: Workload) -> torch.utils.data.Da
     DataLoader, or a built-in workload's per-sample dataset (``digits-aug``); None for data already in memory."""
     if args.data is not None:
         data = load_factory(args.data, "--data")()
-        return data if isinstance(data, torch.utils.data.DataLoader) else None
+        if not isinstance(data, torch.utils.data.DataLoader):
+            return None
+        # A LightningModule's training_step takes the loader's batches whole (the tune's trials call it through StepCall).
+        return step_loader(data) if isinstance(workload.model, StepCall) else data
     return workload_loader(workload) if workload.samples is not None else None
 
 

@@ -73,6 +73,10 @@ def loader():
     return DataLoader(TensorDataset(*_tensors(128, seed=2)), batch_size=16)
 
 
+def long_loader():  # enough batches an epoch for the loader trials to time steady steps
+    return DataLoader(TensorDataset(*_tensors(512, seed=2)), batch_size=16)
+
+
 def bert_rows():
     import datasets
 
@@ -159,3 +163,13 @@ def test_tune_on_an_hf_config_with_a_token_dataset(folders: dict[str, Path], use
     assert main(argv) == 0
     data = json.loads((tmp_path / "t" / "tune.json").read_text())
     assert data["command"].startswith("ampkit tune --model hf:") and data["winner"]["policy"] in ("32-true", "bf16-mixed")
+
+
+def test_tune_times_a_lightning_modules_dataloader_settings(user: str, tmp_path: Path) -> None:
+    """The loader stage feeds the LightningModule's training_step the loader's own batches: its trials are measured."""
+    argv = ["tune", "--model", f"{user}:lit", "--data", f"{user}:long_loader", "--stages", "loader", "--rounds", "2", "--guard-steps", "4",
+            "--no-progress", "--device", "cpu", "--out", str(tmp_path / "t")]
+    assert main(argv) == 0
+    data = json.loads((tmp_path / "t" / "tune.json").read_text())
+    trials = data["loader_trials"]
+    assert len(trials) > 1 and all(t.get("step_s", 0) > 0 for t in trials), trials
