@@ -132,17 +132,14 @@ def check_framework(name: object) -> str | None:
 
 
 def gradient_checkpointing_of(extra: Mapping[str, Any]) -> bool | None:
-    """Whether a Hugging Face model has its own gradient checkpointing, as ``Workload.extra`` records it
-    (``supports_gradient_checkpointing``, or ``gradient_checkpointing`` as the workloads' framework facts name it);
-    None: not recorded.
+    """Whether a Hugging Face model has its own gradient checkpointing, as ``Workload.extra`` records it (its
+    ``supports_gradient_checkpointing``); None: not recorded.
 
-    >>> gradient_checkpointing_of({"framework": "transformers", "gradient_checkpointing": True}), gradient_checkpointing_of({})
+    >>> gradient_checkpointing_of({"framework": "transformers", "supports_gradient_checkpointing": True}), gradient_checkpointing_of({})
     (True, None)
     """
-    for key in ("supports_gradient_checkpointing", "gradient_checkpointing"):
-        if extra.get(key) is not None:
-            return bool(extra[key])
-    return None
+    value = extra.get("supports_gradient_checkpointing")
+    return None if value is None else bool(value)
 
 
 def paste_code(advice: Advice, framework: str | None = None) -> str:

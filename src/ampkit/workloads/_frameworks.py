@@ -6,7 +6,7 @@ package is already imported (its class lives there), so each check looks in ``sy
 
 What is recorded in ``Workload.extra`` for the advice that names the user's framework (:func:`framework_facts`):
 ``framework`` is ``"transformers"`` for a Hugging Face model, ``"lightning"`` for a LightningModule, absent otherwise;
-a Hugging Face model adds ``gradient_checkpointing`` (its ``supports_gradient_checkpointing``).
+a Hugging Face model adds ``supports_gradient_checkpointing`` (the model's own attribute).
 
     >>> from torch import nn
     >>> framework_facts(nn.Linear(2, 2)), is_lightning_module(nn.Linear(2, 2)), is_hf_dataset([1, 2])
@@ -78,5 +78,5 @@ def framework_facts(model: Any) -> dict[str, Any]:
     if is_lightning_module(model):
         return {"framework": "lightning"}
     if is_hf_model(model):
-        return {"framework": "transformers", "gradient_checkpointing": bool(getattr(model, "supports_gradient_checkpointing", False))}
+        return {"framework": "transformers", "supports_gradient_checkpointing": bool(getattr(model, "supports_gradient_checkpointing", False))}
     return {}

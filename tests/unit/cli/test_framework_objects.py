@@ -125,7 +125,7 @@ def test_bench_on_an_hf_folder_alone_says_its_random_tokens_measure_no_quality(f
     assert main(argv) == 0
     result = json.loads((tmp_path / "o" / "results.json").read_text())
     info = result["workload_info"]
-    assert info["framework"] == "transformers" and info["hf_path"] == str(folders["gpt2"]) and info["gradient_checkpointing"] is True
+    assert info["framework"] == "transformers" and info["hf_path"] == str(folders["gpt2"]) and info["supports_gradient_checkpointing"] is True
     assert info["data"].startswith("random token ids") and result["eval_samples"] is None
     bf16 = next(r for r in result["runs"] if r["precision"] == "bf16-mixed")
     assert bf16["status"] == "ok" and bf16["quality"] is None and bf16["outcome"] != "pays"

@@ -39,10 +39,10 @@ def test_a_transformers_model_is_recorded_with_its_gradient_checkpointing(hf_fol
     from ampkit.workloads._hf_folder import hf_folder, load_hf_model
 
     model = load_hf_model(hf_folder(f"hf:{hf_folders['weights']}"))
-    assert framework_facts(model) == {"framework": "transformers", "gradient_checkpointing": True}
+    assert framework_facts(model) == {"framework": "transformers", "supports_gradient_checkpointing": True}
     ids = torch.randint(0, 64, (2, 8))
     workload = workload_from(model, [{"input_ids": ids, "labels": ids}], steps=2, warmup=1)
-    assert workload.extra["framework"] == "transformers" and workload.extra["gradient_checkpointing"] is True
+    assert workload.extra["framework"] == "transformers" and workload.extra["supports_gradient_checkpointing"] is True
 
 
 def test_a_lightning_module_is_recorded_as_lightning() -> None:
