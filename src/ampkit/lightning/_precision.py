@@ -17,7 +17,13 @@ One plugin for both of Lightning's front ends, through the hooks Lightning gives
   Lightning's own checkpoint, under this class's name; Fabric users put the plugin in the state they save.
 
 The loop stays Lightning's: it accumulates (``accumulate_grad_batches``), blocks DDP's gradient sync inside a window,
-and steps the LR schedulers; the engine inside runs with ``accumulate=1``.
+and steps the LR schedulers; the engine inside runs with ``accumulate=1``. Two differences from Lightning's own plugins,
+both what ampkit's Engine does: an LR scheduler stepped per optimizer step does not step after a step skipped for
+overflow (Lightning's AMP plugin steps it anyway), and under a master-weight policy the gradients the hooks and the
+clipping should read are the optimizer's parameters' (the fp32 masters, unscaled), not the 16-bit model's, which stay
+as the backward left them. Lightning's ``FSDPStrategy`` takes only its own FSDP plugin; shard with FSDP2 in
+``configure_model`` under ``ModelParallelStrategy`` instead (the mixed policies; see :meth:`AmpkitPrecision.convert_module`).
+Under Fabric, ``fabric.clip_gradients(..., error_if_nonfinite=False)``: a step that overflowed is skipped, not an error.
 """
 
 from __future__ import annotations
@@ -148,6 +154,8 @@ class AmpkitPrecision(Precision):
         for config in lr_scheduler_configs:
             if id(config.scheduler.optimizer) in swapped:
                 raise ValueError(_twin_with_scheduler(self.policy, type(config.scheduler.optimizer).__name__))
+            if config.interval == "step" and not config.reduce_on_plateau and len(adopted) == 1 and self.engine.skip_nonfinite:
+                config.scheduler = StepsOnRealSteps(config.scheduler, self.engine)
         return model, list(adopted), lr_scheduler_configs
 
     def _adopt(self, optimizers: Sequence[torch.optim.Optimizer]) -> tuple[torch.optim.Optimizer, ...]:
@@ -295,6 +303,32 @@ class AmpkitPrecision(Precision):
             self._pending_state = dict(state_dict)  # Fabric: loaded before the first step; applied once the optimizer comes
         else:
             raise RuntimeError("AmpkitPrecision.load_state_dict() before the model was set up: load after fabric.setup(model, optimizer).")
+
+
+class StepsOnRealSteps:
+    """An LR scheduler Lightning steps after each optimizer step (``interval="step"``) that steps only after a real
+    one: a step skipped for overflow left the weights where they were, and so the schedule, as ampkit's Engine steps
+    the schedulers it adopted. Everything else is the scheduler's own (state, ``optimizer``, ``get_last_lr``)."""
+
+    def __init__(self, scheduler: Any, engine: Engine) -> None:
+        self.scheduler = scheduler
+        self._engine = engine
+
+    def step(self, *args: Any, **kwargs: Any) -> None:
+        if not self._engine.step_was_skipped:  # on a GPU with a fused optimizer, waits for the step's flag
+            self.scheduler.step(*args, **kwargs)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.scheduler.state_dict()  # type: ignore[no-any-return]
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.scheduler.load_state_dict(state_dict)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.scheduler, name)
+
+    def __repr__(self) -> str:
+        return f"StepsOnRealSteps({self.scheduler!r})"
 
 
 def _lightning_module(model: nn.Module) -> nn.Module:

@@ -7,11 +7,12 @@ import lightning as L
 import pytest
 import torch
 
+import ampkit
 from ampkit import PolicyError
 from ampkit.lightning import AmpkitPrecision
 from ampkit.policy import get_policy
 
-from .conftest import Classifier, assert_same_weights, engine_loop, fit
+from .conftest import BATCH, Classifier, assert_same_weights, data, engine_loop, fit, loss_of, net
 
 CPU_POLICIES = ["32-true", "bf16-mixed", "16-mixed", "bf16-true", "bf16-true-masters", "bf16-true-remainder", "16-true-masters",
                 "bf16-true-kahan", "bf16-true-sr"]
@@ -69,6 +70,35 @@ def test_an_overflow_skips_its_step_and_backs_off_the_scale_as_the_engine_does(p
     assert plugin.skipped_steps == engine.skipped_steps == 1 and plugin.scale == engine.scale == 2.0**15
     # on_before_optimizer_step saw the true gradients (unscaled), as with Lightning's own AMP plugin
     assert max(g.abs().max().item() for g in module.hook_grads if torch.isfinite(g).all()) < 10.0
+
+
+def test_a_skipped_step_does_not_advance_the_lr_schedule() -> None:
+    """Lightning steps a 'step' scheduler after every optimizer step; through the plugin only after a real one, as
+    ampkit's Engine steps the schedulers it adopted (the control, with the same overflow)."""
+
+    def halving(params):
+        opt = torch.optim.AdamW(params, lr=1e-2)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5), "interval": "step"}}
+
+    class Scheduled(Classifier):
+        def configure_optimizers(self):
+            return halving(self.parameters())
+
+    model = net()
+    engine = ampkit.Engine("16-mixed")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, opt = engine.setup(model, opt, schedulers=torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5))
+    for step, (x, y) in enumerate(torch.utils.data.DataLoader(data(), batch_size=BATCH)):
+        with engine.autocast():
+            loss = loss_of(model(x), y)
+        engine.backward(loss)
+        if step == 3:
+            model[0].weight.grad[0, 0] = float("inf")
+        engine.step()
+    module = Scheduled(poison={3})
+    trainer = fit(module, plugins=[AmpkitPrecision("16-mixed")])
+    assert trainer.lr_scheduler_configs[0].scheduler.get_last_lr() == engine.schedulers[0].get_last_lr() == [1e-2 * 0.5**7]
+    assert_same_weights(module.net, model)
 
 
 def test_validation_runs_under_the_policy_without_counting_steps() -> None:
