@@ -36,13 +36,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._errors import PolicyError
 from .._util.framework_versions import require
 from ..distributed._ddp import broadcast_from_rank0
 from ..policy import Policy, get_policy
 from ..policy._islands import cast_floating
 from ..scaling import ScalerConfig, StepScaler
 from ..training import Engine
+from ._parts import StepsOnRealSteps, default_device, lightning_name, sharded, twin_with_scheduler
 
 require("lightning", "ampkit.lightning")
 
@@ -52,20 +52,6 @@ from lightning.pytorch.plugins.precision import Precision
 __all__ = ["AmpkitPrecision"]
 
 log = logging.getLogger("ampkit")
-
-
-def lightning_name(policy: Policy) -> str:
-    """The Lightning precision name nearest ``policy`` (what ``trainer.precision`` reports; the model summary sizes
-    the weights by it).
-
-    >>> lightning_name(get_policy("bf16-true-masters")), lightning_name(get_policy("16-mixed")), lightning_name(get_policy("tf32"))
-    ('bf16-true', '16-mixed', '32-true')
-    """
-    if policy.param_dtype == torch.bfloat16:
-        return "bf16-true"
-    if policy.param_dtype == torch.float16:
-        return "16-true"
-    return {torch.bfloat16: "bf16-mixed", torch.float16: "16-mixed"}.get(policy.compute_dtype, "32-true")  # type: ignore[arg-type]
 
 
 class AmpkitPrecision(Precision):
@@ -122,8 +108,8 @@ class AmpkitPrecision(Precision):
                 "model; give each Trainer or Fabric its own plugin: plugins=[AmpkitPrecision(...)] per Trainer."
             )
         trainer = getattr(module, "_trainer", None)
-        device = self._device or (trainer.strategy.root_device if trainer is not None else _default_device())
-        if _sharded(module):
+        device = self._device or (trainer.strategy.root_device if trainer is not None else default_device())
+        if sharded(module):
             if self.policy.casts_parameters():
                 raise ValueError(
                     f"{self!r} on a model sharded by FSDP2 (fully_shard in configure_model): the policy stores the weights in 16 "
@@ -153,7 +139,7 @@ class AmpkitPrecision(Precision):
         swapped = {id(old): new for old, new in zip(optimizers, adopted) if old is not new}
         for config in lr_scheduler_configs:
             if id(config.scheduler.optimizer) in swapped:
-                raise ValueError(_twin_with_scheduler(self.policy, type(config.scheduler.optimizer).__name__))
+                raise ValueError(twin_with_scheduler(self.policy, type(config.scheduler.optimizer).__name__))
             if config.interval == "step" and not config.reduce_on_plateau and len(adopted) == 1 and self.engine.skip_nonfinite:
                 config.scheduler = StepsOnRealSteps(config.scheduler, self.engine)
         return model, list(adopted), lr_scheduler_configs
@@ -163,7 +149,7 @@ class AmpkitPrecision(Precision):
             adopted = self.engine.setup_optimizers(*optimizers)
         except ValueError as exc:
             if "LR scheduler is attached" in str(exc):
-                raise ValueError(_twin_with_scheduler(self.policy, type(optimizers[0]).__name__)) from exc
+                raise ValueError(twin_with_scheduler(self.policy, type(optimizers[0]).__name__)) from exc
             raise
         if self._pending_state is not None:
             # Fabric: loaded before the loop, applied at the first step, after that step's backward passes ran: the
@@ -305,32 +291,6 @@ class AmpkitPrecision(Precision):
             raise RuntimeError("AmpkitPrecision.load_state_dict() before the model was set up: load after fabric.setup(model, optimizer).")
 
 
-class StepsOnRealSteps:
-    """An LR scheduler Lightning steps after each optimizer step (``interval="step"``) that steps only after a real
-    one: a step skipped for overflow left the weights where they were, and so the schedule, as ampkit's Engine steps
-    the schedulers it adopted. Everything else is the scheduler's own (state, ``optimizer``, ``get_last_lr``)."""
-
-    def __init__(self, scheduler: Any, engine: Engine) -> None:
-        self.scheduler = scheduler
-        self._engine = engine
-
-    def step(self, *args: Any, **kwargs: Any) -> None:
-        if not self._engine.step_was_skipped:  # on a GPU with a fused optimizer, waits for the step's flag
-            self.scheduler.step(*args, **kwargs)
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.scheduler.state_dict()  # type: ignore[no-any-return]
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.scheduler.load_state_dict(state_dict)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.scheduler, name)
-
-    def __repr__(self) -> str:
-        return f"StepsOnRealSteps({self.scheduler!r})"
-
-
 def _lightning_module(model: nn.Module) -> nn.Module:
     return getattr(model, "module", model) if not isinstance(model, pl.LightningModule) else model
 
@@ -338,24 +298,3 @@ def _lightning_module(model: nn.Module) -> nn.Module:
 def _attached(module: Any) -> bool:
     """Whether ``module`` is a LightningModule trained by a Trainer (whose hooks the Trainer calls through the plugin)."""
     return isinstance(module, pl.LightningModule) and module._trainer is not None
-
-
-def _default_device() -> torch.device:
-    """The device Fabric's "auto" accelerator takes: the process's GPU where there is one, else the CPU."""
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-
-
-def _sharded(module: nn.Module) -> bool:
-    """Whether ``module``'s parameters are DTensor shards (FSDP2 applied in ``configure_model``): each rank's own."""
-    return any(type(p).__name__ == "DTensor" for p in module.parameters())
-
-
-def _twin_with_scheduler(policy: Policy, optimizer: str) -> str:
-    if policy.name not in ("bf16-true-kahan", "bf16-true-sr"):
-        raise PolicyError(f"{policy.name}: an optimizer was replaced while a scheduler holds it")  # no other policy replaces one
-    library = "optimi's AdamW(..., kahan_sum=True)" if policy.name == "bf16-true-kahan" else "torchao's _AdamW(..., bf16_stochastic_round=True)"
-    return (
-        f"{policy.name} steps a library twin of the {optimizer} that configure_optimizers() returned, but an LR scheduler was "
-        f"built on the {optimizer}; build the library optimizer in configure_optimizers() ({library}, the twin ampkit would "
-        "make) with its scheduler, and the plugin steps it as it is."
-    )
