@@ -1,0 +1,147 @@
+"""benchmarks/framework_overhead.py: its figures from hand-made step times (medians, ratios, the rounds' spread), its
+comparisons (bitwise or the largest difference), each framework's run against a control that shows the loss check can
+fail, and the script in --smoke mode: every row measured, the resume rows bitwise and their negative control not."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+pytest.importorskip("lightning", reason="Requires: lightning (pip install -e '.[lightning]')")
+pytest.importorskip("transformers", reason="Requires: transformers (pip install -e '.[hf]')")
+pytest.importorskip("accelerate", reason="Requires: accelerate (pip install -e '.[hf]')")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def script(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    spec = importlib.util.spec_from_file_location("framework_overhead", ROOT / "benchmarks" / "framework_overhead.py")
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    monkeypatch.setitem(sys.modules, spec.name, module)  # type: ignore[union-attr]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+@pytest.fixture
+def runs(script: ModuleType) -> ModuleType:
+    """benchmarks/framework_runs.py (the script's neighbour), with the frameworks' CPU advice silenced for the test."""
+    import framework_runs
+
+    framework_runs.quiet_frameworks()
+    return framework_runs
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the script runs: the same kernels' reduction order on both sides
+    yield
+    torch.set_num_threads(threads)
+
+
+# ------------------------------------------------------------------------------------------------ the figures
+def test_medians_pool_every_timed_step_and_each_round_gives_its_own_ratio(script: ModuleType) -> None:
+    native = [[0.010, 0.012, 0.011], [0.020, 0.020, 0.021]]
+    ampkit = [[0.011, 0.013, 0.012], [0.019, 0.020, 0.020]]
+    s = script.summarize(native, ampkit)
+    assert s["native_ms"] == pytest.approx(1e3 * 0.016)  # the median of all six native steps: (0.012 + 0.020) / 2
+    assert s["ampkit_ms"] == pytest.approx(1e3 * 0.016)  # (0.013 + 0.019) / 2
+    assert s["ratio"] == pytest.approx(1.0)
+    assert s["round_ratios"] == pytest.approx([0.012 / 0.011, 0.020 / 0.020])
+    assert (s["low"], s["high"]) == (pytest.approx(1.0), pytest.approx(0.012 / 0.011))  # the spread the ratio hides
+    assert s["steps_each"] == 6
+
+
+def test_a_difference_is_bitwise_only_when_every_value_is_equal(script: ModuleType) -> None:
+    assert script.difference([1.0, 2.0], [1.0, 2.0]) == {"bitwise": True, "max_abs": 0.0}
+    assert script.difference([1.0, 2.0], [1.0, 2.0 + 2**-20])["max_abs"] == 2**-20
+    # weights: bf16 against the same values in fp32 are not bitwise (the dtype differs), though every value is equal
+    w = [torch.tensor([1.0, 0.5])]
+    assert script.difference(w, [w[0].bfloat16()]) == {"bitwise": False, "max_abs": 0.0}
+    assert script.difference([torch.tensor([float("nan")])], [torch.tensor([float("nan")])])["bitwise"] is False
+    d = script.difference([1.0], [1.0, 2.0])
+    assert math.isnan(d["max_abs"]) and script.fmt_diff(d) == "steps differ (1 vs 2)"
+    rounds = [script.difference([1.0], [1.0]), script.difference([1.0], [1.5])]
+    assert script.worst(rounds) == {"bitwise": False, "max_abs": 0.5}
+    assert script.fmt_diff(script.worst(rounds)) == "max |d| 0.5"
+
+
+def test_the_engine_state_cell_shows_both_runs(script: ModuleType) -> None:
+    assert script.fmt_state({"steps": 8, "skipped": 1, "scale": 32768.0}, {"steps": 8, "skipped": 1, "scale": 16384.0}) == (
+        "steps 8/8, skipped 1/1, scale 32768/16384")
+    assert script.fmt_state({"steps": 8, "skipped": 0, "scale": None}, {"steps": 8, "skipped": 0, "scale": None}) == "steps 8/8, skipped 0/0"
+    assert script.fmt_state(None, None) == "-"
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--frameworks", "keras"], "--frameworks 'keras': choose from lightning-trainer, fabric, hf-trainer, accelerate"),
+    (["--models", ""], "--models '': choose from gpt, cnn"),
+    (["--rounds", "0"], "--rounds 0: must be at least 1"),
+    (["--warmup", "-1"], "--warmup -1: must be 0 or more"),
+])
+def test_bad_arguments_are_refused_naming_the_choices(script: ModuleType, argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        script.parse_args(argv)
+    assert message in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------ the runs
+@pytest.mark.parametrize("framework", ["lightning-trainer", "fabric", "hf-trainer", "accelerate"])
+def test_each_frameworks_native_side_is_its_bf16_and_the_loss_check_can_tell(runs: ModuleType, script: ModuleType, framework: str,
+                                                                              one_thread: None) -> None:
+    """ampkit's bf16-mixed trains as the framework's own bf16 bit for bit (the overhead rows' claim), each step timed
+    once; ampkit's 32-true on the same job does not (so the native side runs in bf16 and the check is not blind)."""
+    from framework_models import gpt, gpt_data
+
+    job = runs.Job(model=gpt(n_layer=1, n_embd=16, n_head=2, vocab=32, seq=8), data=gpt_data(6, vocab=32, seq=8), batch=2)
+    native = runs.RUNNERS[framework](None, job)
+    ours = runs.RUNNERS[framework]("bf16-mixed", job)
+    fp32 = runs.RUNNERS[framework]("32-true", job)
+    assert len(native.times) == len(ours.times) == len(native.losses) == 3 and all(t > 0 for t in ours.times)
+    assert script.difference(ours.losses, native.losses)["bitwise"]
+    assert script.difference(ours.params, native.params)["bitwise"]
+    assert not script.difference(fp32.losses, native.losses)["bitwise"]
+    assert native.engine is None and ours.engine.steps == 3 and ours.threads == {1}
+
+
+def test_smoke_run_measures_every_row_of_one_framework(script: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    """Fabric, both tables: each overhead row measured and bitwise, each resume bitwise where ampkit's state travels,
+    and the negative control (the same checkpoint less ampkit's state) not."""
+    out = tmp_path / "fw.json"
+    report = script.main(["--smoke", "--frameworks", "fabric", "--json", str(out)])
+    assert json.loads(out.read_text(encoding="utf-8"))["overhead"][0]["framework"] == "fabric"
+    assert report["threads"] == 1 and report["cpu"] and report["lightning"]
+    overhead, resume = report["overhead"], report["resume"]
+    assert [(r["model"], r["status"]) for r in overhead] == [("gpt", "ok"), ("cnn", "ok")]
+    assert all(r["losses"]["bitwise"] and r["weights"]["bitwise"] and r["steps_each"] == 2 for r in overhead)
+    rows = {r["case"]: r for r in resume}
+    assert list(rows) == list(script.RESUME_CASES) and all(r["status"] == "ok" for r in resume)
+    control = rows.pop("ampkit bf16-true-masters, ampkit state removed")
+    for case, r in rows.items():
+        assert r["first_epoch"]["bitwise"] and r["resumed_losses"]["bitwise"] and r["final_weights"]["bitwise"], case
+    assert rows["ampkit 16-mixed, inf at step 1"]["state_resumed"] == {"steps": 4, "skipped": 1, "scale": 2.0**15}
+    assert control["first_epoch"]["bitwise"] and not control["final_weights"]["bitwise"]
+    printed = capsys.readouterr().out
+    assert "| fabric | gpt | `L.Fabric(precision=\"bf16-mixed\")` |" in printed and "| fabric | ampkit 16-mixed, inf at step 1 |" in printed
+
+
+# CI time (2026-12-06): slow tier, 17 s on two loaded cores (the Trainers' setup, 3 runs per resume row, 4
+# frameworks; the Fabric-only run above takes 3 s). CI runs each framework's runner above and the whole script on Fabric.
+@pytest.mark.slow
+def test_smoke_run_of_every_framework(script: ModuleType, tmp_path: Path) -> None:
+    report = script.main(["--smoke"])
+    assert all(r["status"] == "ok" and r["losses"]["bitwise"] for r in report["overhead"]) and len(report["overhead"]) == 8
+    assert all(r["status"] == "ok" for r in report["resume"]) and len(report["resume"]) == 4 * len(script.RESUME_CASES)
+    for r in report["resume"]:
+        assert r["resumed_losses"]["bitwise"] != r["case"].endswith("state removed"), (r["framework"], r["case"])
