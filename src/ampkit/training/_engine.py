@@ -286,14 +286,10 @@ class Engine(EngineView):
         without it each optimizer skips on its own overflow only, as with ``GradScaler``.
         """
         self._require_setup("step")
-        step, state = self._run.step, self._state
-        if self._run.values is not None and not step.optimizers:
-            raise RuntimeError("engine.step() after setup_module(model) and before setup_optimizers(optimizer): there is no optimizer to step yet.")
-        opts = step.stepping(optimizers)
-        size, boundary = state.window(self._accumulate)
-        if boundary and not state.backwards:
-            check_window_backward(self, size)  # no engine.backward() in the window: refused where it trains wrong
-        ended = state.end_micro_batch(boundary)
+        step = self._run.step
+        opts = self._stepping("step", optimizers)
+        # unscale_() ended this step's window already, and counted the step: its hooks saw the step's number.
+        ended = True if step.unscaled_ahead else self._end_micro_batch()
         if ended:
             step.step(opts)
         if self._preemption is not None:
@@ -305,11 +301,28 @@ class Engine(EngineView):
         or clip them yourself, as with ``GradScaler.unscale_``; the step then takes them as they are. At a window's end
         only (after its last backward). No sync. Framework plugins call it before their gradient hooks."""
         self._require_setup("unscale_")
-        if not self.is_boundary:
-            raise RuntimeError("engine.unscale_() inside an accumulation window: later backward passes would add scaled gradients to "
-                               "unscaled ones. Call it after the window's last engine.backward(), when engine.is_boundary is True.")
         step = self._run.step
-        step.unscale_(step.stepping(optimizers))
+        opts = self._stepping("unscale_", optimizers)
+        if not step.unscaled_ahead:
+            if not self.is_boundary:
+                raise RuntimeError("engine.unscale_() inside an accumulation window: later backward passes would add scaled gradients "
+                                   "to unscaled ones. Call it after the window's last engine.backward(), when engine.is_boundary is True.")
+            self._end_micro_batch()  # the step begins here: step hooks run now, with engine.steps counting it
+        step.unscale_(opts)
+
+    def _stepping(self, what: str, optimizers: Sequence[torch.optim.Optimizer]) -> list[torch.optim.Optimizer]:
+        step = self._run.step
+        if self._run.values is not None and not step.optimizers:
+            raise RuntimeError(f"engine.{what}() after setup_module(model) and before setup_optimizers(optimizer): there is no optimizer to step yet.")
+        return step.stepping(optimizers)
+
+    def _end_micro_batch(self) -> bool:
+        """Count the micro-batch that ends; True when it ends a window (an optimizer step is due)."""
+        state = self._state
+        size, boundary = state.window(self._accumulate)
+        if boundary and not state.backwards:
+            check_window_backward(self, size)  # no engine.backward() in the window: refused where it trains wrong
+        return state.end_micro_batch(boundary)
 
     def add_hook(self, hook: AnyHook) -> None:
         """Join a step hook (:class:`ampkit.training.StepHook`) to this engine's steps from now on."""

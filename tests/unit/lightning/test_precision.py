@@ -156,3 +156,32 @@ def test_lbfgs_is_refused_with_the_reason() -> None:
     module = Classifier(optimizer=lambda params: torch.optim.LBFGS(params))
     with pytest.raises(TypeError, match="LBFGS"):
         fit(module, plugins=[AmpkitPrecision("bf16-mixed")], max_steps=1)
+
+
+def test_numerics_sampling_runs_inside_the_trainer() -> None:
+    module = Classifier()
+    trainer = fit(module, plugins=[AmpkitPrecision("bf16-mixed", numerics=2)])
+    sample = trainer.precision_plugin.engine.numerics.last
+    assert sample is not None and sample.step == 8 and "net.0" in sample.modules
+
+
+def test_the_kernel_guard_holds_for_fused_sgd_whose_first_step_overflows() -> None:
+    """torch's fused SGD with momentum writes inf/NaN after a skipped first step; the engine's guard (applied through
+    the plugin) decides that step on the host: the run stays finite and equals the Engine loop's."""
+    def sgd(params):
+        return torch.optim.SGD(params, lr=1e-2, momentum=0.9, fused=True)
+
+    model = net()
+    engine = ampkit.Engine("16-mixed")
+    model, _ = engine.setup(model, sgd(model.parameters()))
+    for step, (x, y) in enumerate(torch.utils.data.DataLoader(data(), batch_size=BATCH)):
+        with engine.autocast():
+            loss = loss_of(model(x), y)
+        engine.backward(loss)
+        if step == 0:
+            model[0].weight.grad[0, 0] = float("inf")
+        engine.step()
+    module = Classifier(optimizer=sgd, poison={0})
+    fit(module, plugins=[AmpkitPrecision("16-mixed")])
+    assert all(torch.isfinite(p).all() for p in module.parameters())
+    assert_same_weights(module.net, model)

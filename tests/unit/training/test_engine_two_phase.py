@@ -230,10 +230,12 @@ def test_unscale_shows_the_true_gradients_and_is_refused_where_it_would_mix_scal
 
 def test_hooks_see_the_gradients_before_unscale_once_per_step() -> None:
     seen: list[float] = []
+    steps: list[int] = []
 
     class Grads:
         def before_optimizer_step(self, engine: Engine) -> None:
             seen.append(engine.models[0][3].bias.grad.abs().sum().item())
+            steps.append(engine.steps)  # the step being taken, counted, as in a step without unscale_
 
     engine = Engine("16-mixed", scaler=1024.0, hooks=[Grads()])
     net = _net()
@@ -243,4 +245,5 @@ def test_hooks_see_the_gradients_before_unscale_once_per_step() -> None:
     scaled = model[3].bias.grad.abs().sum().item()
     engine.unscale_()
     engine.step()
-    assert seen == [scaled]  # once, with the scaled gradients the backward left
+    assert seen == [scaled] and steps == [1]  # once, with the scaled gradients the backward left
+    assert engine.steps == 1
