@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ from torch import nn
 from ..workloads import BenchData, Workload, default_device, workload_from
 from ..workloads._framework_inputs import tool_inputs
 from ..workloads._lightning_step import StepCall, step_loader
+from ..workloads._optimizer_twin import optimizer_twin
 from ..workloads._prepared import unwrap_optimizer
 from ._result import TuneResult
 from ._run import tune_workload
@@ -37,22 +37,8 @@ def optimizer_factory(optimizer: Any, model: nn.Module) -> Callable[[Any], torch
         return optimizer
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"optimizer={type(optimizer).__name__}: pass a torch.optim.Optimizer of the model, a factory params -> optimizer, or None.")
-    position = {id(p): i for i, p in enumerate(model.parameters())}
-    if any(id(p) not in position for g in optimizer.param_groups for p in g["params"]):
-        raise ValueError("optimizer: it holds parameters that are not the model's; build it on this model's parameters, or pass "
-                         "optimizer=lambda params: YourOptimizer(params, ...).")
-    groups = [([position[id(p)] for p in g["params"]], {k: v for k, v in g.items() if k != "params"}) for g in optimizer.param_groups]
-    cls = type(optimizer)
-    # Every group carries its settings; the defaults fill what the constructor requires, filtered to what it accepts
-    # (AdamW inherits defaults its own __init__ does not take).
-    accepted = inspect.signature(cls.__init__).parameters
-    defaults = {k: v for k, v in optimizer.defaults.items() if k in accepted}
-
-    def build(params: Any) -> torch.optim.Optimizer:
-        copied = list(params)
-        return cls([{**settings, "params": [copied[i] for i in indices]} for indices, settings in groups], **defaults)
-
-    return build
+    return optimizer_twin(optimizer, model, "optimizer: it holds parameters that are not the model's; build it on this model's parameters, or pass "
+                          "optimizer=lambda params: YourOptimizer(params, ...).")
 
 
 def tune(

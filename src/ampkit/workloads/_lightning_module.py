@@ -19,7 +19,6 @@
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -32,6 +31,7 @@ from ._bench_data import BenchData
 from ._frameworks import is_datamodule, is_hf_dataset, is_hf_dataset_dict, lightning_package
 from ._hf_datasets import dataset_bench_data
 from ._lightning_step import step_batch, step_module
+from ._optimizer_twin import optimizer_twin
 
 __all__ = ["first_optimizer", "hook_loaders", "lightning_inputs", "optimizer_factory", "step_output_loss"]
 
@@ -69,24 +69,7 @@ def first_optimizer(conf: Any) -> tuple[torch.optim.Optimizer | None, bool]:
 
 def optimizer_factory(optimizer: torch.optim.Optimizer, module: nn.Module, where: str) -> OptimizerFactory:
     """``params -> optimizer`` of ``optimizer``'s class and groups over a copy's parameters (in ``module``'s order)."""
-    position = {id(p): i for i, p in enumerate(module.parameters())}
-    if any(id(p) not in position for g in optimizer.param_groups for p in g["params"]):
-        raise ValueError(f"{where}: configure_optimizers() returned an optimizer of parameters that are not the module's; build it on self.parameters().")
-    # A scheduler built in configure_optimizers may have set the groups' lr already (a warm-up from 0): the lr it
-    # was configured with is its initial_lr.
-    groups = [
-        ([position[id(p)] for p in g["params"]], {**{k: v for k, v in g.items() if k not in ("params", "initial_lr")}, "lr": g.get("initial_lr", g["lr"])})
-        for g in optimizer.param_groups
-    ]
-    cls = type(optimizer)
-    accepted = inspect.signature(cls.__init__).parameters
-    defaults = {k: v for k, v in optimizer.defaults.items() if k in accepted}
-
-    def build(params: Any) -> torch.optim.Optimizer:
-        copied = list(params)
-        return cls([{**settings, "params": [copied[i] for i in indices]} for indices, settings in groups], **defaults)
-
-    return build
+    return optimizer_twin(optimizer, module, f"{where}: configure_optimizers() returned an optimizer of parameters that are not the module's; build it on self.parameters().")
 
 
 def _optimizer(module: nn.Module, where: str) -> OptimizerFactory | None:
