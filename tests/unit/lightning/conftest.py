@@ -77,11 +77,16 @@ def fit(module: L.LightningModule, epochs: int = 1, **trainer_args: Any) -> L.Tr
     return trainer
 
 
-def engine_loop(policy: str, *, epochs: int = 1, accumulate: int = 1, poison: set[int] = frozenset(), **engine_args: Any) -> tuple[nn.Module, list[float], ampkit.Engine]:
-    """The control: the same net, batches and optimizer through ampkit's own Engine loop."""
+def engine_loop(
+    policy: str, *, epochs: int = 1, accumulate: int = 1, poison: set[int] = frozenset(),
+    optimizer: Callable[[Any], torch.optim.Optimizer] | None = None, scheduler: Callable[[Any], Any] | None = None, **engine_args: Any,
+) -> tuple[nn.Module, list[float], ampkit.Engine]:
+    """The control: the same net, batches and optimizer (AdamW, or ``optimizer(params)``) through ampkit's own Engine
+    loop; ``scheduler(optimizer)`` is adopted by the engine, which steps it after real steps only."""
     model = net()
     engine = ampkit.Engine(policy, accumulate=accumulate, **engine_args)
-    model, _ = engine.setup(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
+    opt = (optimizer or (lambda params: torch.optim.AdamW(params, lr=1e-2)))(model.parameters())
+    model, _ = engine.setup(model, opt, schedulers=scheduler(opt) if scheduler is not None else None)
     dtype = engine.policy.param_dtype  # a *-true policy's Lightning plugin casts the batch (convert_input): the same here
     losses = []
     for _ in range(epochs):

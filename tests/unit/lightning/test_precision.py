@@ -7,12 +7,11 @@ import lightning as L
 import pytest
 import torch
 
-import ampkit
 from ampkit import PolicyError
 from ampkit.lightning import AmpkitPrecision
 from ampkit.policy import get_policy
 
-from .conftest import BATCH, Classifier, assert_same_weights, data, engine_loop, fit, loss_of, net
+from .conftest import Classifier, assert_same_weights, engine_loop, fit
 
 CPU_POLICIES = ["32-true", "bf16-mixed", "16-mixed", "bf16-true", "bf16-true-masters", "bf16-true-remainder", "16-true-masters",
                 "bf16-true-kahan", "bf16-true-sr"]
@@ -84,17 +83,7 @@ def test_a_skipped_step_does_not_advance_the_lr_schedule() -> None:
         def configure_optimizers(self):
             return halving(self.parameters())
 
-    model = net()
-    engine = ampkit.Engine("16-mixed")
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    model, opt = engine.setup(model, opt, schedulers=torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5))
-    for step, (x, y) in enumerate(torch.utils.data.DataLoader(data(), batch_size=BATCH)):
-        with engine.autocast():
-            loss = loss_of(model(x), y)
-        engine.backward(loss)
-        if step == 3:
-            model[0].weight.grad[0, 0] = float("inf")
-        engine.step()
+    model, _, engine = engine_loop("16-mixed", poison={3}, scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5))
     module = Scheduled(poison={3})
     trainer = fit(module, plugins=[AmpkitPrecision("16-mixed")])
     assert trainer.lr_scheduler_configs[0].scheduler.get_last_lr() == engine.schedulers[0].get_last_lr() == [1e-2 * 0.5**7]
@@ -171,16 +160,7 @@ def test_the_kernel_guard_holds_for_fused_sgd_whose_first_step_overflows() -> No
     def sgd(params):
         return torch.optim.SGD(params, lr=1e-2, momentum=0.9, fused=True)
 
-    model = net()
-    engine = ampkit.Engine("16-mixed")
-    model, _ = engine.setup(model, sgd(model.parameters()))
-    for step, (x, y) in enumerate(torch.utils.data.DataLoader(data(), batch_size=BATCH)):
-        with engine.autocast():
-            loss = loss_of(model(x), y)
-        engine.backward(loss)
-        if step == 0:
-            model[0].weight.grad[0, 0] = float("inf")
-        engine.step()
+    model, _, _ = engine_loop("16-mixed", poison={0}, optimizer=sgd)
     module = Classifier(optimizer=sgd, poison={0})
     fit(module, plugins=[AmpkitPrecision("16-mixed")])
     assert all(torch.isfinite(p).all() for p in module.parameters())
