@@ -130,3 +130,12 @@ def test_hf_example_without_transformers_says_how_to_install_it(tmp_path: Path) 
     done = subprocess.run([sys.executable, str(ROOT / "examples" / "train_hf_gpt2.py")], cwd=tmp_path, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])})
     assert done.returncode == 1 and "pip install ampkit[hf]" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_lightning_example_trains_and_resumes_from_lightnings_checkpoint(tmp_path: Path) -> None:
+    pytest.importorskip("lightning", reason="Requires: lightning (pip install -e '.[lightning]')")
+    first = run("examples/train_digits_lightning.py", "--precision", "bf16-true-masters", "--epochs", "1", "--checkpoint", str(tmp_path))
+    resumed = run("examples/train_digits_lightning.py", "--precision", "bf16-true-masters", "--epochs", "2", "--checkpoint", str(tmp_path), "--resume")
+    assert "after 23 optimizer steps (0 skipped)" in first  # 1,437 training images in batches of 64
+    assert "after 46 optimizer steps (0 skipped)" in resumed  # the counters came back with Lightning's checkpoint
+    assert float(resumed.split("val accuracy ")[1].split()[0]) > 0.5

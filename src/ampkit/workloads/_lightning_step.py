@@ -4,8 +4,9 @@ Every tool runs ``model(**batch)`` and takes a loss from the output (:mod:`ampki
 LightningModule the loss is what ``training_step(batch, batch_idx)`` returns, and its ``forward`` is only what the
 step calls. :func:`step_module` gives the tools a module that keeps both: a shallow copy of the user's module
 whose class is the user's class with :class:`StepCall` ahead of it. A tool's batch, ``{"ampkit_batch": batch,
-"ampkit_batch_idx": i}`` (:func:`step_batch`), runs the step; any other call (``self(x)`` inside the step) is the
-module's own ``forward``, with every hook, cast and compile the tools put on the module.
+"ampkit_batch_idx": i}`` (:func:`step_batch`), runs the step as the module's forward (every hook and cast the tools put
+on the module's call applies to it: a ``*-true`` policy casts the batch, as Lightning's ``bf16-true`` does); any other
+call (``self(x)`` inside the step) is the module's own ``forward``.
 
 Why a copy of the same class rather than a wrapper module: parameter and module names stay the user's own
 (``net.0.weight``, not ``module.net.0.weight``), so the modules a report names to keep in fp32 are the names the
@@ -63,9 +64,12 @@ class StepCall:
     _ampkit_eval_step: str | None = None
     """The step eval batches run: None until the first eval batch decides (validation_step if it returns a loss)."""
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        # Reached through nn.Module.__call__, so what the tools put on the module's call applies to the step as to any
+        # model's forward: a *-true policy's cast of the inputs (the batch) and of the output (the loss, to fp32), as
+        # Lightning's own bf16-true casts the batch; a compiled region. The step's own self(x) is the module's forward.
         if args or kwargs.keys() != _KEYS:
-            return super().__call__(*args, **kwargs)  # type: ignore[misc]  # the module's own forward, hooks and all
+            return super().forward(*args, **kwargs)  # type: ignore[misc]  # the module's own forward
         batch, index = kwargs[BATCH_KEY], kwargs[INDEX_KEY]
         if self.training:  # type: ignore[attr-defined]
             return step_loss(self.training_step(batch, index), "training_step", self)  # type: ignore[attr-defined, arg-type]

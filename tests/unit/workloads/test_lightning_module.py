@@ -195,3 +195,30 @@ def test_a_lightning_datamodule_gives_the_data() -> None:
     workload = workload_from(_NoLoader(), Data(), steps=3, warmup=1, data_spec="dm:build")
     assert torch.equal(workload.train_batches[2]["ampkit_batch"][0], _batches(3, seed=1)[2][0])
     assert "the Data (a LightningDataModule)" in workload.description
+
+
+class _Submodule(Classifier):
+    """A step that calls its layers directly (self.net(x)), never its own forward, as many LightningModules do."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return nn.functional.cross_entropy(self.net(x).float(), y)
+
+
+def test_a_16_bit_policy_casts_the_batch_of_a_step_that_bypasses_forward() -> None:
+    """The step is the module's call: a *-true policy casts the batch into it, as Lightning's bf16-true casts a
+    Trainer's batch. The control: the same net, bf16 weights and batches by hand, with the same optimizer."""
+    module = _Submodule()
+    result = bench_model(module, None, "bf16-true", steps=6, warmup=1, rounds=1, device="cpu", clip_grad_norm=None)
+    (run,) = [r for r in result.runs if r.precision == "bf16-true"]
+    assert run.status == "ok", run.error
+    twin = copy.deepcopy(module.net).bfloat16()
+    optimizer = torch.optim.SGD(twin.parameters(), lr=0.1, momentum=0.9)
+    control = []
+    for x, y in _batches(6):
+        loss = nn.functional.cross_entropy(twin(x.bfloat16()).float(), y)
+        control.append(loss.item())
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    assert run.losses == control
