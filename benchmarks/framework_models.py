@@ -34,7 +34,7 @@ class Samples(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         return {k: v[i] for k, v in self.columns.items()}
 
 
-def gpt(n_layer: int = 2, n_embd: int = 128, n_head: int = 4, vocab: int = 512, seq: int = 64, dropout: float = 0.1) -> Callable[[], nn.Module]:
+def gpt(n_layer: int = 2, n_embd: int = 128, n_head: int = 4, vocab: int = 512, seq: int = 64, dropout: float = 0.0) -> Callable[[], nn.Module]:
     """A factory of Hugging Face's GPT2LMHeadModel built from a config (nothing downloaded), seeded: same weights each call."""
     from transformers import GPT2Config, GPT2LMHeadModel
 

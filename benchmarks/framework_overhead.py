@@ -1,16 +1,24 @@
 """ampkit inside Lightning (Trainer and Fabric), Hugging Face's Trainer and Accelerate, against each framework's own bf16.
 
 Two tables, every row measured in this one run on this CPU (``benchmarks/framework_runs.py`` holds the runs,
-``benchmarks/framework_models.py`` the models).
+``benchmarks/framework_models.py`` the models, ``benchmarks/lockstep.py`` the stepping in turn).
 
-**Overhead.** Per framework and model (a 2-layer GPT2LMHeadModel, n_embd 128, 64 tokens x batch 8; a 3-conv
-BatchNorm CNN, width 32, 3x32x32 x batch 32, channels_last), the framework's native bf16-mixed against the same
-framework with ampkit's ``bf16-mixed`` (plugin, Trainer subclass or accelerator): the same weights, data, AdamW
-(fused; foreach under Lightning's Trainer, whose own bf16-mixed refuses to clip beside a fused optimizer), clipping to
-norm 1.0 by the framework's own call, and seed. Each round builds both sides afresh and trains each ``--warmup`` + ``--steps``
-optimizer steps, the two in an order that alternates from round to round, so drift in the machine's load hits both
-alike. Every optimizer step is timed by a hook at its start and end inside the framework's own loop; the warm-up
-steps are dropped. Columns:
+**Overhead.** Per framework and model (a 2-layer GPT2LMHeadModel, n_embd 128, vocab 512, 64 tokens x batch 8; a
+3-conv BatchNorm CNN, width 32, 3x32x32 x batch 32, channels_last; dropout nowhere, see below), the framework's native
+bf16-mixed against the same framework with ampkit's ``bf16-mixed`` (plugin, Trainer subclass or accelerator): the same
+weights, data, AdamW (fused; foreach under Lightning's Trainer, whose own bf16-mixed refuses to clip beside a fused
+optimizer), clipping to norm 1.0 by the framework's own call, and seed. Every optimizer step is timed by a hook at its
+start and end inside the framework's own loop.
+
+How: on a shared host one core's speed swings by up to 2x within seconds and differs between cores, so two runs timed
+one after the other disagree by tens of percent for no reason of their own. Here the two runs of a row *step in
+turn* (:mod:`lockstep`: each in its own thread, exactly one executing at a time, one optimizer step each), both
+pinned to one CPU (``--cpu``): each step of one side is timed a few tens of milliseconds from a step of the other, on
+the same core. The two runs share the process, so they share the global RNG: dropout is off (its masks would differ).
+A round builds both sides afresh and trains each ``--warmup`` + ``--steps`` steps; which side steps first alternates
+from round to round; the warm-up steps are dropped. The A/A control rows run the native side against itself the same
+way (the second copy where ampkit's side runs): what they show is the method's own bias and noise, the floor under
+any overhead the other rows show. Columns:
 
 - native (ms), ampkit (ms): the median of every timed step of that side over all rounds (rounds x steps);
 - ratio: ampkit (ms) / native (ms), the ratio of those medians (above 1: ampkit's side is slower);
@@ -20,14 +28,13 @@ steps are dropped. Columns:
   else the largest absolute difference; weights: the same for the final weights;
 - threads: torch's intra-op threads seen inside the timed steps (``--threads``, default 1).
 
-**Resume.** Per framework, a run of 2 epochs of ``--resume-steps`` steps each (the same GPT, dropout off: Lightning's
-checkpoint does not carry the global RNG, so dropout would make its native resume differ for that reason alone)
-against a run stopped after epoch 1 at a checkpoint written through the framework's own mechanism and resumed by
-fresh objects: natively in bf16 (the control), and with ampkit in ``bf16-mixed``, ``16-mixed`` (an inf forced into a
-gradient at step 1, before the checkpoint: the step is skipped and the scale halves) and ``bf16-true-masters`` (fp32
-masters in the optimizer); and, the negative control that shows the check can fail, ``bf16-true-masters`` resumed
-from its checkpoint with ampkit's state taken out (the fp32 masters' low bits are lost, so the resumed run must differ).
-Columns:
+**Resume.** Per framework, a run of 2 epochs of ``--resume-steps`` steps each (the overhead rows' GPT) against a run
+stopped after epoch 1 at a checkpoint written through the framework's own mechanism and resumed by fresh objects:
+natively in bf16 (the control), and with ampkit in ``bf16-mixed``, ``16-mixed`` (an inf forced into a gradient at
+step 1, before the checkpoint: the step is skipped and the scale halves) and ``bf16-true-masters`` (fp32 masters in
+the optimizer); and, the negative control that shows the check can fail, ``bf16-true-masters`` resumed from its
+checkpoint with ampkit's state taken out (the fp32 masters are lost, so the resumed run must differ). Without
+dropout the global RNG plays no part (Lightning's checkpoint does not carry it). Columns:
 
 - first epoch: the stopped run's losses against the uninterrupted run's first epoch ("bitwise" or the largest
   difference): the two runs are the same until the checkpoint, or the comparison after it means nothing;
@@ -35,12 +42,12 @@ Columns:
 - ampkit state: the engine's optimizer steps, skipped steps and loss scale, uninterrupted / resumed;
 - s: the row's wall time (three runs).
 
-Rows are printed as they are measured; ``--json`` writes them with the machine's details; ``--time-limit S``
-reports rows not started by then as skipped; a row that raises is a failed row naming the error. ``--smoke`` runs
-tiny models for 1 round (CI: the figures mean nothing there).
+Rows are printed as they are measured; ``--json`` writes them (every step's time included) with the machine's
+details; ``--time-limit S`` reports rows not started by then as skipped; a row that raises is a failed row naming the
+error. ``--smoke`` runs tiny models for 1 round (CI: the figures mean nothing there).
 
-    python benchmarks/framework_overhead.py                           # both tables, 1 thread
-    python benchmarks/framework_overhead.py --frameworks fabric,accelerate --models gpt --rounds 5
+    python benchmarks/framework_overhead.py                           # both tables, 1 thread, pinned to the last CPU
+    python benchmarks/framework_overhead.py --frameworks fabric,accelerate --models gpt --rounds 4 --no-control
     python benchmarks/framework_overhead.py --smoke --json /tmp/fw.json
 """
 
@@ -53,8 +60,9 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -64,6 +72,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is downloaded: the model
 import torch
 from framework_models import cnn, cnn_data, gpt, gpt_data
 from framework_runs import AMPKIT, CHECKPOINT, NATIVE, RUNNERS, STRIP, Job, Run, quiet_frameworks
+from lockstep import Lockstep
 
 from ampkit.policy._device import cpu_name
 from measured_rows import Deadline, Printer, add_time_limit, attempt
@@ -143,22 +152,55 @@ def models(args: argparse.Namespace) -> dict[str, tuple[Any, Any, int]]:
     return {"gpt": (gpt(), gpt_data(8 * rows), 8), "cnn": (cnn(), cnn_data(32 * rows), 32)}
 
 
-def overhead(framework: str, model: str, args: argparse.Namespace) -> dict[str, Any]:
+def in_lockstep(framework: str, job: Callable[[tuple[Lockstep, str]], Job], other: str | None, first: str, args: argparse.Namespace) -> dict[str, Run]:
+    """The framework's native bf16 run (in a worker thread) and ``other`` (in this thread) stepping in turn
+    (:mod:`lockstep`), ``first`` stepping first. ``other`` runs in the main thread: AmpkitTrainer's save-on-preemption
+    watch, whose per-step check is part of what is measured, runs only there (signals reach no other thread)."""
+    runner, lock = RUNNERS[framework], Lockstep(["native", "other"], first=first, steps=args.warmup + args.steps)
+    runs: dict[str, Run] = {}
+    errors: list[BaseException] = []
+
+    def native() -> None:
+        torch.set_num_threads(args.threads)
+        try:
+            runs["native"] = runner(None, job((lock, "native")))
+        except BaseException as error:  # noqa: BLE001 - raised again in the main thread, as the row's failure
+            errors.append(error)
+            lock.abort()
+
+    worker = threading.Thread(target=native, name="native side", daemon=True)
+    worker.start()
+    try:
+        lock.wait_ready("native")  # its setup done before this side's starts (Accelerate's state is one per process)
+        runs["other"] = runner(other, job((lock, "other")))
+    except BaseException:
+        lock.abort()
+        worker.join()
+        if errors:
+            raise errors[0] from None  # the native side failed first: its error is the cause
+        raise
+    worker.join()
+    if errors:
+        raise errors[0]
+    return runs
+
+
+def overhead(framework: str, model: str, args: argparse.Namespace, other: str | None = "bf16-mixed") -> dict[str, Any]:
+    """One row: ``--rounds`` pairs of fresh runs in lockstep, the side stepping first alternating; ``other=None`` is the
+    A/A control (the native run against itself)."""
     build, data, batch = models(args)[model]
-    runner = RUNNERS[framework]
-    times: dict[str, list[list[float]]] = {"native": [], "ampkit": []}
+    times: dict[str, list[list[float]]] = {"native": [], "other": []}
     losses, weights, threads = [], [], set()
     for r in range(args.rounds):
-        order = ["native", "ampkit"] if r % 2 == 0 else ["ampkit", "native"]
-        runs: dict[str, Run] = {}
-        for side in order:
-            runs[side] = runner(None if side == "native" else "bf16-mixed", Job(model=build, data=data, batch=batch))
-            times[side].append(runs[side].times[args.warmup :])
-            threads |= runs[side].threads
-        losses.append(difference(runs["ampkit"].losses, runs["native"].losses))
-        weights.append(difference(runs["ampkit"].params, runs["native"].params))
-    return summarize(times["native"], times["ampkit"]) | {"losses": worst(losses), "weights": worst(weights), "threads": sorted(threads),
-                                                          "rounds": args.rounds}
+        first = "native" if r % 2 == 0 else "other"
+        runs = in_lockstep(framework, lambda lockstep: Job(model=build, data=data, batch=batch, lockstep=lockstep), other, first, args)
+        for side, run in runs.items():
+            times[side].append(run.times[args.warmup :])
+            threads |= run.threads
+        losses.append(difference(runs["other"].losses, runs["native"].losses))
+        weights.append(difference(runs["other"].params, runs["native"].params))
+    return summarize(times["native"], times["other"]) | {"losses": worst(losses), "weights": worst(weights), "threads": sorted(threads),
+                                                         "rounds": args.rounds, "times_native": times["native"], "times_other": times["other"]}
 
 
 def engine_state(run: Run) -> dict[str, Any] | None:
@@ -168,11 +210,10 @@ def engine_state(run: Run) -> dict[str, Any] | None:
 
 def resume(framework: str, case: str, args: argparse.Namespace) -> dict[str, Any]:
     precision, poison, strip = RESUME_CASES[case]
-    # The overhead rows' GPT and batch, dropout off (the module docstring says why)
-    if args.smoke:
-        batch, build, data = 2, gpt(n_layer=1, n_embd=16, n_head=2, vocab=32, seq=8, dropout=0.0), gpt_data(2 * args.resume_steps, vocab=32, seq=8)
+    if args.smoke:  # the overhead rows' GPT and batch
+        batch, build, data = 2, gpt(n_layer=1, n_embd=16, n_head=2, vocab=32, seq=8), gpt_data(2 * args.resume_steps, vocab=32, seq=8)
     else:
-        batch, build, data = 8, gpt(dropout=0.0), gpt_data(8 * args.resume_steps)
+        batch, build, data = 8, gpt(), gpt_data(8 * args.resume_steps)
     runner = RUNNERS[framework]
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="fw_resume_") as tmp:
@@ -190,7 +231,7 @@ def resume(framework: str, case: str, args: argparse.Namespace) -> dict[str, Any
 
 # ---------------------------------------------------------------------------------------------------- output
 OVERHEAD_HEAD = (
-    "| framework | model | native | ampkit | native (ms) | ampkit (ms) | ratio | rounds low-high | steps each | losses | weights | threads |\n"
+    "| framework | model | native | ampkit (or the A/A control) | native (ms) | ampkit (ms) | ratio | rounds low-high | steps each | losses | weights | threads |\n"
     "|---|---|---|---|---:|---:|---:|---|---:|---|---|---:|"
 )
 RESUME_HEAD = (
@@ -200,7 +241,8 @@ RESUME_HEAD = (
 
 
 def overhead_line(r: dict[str, Any]) -> str:
-    head = f"| {r['framework']} | {r['model']} | `{r['native']}` | `{r['ampkit']}` |"
+    ours = r["ampkit"] if r.get("control") else f"`{r['ampkit']}`"
+    head = f"| {r['framework']} | {r['model']} | `{r['native']}` | {ours} |"
     if r["status"] != "ok":
         return f"{head} {r['status']}: {r['reason']} | | | | | | | |"
     return (f"{head} {r['native_ms']:.2f} | {r['ampkit_ms']:.2f} | {r['ratio']:.3f} | {r['low']:.3f}-{r['high']:.3f} | {r['steps_each']} "
@@ -244,17 +286,32 @@ def versions() -> dict[str, str]:
     return {"torch": torch.__version__, "lightning": lightning.__version__, "transformers": transformers.__version__, "accelerate": accelerate.__version__}
 
 
+def pin(cpu: int | None) -> int | None:
+    """Pin this process (and the threads it starts) to one CPU: the two sides of a row then share one core's speed, which
+    on a shared host differs between cores (the lockstep module's numbers). Returns the CPU, or None where not pinned."""
+    if cpu == -1 or not hasattr(os, "sched_setaffinity"):
+        return None
+    allowed = sorted(os.sched_getaffinity(0))
+    chosen = allowed[-1] if cpu is None else cpu
+    if chosen not in allowed:
+        raise SystemExit(f"framework_overhead: --cpu {cpu}: this process may run on CPUs {allowed}; choose one of them, or -1 for no pinning.")
+    os.sched_setaffinity(0, {chosen})
+    return chosen
+
+
 # ---------------------------------------------------------------------------------------------------- main
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="ampkit inside Lightning, the HF Trainer and Accelerate against each one's own bf16: overhead and resume.")
     parser.add_argument("--frameworks", default=",".join(RUNNERS), help=f"comma-separated, of {', '.join(RUNNERS)}")
     parser.add_argument("--models", default="gpt,cnn", help="comma-separated, of gpt, cnn (the overhead table)")
     parser.add_argument("--parts", default="overhead,resume", help="comma-separated, of overhead, resume")
-    parser.add_argument("--rounds", type=int, default=9, help="interleaved rounds per overhead row (each builds both sides afresh)")
-    parser.add_argument("--steps", type=int, default=20, help="timed optimizer steps per side per round")
+    parser.add_argument("--rounds", type=int, default=6, help="rounds per overhead row (each builds both sides afresh; who steps first alternates)")
+    parser.add_argument("--steps", type=int, default=30, help="timed optimizer steps per side per round")
     parser.add_argument("--warmup", type=int, default=5, help="optimizer steps per side per round before the timed ones (dropped)")
     parser.add_argument("--resume-steps", type=int, default=4, help="optimizer steps per epoch in the resume runs (2 epochs; the stop after 1)")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1: the steps are small)")
+    parser.add_argument("--cpu", type=int, default=None, help="pin the process to this CPU (default: the last one it may run on); -1: no pinning")
+    parser.add_argument("--no-control", dest="control", action="store_false", help="leave out the A/A rows (the native run against itself)")
     parser.add_argument("--smoke", action="store_true", help="tiny models, 1 round: checks the script works (CI), not a measurement")
     parser.add_argument("--json", help="also write the results to this file")
     add_time_limit(parser)
@@ -277,17 +334,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
+    threads, affinity = torch.get_num_threads(), os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
     torch.set_num_threads(args.threads)
+    pinned = pin(args.cpu)
+    try:
+        return measure(args, pinned, argv)
+    finally:  # as it was, for a caller in the same process (the tests)
+        torch.set_num_threads(threads)
+        if affinity is not None:
+            os.sched_setaffinity(0, affinity)
+
+
+def measure(args: argparse.Namespace, pinned: int | None, argv: list[str] | None) -> dict[str, Any]:
     quiet_frameworks()
     command = "python " + " ".join(sys.argv if argv is None else ["benchmarks/framework_overhead.py", *argv])
     meta = {"date": str(date.today()), **versions(), "cpu": cpu_name(), "cpu_flags": cpu_flags(), "threads": torch.get_num_threads(),
-            "cores": os.cpu_count(), "load_average_start": os.getloadavg(), "command": command}
+            "cores": os.cpu_count(), "pinned_cpu": pinned, "load_average_start": os.getloadavg(), "command": command}
     print(f"# framework_overhead  {meta['date']}  torch {meta['torch']}  lightning {meta['lightning']}  transformers {meta['transformers']}  "
           f"accelerate {meta['accelerate']}")
-    print(f"# CPU {meta['cpu']} ({', '.join(meta['cpu_flags']) or 'no AMX/AVX512-BF16'}), {meta['cores']} cores, {meta['threads']} torch threads; "
-          f"load average {' '.join(f'{x:.2f}' for x in meta['load_average_start'])}")
+    print(f"# CPU {meta['cpu']} ({', '.join(meta['cpu_flags']) or 'no AMX/AVX512-BF16'}), {meta['cores']} cores, {meta['threads']} torch threads, "
+          f"{'pinned to CPU ' + str(pinned) if pinned is not None else 'not pinned'}; load average {' '.join(f'{x:.2f}' for x in meta['load_average_start'])}")
     print(f"# command: {command}")
-    print(f"# {args.rounds} rounds x ({args.warmup} warm-up + {args.steps} timed steps) per side; resume: 2 epochs of {args.resume_steps} steps", flush=True)
+    print(f"# {args.rounds} rounds x ({args.warmup} warm-up + {args.steps} timed steps) per side, in lockstep; resume: 2 epochs of "
+          f"{args.resume_steps} steps", flush=True)
     deadline, printer = Deadline(args.time_limit), Printer()
     device = torch.device("cpu")
     rows: dict[str, list[dict[str, Any]]] = {"overhead": [], "resume": []}
@@ -295,11 +364,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         emit = printer.table(OVERHEAD_HEAD, overhead_line)
         for model in args.models:
             for fw in args.frameworks:
-                row: dict[str, Any] = {"framework": fw, "model": model, "native": NATIVE[fw], "ampkit": AMPKIT[fw].format(p="bf16-mixed")}
-                late = deadline.passed()
-                row |= {"status": "skipped", "reason": late} if late else attempt(functools.partial(overhead, fw, model, args), device)
-                rows["overhead"].append(row)
-                emit(row)
+                for other in ["bf16-mixed", None] if args.control else ["bf16-mixed"]:
+                    label = AMPKIT[fw].format(p=other) if other else "the same again (A/A control)"
+                    row: dict[str, Any] = {"framework": fw, "model": model, "native": NATIVE[fw], "ampkit": label, "control": other is None}
+                    late = deadline.passed()
+                    row |= {"status": "skipped", "reason": late} if late else attempt(functools.partial(overhead, fw, model, args, other), device)
+                    rows["overhead"].append(row)
+                    emit(row)
     if "resume" in args.parts:
         emit = printer.table(RESUME_HEAD, resume_line)
         for fw in args.frameworks:

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 from framework_models import SEED, Samples
+from lockstep import Lockstep
 from torch import nn
 
 log = logging.getLogger("ampkit")
@@ -59,6 +60,8 @@ class Job:
     """Where the run writes its checkpoint when it stops (a file or folder, as the framework takes it)."""
     poison: frozenset[int] = frozenset()
     """Optimizer steps (0-based, over the whole run) whose gradient gets an inf after the backward: an fp16 overflow."""
+    lockstep: tuple[Lockstep, str] | None = None
+    """Step in turn with another run (:mod:`lockstep`), as this side: each step waits for its turn before its clock starts."""
 
     @property
     def steps_per_epoch(self) -> int:
@@ -71,6 +74,7 @@ class Job:
 
 @dataclass
 class Run:
+    lockstep: tuple[Lockstep, str] | None = None
     times: list[float] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
     params: list[torch.Tensor] = field(default_factory=list)
@@ -81,12 +85,16 @@ class Run:
     _t0: float = 0.0
 
     def begin(self) -> None:
+        if self.lockstep is not None:
+            self.lockstep[0].begin(self.lockstep[1])
         self._t0 = time.perf_counter()
 
     def end(self, loss: torch.Tensor) -> None:
         self.times.append(time.perf_counter() - self._t0)
         self._recorded.append(loss.detach())  # read after the run: no host read inside the timed loop
         self.threads.add(torch.get_num_threads())
+        if self.lockstep is not None:
+            self.lockstep[0].end(self.lockstep[1])
 
     def finish(self, model: nn.Module, engine: Any = None) -> Run:
         self.losses = torch.stack(self._recorded).float().tolist() if self._recorded else []
@@ -139,7 +147,7 @@ def lightning_trainer(precision: str | None, job: Job) -> Run:
 
     from ampkit.lightning import AmpkitPrecision
 
-    run = Run()
+    run = Run(job.lockstep)
 
     class Module(L.LightningModule):
         def __init__(self) -> None:
@@ -182,7 +190,7 @@ def fabric(precision: str | None, job: Job) -> Run:
 
     from ampkit.lightning import AmpkitPrecision
 
-    run = Run()
+    run = Run(job.lockstep)
     mixed = dict(precision="bf16-mixed") if precision is None else dict(plugins=[AmpkitPrecision(precision)])
     fab = L.Fabric(accelerator="cpu", devices=1, **mixed)
     model = job.model()
@@ -219,7 +227,7 @@ def hf_trainer(precision: str | None, job: Job) -> Run:
 
     from ampkit.transformers import AmpkitTrainer
 
-    run = Run()
+    run = Run(job.lockstep)
 
     class Clock(TrainerCallback):
         def on_step_begin(self, *args: Any, **kwargs: Any) -> None:
@@ -273,7 +281,7 @@ def accelerate(precision: str | None, job: Job) -> Run:
 
     from ampkit.accelerate import AmpkitAccelerator
 
-    run = Run()
+    run = Run(job.lockstep)
     _reset_accelerate()
     acc = Accelerator(mixed_precision="bf16", cpu=True) if precision is None else AmpkitAccelerator(precision, cpu=True)
     model = job.model()

@@ -7,7 +7,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -95,6 +97,62 @@ def test_bad_arguments_are_refused_naming_the_choices(script: ModuleType, argv: 
     assert message in capsys.readouterr().err
 
 
+# ------------------------------------------------------------------------------------------------ stepping in turn
+def test_two_runs_step_in_turn_the_first_alternating_and_one_executing_at_a_time(script: ModuleType) -> None:
+    from lockstep import Lockstep
+
+    for first in ("a", "b"):
+        lock, seen, running = Lockstep(["a", "b"], first=first, steps=3), [], []
+
+        def run(side: str, lock: Lockstep = lock, seen: list[str] = seen, running: list[str] = running) -> None:
+            for _ in range(3):
+                lock.begin(side)
+                running.append(side)
+                assert running == [side], running  # nobody else inside a step
+                seen.append(side)
+                running.remove(side)
+                lock.end(side)
+
+        worker = threading.Thread(target=run, args=("a",))
+        worker.start()
+        lock.wait_ready("a")
+        run("b")
+        worker.join()
+        other = "b" if first == "a" else "a"
+        assert seen == [first, other] * 3
+
+
+def test_a_failed_run_releases_the_other_and_the_row_names_the_failure(script: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    from lockstep import Lockstep, LockstepAborted
+
+    lock = Lockstep(["a", "b"], first="a", steps=2)
+    threading.Thread(target=lock.abort).start()
+    with pytest.raises(LockstepAborted, match="the other run failed"):
+        lock.wait_ready("a")  # never comes: released by the abort, not left hanging
+
+    def runner(precision: str | None, job: object) -> None:
+        if precision is None:
+            raise ValueError("the native side broke during its setup")
+        raise AssertionError("the other side must not start after the native one failed")
+
+    monkeypatch.setitem(script.RUNNERS, "fabric", runner)
+    args = script.parse_args(["--smoke"])
+    with pytest.raises(ValueError, match="the native side broke"):
+        script.in_lockstep("fabric", lambda lockstep: None, "bf16-mixed", "native", args)
+
+
+def test_the_process_is_pinned_to_one_cpu_only_while_it_measures(script: ModuleType) -> None:
+    before = os.sched_getaffinity(0)
+    assert script.pin(-1) is None and os.sched_getaffinity(0) == before
+    with pytest.raises(SystemExit, match="choose one of them, or -1 for no pinning"):
+        script.pin(10_000)
+    try:
+        chosen = script.pin(None)
+        assert os.sched_getaffinity(0) == {chosen} == {max(before)}  # the last CPU it may run on
+    finally:
+        os.sched_setaffinity(0, before)
+
+
 # ------------------------------------------------------------------------------------------------ the runs
 @pytest.mark.parametrize("framework", ["lightning-trainer", "fabric", "hf-trainer", "accelerate"])
 def test_each_frameworks_native_side_is_its_bf16_and_the_loss_check_can_tell(runs: ModuleType, script: ModuleType, framework: str,
@@ -114,17 +172,20 @@ def test_each_frameworks_native_side_is_its_bf16_and_the_loss_check_can_tell(run
     assert native.engine is None and ours.engine.steps == 3 and ours.threads == {1}
 
 
-def test_smoke_run_measures_every_row_of_one_framework(script: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                       caplog: pytest.LogCaptureFixture) -> None:
-    """Fabric, both tables: each overhead row measured and bitwise, each resume bitwise where ampkit's state travels,
-    and the negative control (the same checkpoint less ampkit's state) not."""
-    out = tmp_path / "fw.json"
+def test_smoke_run_measures_every_row_of_one_framework(script: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Fabric, both tables: each overhead row (ampkit's, then the A/A control) measured in lockstep and bitwise, each
+    resume bitwise where ampkit's state travels, and the negative control (the checkpoint less ampkit's state) not;
+    the process's CPUs and threads as they were afterwards."""
+    out, affinity, threads = tmp_path / "fw.json", os.sched_getaffinity(0), torch.get_num_threads()
     report = script.main(["--smoke", "--frameworks", "fabric", "--json", str(out)])
+    assert os.sched_getaffinity(0) == affinity and torch.get_num_threads() == threads
     assert json.loads(out.read_text(encoding="utf-8"))["overhead"][0]["framework"] == "fabric"
-    assert report["threads"] == 1 and report["cpu"] and report["lightning"]
+    assert report["threads"] == 1 and report["pinned_cpu"] == max(affinity) and report["cpu"] and report["lightning"]
     overhead, resume = report["overhead"], report["resume"]
-    assert [(r["model"], r["status"]) for r in overhead] == [("gpt", "ok"), ("cnn", "ok")]
-    assert all(r["losses"]["bitwise"] and r["weights"]["bitwise"] and r["steps_each"] == 2 for r in overhead)
+    assert [(r["model"], r["control"], r["status"]) for r in overhead] == [("gpt", False, "ok"), ("gpt", True, "ok"), ("cnn", False, "ok"),
+                                                                            ("cnn", True, "ok")]
+    assert all(r["losses"]["bitwise"] and r["weights"]["bitwise"] and r["steps_each"] == 2 and r["threads"] == [1] for r in overhead)
+    assert all(len(r["times_native"]) == len(r["times_other"]) == 1 for r in overhead)  # --smoke: one round
     rows = {r["case"]: r for r in resume}
     assert list(rows) == list(script.RESUME_CASES) and all(r["status"] == "ok" for r in resume)
     control = rows.pop("ampkit bf16-true-masters, ampkit state removed")
@@ -133,15 +194,17 @@ def test_smoke_run_measures_every_row_of_one_framework(script: ModuleType, tmp_p
     assert rows["ampkit 16-mixed, inf at step 1"]["state_resumed"] == {"steps": 4, "skipped": 1, "scale": 2.0**15}
     assert control["first_epoch"]["bitwise"] and not control["final_weights"]["bitwise"]
     printed = capsys.readouterr().out
-    assert "| fabric | gpt | `L.Fabric(precision=\"bf16-mixed\")` |" in printed and "| fabric | ampkit 16-mixed, inf at step 1 |" in printed
+    assert "| fabric | gpt | `L.Fabric(precision=\"bf16-mixed\")` | `L.Fabric(plugins=[AmpkitPrecision('bf16-mixed')])` |" in printed
+    assert "| fabric | gpt | `L.Fabric(precision=\"bf16-mixed\")` | the same again (A/A control) |" in printed
+    assert "| fabric | ampkit 16-mixed, inf at step 1 |" in printed
 
 
-# CI time (2026-12-06): slow tier, 17 s on two loaded cores (the Trainers' setup, 3 runs per resume row, 4
-# frameworks; the Fabric-only run above takes 3 s). CI runs each framework's runner above and the whole script on Fabric.
+# CI time (2026-12-06): slow tier, about 25 s on one pinned core (the Trainers' setup, A/A rows, 3 runs per resume
+# row, 4 frameworks; the Fabric-only run above takes 4 s). CI runs each framework's runner above and the whole script on Fabric.
 @pytest.mark.slow
 def test_smoke_run_of_every_framework(script: ModuleType, tmp_path: Path) -> None:
     report = script.main(["--smoke"])
-    assert all(r["status"] == "ok" and r["losses"]["bitwise"] for r in report["overhead"]) and len(report["overhead"]) == 8
+    assert all(r["status"] == "ok" and r["losses"]["bitwise"] for r in report["overhead"]) and len(report["overhead"]) == 16
     assert all(r["status"] == "ok" for r in report["resume"]) and len(report["resume"]) == 4 * len(script.RESUME_CASES)
     for r in report["resume"]:
         assert r["resumed_losses"]["bitwise"] != r["case"].endswith("state removed"), (r["framework"], r["case"])
