@@ -56,9 +56,10 @@ def gpt_data(rows: int, vocab: int = 512, seq: int = 64) -> Samples:
 
 
 class SmallCNN(nn.Module):
-    """Conv-BatchNorm-ReLU x3 (stride 1, 2, 2; widths w, 2w, 4w), global pooling, a 10-way head; channels_last, which
-    oneDNN's bf16 convolutions take without reordering (a one-off check on the CPU of BENCHMARKS.md's table, bf16
-    autocast, fused AdamW, one thread, width 32, batch 32: 31 ms a step, against 39 ms with contiguous tensors)."""
+    """Conv-BatchNorm-ReLU x3 (stride 1, 2, 2; widths w, 2w, 4w), global pooling, a 10-way head; channels_last, the
+    layout oneDNN's convolutions take without reordering. On the CPU of BENCHMARKS.md's table (bf16 autocast, fused
+    AdamW, one thread, width 32, batch 32) three one-off checks, each contiguous then channels_last, gave 39 -> 31,
+    28 -> 26 and 30 -> 18 ms a step: never slower; by how much is lost in that host's drift."""
 
     def __init__(self, width: int) -> None:
         super().__init__()

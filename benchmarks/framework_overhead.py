@@ -121,11 +121,11 @@ def fmt_diff(d: dict[str, Any]) -> str:
     """A difference as its table cell.
 
     >>> fmt_diff({"bitwise": True, "max_abs": 0.0}), fmt_diff({"bitwise": False, "max_abs": 0.00123})
-    ('bitwise', 'max |d| 0.00123')
+    ('bitwise', 'max diff 0.00123')
     """
     if "lengths" in d:
         return f"steps differ ({d['lengths'][0]} vs {d['lengths'][1]})"
-    return "bitwise" if d["bitwise"] else f"max |d| {d['max_abs']:.3g}"
+    return "bitwise" if d["bitwise"] else f"max diff {d['max_abs']:.3g}"  # no "|": the cell sits in a markdown table
 
 
 def summarize(native: Sequence[Sequence[float]], ampkit: Sequence[Sequence[float]]) -> dict[str, Any]:
