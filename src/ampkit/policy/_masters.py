@@ -95,6 +95,22 @@ class MasterWeights:
         pairs = [*zip(self.names, self.model_params, self.masters), *zip(other.names, other.model_params, other.masters)]
         return type(self)(pairs)  # type: ignore[arg-type]  # model_params/masters are Parameters, held as Tensors
 
+    @torch.no_grad()
+    def follow_model(self) -> int:
+        """Take the 16-bit weight as the master wherever the master's cast is no longer that weight (the model's
+        weights were loaded after setup); returns how many masters changed. At load time, not per step.
+
+        >>> model = nn.Linear(1, 1); masters = MasterWeights.clone(model.named_parameters(), [torch.optim.SGD(model.parameters(), lr=0.1)])
+        >>> _ = model.half(); _ = model.weight.data.fill_(2.0); masters.follow_model(), masters.masters[0].item()  # the bias is as it was
+        (1, 2.0)
+        """
+        changed = 0
+        for p, m in zip(self.model_params, self.masters):
+            if not torch.equal(m.to(p.dtype), p):
+                m.copy_(p)
+                changed += 1
+        return changed
+
     def __len__(self) -> int:
         return len(self.masters)
 

@@ -169,6 +169,16 @@ class RemainderMasters(MasterWeights):
         return master
 
     @torch.no_grad()
+    def follow_model(self) -> int:
+        """Take the loaded bf16 weights as the masters: their remainders belonged to the weights they were split from,
+        which the load replaced (which ones cannot be told, so all are cleared). Returns how many masters there are."""
+        if self._live:
+            return super().follow_model()
+        for store in (*self._remainder_flats, *self._ties):
+            store.zero_()
+        return len(self.masters)
+
+    @torch.no_grad()
     def state_dict(self) -> dict[str, torch.Tensor]:
         """fp32 master values by model parameter name, rebuilt (the same format as ``MasterWeights``).
 

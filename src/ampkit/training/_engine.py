@@ -37,6 +37,7 @@ from ._engine_state import engine_state
 from ._engine_view import EngineView
 from ._fused_master_step import check_fused_step_spec
 from ._hooks import AnyHook, Hooks
+from ._loaded_weights import MastersFollowLoads, follow_loaded
 from ._micro_batching import MicroBatcher
 from ._misuse import DirectStepGuard, check_window_backward
 from ._optimizer_step import OptimizerStep
@@ -170,8 +171,16 @@ class Engine(EngineView):
             state=self._state, hooks=self._hooks, owner=self, later=later, device=device,
         )
         self._guard(opts)
+        if self._policy.master_weights:
+            follow = MastersFollowLoads(self._follow_loaded)  # weights loaded into the model after setup reach the fp32 masters
+            for m in self._run.models:
+                m.register_load_state_dict_post_hook(follow)  # type: ignore[no-untyped-call]  # no annotations in torch 2.13
         out_model = self._run.wrappers[0] if isinstance(models, nn.Module) else list(self._run.wrappers)
         return (out_model, *opts) if opts else out_model
+
+    def _follow_loaded(self, module: nn.Module) -> None:
+        run = self._run
+        follow_loaded(module, run.models, run.step.masters, run.values)
 
     def _guard(self, opts: Sequence[torch.optim.Optimizer]) -> None:
         guard = DirectStepGuard(self)  # an optimizer.step() of the user's own on the engine's gradients is refused

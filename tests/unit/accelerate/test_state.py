@@ -155,3 +155,20 @@ def test_a_state_file_that_would_run_code_is_refused(tmp_path: Path, capsys: pyt
 def test_a_state_file_of_another_policy_is_refused_naming_it(tmp_path: Path) -> None:
     folder, _ = _saved(tmp_path, "16-mixed")
     _load_fails(folder, lambda: AmpkitAccelerator("bf16-true-masters", gradient_accumulation_steps=ACCUMULATE), "written under policy '16-mixed'")
+
+
+def test_without_the_file_the_masters_take_the_loaded_weights_not_the_fresh_models(tmp_path: Path) -> None:
+    """Loaded into a model initialised otherwise, the fp32 masters take the loaded (16-bit) weights, as the warning
+    says; they do not keep the fresh model's values, which the first step would write back over the loaded ones."""
+    make, data = MAKERS["ampkit bf16-true-masters"], _batches()
+    saved = _train(make, data, range(SAVE_AT), save=tmp_path / "ckpt")
+    (tmp_path / "ckpt" / "ampkit_state.pt").unlink()
+    accelerator = _fresh(make)
+    torch.manual_seed(7)  # another initialisation than the saved run's
+    model = nn.Sequential(nn.Linear(8, 32), nn.LayerNorm(32), nn.GELU(), nn.Dropout(0.2), nn.Linear(32, 3))
+    model, _ = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=2e-2))
+    accelerator.load_state(str(tmp_path / "ckpt"))
+    masters = accelerator.engine.masters
+    assert all(torch.equal(m.to(p.dtype), p) for m, p in zip(masters.masters, masters.model_params))
+    for p, q in zip(accelerator.unwrap_model(model).parameters(), saved["params"]):
+        assert torch.equal(p, q)

@@ -99,3 +99,19 @@ def test_a_state_loaded_before_the_masters_are_in_place_is_refused_with_the_fix(
     again.backward(loss_of(model(x), y))
     with pytest.raises(RuntimeError, match=r"setup_optimizers\(optimizer\), then"):
         optimizer.step()
+
+
+def test_a_checkpoint_without_the_plugins_state_gives_the_masters_the_loaded_weights(tmp_path: Path) -> None:
+    """Saved without the plugin, loaded into a model initialised otherwise: the fp32 masters take the loaded (16-bit)
+    weights, so the first step moves on from them, not from the fresh model's."""
+    fabric = L.Fabric(accelerator="cpu", plugins=[AmpkitPrecision("bf16-true-masters")])
+    model, _, (optimizer, _) = _loop(fabric)
+    fabric.save(tmp_path / "weights.pt", {"model": model, "optimizer": optimizer})
+    again = L.Fabric(accelerator="cpu", plugins=[AmpkitPrecision("bf16-true-masters")])
+    fresh = net(seed=7)
+    fresh, opt = again.setup(fresh, torch.optim.AdamW(fresh.parameters(), lr=1e-2))
+    again.strategy.precision.setup_optimizers(opt)
+    again.load(tmp_path / "weights.pt", {"model": fresh, "optimizer": opt})
+    masters = again.strategy.precision.engine.masters
+    assert all(torch.equal(m.to(p.dtype), p) for m, p in zip(masters.masters, masters.model_params))
+    assert torch.equal(fresh.module[0].weight, model.module[0].weight)
