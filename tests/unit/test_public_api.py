@@ -213,17 +213,37 @@ def render(module_name: str) -> Iterator[str]:
             yield _render_constant(qualified, value)
 
 
+# The faces that import a training framework (an extra): where it is not installed (the oldest-torch leg installs the
+# package alone), they are left out of the comparison, and their pinned lines with them.
+FRAMEWORK_FACES: dict[str, tuple[str, ...]] = {
+    "ampkit.accelerate": ("accelerate",),
+    "ampkit.lightning": ("lightning",),
+    "ampkit.transformers": ("transformers", "accelerate"),
+}
+
+
+def _absent_faces() -> list[str]:
+    return [face for face, packages in FRAMEWORK_FACES.items() if any(importlib.util.find_spec(p) is None for p in packages)]
+
+
 def current_api() -> str:
-    return "".join(f"{line}\n" for module in PUBLIC_MODULES for line in render(module))
+    absent = _absent_faces()
+    return "".join(f"{line}\n" for module in PUBLIC_MODULES if module not in absent for line in render(module))
+
+
+def _without(text: str, faces: list[str]) -> str:
+    return "".join(line for line in text.splitlines(True) if not any(line.startswith((f"{face}:", f"{face}.")) for face in faces))
 
 
 def test_public_api_matches_the_snapshot() -> None:
     current = current_api()
+    absent = _absent_faces()
     if os.environ.get(UPDATE_VARIABLE) == "1":
+        assert not absent, f"{UPDATE_VARIABLE}=1 needs every framework installed to pin their faces: missing for {absent}"
         SNAPSHOT.write_text(current)
         pytest.skip(f"{UPDATE_VARIABLE}=1: rewrote {SNAPSHOT.name}; review it with git diff and commit it")
     assert SNAPSHOT.exists(), f"{SNAPSHOT} is missing; write it with {UPDATE_VARIABLE}=1 (see this file's docstring)"
-    expected = SNAPSHOT.read_text()
+    expected = _without(SNAPSHOT.read_text(), absent)
     if current != expected:
         diff = "".join(difflib.unified_diff(expected.splitlines(True), current.splitlines(True), "public_api.txt (pinned)", "the code now"))
         pytest.fail(
@@ -259,7 +279,10 @@ def test_every_module_is_a_face_or_internal() -> None:
 
 def test_every_public_name_of_a_face_resolves() -> None:
     # A lazy face (__getattr__) lists names that load on first use: each must exist where the face says it is.
+    absent = _absent_faces()
     for module_name in PUBLIC_MODULES:
+        if module_name in absent:
+            continue  # its framework is not installed here (the oldest-torch leg)
         module = importlib.import_module(module_name)
         for name in module.__all__:
             assert getattr(module, name, None) is not None or name in vars(module), f"{module_name}.{name}"
