@@ -21,6 +21,9 @@ before its last steps, which that stock serves while the workers sit idle), plus
 spread over the loader's real epoch (``len(loader)`` steps), not over the trial's short one, which would
 overweight it.
 
+A ``deadline`` keeps the trials to a time: none starts after it, and the one under way stops after the step during
+which it passed and is left out (a partial epoch is not judged); each trial's ``wall_s`` says what it took.
+
     >>> import torch
     >>> from torch.utils.data import DataLoader, TensorDataset
     >>> loader = DataLoader(TensorDataset(torch.randn(64, 4)), batch_size=8)
@@ -33,7 +36,6 @@ overweight it.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import logging
 import os
 import statistics
@@ -43,9 +45,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset, Subset
+from torch.utils.data import DataLoader, IterableDataset
 
-from .._util.model_io import to_device
+from ._epochs import timed_epochs
+from ._variants import LoaderSettings, loader_settings, loader_variant
 
 __all__ = [
     "LoaderSettings", "Trial", "loader_settings", "loader_variant", "candidate_settings", "refinements", "try_loader_settings",
@@ -53,40 +56,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("ampkit")
-
-
-@dataclass(frozen=True)
-class LoaderSettings:
-    """The DataLoader settings a trial varies, and whether the loop copies its batches with ``non_blocking``."""
-
-    num_workers: int = 0
-    pin_memory: bool = False
-    non_blocking: bool = False
-    persistent_workers: bool = False
-    prefetch_factor: int | None = None
-    """Batches each worker keeps ready; None: DataLoader's default (2 with workers)."""
-    torch_threads: int | None = None
-    """``torch.set_num_threads`` for the training process while the loader runs; None: as it is."""
-
-    def label(self, base: LoaderSettings) -> str:
-        """What differs from ``base``, as the keyword arguments that set it ("as given" when nothing does).
-
-        >>> LoaderSettings(num_workers=2, persistent_workers=True).label(LoaderSettings())
-        'num_workers=2, persistent_workers=True'
-        """
-        changed = [
-            f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self) if getattr(self, f.name) != getattr(base, f.name)
-        ]
-        return ", ".join(changed) or "as given"
-
-    def loader_kwargs(self) -> dict[str, Any]:
-        """The DataLoader keywords of these settings (``non_blocking`` is the copy's, ``torch_threads`` the process's)."""
-        kwargs: dict[str, Any] = {"num_workers": self.num_workers, "pin_memory": self.pin_memory}
-        if self.num_workers > 0:
-            kwargs["persistent_workers"] = self.persistent_workers
-            if self.prefetch_factor is not None:
-                kwargs["prefetch_factor"] = self.prefetch_factor
-        return kwargs
 
 
 @dataclass
@@ -106,12 +75,15 @@ class Trial:
     speedup: float = 1.0
     """The first trial's ``step_s`` over this one's."""
     baseline: bool = False
+    wall_s: float = 0.0
+    """Seconds the trial took by the trials' ``clock`` (wall seconds by default), from building its loader to its
+    workers' exit: what timing this variant costs, its workers' start-up included."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name, "settings": dataclasses.asdict(self.settings), "step_s": self.step_s,
             "median_step_s": self.median_step_s, "epoch_start_s": self.epoch_start_s, "speedup": self.speedup,
-            "baseline": self.baseline, "phases": {"data": self.data_s},
+            "baseline": self.baseline, "phases": {"data": self.data_s}, "wall_s": self.wall_s,
         }
 
 
@@ -121,47 +93,6 @@ def usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # macOS and Windows have no affinity call
         return os.cpu_count() or 1
-
-
-def loader_settings(loader: DataLoader[Any]) -> LoaderSettings:
-    """The settings ``loader`` was built with (``non_blocking`` False: the loop's copy is not the loader's).
-
-    >>> from torch.utils.data import TensorDataset
-    >>> loader_settings(DataLoader(TensorDataset(torch.ones(4)), num_workers=2, persistent_workers=True))
-    LoaderSettings(num_workers=2, pin_memory=False, non_blocking=False, persistent_workers=True, prefetch_factor=2, torch_threads=None)
-    """
-    return LoaderSettings(
-        num_workers=loader.num_workers, pin_memory=loader.pin_memory, persistent_workers=loader.persistent_workers,
-        prefetch_factor=loader.prefetch_factor if loader.num_workers > 0 else None,
-    )
-
-
-def loader_variant(loader: DataLoader[Any], settings: LoaderSettings, *, samples: int | None = None) -> DataLoader[Any]:
-    """A DataLoader reading ``loader``'s dataset with the same batching, order and collation, set as ``settings``
-    says; ``samples``: only the dataset's first that many items (a map-style dataset read in order).
-
-    >>> from torch.utils.data import TensorDataset
-    >>> variant = loader_variant(DataLoader(TensorDataset(torch.arange(8.0)), batch_size=4), LoaderSettings(num_workers=1))
-    >>> [b[0].tolist() for b in variant]
-    [[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]]
-    """
-    dataset = loader.dataset
-    batching: dict[str, Any]
-    if samples is not None:
-        if isinstance(dataset, IterableDataset) or loader.batch_size is None:
-            raise ValueError("loader_variant(samples=...) reads a map-style dataset in order, in batches of batch_size.")
-        dataset = Subset(dataset, range(min(samples, len(dataset))))  # type: ignore[arg-type]
-        batching = {"batch_size": loader.batch_size, "drop_last": loader.drop_last}
-    elif isinstance(dataset, IterableDataset):
-        batching = {"batch_size": loader.batch_size, "drop_last": loader.drop_last}
-    else:
-        # The loader's own batch sampler keeps its order (a seeded shuffle stays seeded) and its batch size.
-        batching = {"batch_sampler": loader.batch_sampler}
-    return DataLoader(
-        dataset, collate_fn=loader.collate_fn, worker_init_fn=loader.worker_init_fn, timeout=loader.timeout,
-        multiprocessing_context=loader.multiprocessing_context, generator=loader.generator, **batching,
-        **settings.loader_kwargs(),
-    )
 
 
 def candidate_settings(base: LoaderSettings, device: torch.device | str, *, cores: int | None = None) -> list[LoaderSettings]:
@@ -218,48 +149,14 @@ def _depth(settings: LoaderSettings) -> int:
     return settings.num_workers * (settings.prefetch_factor or 2) if settings.num_workers else 1
 
 
-def _timed_epochs(
-    loader: DataLoader[Any], step: Callable[[Any], Any], device: torch.device, settings: LoaderSettings,
-    epochs: int, steps_per_epoch: int, channels_last: bool,
-) -> list[list[tuple[float, float]]]:
-    """Per epoch, each step's (seconds from the previous step's end, of which the host waited for its batch).
-
-    On CUDA a step's time is the device's, between events recorded at the steps' ends (read once per epoch): the
-    host may run ahead of the device as in training, and a step the device idles in, waiting for its batch, shows.
-    """
-    cuda = device.type == "cuda"
-    out = []
-    for _ in range(epochs):
-        ends, waits = [], []
-        start = time.perf_counter()
-        ends.append(_event() if cuda else start)
-        for index, batch in enumerate(loader):
-            if index >= steps_per_epoch:
-                break
-            fetched = time.perf_counter()
-            step(to_device(batch, device, channels_last, non_blocking=settings.non_blocking))
-            now = time.perf_counter()
-            ends.append(_event() if cuda else now)
-            waits.append(fetched - start)
-            start = now
-        if cuda:
-            torch.cuda.synchronize(device)  # once per epoch: the events' times are then known
-            seconds = [a.elapsed_time(b) / 1e3 for a, b in itertools.pairwise(ends)]
-        else:
-            seconds = [b - a for a, b in itertools.pairwise(ends)]
-        out.append(list(zip(seconds, waits)))
-    return out
-
-
-def _event() -> Any:
-    event = torch.cuda.Event(enable_timing=True)
-    event.record()
-    return event
+class _DeadlinePassed(Exception):
+    """The deadline stopped a trial short of the steps it needs (the message says how far it got)."""
 
 
 def _measure(
     loader: DataLoader[Any], variant: LoaderSettings, step: Callable[[Any], Any], device: torch.device, *,
     epochs: int, steps_per_epoch: int, epoch_steps: int, channels_last: bool, label: str,
+    deadline: float | None, clock: Callable[[], float],
 ) -> Trial:
     # An epoch's steps are not alike: at its start the workers are starting and stock batches, and its last
     # ``depth`` steps are served from that stock while the workers sit idle, so the step runs alone on the cores.
@@ -274,12 +171,21 @@ def _measure(
     # once, and the epochs after the first show what they save.
     runs_wanted = epochs if variant.persistent_workers else 1
     threads = torch.get_num_threads()
+    variant_loader = loader_variant(loader, variant, samples=samples)
     try:
         if variant.torch_threads is not None:
             torch.set_num_threads(variant.torch_threads)
-        runs = _timed_epochs(loader_variant(loader, variant, samples=samples), step, device, variant, runs_wanted, per_epoch, channels_last)
+        timed = timed_epochs(variant_loader, step, device, epochs=runs_wanted, steps_per_epoch=per_epoch, non_blocking=variant.non_blocking,
+                             channels_last=channels_last, deadline=deadline, clock=clock)
     finally:
         torch.set_num_threads(threads)
+        # A persistent pool of workers lives as long as its loader: dropping the loader now (its last reference) makes
+        # the workers exit before the next variant starts, stopped early or not.
+        del variant_loader
+    if timed.stopped:
+        # Never judged on a partial epoch: its steady steps, start and end are not those of an epoch as trained.
+        raise _DeadlinePassed(f"the deadline passed after {timed.steps} of its {runs_wanted} x {per_epoch} steps")
+    runs = timed.runs
     steady = [t for run in runs for t in run[head : len(run) - tail]]
     if not steady:
         raise ValueError(
@@ -306,6 +212,8 @@ def try_loader_settings(
     epochs: int = 2,
     steps_per_epoch: int = 8,
     channels_last: bool = False,
+    deadline: float | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> list[Trial]:
     """Time ``step(batch)`` fed by ``loader`` as given, then by variants of it: one epoch each, ``epochs`` for
     persistent workers (whose later epochs start differently from the first).
@@ -317,6 +225,14 @@ def try_loader_settings(
     deep prefetch, whose start and end take longer to pass) so that epochs end and start again within the trial. The first trial is the baseline of the
     others' ``speedup``. A variant that fails (a dataset that cannot be sent to a worker process, say) is logged and
     left out; the loader as given failing raises.
+
+    ``deadline``: a time by ``clock`` (``time.monotonic() + seconds`` by default), not a duration. No variant starts
+    once ``clock() > deadline``, and the one under way stops after the step during which it passed (the clock is
+    read once a step), so the trials overrun it by one step at most. A variant stopped short of its epochs is left
+    out (logged): a partial epoch is never judged. The loader as given is timed first; if the deadline stops it, or
+    had passed before it started, no variant can be compared and :class:`TimeoutError` is raised. Each trial's
+    ``wall_s`` is what it took by ``clock``: the baseline's tells what the rest may cost (a variant with workers pays
+    their start-up on top). None (the default) runs every variant to its end.
     """
     device = torch.device(device)
     base = loader_settings(loader)
@@ -326,14 +242,35 @@ def try_loader_settings(
         epoch_steps = steps_per_epoch
 
     def measure(variant: LoaderSettings) -> Trial | None:
+        label = variant.label(base)
+        started = clock()
+        if deadline is not None and started > deadline:
+            if variant == base:
+                raise TimeoutError(
+                    f"ampkit profile: the deadline had passed ({started - deadline:.3g} s ago by `clock`) before the loader as "
+                    "given was timed, so no variant can be compared: a deadline is a time by `clock` (time.monotonic() + "
+                    "seconds by default), not a duration; give the trials a later one, or deadline=None."
+                )
+            log.info("ampkit profile: the deadline has passed: the loader with %s is not tried.", label)
+            return None
         try:
-            return _measure(loader, variant, step, device, epochs=epochs, steps_per_epoch=steps_per_epoch, epoch_steps=epoch_steps,
-                            channels_last=channels_last, label=variant.label(base))
+            trial = _measure(loader, variant, step, device, epochs=epochs, steps_per_epoch=steps_per_epoch, epoch_steps=epoch_steps,
+                             channels_last=channels_last, label=label, deadline=deadline, clock=clock)
+        except _DeadlinePassed as stopped:
+            if variant == base:
+                raise TimeoutError(
+                    f"ampkit profile: the deadline passed before the loader as given was timed ({stopped}), so no variant "
+                    "can be compared: give the trials a later deadline, or deadline=None."
+                ) from None
+            log.info("ampkit profile: the loader with %s is left out of the trials: %s (a partial epoch is not judged).", label, stopped)
+            return None
         except Exception as exc:
             if variant == base:
                 raise
-            log.warning("ampkit profile: the loader with %s failed (%s); it is left out of the trials.", variant.label(base), exc)
+            log.warning("ampkit profile: the loader with %s failed (%s); it is left out of the trials.", label, exc)
             return None
+        trial.wall_s = clock() - started
+        return trial
 
     baseline = measure(base)
     assert baseline is not None  # the loader as given raises rather than fail quietly
@@ -361,6 +298,7 @@ def try_loader_settings(
 
 MIN_GAIN = 1.03
 """A refinement is kept (and the next built on it) when it makes the step this much faster."""
+
 
 def _shuffled(loader: DataLoader[Any]) -> bool:
     # A shuffling sampler reads the whole dataset in its own order: cutting it would change which batches come.

@@ -3,7 +3,11 @@ faster with workers (a control: the delay sleeps, so workers overlap it with the
 
 from __future__ import annotations
 
+import logging
+import multiprocessing
 import time
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -114,3 +118,116 @@ def test_a_trial_with_fewer_torch_threads_runs_with_them_and_restores_them() -> 
     before = torch.get_num_threads()
     try_loader_settings(loader, lambda b: seen.append(torch.get_num_threads()), "cpu", settings=[LoaderSettings(torch_threads=1)], steps_per_epoch=2, epochs=1)
     assert seen == [before] * 4 + [1] * 4 and torch.get_num_threads() == before  # 4 steps each: its whole epoch
+
+
+# -- the deadline ---------------------------------------------------------------------------------------------------
+# A fake clock, advanced one second by each step: the deadline's checks are then exact, whatever the machine's load.
+# A loader of 32 batches read in order; with no workers each trial's epoch is cut to 11 steps (its first 2, its last
+# one and 8 steady), and with one worker to 14 (a prefetch of 2: its first 4, its last 2 and 8 steady).
+STEPS_NO_WORKERS, STEPS_ONE_WORKER = 11, 14
+OTHERS = [LoaderSettings(torch_threads=1), LoaderSettings(non_blocking=True)]  # variants without workers: cheap
+
+
+class FakeClock:
+    def __init__(self, now: float = 0.0) -> None:
+        self.now, self.reads = now, 0
+
+    def __call__(self) -> float:
+        self.reads += 1
+        return self.now
+
+
+def _ticking(clock: FakeClock, taken: list[float]) -> Callable[[Any], None]:
+    def step(batch: Any) -> None:
+        clock.now += 1.0  # the step takes one second by the clock
+        taken.append(clock.now)
+
+    return step
+
+
+def _loader() -> DataLoader:
+    return DataLoader(TensorDataset(torch.arange(64.0)), batch_size=2)
+
+
+def _trials(deadline: float | None, clock: FakeClock, taken: list[float], **kw: Any) -> list[Any]:
+    return try_loader_settings(_loader(), _ticking(clock, taken), "cpu", settings=kw.pop("settings", OTHERS), steps_per_epoch=4,
+                               deadline=deadline, clock=clock, **kw)
+
+
+def test_no_variant_starts_once_the_deadline_has_passed(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "ampkit")
+    clock, taken = FakeClock(), []
+    # The deadline passes during the baseline's last step: its epoch is whole, so it is kept; nothing starts after.
+    trials = _trials(STEPS_NO_WORKERS - 0.5, clock, taken)
+    assert [t.name for t in trials] == ["as given"] and len(taken) == STEPS_NO_WORKERS
+    assert trials[0].wall_s == STEPS_NO_WORKERS  # its seconds by the clock: what the tune estimates the rest from
+    assert caplog.text.count("is not tried") == len(OTHERS)
+
+
+@pytest.mark.parametrize("into_variant", [0.0, 5.5, 9.5])
+def test_a_variant_stops_after_the_step_the_deadline_passed_in_and_is_left_out(into_variant: float, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "ampkit")
+    clock, taken = FakeClock(), []
+    deadline = STEPS_NO_WORKERS + into_variant  # the first variant starts at the deadline or before it
+    trials = _trials(deadline, clock, taken)
+    assert [t.name for t in trials] == ["as given"]  # the partial variant is not judged; the next never starts
+    variant_steps = len(taken) - STEPS_NO_WORKERS
+    assert variant_steps == int(into_variant) + 1 < STEPS_NO_WORKERS
+    assert 0 < clock.now - deadline <= 1.0  # overrun: the one step during which the deadline passed
+    assert f"torch_threads=1 is left out of the trials: the deadline passed after {variant_steps} of its" in caplog.text
+    assert "non_blocking=True is not tried" in caplog.text
+
+
+def test_a_variant_the_deadline_passes_in_the_last_step_of_is_kept() -> None:
+    clock, taken = FakeClock(), []
+    trials = _trials(2 * STEPS_NO_WORKERS - 0.5, clock, taken)
+    assert [t.name for t in trials] == ["as given", "torch_threads=1"] and len(taken) == 2 * STEPS_NO_WORKERS
+    assert [t.wall_s for t in trials] == [STEPS_NO_WORKERS, STEPS_NO_WORKERS]
+
+
+def test_the_deadline_stopping_the_loader_as_given_raises_a_timeout_naming_it() -> None:
+    clock, taken = FakeClock(), []
+    with pytest.raises(TimeoutError, match=r"deadline passed before the loader as given was timed \(.* after 6 of its 1 x 11 steps\)"):
+        _trials(5.5, clock, taken)
+    assert len(taken) == 6
+    # A deadline already past (a duration passed for a time, say) starts nothing.
+    clock, taken = FakeClock(now=1000.0), []
+    with pytest.raises(TimeoutError, match=r"had passed .* before the loader as given was timed.*not a duration"):
+        _trials(60.0, clock, taken)
+    assert taken == []
+
+
+def test_without_a_deadline_every_variant_runs_to_its_end_and_the_clock_is_not_read_per_step() -> None:
+    clock, taken = FakeClock(), []
+    trials = _trials(None, clock, taken)
+    assert [t.name for t in trials] == ["as given", "torch_threads=1", "non_blocking=True"]
+    assert len(taken) == 3 * STEPS_NO_WORKERS and [t.wall_s for t in trials] == [STEPS_NO_WORKERS] * 3
+    assert clock.reads == 2 * 3  # each trial's start and end, for its wall_s: nothing per step
+    # A deadline that never comes times the same steps, at one more clock read per step.
+    far, far_taken = FakeClock(), []
+    assert [t.name for t in _trials(1e9, far, far_taken)] == [t.name for t in trials]
+    assert len(far_taken) == len(taken) and far.reads == clock.reads + len(taken)
+
+
+def _children() -> set[Any]:
+    return set(multiprocessing.active_children())  # also reaps the children that have exited
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_variant_with_workers_stopped_by_the_deadline_leaves_no_worker_behind(persistent: bool) -> None:
+    before = _children()
+    clock, taken, alive = FakeClock(), [], []
+    ticking = _ticking(clock, taken)
+
+    def step(batch: Any) -> None:
+        ticking(batch)
+        alive.append(len(_children() - before))
+
+    variant = LoaderSettings(num_workers=1, persistent_workers=persistent)
+    # Persistent workers are timed over 2 epochs: stop it in its second, its pool kept alive across the first.
+    into = (STEPS_ONE_WORKER if persistent else 0) + 3.5
+    trials = try_loader_settings(_loader(), step, "cpu", settings=[variant], steps_per_epoch=4, epochs=2,
+                                 deadline=STEPS_NO_WORKERS + into, clock=clock)
+    assert [t.name for t in trials] == ["as given"] and len(taken) == STEPS_NO_WORKERS + int(into) + 1
+    assert alive[:STEPS_NO_WORKERS] == [0] * STEPS_NO_WORKERS and alive[STEPS_NO_WORKERS:] == [1] * (int(into) + 1)
+    assert _children() - before == set()  # the worker has exited by the time the trials return
