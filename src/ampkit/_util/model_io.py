@@ -123,17 +123,21 @@ def prediction(output: Any) -> torch.Tensor:
 
 
 def default_loss(output: Any, target: Any) -> torch.Tensor:
-    """The model's own ``.loss`` if its output has one; else cross-entropy for integer targets, mean squared
-    error for floating ones, of :func:`prediction` in fp32.
+    """The model's own loss if its output is one (a ``.loss``, or a bare scalar); else cross-entropy for integer
+    targets, mean squared error for floating ones, of :func:`prediction` in fp32.
 
     >>> default_loss(torch.zeros(2, 4), torch.tensor([0, 3])).item() == torch.log(torch.tensor(4.0)).item()
     True
     >>> default_loss({"logits": torch.zeros(2, 5, 4)}, torch.zeros(2, 5, dtype=torch.long)).item() == torch.log(torch.tensor(4.0)).item()
     True
+    >>> default_loss(torch.tensor(0.25), torch.zeros(2, 5, dtype=torch.long))
+    tensor(0.2500)
     """
     loss = _model_loss(output)
     if loss is not None:
         return loss.float()
+    if isinstance(output, torch.Tensor) and output.dim() == 0 and output.is_floating_point():
+        return output.float()  # a model that computes its own loss (from labels in the batch) and returns it bare
     if target is None:
         raise TypeError(
             f"the batch has no targets (a dict batch without 'labels') and the model's output ({type(output).__name__}) has "
