@@ -3,7 +3,7 @@
     ampkit tune -w digits --size tiny --budget 120 --out tune/digits
     ampkit tune --model mypkg.nets:build --data mypkg.data:loader --run-steps 20000 --out tune/mine
 
-Prints its progress on stderr (a bar with the time left on a terminal, a line per stage in a log), then the ranked
+Prints its progress on stderr (a bar with the time left on a terminal, a line per phase in a log), then the ranked
 table, what was pruned or not tried and why, and the winner as code (stdout). ``--out DIR`` writes tune.json and
 report.md, and keeps trials.json as trials complete: the same command with the same ``--out`` resumes a tune that
 was killed. Ctrl-C ends the tune with what was measured (exit code 130). Exit code 0, 2 for bad input.
@@ -68,7 +68,8 @@ def _loader(args: argparse.Namespace, workload: Workload) -> torch.utils.data.Da
 
 class _Progress:
     """The tune's progress on stderr: a rich bar over the budget with the time left on a terminal; in a log, a line
-    each time a new stage (or the guard) starts."""
+    each time the phase changes (a candidate's memory, warm-up or compile, each round of timing, a guard run), with
+    the time spent and the most left, so a person reading the log sees what runs and whether it is a compile."""
 
     def __init__(self, budget: float, enabled: bool) -> None:
         self.enabled, self.budget = enabled, budget
@@ -79,7 +80,7 @@ class _Progress:
             from rich.console import Console
             from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-            self.bar = Progress(TextColumn("[bold]{task.description:<48}"), BarColumn(), TimeElapsedColumn(),
+            self.bar = Progress(TextColumn("[bold]{task.description:<64}"), BarColumn(), TimeElapsedColumn(),
                                 TextColumn("{task.fields[left]}"), console=Console(stderr=True), transient=True)
 
     def start(self) -> None:
@@ -95,11 +96,12 @@ class _Progress:
         if not self.enabled:
             return
         if self.bar is not None:
-            self.bar.update(self.task, description=what[:48], completed=min(elapsed, self.budget), left=f"at most {left:.0f} s left")
+            from rich.markup import escape
+
+            self.bar.update(self.task, description=escape(what[:64]), completed=min(elapsed, self.budget), left=f"at most {left:.0f} s left")
             return
-        stage = what.split(":")[0]
-        if stage != self.last:
-            self.last = stage
+        if what != self.last:
+            self.last = what
             print(f"[{elapsed:5.0f} s, at most {left:.0f} s left] {what}", file=sys.stderr, flush=True)
 
 
