@@ -6,7 +6,7 @@ Per workload:
 1. **The tune** (:func:`ampkit.tuning.tune_workload`, as ``ampkit tune -w NAME --budget B`` runs it; digits-aug
    through its DataLoader, so the loader stage runs too). Its wall time, its winner and the winner's accuracy guard
    (gap to fp32, fp32's own noise, the tolerance) are what the tune itself reports.
-2. **The single levers**, one wave (the tune's own interleaved trials, :func:`ampkit.tuning._trials.measure_wave`):
+2. **The single levers**, one wave (the tune's own interleaved trials, :func:`ampkit.tuning._wave.measure_wave`):
    the start with one lever changed: each precision policy the CPU runs fast, compile (whole model) and, for a
    model with Conv2d, channels_last. The fastest whose accuracy guard passes (a policy the tune did not judge is
    judged here against the tune's own fp32 reference) is **the best single lever**.
@@ -59,7 +59,8 @@ from ampkit.policy import get_policy, policy_names
 from ampkit.profile import workload_loader
 from ampkit.tuning import Candidate, TuneResult, WaveSettings, tune_workload
 from ampkit.tuning._guard import GuardResult, Reference, judge
-from ampkit.tuning._trials import Trial, cold_compiles, measure_wave
+from ampkit.tuning._trials import Trial, cold_compiles
+from ampkit.tuning._wave import measure_wave
 from ampkit.workloads import Workload, get_workload, workload_from
 
 WORKLOADS = ("digits", "digits-aug", "segment", "gpt", "resnet", "hf-gpt2")

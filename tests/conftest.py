@@ -11,6 +11,7 @@ out of the next.
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import os
 import warnings
@@ -246,3 +247,22 @@ def hf_conv1d() -> type[torch.nn.Module]:
     namespace: dict[str, object] = {}
     exec(compile(HF_CONV1D, "hf_conv1d", "exec"), namespace)  # noqa: S102 - the constant above, a class definition
     return namespace["Conv1D"]  # type: ignore[return-value]
+
+
+@pytest.fixture
+def quiet_machine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tune reads how busy the machine is (:class:`ampkit.tuning._machine.CpuMeter`) and measures differently on a
+    busy one; a test of what it does must not depend on what else the test machine runs (CI's other test processes,
+    a neighbour's build). The tune's tests use this (their conftest or ``pytestmark``): a quiet machine, unless a test
+    is marked ``real_load`` (the meter's own) or sets the load it tests itself. Not autouse: it imports ampkit.tuning,
+    which the import-cost tests must see unimported."""
+    if request.node.get_closest_marker("real_load") is not None:
+        return
+    from ampkit.tuning import _machine
+
+    real = _machine.CpuMeter.read
+
+    def quiet(self: _machine.CpuMeter) -> _machine.Load:
+        return dataclasses.replace(real(self), others_cores=0.0)
+
+    monkeypatch.setattr(_machine.CpuMeter, "read", quiet)

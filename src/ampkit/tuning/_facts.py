@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from .._compat import tree_flatten
 from .._errors import one_line
 from ..memory import MemoryEstimate, estimate, fp8_layer_plan, recompute, repeated_blocks
 from ..policy import get_policy, policy_names
@@ -39,7 +40,7 @@ from ..profile import candidate_settings, loader_settings, usable_cores
 from ..workloads import Workload
 from ._space import Facts, PolicyFacts, memory_key, micro_batches
 
-__all__ = ["add_loader_facts", "available_memory", "compiler_available", "data_wait_s", "fp16_overflow_and_fix", "gather_facts", "loader_variants", "predict_peak"]
+__all__ = ["add_loader_facts", "available_memory", "compiler_available", "data_wait_s", "fp16_overflow_and_fix", "gather_facts", "loader_variants", "predict_peak", "rows_of"]
 
 log = logging.getLogger("ampkit")
 
@@ -78,6 +79,29 @@ def _policy_facts(device: torch.device, names: Sequence[str] | None = None) -> d
     return out
 
 
+def rows_of(batch: Any) -> tuple[int, str | None]:
+    """The batch's rows and, where it cannot be cut into micro-batches, why: its tensors then do not share a first
+    dimension, and its rows are its first tensor's (the model's input, as the user passes it).
+
+    >>> rows_of((torch.zeros(4, 8), torch.zeros(4)))
+    (4, None)
+    >>> rows, why = rows_of((torch.zeros(4, 8, dtype=torch.long), torch.zeros(32, dtype=torch.long))); rows, why[:38]
+    (4, "its tensors' first dimensions differ (")
+    """
+    from ..workloads import batch_rows
+
+    try:
+        return batch_rows(batch), None
+    except ValueError:
+        first = [t for t in tree_flatten(batch)[0] if isinstance(t, torch.Tensor) and t.dim() > 0]
+        if not first:
+            raise ValueError("the training batch holds no tensor with a batch dimension: give the batch as a tensor, tuple, "
+                             "list or dict of [N, ...] tensors.") from None
+        dims = sorted({t.shape[0] for t in first})
+        return first[0].shape[0], (f"its tensors' first dimensions differ ({' and '.join(map(str, dims))}: targets flattened to one row "
+                                   "per token beside batch-first inputs, say)")
+
+
 def predict_peak(workload: Workload, policy: str, micro_batch: int, device: torch.device, *, recomputed: bool = False) -> MemoryEstimate:
     """The predicted memory of one training step of ``workload`` under ``policy`` at ``micro_batch`` rows (its first
     batch cut to them), with the model's repeated blocks recomputed when ``recomputed``; nothing is allocated."""
@@ -87,7 +111,9 @@ def predict_peak(workload: Workload, policy: str, micro_batch: int, device: torc
     if recomputed:
         model = copy.deepcopy(model)
         recompute(model, repeated_blocks(model))
-    batch = split_batch(workload.train_batches[0], 0, micro_batch)
+    first = workload.train_batches[0]
+    rows, unsplittable = rows_of(first)
+    batch = first if micro_batch >= rows or unsplittable else split_batch(first, 0, micro_batch)
     return estimate(model, batch, workload.optimizer, policy, device, loss_fn=workload.loss_fn, clip_grad_norm=workload.clip_grad_norm)
 
 
@@ -157,12 +183,10 @@ def gather_facts(
     ``precisions``: the policies the tune may choose from (default: every policy; the reference is always in).
     ``notes`` collects what could not be learnt and why.
     """
-    from ..workloads import batch_rows
-
     notes = notes if notes is not None else []
-    rows = batch_rows(workload.train_batches[0])
+    rows, unsplittable = rows_of(workload.train_batches[0])
     facts = Facts(
-        device=device.type, rows=rows, policies=_policy_facts(device, precisions), accumulate=workload.accumulate,
+        device=device.type, rows=rows, unsplittable=unsplittable, policies=_policy_facts(device, precisions), accumulate=workload.accumulate,
         memory_budget=memory_budget if memory_budget is not None else available_memory(device),
         blocks=len(repeated_blocks(workload.model)), convs=sum(isinstance(m, torch.nn.Conv2d) for m in workload.model.modules()),
         cores=usable_cores(), threads=torch.get_num_threads(),

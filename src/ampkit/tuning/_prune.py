@@ -108,6 +108,14 @@ def no_blocks(c: Candidate, incumbent: Candidate, facts: Facts) -> str | None:
     return None
 
 
+def unsplittable(c: Candidate, incumbent: Candidate, facts: Facts) -> str | None:
+    """Micro-batches cut every tensor of the batch alike: a batch whose tensors do not share a first dimension
+    cannot be cut (the rest of the tune goes on without this lever)."""
+    if facts.unsplittable and c.micro_batch != facts.rows:
+        return f"the batch cannot be cut into micro-batches: {facts.unsplittable}"
+    return None
+
+
 def too_big(c: Candidate, incumbent: Candidate, facts: Facts) -> str | None:
     """The predicted peak (:func:`ampkit.memory.estimate`) exceeds the memory the device has for the step."""
     peak = facts.predicted_peak.get(memory_key(c.policy, c.micro_batch, c.recompute))
@@ -164,7 +172,7 @@ def compile_cannot_pay(c: Candidate, incumbent: Candidate, facts: Facts) -> str 
 
 
 RULES: tuple[Callable[[Candidate, Candidate, Facts], str | None], ...] = (
-    unsupported, slow, needs_compile, fp8_roofline, fp16_overflow, no_compiler, no_blocks, too_big, needless_recompute,
+    unsupported, slow, needs_compile, fp8_roofline, fp16_overflow, no_compiler, no_blocks, unsplittable, too_big, needless_recompute,
     no_convolutions, compile_cannot_pay,
 )
 """Applied in this order; the first that gives a reason prunes the candidate."""

@@ -197,6 +197,7 @@ def footnotes(result: TuneResult) -> list[str]:
 
 def render(result: TuneResult, console: Console) -> None:
     """Print the ranked table with its footnotes, the pruned and untried candidates, and the winner's code."""
+    from rich.markup import escape
     from rich.syntax import Syntax
     from rich.table import Table
 
@@ -215,13 +216,13 @@ def render(result: TuneResult, console: Console) -> None:
     if result.pruned:
         console.print(f"\npruned before running ({len(result.pruned)}):")
         for p in result.pruned:
-            console.print(f"  {p['stage']}: {p['change']}: {p['reason']}")
+            console.print(escape(f"  {p['stage']}: {p['change']}: {p['reason']}"))
     if result.not_tried:
         console.print(f"\nnot tried within --budget {result.budget_s:g} s ({len(result.not_tried)}):")
         for p in result.not_tried:
-            console.print(f"  {p['stage']}: {p['change']}: {p['reason']}")
+            console.print(escape(f"  {p['stage']}: {p['change']}: {p['reason']}"))
     for note in result.notes:
-        console.print(f"[yellow]note:[/yellow] {note}")
+        console.print(f"[yellow]note:[/yellow] {escape(note)}")
     console.print(f"\n[bold]winner[/bold]: {result.winner.describe(result.start)}: {result.winner_reason}")
     console.print(Syntax(code(result), "python", theme="ansi_dark", background_color="default"))
     parts = ", ".join(f"{k.replace('_', ' ')} {v:.0f} s" for k, v in result.timings.items() if v >= 0.5)

@@ -66,6 +66,12 @@ class TuneResult:
     supports_gradient_checkpointing: bool | None = None
     """A Hugging Face model's own gradient checkpointing (``Workload.extra``): recompute is printed as
     ``TrainingArguments(activation_checkpointing=True)`` where it has it; None: not known."""
+    machine: dict[str, Any] = field(default_factory=dict)
+    """How busy the machine was: its cores, the CPU time other processes took while the start was probed, the
+    probe's step and spread (:class:`ampkit.tuning._run.Probe`)."""
+    waves: list[dict[str, Any]] = field(default_factory=list)
+    """Per wave as it ran: its stage, seconds, the cores other processes took meanwhile, its rounds, the rounds
+    dropped because the control drifted, and whether it stayed disturbed (not judged)."""
 
     def guard_of(self, candidate: Candidate) -> GuardResult | None:
         return self.guard.get(candidate.numerics_key)
@@ -82,7 +88,7 @@ class TuneResult:
             "trials": [t.to_dict() for t in self.trials], "pruned": self.pruned, "not_tried": self.not_tried,
             "stages": self.stages, "reference": self.reference.to_dict() if self.reference else None,
             "guard": {k: g.to_dict() for k, g in self.guard.items()}, "loader_trials": self.loader_trials,
-            "facts": self.facts, "notes": self.notes, "settings": self.settings, "command": self.command, "date": self.date,
+            "facts": self.facts, "notes": self.notes, "machine": self.machine, "waves": self.waves, "settings": self.settings, "command": self.command, "date": self.date,
             "torch": self.torch, "ampkit": self.ampkit, "framework": self.framework,
             "supports_gradient_checkpointing": self.supports_gradient_checkpointing,
         }

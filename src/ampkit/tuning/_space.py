@@ -139,6 +139,9 @@ class Facts:
     policies: dict[str, PolicyFacts]
     accumulate: int = 1
     """The user's accumulation: the global batch is ``rows * accumulate``."""
+    unsplittable: str | None = None
+    """Why the batch cannot be cut into micro-batches (its tensors do not share a first dimension: targets flattened
+    to ``[B*T]`` beside inputs ``[B, T]``, say); None: it can. ``rows`` is then its first tensor's first dimension."""
     memory_budget: int | None = None
     """Bytes a training step may hold on the device; None: not known (nothing is ruled out for memory)."""
     predicted_peak: dict[str, int] = field(default_factory=dict)

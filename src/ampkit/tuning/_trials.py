@@ -1,23 +1,14 @@
-"""Short interleaved trials of candidate configurations, on the bench's machinery.
+"""A candidate's trial: the bench run that trains it, and what one wave measured of it (:class:`Trial`).
 
 Each candidate trains as an :class:`ampkit.bench.PolicyRun` (a deep copy of the same initial weights, the same
 batches in the same order, its own RNG), exactly as ``ampkit bench`` trains a policy, with the tune's levers
 added: ``Engine(compile=..., fused_step=...)``, the model's blocks recomputed on each copy, the batch split into
 micro-batches (the global batch unchanged: each batch's rows in order, ``accumulate`` micro-batches a step), and
-torch's threads set around its steps. A wave of candidates runs as the bench runs its policies:
+torch's threads set around its steps. :mod:`ampkit.tuning._wave` times them side by side.
 
-1. each alone first, for its memory (the bench's definition: on a CPU the peak of live tensor bytes of an eager
-   step; CUDA: the allocator's peak) and, compiled, its compile time: its first steps less as many steady ones;
-2. all built and warmed up, untimed. An eager run whose engine compiles its optimizer step (bf16-true-sr's library
-   step, ``fused_step=True``) compiles here: its compile time is its warm-up less as many steady steps;
-3. timed in ``rounds`` rounds of ``chunk`` steps, the order rotating each round, so a machine that speeds up or
-   slows down spreads over every candidate. The wave stops between rounds when its deadline passes, and no
-   candidate starts step 1 or 2 after it (a compile cannot be stopped once started): the candidates left are
-   ``cut``.
-
-A wave always holds the **baseline** (the user's starting configuration), so every candidate's speed-up over it is
-a ratio of step times measured in the same rounds, with the bootstrap interval of :func:`ampkit.bench.speedup_interval`.
-Compile time is kept apart, then **amortised** over the run length the user states (``run_steps``): a compiled
+A trial's speed-up is over the **baseline** of the same wave (the user's starting configuration): a ratio of step
+times measured in the same rounds, with the bootstrap interval of :func:`ampkit.bench.speedup_interval`. Compile
+time is kept apart, then **amortised** over the run length the user states (``run_steps``): a compiled
 candidate's step costs its median plus ``compile_s / run_steps``.
 
     >>> t = Trial(key="a", stage="precision", candidate={}, step_times_s=[0.1] * 6, baseline_times_s=[0.2] * 6, compile_s=10.0)
@@ -31,8 +22,7 @@ import contextlib
 import dataclasses
 import logging
 import statistics
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,14 +30,13 @@ import torch
 
 from .._errors import one_line
 from ..bench import PolicyRun, speedup_interval
-from ..bench._policy_run import compile_phase
 from ..memory import fp8_layer_plan, planned_policy, recompute, repeated_blocks
 from ..policy import Policy, get_policy
 from ..workloads import Workload, batch_rows, split_batch, to_device
-from ._mfu import eager_twin, flops_key
+from ._mfu import eager_twin
 from ._space import Candidate
 
-__all__ = ["COMPILE_MODES", "DEFAULT_WAVES", "Trial", "cold_compiles", "WaveInterrupted", "WaveSettings", "make_run", "measure_wave", "micro_workload", "step_flops", "threads", "trial_policy"]
+__all__ = ["COMPILE_MODES", "DEFAULT_WAVES", "Trial", "cold_compiles", "WaveSettings", "make_run", "micro_workload", "step_flops", "threads", "trial_policy"]
 
 log = logging.getLogger("ampkit")
 
@@ -78,6 +67,13 @@ class Trial:
     flops_by_format: dict[str, float] = field(default_factory=dict)
     """Useful FLOPs of one optimizer step by format (:mod:`ampkit.tuning._mfu`: the bench's counter, on the eager
     twin); {} where not counted (a device without a known peak)."""
+    rounds: int = 0
+    """The rounds of the wave its figure rests on (disturbed rounds dropped): each ``chunk`` timed steps."""
+    dropped_rounds: int = 0
+    """Rounds of its wave dropped because the control moved more than :data:`~ampkit.tuning._machine.ROUND_DRIFT`."""
+    disturbed: bool = False
+    """Its wave could not replace the rounds it dropped (the deadline, or the control never held still): its
+    figures are shown but not judged."""
     resumed: bool = False
     """Read back from an earlier tune's trials (not measured in this one)."""
 
@@ -161,7 +157,12 @@ def micro_workload(workload: Workload, candidate: Candidate) -> Workload:
     >>> len(m.train_batches), m.items_per_batch, m.accumulate
     (4, 2, 4)
     """
-    rows = batch_rows(workload.train_batches[0])
+    try:
+        rows = batch_rows(workload.train_batches[0])
+    except ValueError:
+        if candidate.accumulate == workload.accumulate:
+            return workload  # a batch that cannot be cut, trained whole (the tune prunes micro-batches for it)
+        raise
     if candidate.micro_batch == rows:
         return workload
     if rows % candidate.micro_batch or candidate.micro_batch * candidate.accumulate != rows * workload.accumulate:
@@ -242,141 +243,3 @@ def threads(n: int | None) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
-
-
-def _guarded(run: PolicyRun, candidate: Candidate, what: str, fn: Callable[..., Any], *args: Any) -> None:
-    if not run.alive:
-        return
-    try:
-        with threads(candidate.threads):
-            fn(*args)
-    except (KeyboardInterrupt, SystemExit):
-        raise
-    except Exception as exc:  # noqa: BLE001 - one candidate's failure is its row's finding; the others go on
-        log.warning("tune: %s failed while %s: %s", candidate.key, what, one_line(exc, with_type=True))
-        run.fail(exc)
-
-
-def measure_wave(
-    workload: Workload,
-    stage: str,
-    baseline: Candidate,
-    candidates: Sequence[Candidate],
-    device: torch.device,
-    *,
-    incumbent: Candidate | None = None,
-    settings: WaveSettings = DEFAULT_WAVES,
-    seed: int = 0,
-    deadline: float | None = None,
-    clock: Callable[[], float] = time.monotonic,
-    progress: Callable[[str], None] = lambda what: None,
-    flops: dict[str, dict[str, float]] | None = None,
-) -> list[Trial]:
-    """Train ``baseline``, ``incumbent`` (the configuration the candidates vary, when it is not the baseline) and
-    each of ``candidates`` interleaved (see the module's docstring); one :class:`Trial` each, the baseline's last,
-    every one holding the baseline's step times of this wave.
-
-    ``deadline`` (on ``clock``): no round starts after it; a candidate left with fewer timed steps than an
-    interval needs is ``cut``. Ctrl-C during the rounds raises :class:`WaveInterrupted` holding the trials so far.
-    ``flops``: when given, each trial's step FLOPs are counted (an eager run's in its memory step, a compiled one's
-    on its eager twin) and kept there by :func:`~ampkit.tuning._mfu.flops_key`, so each is counted once per tune.
-    """
-    others = ([incumbent] if incumbent is not None and incumbent != baseline else []) + list(candidates)
-    wave = [baseline] + [c for c in dict.fromkeys(others) if c != baseline]
-    unbuilt: dict[Candidate, str] = {}
-    for c in wave[1:]:  # a candidate the data cannot be cut for is its row's finding (the baseline's raises)
-        try:
-            micro_workload(workload, c)
-        except ValueError as exc:
-            unbuilt[c] = str(exc)
-    wave = [c for c in wave if c not in unbuilt]
-    runs = [make_run(workload, c, device, seed, settings.steps) for c in wave]
-    # A compile cannot be stopped once started: no candidate starts measuring or warming up after the deadline
-    # (it is cut), so the budget is overrun by at most the step or compile in progress when it passed.
-    late: set[int] = set()
-
-    def too_late(i: int) -> bool:
-        if i not in late and deadline is not None and clock() > deadline:
-            late.add(i)
-        return i in late
-
-    for i, (run, c) in enumerate(zip(runs, wave)):
-        if too_late(i):
-            continue
-        progress(f"{stage}: {c.describe(baseline)}: measuring memory")
-        counting = flops is not None and c.compile is None and flops_key(c) not in flops
-        _guarded(run, c, "measuring memory", run.measure_alone, settings.measure_steps, counting)
-        if flops is not None and run.result.flops_by_format:
-            flops.setdefault(flops_key(c), dict(run.result.flops_by_format))
-    for i, (run, c) in enumerate(zip(runs, wave)):  # a compiled run's FLOPs: its eager twin's (its own step would trace again)
-        if flops is not None and run.alive and flops_key(c) not in flops and not too_late(i):
-            progress(f"{stage}: {c.describe(baseline)}: counting FLOPs")
-            flops[flops_key(c)] = step_flops(workload, c, device, seed)
-    warm_s: dict[int, float] = {}
-    compiling: set[int] = set()
-    for i, (run, c) in enumerate(zip(runs, wave)):
-        if too_late(i):
-            continue
-        progress(f"{stage}: {c.describe(baseline)}: warm-up")
-        began = time.perf_counter()
-        _guarded(run, c, "building", run.build)
-        if run.alive and run.engine is not None and compile_phase(run.engine) is not None:
-            compiling.add(i)
-        _guarded(run, c, "warming up", run.train, settings.warmup, False)
-        warm_s[i] = time.perf_counter() - began
-    interrupted = False
-    try:
-        for r in range(settings.rounds):
-            if deadline is not None and clock() > deadline:
-                log.info("tune: the budget ended the %s wave after %d of %d rounds", stage, r, settings.rounds)
-                break
-            for i in range(len(wave)):
-                j = (i + r) % len(wave)  # rotate who goes first each round
-                if j in late:
-                    continue
-                progress(f"{stage}: {wave[j].describe(baseline)}: round {r + 1}/{settings.rounds}")
-                _guarded(runs[j], wave[j], "training", runs[j].train, settings.chunk, True)
-    except KeyboardInterrupt:
-        interrupted = True  # the rounds so far are kept: summarised below, then the interrupt goes on
-    trials = []
-    for i, (run, c) in enumerate(zip(runs, wave)):
-        role = "baseline" if i == 0 else "incumbent" if c == incumbent else "candidate"
-        if i in late:
-            run.release()
-            # A compile measured alone before the deadline passed is kept: the budget's estimates learn from it.
-            trials.append(Trial(key=c.key, stage=stage, candidate=c.to_dict(), role=role, status="cut", compile_s=run.result.compile_time_s,
-                                error="the budget ended the wave before this configuration's trial started"))
-            continue
-        _guarded(run, c, "summarising", run.summarize)
-        run.release()
-        res = run.result
-        status = {"failed": "failed", "unsupported": "failed"}.get(res.status, "ok")
-        times = list(res.step_times_s or [])
-        compile_s = res.compile_time_s
-        if compile_s is None and i in compiling and times:
-            # An eager run whose engine compiles its optimizer step (bf16-true-sr's library step, the fused master
-            # step) compiles in its warm-up, outside the steps measured alone: its warm-up less as many steady steps.
-            compile_s = max(0.0, warm_s[i] - settings.warmup * statistics.median(times))
-        trials.append(Trial(
-            key=c.key, stage=stage, candidate=c.to_dict(), role=role, status=status, error=res.error, step_times_s=times,
-            compile_s=compile_s, peak_memory_bytes=res.peak_memory_bytes,
-            flops_by_format=dict((flops or {}).get(flops_key(c), {})),
-        ))
-    trials += [Trial(key=c.key, stage=stage, candidate=c.to_dict(), status="failed", error=why) for c, why in unbuilt.items()]
-    base_times = trials[0].step_times_s
-    for t in trials:
-        t.baseline_times_s = list(base_times)
-        if t.status == "ok" and (t.interval(1) is None):
-            t.status = "cut"  # too few timed steps for an interval: the budget ended the wave early
-    trials = trials[1:] + trials[:1]
-    if interrupted:
-        raise WaveInterrupted(trials)
-    return trials
-
-
-class WaveInterrupted(KeyboardInterrupt):
-    """Ctrl-C during a wave's rounds: ``trials`` hold what the rounds before it measured (``cut`` where too few)."""
-
-    def __init__(self, trials: list[Trial]) -> None:
-        super().__init__()
-        self.trials = trials

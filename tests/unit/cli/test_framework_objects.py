@@ -13,6 +13,8 @@ import torch
 
 from ampkit.cli._main import main
 
+pytestmark = pytest.mark.usefixtures("quiet_machine")  # the tune measures differently on a busy machine
+
 pytest.importorskip("transformers", reason="Requires: transformers (pip install -e '.[hf]')")
 pytest.importorskip("datasets", reason="Requires: datasets (pip install -e '.[hf]')")
 pytest.importorskip("lightning.pytorch", reason="Requires: lightning (pip install -e '.[lightning]')")

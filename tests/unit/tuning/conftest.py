@@ -18,6 +18,11 @@ def _trial(c: Candidate, times: list[float], role: str = "candidate", **kw: obje
     return Trial(key=c.key, stage="precision", candidate=c.to_dict(), role=role, step_times_s=times, baseline_times_s=BASE, **kw)  # type: ignore[arg-type]
 
 
+@pytest.fixture(autouse=True)
+def _quiet(quiet_machine: None) -> None:
+    """Every tune here sees a quiet machine (tests/conftest.py): what it measures must not hang on CI's other load."""
+
+
 @pytest.fixture
 def measured() -> TuneResult:
     """The winner bf16-mixed (eager, its memory measured), a compiled faster one without memory (CPU), bf16-true

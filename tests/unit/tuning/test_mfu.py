@@ -14,7 +14,8 @@ from ampkit.policy import _gpu_specs
 from ampkit.tuning import Candidate, TuneResult, WaveSettings, rows
 from ampkit.tuning._mfu import counts_flops
 from ampkit.tuning._report import HEADERS, footnotes
-from ampkit.tuning._trials import measure_wave, step_flops
+from ampkit.tuning._trials import step_flops
+from ampkit.tuning._wave import measure_wave
 from ampkit.workloads import Workload
 
 ROWS, IN, HIDDEN, OUT = 8, 6, 16, 3

@@ -1,5 +1,5 @@
 """Trials: each lever trains what it says (checked against the plain run), intervals and compile amortisation are
-the bench's, the budget stops a wave between rounds."""
+the bench's."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from torch import nn
 
 from ampkit.bench import speedup_interval
 from ampkit.memory import recomputed_modules
-from ampkit.tuning import Candidate, Trial, WaveSettings
-from ampkit.tuning._trials import make_run, measure_wave, micro_workload, threads
+from ampkit.tuning import Candidate, Trial
+from ampkit.tuning._trials import make_run, micro_workload, threads
 from ampkit.workloads import Workload
 
 ROWS = 8
@@ -83,115 +83,6 @@ def test_a_trials_speedup_amortises_its_compile_time_over_the_run() -> None:
     assert t.speedup(10**9) == pytest.approx(2.0)
     assert t.interval(100) == speedup_interval(base, [x + 0.05 for x in fast])  # the bench's bootstrap, shifted
     assert t.interval(100)[1] < 1.0 < t.interval(10**9)[0]  # slower over 100 steps, faster over a long run
-
-
-def test_a_wave_times_every_candidate_beside_the_baseline_in_the_same_rounds(device: torch.device) -> None:
-    w = _workload(device)
-    start = Candidate(policy="32-true", micro_batch=ROWS, accumulate=1)
-    other = dataclasses.replace(start, micro_batch=ROWS // 2, accumulate=2)
-    settings = WaveSettings(rounds=2, chunk=3, warmup=1)
-    trials = measure_wave(w, "micro_batch", start, [other], device, settings=settings)
-    assert [(t.key, t.role, t.status) for t in trials] == [(other.key, "candidate", "ok"), (start.key, "baseline", "ok")]
-    assert len(trials[0].step_times_s) == 6 and trials[0].baseline_times_s == trials[1].step_times_s
-    assert trials[0].compile_s is None and trials[1].peak_memory_bytes is not None
-
-
-def test_the_budget_ends_a_wave_between_rounds_and_marks_what_it_cut(device: torch.device) -> None:
-    w = _workload(device)
-    start = Candidate(policy="32-true", micro_batch=ROWS, accumulate=1)
-    said: list[str] = []
-    trials = measure_wave(w, "threads", start, [dataclasses.replace(start, threads=1)], device,
-                          settings=WaveSettings(rounds=3, chunk=3, warmup=1), deadline=0.5, progress=said.append,
-                          clock=lambda: 1.0 if any("round 1/" in s for s in said) else 0.0)
-    # The clock passes the deadline once the first round has begun: the second never starts. 3 timed steps each, too few.
-    assert [len(t.step_times_s) for t in trials] == [3, 3] and {t.status for t in trials} == {"cut"}
-
-
-def test_no_candidate_starts_measuring_or_warming_up_after_the_deadline(device: torch.device) -> None:
-    # A compile cannot be stopped once started: the budget must stop the next candidate before it starts. The clock
-    # passes the deadline after the baseline's memory step: the candidate never runs, and is cut with its reason.
-    w = _workload(device)
-    start = Candidate(policy="32-true", micro_batch=ROWS, accumulate=1)
-    later = dataclasses.replace(start, threads=1)
-    ticks = iter([0.0, 10.0])
-    trials = measure_wave(w, "threads", start, [later], device, settings=WaveSettings(rounds=2, chunk=3, warmup=1),
-                          deadline=5.0, clock=lambda: next(ticks, 10.0))
-    cut = next(t for t in trials if t.key == later.key)
-    assert cut.status == "cut" and cut.step_times_s == [] and cut.peak_memory_bytes is None
-    assert cut.error == "the budget ended the wave before this configuration's trial started"
-
-
-def test_an_eager_run_that_compiles_its_optimizer_step_gets_its_warm_ups_excess_as_compile_time(
-    device: torch.device, monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # bf16-true-sr's library step and the fused master step compile in the warm-up, not in the steps measured
-    # alone (those run eagerly): the warm-up less as many steady steps is their compile time. Here a 0.5 s sleep in
-    # the candidate's first step stands for the compile.
-    import time
-
-    import ampkit.tuning._trials as trials_module
-
-    w = _workload(device)
-    start = Candidate(policy="32-true", micro_batch=ROWS, accumulate=1)
-    other = dataclasses.replace(start, threads=1)
-    monkeypatch.setattr(trials_module, "compile_phase", lambda engine: "compiling the optimizer step")  # both "compile"
-    real_train = trials_module.PolicyRun.train
-    slept = []
-
-    def train(self: object, steps: int, timed: bool) -> None:
-        if not timed and torch.get_num_threads() == 1 and not slept:
-            slept.append(time.sleep(0.5))
-        real_train(self, steps, timed)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(trials_module.PolicyRun, "train", train)
-    with threads(2):  # the baseline runs at 2 threads, the candidate at 1: only the candidate's warm-up sleeps
-        result = measure_wave(w, "threads", start, [other], device, settings=WaveSettings(rounds=2, chunk=3, warmup=1))
-    by_key = {t.key: t for t in result}
-    assert 0.0 <= (by_key[start.key].compile_s or 0.0) < 0.3
-    assert 0.5 <= (by_key[other.key].compile_s or 0.0) < 1.5
-
-
-def test_a_candidate_that_fails_is_its_rows_finding_and_the_wave_goes_on(device: torch.device) -> None:
-    w = _workload(device)
-    start = Candidate(policy="32-true", micro_batch=ROWS, accumulate=1)
-    broken = dataclasses.replace(start, fused_step=True)  # 32-true keeps no masters: Engine(fused_step=True) refuses
-    trials = measure_wave(w, "fused_step", start, [broken], device, settings=WaveSettings(rounds=2, chunk=3, warmup=1))
-    assert trials[0].status == "failed" and "fused_step" in (trials[0].error or "")
-    assert trials[1].status == "ok" and len(trials[1].step_times_s) == 6
-
-
-def test_ctrl_c_in_the_rounds_keeps_the_rounds_already_measured(device: torch.device) -> None:
-    from ampkit.tuning._trials import WaveInterrupted
-
-    w = _workload(device)
-    start = Candidate(policy="32-true", micro_batch=ROWS, accumulate=1)
-    said: list[str] = []
-
-    def clock() -> float:  # read before each candidate starts and at each round's start: the second round is interrupted
-        if any("round 1/" in s for s in said):
-            raise KeyboardInterrupt
-        return 0.0
-
-    with pytest.raises(WaveInterrupted) as stopped:
-        measure_wave(w, "threads", start, [dataclasses.replace(start, threads=1)], device,
-                     settings=WaveSettings(rounds=3, chunk=3, warmup=1), deadline=1.0, clock=clock, progress=said.append)
-    assert [(t.role, len(t.step_times_s), t.status) for t in stopped.value.trials] == [("candidate", 3, "cut"), ("baseline", 3, "cut")]
-
-
-def test_micro_batches_of_uneven_batches_are_refused_as_their_rows_finding(device: torch.device) -> None:
-    # Cut in the same slices, a short last batch would give a short micro-batch whose mean loss weighs as much as a
-    # full one's: another step than the user's. The candidate fails with the reason; the wave goes on.
-    w = _workload(device)
-    x, y = w.train_batches[-1]
-    w.train_batches[-1] = (x[:5], y[:5])
-    start = Candidate(policy="32-true", micro_batch=ROWS, accumulate=1)
-    halves = dataclasses.replace(start, micro_batch=ROWS // 2, accumulate=2)
-    trials = measure_wave(w, "micro_batch", start, [halves], device, settings=WaveSettings(rounds=2, chunk=3, warmup=1))
-    failed = next(t for t in trials if t.key == halves.key)
-    assert failed.status == "failed" and failed.error == (
-        "micro-batches need every batch to have 8 rows, as the first; some have 5 (drop the last, short batch: DataLoader(..., drop_last=True))."
-    )
-    assert next(t for t in trials if t.role == "baseline").status == "ok"
 
 
 def test_an_fp8_trial_converts_the_layers_its_roofline_plans_at_the_micro_batchs_rows() -> None:
