@@ -5,7 +5,7 @@ Each figure has one definition (:data:`COLUMNS`, printed under the table), and e
 (:data:`VERDICTS`, printed under the table for the words used):
 
     >>> sorted(VERDICTS)
-    ['cut', 'failed', 'faster', 'no gain', 'rejected', 'slower', 'start', 'winner']
+    ['cut', 'disturbed', 'failed', 'faster', 'no gain', 'rejected', 'slower', 'start', 'winner']
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
     from ._result import TuneResult
 
-__all__ = ["COLUMNS", "PLOTS", "VERDICTS", "advice", "code", "render", "rows", "write_report"]
+__all__ = ["COLUMNS", "PLOTS", "VERDICTS", "advice", "code", "machine_line", "render", "rows", "write_report"]
 
 COLUMNS: dict[str, str] = {
     "configuration": "what differs from the start (fp32, your batch, eager, torch's threads, your memory format)",
@@ -42,6 +42,9 @@ COLUMNS: dict[str, str] = {
     "left out) would take at the device's dense peak for each format they ran in, over the median step (compile "
     "time left out, unlike throughput's); - where no peak is known for the device (a CPU) or the count failed",
     "compile": "seconds of compilation, kept out of the step times (its first steps less as many steady ones)",
+    "rounds": "the interleaved rounds of {chunk} timed steps its speed-up rests on; after +, the rounds of its wave dropped "
+    "because the start's steps in them moved beyond the drift a round may show (ampkit.tuning._machine.ROUND_DRIFT, or the "
+    "start's own noise within a round) and were measured again",
     "peak memory": "the most bytes live during a training step, measured alone (CPU: live tensor bytes of an eager "
     "step, ampkit memory's definition, not measured for a compiled step; CUDA: the allocator's peak)",
     "accuracy": "the configuration's {metric} worse than the fp32 reference's by this much (negative: better), against "
@@ -61,6 +64,8 @@ VERDICTS: dict[str, str] = {
     "rejected": "failed the accuracy guard (the reason says by how much)",
     "failed": "the trial raised (the reason says what)",
     "cut": "the budget ended its wave before it had enough timed steps for an interval",
+    "disturbed": "the machine disturbed its wave (the start's steps moved between rounds, and the rounds could not be "
+    "measured again within the budget): its figures are shown, not judged",
 }
 """Every verdict word and its meaning."""
 
@@ -98,6 +103,8 @@ def rows(result: TuneResult) -> list[dict[str, Any]]:
         is_base = c.key == result.baseline.key
         if t.status != "ok":
             verdict = t.status
+        elif t.disturbed and not is_base:
+            verdict = "disturbed"
         elif guard is not None and not guard.passed:
             verdict = "rejected"
         elif is_base:
@@ -118,9 +125,9 @@ def rows(result: TuneResult) -> list[dict[str, Any]]:
             "flops_per_step": sum(t.flops_by_format.values()) or None, "mfu": mfu, "mfu_note": mfu_note, "compile_s": t.compile_s,
             "peak_memory_bytes": t.peak_memory_bytes, "gap": guard.gap if guard else None, "tolerance": guard.tolerance if guard else None,
             "verdict": verdict, "why": t.error if t.status == "failed" else guard.reason if guard is not None else None, "stage": t.stage,
-            "resumed": t.resumed,
+            "resumed": t.resumed, "rounds": t.rounds, "dropped_rounds": t.dropped_rounds,
         })
-    order = {"winner": 0, "start": 2, "failed": 3, "cut": 3}
+    order = {"winner": 0, "start": 2, "disturbed": 3, "failed": 3, "cut": 3}
     out.sort(key=lambda r: (order.get(r["verdict"], 1), -(r["speedup"] or 0.0)))
     return out
 
@@ -173,12 +180,44 @@ def _cells(result: TuneResult, row: dict[str, Any]) -> list[str]:
         row["configuration"] + (" (resumed)" if row["resumed"] else ""),
         "-" if row["throughput"] is None else f"{row['throughput']:,.0f}",
         "-" if row["start_then"] is None else f"{row['start_then']:,.0f}",
-        speed, "-" if row["mfu"] is None else f"{row['mfu']:.1%}", "-" if row["compile_s"] is None else f"{row['compile_s']:.1f}", fmt_bytes(row["peak_memory_bytes"]),
-        accuracy, row["verdict"], row["why"] or "",
+        speed, "-" if row["mfu"] is None else f"{row['mfu']:.1%}", "-" if row["compile_s"] is None else f"{row['compile_s']:.1f}",
+        (f"{row['rounds']}" + (f" +{row['dropped_rounds']}" if row["dropped_rounds"] else "")) if row["rounds"] else "-",
+        fmt_bytes(row["peak_memory_bytes"]), accuracy, row["verdict"], row["why"] or "",
     ]
 
 
-HEADERS = ["configuration", "throughput", "start then", "speed-up", "MFU", "compile", "peak memory", "accuracy", "verdict", "why"]
+HEADERS = ["configuration", "throughput", "start then", "speed-up", "MFU", "compile", "rounds", "peak memory", "accuracy", "verdict", "why"]
+
+
+def machine_line(result: TuneResult) -> str | None:
+    """What the tune saw of the machine, in one line; None for a tune without the measurement (an older one).
+
+    >>> from ampkit.tuning import TuneResult
+    >>> start = Candidate(policy="32-true", micro_batch=8, accumulate=1)
+    >>> r = TuneResult(workload="w", description="", device={}, unit="samples", items_per_step=8, run_steps=1, budget_s=60, start=start,
+    ...                baseline=start, winner=start, machine={"cores": 2, "others_cores_at_probe": 1.9, "busy_at_probe": True},
+    ...                waves=[{"stage": "precision", "others_cores": 1.8, "dropped_rounds": 2, "disturbed": False}])
+    >>> machine_line(r)
+    'machine: busy: other processes took 1.9 of the 2 cores as the tune began, up to 1.8 during its waves; 2 rounds dropped for drift and measured again'
+    """
+    m = result.machine
+    if not m:
+        return None
+    others = [w["others_cores"] for w in result.waves if w.get("others_cores") is not None]
+    at_start = m.get("others_cores_at_probe")
+    busy = m.get("busy_at_probe") or any(o >= 0.5 for o in others)
+    parts = [f"{'busy' if busy else 'quiet'}: other processes took "
+             + (f"{at_start:.1f} of the {m.get('cores')} cores as the tune began" if at_start is not None else "an unknown share (the OS does not say)")
+             + (f", up to {max(others):.1f} during its waves" if others else "")]
+    if m.get("oversubscribed"):
+        parts.append(f"torch's threads would have oversubscribed the cores: measured at {m.get('free_threads')} thread(s), against the start there")
+    dropped = sum(w.get("dropped_rounds", 0) for w in result.waves)
+    if dropped:
+        parts.append(f"{dropped} rounds dropped for drift and measured again")
+    disturbed = [w["stage"] for w in result.waves if w.get("disturbed")]
+    if disturbed:
+        parts.append(f"disturbed, not judged: {', '.join(disturbed)}")
+    return "machine: " + "; ".join(parts)
 
 
 def footnotes(result: TuneResult) -> list[str]:
@@ -187,12 +226,13 @@ def footnotes(result: TuneResult) -> list[str]:
     fill = {
         "unit": result.unit, "run_steps": result.run_steps, "metric": ref.metric if ref else "figure",
         "floor": f"{ref.floor:.3g}" if ref else "the metric's own tolerance", "noise": f"{ref.noise:.3g}" if ref else "not measured",
-        "steps": ref.steps if ref else result.settings.get("guard_steps"),
+        "steps": ref.steps if ref else result.settings.get("guard_steps"), "chunk": result.settings.get("chunk", 3),
     }
     notes = [f"{name}: {text.format(**fill)}" for name, text in COLUMNS.items()]
     used = {r["verdict"] for r in rows(result)}
     notes += [f"{word}: {text}" for word, text in VERDICTS.items() if word in used]
-    return notes
+    line = machine_line(result)
+    return notes + ([line] if line else [])
 
 
 def render(result: TuneResult, console: Console) -> None:
@@ -203,12 +243,12 @@ def render(result: TuneResult, console: Console) -> None:
 
     table = Table(title=f"ampkit tune: {result.workload} on {result.device.get('name', result.device.get('type'))}")
     for h in HEADERS:
-        table.add_column(h, justify="right" if h in ("throughput", "start then", "speed-up", "MFU", "compile", "peak memory") else "left")
+        table.add_column(h, justify="right" if h in ("throughput", "start then", "speed-up", "MFU", "compile", "rounds", "peak memory") else "left")
     for row in rows(result):
         table.add_row(*_cells(result, row))
     console.print(table)
     for note in footnotes(result):
-        console.print(f"[dim]{note}[/dim]")
+        console.print(f"[dim]{escape(note)}[/dim]")
     if result.loader_trials:
         console.print("\nDataLoader settings (the chosen step fed by each loader variant; its time includes waiting for data):")
         for t in result.loader_trials:
