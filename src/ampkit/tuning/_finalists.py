@@ -4,7 +4,8 @@ A stage adopts the candidate whose one wave cleared the noise; among many such d
 winner's curse), each stage's rounds ran at another time, and a disturbed wave judged nothing. So the leaders (the
 fastest configurations measured, whether or not their own wave could tell them from the start) are measured again
 in one **confirmation wave** beside the start, with as many rounds as it takes for each leader's interval to leave
-1.0 and for the leaders' intervals to part (:func:`unsettled`), while the budget lasts. They are ranked by it and
+1.0 and for the leaders' intervals to part (:func:`unsettled`), while the budget lasts. A leader is any configuration
+whose interval reaches above 1.0: one that may be faster, which its own wave could not tell. They are ranked by it and
 guarded in that order; the winner is the fastest that passes. Without time for the wave, the stages' own
 undisturbed waves rank them (the notes say so).
 """
@@ -47,13 +48,14 @@ def unsettled(times: dict[Candidate, list[float]], control: Candidate) -> bool:
 
 
 def _leaders(tune: Tune, baseline: Candidate) -> list[Trial]:
-    """The fastest configurations measured, each by its own stage's wave, faster than the start at the median (at
-    most :data:`~ampkit.tuning._tune.FINALISTS`)."""
+    """The fastest configurations measured, each by its own stage's wave, that may be faster than the start: their
+    speed-up interval reaches above 1.0 (at most :data:`~ampkit.tuning._tune.FINALISTS`, by median speed-up)."""
     best: dict[str, Trial] = {}
     for t in tune.result.trials:
         # Each configuration as its own stage measured it (an incumbent measured again in a later wave is that
         # wave's control, not a second draw to pick the luckier of).
-        if t.status != "ok" or t.role != "candidate" or t.key == baseline.key or (t.speedup(tune.run_steps) or 0) <= 1.0:
+        ci = t.interval(tune.run_steps) if t.status == "ok" else None
+        if t.role != "candidate" or t.key == baseline.key or ci is None or ci[1] <= 1.0:
             continue
         if t.key not in best or (t.speedup(tune.run_steps) or 0) > (best[t.key].speedup(tune.run_steps) or 0):
             best[t.key] = t

@@ -36,6 +36,7 @@ from ..bench import PolicyRun
 from ..bench._policy_run import compile_phase
 from ..workloads import Workload
 from ._machine import control_drift
+from ._budget import dear
 from ._mfu import flops_key
 from ._space import Candidate
 from ._trials import DEFAULT_WAVES, Trial, WaveSettings, make_run, micro_workload, step_flops, threads
@@ -184,14 +185,16 @@ def measure_wave(
         if flops is not None and run.result.flops_by_format:
             flops.setdefault(flops_key(c), dict(run.result.flops_by_format))
     for i, (run, c) in enumerate(zip(runs, wave)):  # a compiled run's FLOPs: its eager twin's (its own step would trace again)
-        if flops is not None and run.alive and flops_key(c) not in flops and not too_late(i):
+        if flops is not None and run.alive and flops_key(c) not in flops and i not in late and not (deadline is not None and clock() > deadline):
             progress(f"{stage}: {c.describe(baseline)}: counting FLOPs")
             flops[flops_key(c)] = step_flops(workload, c, device, seed)
     # 2. Built and warmed up, untimed.
     warm_s: dict[int, float] = {}
     compiling: set[int] = set()
     for i, (run, c) in enumerate(zip(runs, wave)):
-        if too_late(i):
+        # Past the deadline a member that compiles does not start (its warm-up compiles again); one that does not is
+        # a few steps from its rounds, which may run until the budget's end: cutting it would leave them empty.
+        if i in late or (dear(c) and too_late(i)) or (end is not None and clock() > end and too_late(i)):
             continue
         began = time.perf_counter()
         _guarded(run, c, "building", run.build)

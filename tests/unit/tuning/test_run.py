@@ -414,7 +414,7 @@ def test_a_compiles_estimate_scales_with_what_it_traces_and_a_measured_compile_m
 
 
 def _fake_waves(monkeypatch: pytest.MonkeyPatch, medians: dict[str, dict[str, float]]) -> list[str]:
-    """Stand-in waves: each configuration's steps jitter around ``medians[stage][key]`` (the start's around 10 ms);
+    """Stand-in waves: each configuration's steps jitter around ``medians[stage][key]`` (else, and the start's, 10 ms);
     every configuration is guarded as passing. Returns the stages measured, in order."""
     from ampkit.tuning import GuardResult, Trial, _run, _tune
 
@@ -428,7 +428,7 @@ def _fake_waves(monkeypatch: pytest.MonkeyPatch, medians: dict[str, dict[str, fl
         base = times(0.010, 0)
         wave_of = [c for c in dict.fromkeys(([incumbent] if incumbent is not None and incumbent != baseline else []) + list(candidates))]
         out = [Trial(key=c.key, stage=stage, candidate=c.to_dict(), role="incumbent" if c == incumbent else "candidate",
-                     step_times_s=times(medians[stage][c.key], i + 1), baseline_times_s=base) for i, c in enumerate(wave_of)]
+                     step_times_s=times(medians.get(stage, {}).get(c.key, 0.010), i + 1), baseline_times_s=base) for i, c in enumerate(wave_of)]
         return out + [Trial(key=baseline.key, stage=stage, candidate=baseline.to_dict(), role="baseline", step_times_s=base, baseline_times_s=base)]
 
     def passed(self: Any, c: Candidate) -> GuardResult:
@@ -468,3 +468,91 @@ def test_a_finalist_that_does_not_clear_the_noise_again_is_not_recommended(monke
     result = tune_workload(_workload(), "cpu", budget=300, **FAST)  # type: ignore[arg-type]
     assert result.winner == result.start
     assert result.winner_reason.startswith("no leader's speed-up over the start cleared the noise in the confirmation wave")
+
+
+def test_on_a_busy_machine_the_tune_measures_at_the_free_threads_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Other processes take 1.5 of 2 cores: torch's 2 threads would oversubscribe them. The start is probed at the
+    # one thread left, the search runs there (the guard's fp32 reference too), and the threads stage times torch's
+    # own 2 against it; the note and the machine summary say so.
+    from ampkit.tuning import _machine
+
+    monkeypatch.setattr(_machine.CpuMeter, "read", lambda self: _machine.Load(1.5, 1.0, 2))
+    monkeypatch.setattr("ampkit.tuning._facts.usable_cores", lambda: 2)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        result = tune_workload(_workload(), "cpu", budget=300, **{**FAST, "stages": ["precision", "threads"]})  # type: ignore[arg-type]
+    finally:
+        torch.set_num_threads(before)
+    assert result.start.threads is None and result.baseline.threads == 1
+    assert result.machine["oversubscribed"] and result.machine["free_threads"] == 1
+    assert any(n.startswith("the machine is busy (other processes took 1.5 of the 2 cores") for n in result.notes)
+    assert {t.key for t in result.trials if t.stage == "threads" and t.role == "candidate"} == {"32-true mb16x1 compile=off threads=2"}
+    assert all(Candidate.from_dict(t.candidate).threads in (1, 2) for t in result.trials)
+    assert result.reference is None or result.reference.steps == 6
+
+
+def test_every_cheap_candidate_is_measured_before_any_that_compiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    # precision (bf16-mixed; bf16-true-sr compiles its step), compile and threads: the eager waves run first, each
+    # stage in its order, then the compiled ones on top of the cheap winner (bf16-mixed here).
+    waves = _fake_waves(monkeypatch, {"precision": {"bf16-mixed mb16x1 compile=off": 0.005}})
+    monkeypatch.setattr("ampkit.tuning._facts.compiler_available", lambda device: True)  # inductor's C++ compiler, whatever the machine
+    workload = _workload()
+    workload.model = nn.Sequential(*[nn.Sequential(nn.Linear(8, 8), nn.Tanh()) for _ in range(2)], nn.Linear(8, 3))
+    options = {**FAST, "stages": ["precision", "compile", "threads"], "precisions": ["bf16-mixed", "bf16-true-sr"]}
+    result = tune_workload(workload, "cpu", budget=3000, run_steps=10**7, **options)  # type: ignore[arg-type]
+    assert waves == ["precision", "threads", "precision (compiled)", "compile", "final"]
+    compiled = [s for s in result.stages if s["stage"] in ("precision (compiled)", "compile")]
+    assert all(s["incumbent"].startswith("bf16-mixed") for s in compiled)
+
+
+def test_a_compile_whose_estimate_does_not_fit_is_not_started_after_the_cheap_ones_ran(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A 10 ms step, a budget of 6 s: the eager waves and the guard fit; a compile of the model is estimated at 5 s
+    # at least (COMPILE_MIN_S), times the margin of an unmeasured one: not started, listed with its estimate.
+    waves = _fake_waves(monkeypatch, {})
+    monkeypatch.setattr("ampkit.tuning._facts.compiler_available", lambda device: True)
+    options = {**FAST, "stages": ["precision", "compile", "threads"], "precisions": ["bf16-mixed"]}
+    result = tune_workload(_workload(), "cpu", budget=6, run_steps=10**7, **options)  # type: ignore[arg-type]
+    assert "compile" not in waves and waves[:2] == ["precision", "threads"]
+    assert {n["change"] for n in result.not_tried} == {"compile model"}
+    assert result.not_tried[0]["reason"].startswith("no time left in the budget (about 8 s")
+
+
+class _Flat(nn.Module):
+    """A language model that flattens its logits to ``[B*T, V]``, trained on targets flattened to ``[B*T]``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed, self.head = nn.Embedding(50, 16), nn.Linear(16, 50)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embed(ids)).flatten(0, 1)
+
+
+def test_flattened_targets_prune_micro_batches_with_the_reason_and_the_tune_goes_on() -> None:
+    g = torch.Generator().manual_seed(0)
+    batches = [(ids, ids.roll(-1, 1).flatten()) for ids in (torch.randint(0, 50, (8, 6), generator=g) for _ in range(4))]
+    result = ampkit.tune(_Flat(), batches, device="cpu", budget=300, **{**FAST, "stages": ["precision", "micro_batch"]})
+    pruned = {p["change"]: p["reason"] for p in result.pruned}
+    assert pruned["micro-batch 4 x 2"].startswith("the batch cannot be cut into micro-batches: its tensors' first dimensions differ (8 and 48")
+    assert {t.status for t in result.trials} == {"ok"} and len({t.key for t in result.trials}) == 2
+
+
+class _OwnLoss(nn.Module):
+    """A model that takes its labels and returns its loss, a bare scalar."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed, self.head = nn.Embedding(50, 16), nn.Linear(16, 50)
+
+    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(self.head(self.embed(input_ids)).flatten(0, 1).float(), labels.flatten())
+
+
+def test_a_model_returning_its_own_loss_from_labels_in_a_dict_batch_is_tuned_on_it() -> None:
+    g = torch.Generator().manual_seed(0)
+    batches = [{"input_ids": ids, "labels": ids.roll(-1, 1)} for ids in (torch.randint(0, 50, (8, 6), generator=g) for _ in range(4))]
+    result = ampkit.tune(_OwnLoss(), batches, device="cpu", budget=300, **FAST)
+    assert {t.status for t in result.trials} == {"ok"} and result.items_per_step == 48

@@ -190,12 +190,21 @@ def test_more_rounds_run_while_unresolved_and_only_while_they_fit(device: torch.
         trials = measure_wave(_workload(device), "threads", START, [OTHER], device, settings=WaveSettings(rounds=2, chunk=2, warmup=1),
                               unresolved=unresolved, max_rounds=5)
     assert trials[0].rounds == 5 and asked == [4, 6, 8]
-    # With a deadline, a round past the minimum starts only if the last round's length fits before it.
-    ticks = iter(range(1000))
+    # With a deadline, a round past the minimum starts only if the last round's length fits before it: each timed
+    # step takes a second, a round four (two members, two steps); rounds 1-2 end at 8 s, round 3 (8 + 4 <= 14.5) at
+    # 12 s, round 4 would end at 16 s: not started.
+    now = [0.0]
+    scripted = PolicyRun.train
+
+    def train(self: PolicyRun, steps: int, timed: bool) -> None:
+        scripted(self, steps, timed)
+        now[0] += float(steps) if timed else 0.0
+
+    monkeypatch.setattr(PolicyRun, "train", train)
     with threads(2):
         trials = measure_wave(_workload(device), "threads", START, [OTHER], device, settings=WaveSettings(rounds=2, chunk=2, warmup=1),
-                              unresolved=lambda times: True, max_rounds=5, deadline=14.5, clock=lambda: float(next(ticks)))
-    assert trials[0].rounds == 2
+                              unresolved=lambda times: True, max_rounds=5, deadline=14.5, clock=lambda: now[0])
+    assert trials[0].rounds == 3 and now[0] == 12.0
 
 
 def test_a_member_whose_trial_cannot_fit_is_cut_before_it_starts_and_the_rest_are_timed(
@@ -234,3 +243,37 @@ def test_the_rounds_a_wave_needs_may_run_past_its_deadline_but_no_step_starts_pa
     # an interval, so both are cut, with the rounds they had.
     assert [t.rounds for t in trials] == [3, 3] and [len(t.step_times_s) for t in trials] == [3, 3]
     assert {t.status for t in trials} == {"cut"} and now[0] <= 13.2 + 0.5
+
+
+def test_a_compile_that_overran_the_deadline_leaves_the_eager_members_their_rounds(
+    device: torch.device, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The every-row-cut wave: a member's compile (measured alone) ran past the wave's deadline. It does not
+    # warm up (that compiles again); the control and the eager candidate do, and get their rounds until the budget's
+    # end. (The dear member here is marked so, not compiled: the test is of the schedule.)
+    import ampkit.tuning._wave as wave_module
+
+    compiles = dataclasses.replace(START, threads=1)
+    eager = dataclasses.replace(START, policy="bf16-mixed")
+    monkeypatch.setattr(wave_module, "dear", lambda c: c == compiles)
+    _scripted(monkeypatch, iter([0.10] * 100))
+    now = [0.0]
+    real_alone, real_train = PolicyRun.measure_alone, PolicyRun.train
+
+    def measure_alone(self: PolicyRun, *args: object) -> None:
+        real_alone(self, *args)  # type: ignore[arg-type]
+        if torch.get_num_threads() == 1:
+            now[0] = 11.0  # the compile passed the deadline
+
+    def train(self: PolicyRun, steps: int, timed: bool) -> None:
+        real_train(self, steps, timed)
+        now[0] += 0.1 * steps
+
+    monkeypatch.setattr(PolicyRun, "measure_alone", measure_alone)
+    monkeypatch.setattr(PolicyRun, "train", train)
+    with threads(2):
+        trials = measure_wave(_workload(device), "compile", START, [eager, compiles], device, settings=WaveSettings(rounds=3, chunk=2, warmup=1),
+                              deadline=10.0, end=30.0, clock=lambda: now[0])
+    by = {t.key: t for t in trials}
+    assert by[compiles.key].status == "cut" and by[compiles.key].error == "the budget ended the wave before this configuration's trial started"
+    assert by[START.key].status == "ok" and by[eager.key].status == "ok" and by[eager.key].rounds == 3
