@@ -35,8 +35,8 @@ from .._errors import one_line
 from ..bench import PolicyRun
 from ..bench._policy_run import compile_phase
 from ..workloads import Workload
-from ._machine import control_drift
 from ._budget import dear
+from ._machine import control_drift
 from ._mfu import flops_key
 from ._space import Candidate
 from ._trials import DEFAULT_WAVES, Trial, WaveSettings, make_run, micro_workload, step_flops, threads
