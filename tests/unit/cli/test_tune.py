@@ -28,7 +28,7 @@ def test_a_tune_of_the_users_model_writes_its_files_and_a_second_run_resumes_the
     assert main(argv) == 0
     out = capsys.readouterr().out
     headers, body = log_table(out)
-    assert headers == ["configuration", "throughput", "start then", "speed-up", "MFU", "compile", "peak memory", "accuracy", "verdict", "why"]
+    assert headers == ["configuration", "throughput", "start then", "speed-up", "MFU", "compile", "rounds", "peak memory", "accuracy", "verdict", "why"]
     assert {row[0] for row in body} == {"as given", "precision bf16-mixed"}
     assert "engine = ampkit.Engine(" in out
     data = json.loads((tmp_path / "tune.json").read_text())
