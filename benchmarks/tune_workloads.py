@@ -7,8 +7,8 @@ Per workload:
    through its DataLoader, so the loader stage runs too). Its wall time, its winner and the winner's accuracy guard
    (gap to fp32, fp32's own noise, the tolerance) are what the tune itself reports.
 2. **The single levers**, one wave (the tune's own interleaved trials, :func:`ampkit.tuning._wave.measure_wave`):
-   the start with one lever changed: each precision policy the CPU runs fast, compile (whole model) and, for a
-   model with Conv2d, channels_last. The fastest whose accuracy guard passes (a policy the tune did not judge is
+   the start with one lever changed: each precision policy the CPU runs fast, compile (whole model), torch's threads
+   (the counts the tune's threads stage tries) and, for a model with Conv2d, channels_last. The fastest whose accuracy guard passes (a policy the tune did not judge is
    judged here against the tune's own fp32 reference) is **the best single lever**.
 3. **The comparison**, one more wave, side by side: the start, the best single lever, the **hand-combined levers**
    (the recipe a practitioner reaches for: bf16-mixed autocast + torch.compile of the whole model + channels_last
@@ -56,7 +56,7 @@ import torch
 
 from ampkit.bench import BenchData, speedup_interval
 from ampkit.policy import get_policy, policy_names
-from ampkit.profile import workload_loader
+from ampkit.profile import usable_cores, workload_loader
 from ampkit.tuning import Candidate, TuneResult, WaveSettings, tune_workload
 from ampkit.tuning._guard import GuardResult, Reference, judge
 from ampkit.tuning._trials import Trial, cold_compiles
@@ -145,6 +145,9 @@ def compare(name: str, budget: float, run_steps: int, seed: int, log: Any) -> di
 
     singles = [dataclasses.replace(start, policy=p) for p in fast_policies()] + [dataclasses.replace(start, compile="model")]
     singles += [dataclasses.replace(start, channels_last=True)] if convs and not start.channels_last else []
+    # torch's threads, as the tune's threads stage varies them (on a busy machine the lever that pays most alone).
+    cores = usable_cores()
+    singles += [dataclasses.replace(start, threads=n) for n in sorted({1, max(1, cores // 2), cores} - {torch.get_num_threads()})]
     first = measure_wave(workload, "single", start, singles, cpu, settings=COMPARE_WAVES, seed=seed)
     compiles = cold_compiles(result.trials + first)
     ranked = sorted((t for t in first if t.role == "candidate" and t.status == "ok"), key=lambda t: statistics.median(amortised(t, run_steps, compiles)))

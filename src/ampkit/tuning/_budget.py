@@ -88,13 +88,16 @@ class Budget:
     def __init__(self, seconds: float, clock: Callable[[], float], device: str) -> None:
         self.clock, self.start, self.seconds, self.device = clock, clock(), seconds, device
         self.step_s = 0.0
+        self.member_s = 0.0
+        """What one member of a wave costs before its steps count: its memory measured alone (under the tracker)
+        and its build, measured by the probe. Not a step's worth: on digits-aug 1.1 s against a 50 ms step."""
         self.sizes = CompileSizes()
         self.scale: float | None = None
         """Measured compile time over estimated, the largest seen; None until a compile is measured (then the
         estimate carries :data:`UNMEASURED_MARGIN`)."""
         self.work_scale = 1.0
-        """A wave's measured wall time over its estimate (steps, memory steps under the tracker, builds), the largest
-        seen, at least 1: what the estimates of later steps are multiplied by."""
+        """A wave's measured wall time over its estimate (its members' setup and steps at their own medians), the
+        largest seen, at least 1: what the estimates of later steps are multiplied by."""
 
     @property
     def elapsed(self) -> float:
@@ -132,7 +135,7 @@ class Budget:
         return steps * self.step_s * self.work_scale
 
     def trial_s(self, c: Candidate, steps: int) -> float:
-        return self.steps_s(steps) + self.compile_s(c) * (1 + RECOMPILE_SHARE)
+        return self.member_s + self.steps_s(steps) + self.compile_s(c) * (1 + RECOMPILE_SHARE)
 
     def guard_s(self, c: Candidate, steps: int) -> float:
         return self.steps_s(steps) + self.compile_s(c) * RECOMPILE_SHARE

@@ -71,6 +71,8 @@ class Probe:
     load: Load
     free_threads: int | None = None
     free_step_s: float | None = None
+    member_s: float = 0.0
+    """Its memory measured alone and its build: what every member of a wave costs besides its steps."""
 
     @property
     def oversubscribed(self) -> bool:
@@ -84,29 +86,42 @@ class Probe:
         return self.free_threads is not None and self.free_step_s is not None
 
 
-def _timed(workload: Workload, start: Candidate, device: torch.device, seed: int) -> list[float]:
-    run = make_run(workload, start, device, seed, PROBE_STEPS + 1)
+def _timed(workload: Workload, start: Candidate, device: torch.device, seed: int, waves: WaveSettings) -> tuple[list[float], float]:
+    """The start's timed steps, and what a wave member's setup costs (its memory measured alone, its build)."""
+    run = make_run(workload, start, device, seed, max(PROBE_STEPS + 1, waves.measure_steps))
     with threads(start.threads):
+        began = time.perf_counter()
+        run.measure_alone(waves.measure_steps, False)
         run.build()
+        member_s = time.perf_counter() - began
         run.train(1, False)
         run.train(PROBE_STEPS, True)
     run.release()
-    return run.times
+    return run.times, member_s
 
 
-def _probe(workload: Workload, start: Candidate, device: torch.device, seed: int, meter: CpuMeter) -> Probe:
-    """Time the start (:data:`PROBE_STEPS` steps after one untimed), reading the machine's load meanwhile; on a busy
-    CPU, again at the threads the other processes leave free."""
+def _probe(workload: Workload, start: Candidate, device: torch.device, seed: int, meter: CpuMeter, waves: WaveSettings) -> Probe:
+    """Time the start (its setup as a wave member's, then :data:`PROBE_STEPS` steps after one untimed), reading the
+    machine's load meanwhile; on a busy CPU, again at the threads the other processes leave free."""
     meter.mark()
-    times = _timed(workload, start, device, seed)
+    times, member_s = _timed(workload, start, device, seed, waves)
     load = meter.read()
-    probe = Probe(statistics.median(times), max(times) / min(times), load)
+    probe = Probe(statistics.median(times), max(times) / min(times), load, member_s=member_s)
     if load.busy and load.others_cores is not None and device.type == "cpu" and start.threads is None:
         free = max(1, int(load.cores - load.others_cores))
         if free < torch.get_num_threads():
-            at_free = statistics.median(_timed(workload, dataclasses.replace(start, threads=free), device, seed))
-            probe = dataclasses.replace(probe, free_threads=free, free_step_s=at_free)
+            at_free, member_s = _timed(workload, dataclasses.replace(start, threads=free), device, seed, waves)
+            probe = dataclasses.replace(probe, free_threads=free, free_step_s=statistics.median(at_free), member_s=member_s)
     return probe
+
+
+def _held(workload: Workload, batches: int) -> Workload:
+    """``workload`` with the batches a tune reads held in a list: a workload whose batches are made when read
+    (digits-aug augments and collates each, 2.5 s for a trial's 20) would make them again for every member of every
+    wave and every guard run, time no estimate counts. The same batches: making them is deterministic."""
+    if isinstance(workload.train_batches, list):
+        return workload
+    return dataclasses.replace(workload, train_batches=[workload.train_batches[i] for i in range(min(batches, len(workload.train_batches)))])
 
 
 def _fingerprint(workload: Workload, device: torch.device, seed: int, waves: WaveSettings, guard_steps: int) -> dict[str, Any]:
@@ -169,6 +184,7 @@ def tune_workload(
     if not (isinstance(budget, (int, float)) and math.isfinite(budget) and budget > 0):
         raise ValueError(f"budget={budget!r}: give the tune's wall-clock budget in seconds, a positive number.")
     guard_steps = guard_steps if guard_steps is not None else max(workload.steps, 30)
+    workload = _held(workload, max(guard_steps, waves.steps, PROBE_STEPS + 1) * workload.accumulate)
     rows, _ = rows_of(workload.train_batches[0])
     # The start is the workload as given: fp32, its batch, its memory format (the bench's conv workloads come channels_last).
     start = Candidate(policy="32-true", micro_batch=rows, accumulate=workload.accumulate, channels_last=workload.channels_last)
@@ -226,7 +242,8 @@ def _search(
                             f"speed-ups are against {baseline.describe(start)}, the largest micro-batch that fits")
     budget.sizes = CompileSizes.of(workload.model)
     tune.progress("timing the starting configuration (and how busy the machine is)")
-    probe = _probe(workload, baseline, device, tune.seed, tune.meter)
+    probe = _probe(workload, baseline, device, tune.seed, tune.meter, tune.waves)
+    budget.member_s = probe.member_s
     tune.load = probe.load
     budget.step_s = probe.step_s
     result.machine = _machine_summary(probe)
@@ -317,7 +334,7 @@ def _least_useful(tune: Tune, baseline: Candidate) -> float:
 def _machine_summary(probe: Probe) -> dict[str, Any]:
     return {"cores": probe.load.cores, "others_cores_at_probe": probe.load.others_cores, "busy_at_probe": probe.load.busy,
             "probe_step_s": probe.step_s, "probe_spread": probe.spread, "free_threads": probe.free_threads,
-            "probe_free_step_s": probe.free_step_s, "oversubscribed": probe.oversubscribed}
+            "probe_free_step_s": probe.free_step_s, "oversubscribed": probe.oversubscribed, "member_s": probe.member_s}
 
 
 def _step_of(trials: Sequence[Trial], c: Candidate) -> float | None:

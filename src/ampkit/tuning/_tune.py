@@ -133,7 +133,8 @@ class Tune:
         trials = measure_wave(self.workload, label, baseline, members, self.device, incumbent=incumbent, settings=self.waves,
                               seed=self.seed, deadline=deadline, clock=self.budget.clock, progress=self.progress, flops=self.flops,
                               setup_s=lambda c: self.budget.compile_s(c) * (1 + RECOMPILE_SHARE), unresolved=unresolved,
-                              max_rounds=max_rounds, end=self.budget.start + self.budget.seconds)
+                              max_rounds=max_rounds, end=self.budget.start + self.budget.seconds,
+                              step_s=self.budget.steps_s(1), member_s=self.budget.member_s)
         took = self.budget.clock() - began
         self.load = self.meter.read()
         first = trials[-1]  # the baseline's: the wave's rounds and drift are on every trial alike
@@ -149,7 +150,7 @@ class Tune:
         # the work's misfit, kept as the budget's work scale.
         compiles = sum(t.compile_s or 0.0 for t in trials) * (1 + RECOMPILE_SHARE)
         per_run = self.waves.measure_steps + self.waves.warmup
-        steps_s = sum((per_run + (t.rounds + t.dropped_rounds) * self.waves.chunk) * (t.median_s or self.budget.step_s)
+        steps_s = sum(self.budget.member_s + (per_run + (t.rounds + t.dropped_rounds) * self.waves.chunk) * (t.median_s or self.budget.step_s)
                       for t in trials if t.status != "cut")
         self.budget.step_s = first.median_s or self.budget.step_s
         self.budget.calibrate_work(steps_s, took - compiles)

@@ -130,12 +130,16 @@ def measure_wave(
     unresolved: Callable[[dict[Candidate, list[float]]], bool] | None = None,
     max_rounds: int | None = None,
     end: float | None = None,
+    step_s: float | None = None,
+    member_s: float | None = None,
 ) -> list[Trial]:
     """Train ``baseline``, ``incumbent`` (the configuration the candidates vary, when it is not the baseline) and
     each of ``candidates`` interleaved (see the module's docstring); one :class:`Trial` each, the baseline's last,
     every one holding the baseline's step times of this wave.
 
-    ``deadline`` (on ``clock``): no member starts its setup after it, and no round past the wave's ``rounds``
+    ``step_s`` and ``member_s``: a step's and a member's setup's expected seconds, what admission counts (default:
+    the control's own memory steps, the tracker's overhead included). ``deadline`` (on ``clock``): no member starts
+    its setup after it, and no round past the wave's ``rounds``
     starts unless it fits before it. ``end`` (the budget's end, at or after ``deadline``): no step of any round
     starts after it, so the rounds the wave needs may use the time between; an incomplete round is dropped. A member
     left with fewer timed steps than an interval needs is ``cut``. ``setup_s(c)``: the seconds ``c``'s compiles are expected to take (its
@@ -170,7 +174,8 @@ def measure_wave(
             continue
         if i > 0 and deadline is not None and pace is not None:
             compile_s = setup_s(c) if setup_s is not None else 0.0
-            need = (settings.measure_steps + (admitted + 1) * (settings.warmup + settings.rounds * settings.chunk)) * pace + compile_s
+            step, setup = (step_s, member_s or 0.0) if step_s is not None else (pace, settings.measure_steps * pace)
+            need = setup + (admitted + 1) * (settings.warmup + settings.rounds * settings.chunk) * step + compile_s
             if clock() + need > deadline:
                 late[i] = f"no time left in the wave for its trial (about {need:.0f} s with its setup)"
                 continue

@@ -6,9 +6,12 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
+from torch import nn
 
 from ampkit.tuning import Candidate, GuardResult, Trial, TuneResult
 from ampkit.tuning._guard import Reference
+from ampkit.workloads import Workload
 
 START = Candidate(policy="32-true", micro_batch=32, accumulate=1)
 BASE = [0.020, 0.021, 0.019, 0.020, 0.022, 0.020]
@@ -21,6 +24,20 @@ def _trial(c: Candidate, times: list[float], role: str = "candidate", **kw: obje
 @pytest.fixture(autouse=True)
 def _quiet(quiet_machine: None) -> None:
     """Every tune here sees a quiet machine (tests/conftest.py): what it measures must not hang on CI's other load."""
+
+
+MLP_ROWS = 8
+
+
+@pytest.fixture
+def mlp(device: torch.device) -> Workload:
+    """A two-block MLP on three batches of 8 rows on ``device``: what the trials and waves train (fresh per test)."""
+    g = torch.Generator().manual_seed(0)
+    batches = [(torch.randn(MLP_ROWS, 6, generator=g), torch.randint(0, 3, (MLP_ROWS,), generator=g)) for _ in range(3)]
+    torch.manual_seed(0)
+    blocks = [nn.Sequential(nn.Linear(6 if i == 0 else 16, 16), nn.Tanh()) for i in range(2)]
+    model = nn.Sequential(*blocks, nn.Linear(16, 3)).to(device)
+    return Workload(name="mlp", model=model, train_batches=batches, items_per_batch=MLP_ROWS, steps=4, warmup=1)
 
 
 @pytest.fixture

@@ -150,3 +150,29 @@ def test_a_winner_measured_without_clipping_turns_off_the_trainers_default_clip(
     assert "max_grad_norm=0.0" in code(result)  # the Trainer clips at 1.0 unless told
     result.settings = {}  # a result that does not say: nothing printed either way
     assert "max_grad_norm" not in code(result)
+
+
+def test_a_disturbed_waves_rows_are_shown_not_judged_and_each_row_says_its_rounds(tmp_path: Path) -> None:
+    # A candidate 2x faster in a wave the machine disturbed (its rounds could not be measured again): shown, with its
+    # figures, as "disturbed", never "faster"; every row's rounds cell holds the rounds its figure rests on and those
+    # dropped; the machine's line is under the table and in report.md.
+    result = _result()
+    lucky = dataclasses.replace(START, policy="bf16-true-kahan")
+    result.trials.append(_trial(lucky, [t / 2 for t in BASE], rounds=2, dropped_rounds=3, disturbed=True))
+    result.trials[1].rounds, result.trials[1].dropped_rounds = 4, 1
+    result.machine = {"cores": 2, "others_cores_at_probe": 1.1, "busy_at_probe": True, "oversubscribed": True, "free_threads": 1}
+    result.waves = [{"stage": "precision", "others_cores": 1.3, "dropped_rounds": 4, "disturbed": True}]
+    table = {r["configuration"]: r for r in rows(result)}
+    assert table["precision bf16-true-kahan"]["verdict"] == "disturbed" and table["precision bf16-true-kahan"]["speedup"] == pytest.approx(2.0)
+    from ampkit.tuning._report import _cells
+
+    assert _cells(result, table["precision bf16-true-kahan"])[6] == "2 +3"
+    assert _cells(result, table["precision bf16-mixed, compile regional"])[6] == "4 +1"
+    notes = footnotes(result)
+    assert any(n.startswith("disturbed: the machine disturbed its wave") for n in notes)
+    line = ("machine: busy: other processes took 1.1 of the 2 cores as the tune began, up to 1.3 during its waves; torch's threads "
+            "would have oversubscribed the cores: measured at 1 thread(s), against the start there; 4 rounds dropped for drift and "
+            "measured again; disturbed, not judged: precision")
+    assert notes[-1] == line
+    _, report = write_files(result, tmp_path)
+    assert f"- {line}" in report.read_text()

@@ -16,16 +16,7 @@ from ampkit.tuning import Candidate, Trial
 from ampkit.tuning._trials import make_run, micro_workload, threads
 from ampkit.workloads import Workload
 
-ROWS = 8
-
-
-def _workload(device: torch.device) -> Workload:
-    g = torch.Generator().manual_seed(0)
-    batches = [(torch.randn(ROWS, 6, generator=g), torch.randint(0, 3, (ROWS,), generator=g)) for _ in range(3)]
-    torch.manual_seed(0)
-    blocks = [nn.Sequential(nn.Linear(6 if i == 0 else 16, 16), nn.Tanh()) for i in range(2)]
-    model = nn.Sequential(*blocks, nn.Linear(16, 3)).to(device)
-    return Workload(name="mlp", model=model, train_batches=batches, items_per_batch=ROWS, steps=4, warmup=1)
+ROWS = 8  # the mlp fixture's rows (tests/unit/tuning/conftest.py)
 
 
 def _trained(workload: Workload, c: Candidate, device: torch.device, steps: int = 3) -> nn.Module:
@@ -36,10 +27,10 @@ def _trained(workload: Workload, c: Candidate, device: torch.device, steps: int 
     return run.model
 
 
-def test_micro_batches_with_accumulation_train_the_global_batch(device: torch.device) -> None:
+def test_micro_batches_with_accumulation_train_the_global_batch(mlp: Workload, device: torch.device) -> None:
     # The control: the user's batch in one piece. Two micro-batches of half the rows, accumulated, make the same
     # update (the mean loss over the same rows), up to rounding: the weights after three steps agree.
-    w = _workload(device)
+    w = mlp
     start = Candidate(policy="32-true", micro_batch=ROWS, accumulate=1)
     whole = _trained(w, start, device)
     halves = _trained(w, dataclasses.replace(start, micro_batch=ROWS // 2, accumulate=2), device)
@@ -47,8 +38,8 @@ def test_micro_batches_with_accumulation_train_the_global_batch(device: torch.de
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_micro_workload_keeps_the_rows_and_their_order() -> None:
-    w = _workload(torch.device("cpu"))
+def test_micro_workload_keeps_the_rows_and_their_order(mlp: Workload) -> None:
+    w = mlp
     m = micro_workload(w, Candidate(policy="32-true", micro_batch=2, accumulate=4))
     assert (len(m.train_batches), m.items_per_batch, m.accumulate) == (12, 2, 4)
     assert torch.equal(torch.cat([x for x, _ in m.train_batches[:4]]), w.train_batches[0][0])
@@ -56,8 +47,8 @@ def test_micro_workload_keeps_the_rows_and_their_order() -> None:
         micro_workload(w, Candidate(policy="32-true", micro_batch=3, accumulate=3))
 
 
-def test_recompute_checkpoints_the_copys_blocks_and_changes_no_number(device: torch.device) -> None:
-    w = _workload(device)
+def test_recompute_checkpoints_the_copys_blocks_and_changes_no_number(mlp: Workload, device: torch.device) -> None:
+    w = mlp
     start = Candidate(policy="32-true", micro_batch=ROWS, accumulate=1)
     plain, recomputed = _trained(w, start, device), _trained(w, dataclasses.replace(start, recompute=True), device)
     assert recomputed_modules(recomputed) == ["0", "1"] and not recomputed_modules(w.model)

@@ -8,27 +8,17 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from torch import nn
 
 from ampkit.tuning import Candidate, WaveSettings
 from ampkit.tuning._trials import PolicyRun, threads
 from ampkit.tuning._wave import WaveInterrupted, measure_wave
 from ampkit.workloads import Workload
 
-ROWS = 8
+ROWS = 8  # the mlp fixture's rows (tests/unit/tuning/conftest.py)
 
 
-def _workload(device: torch.device) -> Workload:
-    g = torch.Generator().manual_seed(0)
-    batches = [(torch.randn(ROWS, 6, generator=g), torch.randint(0, 3, (ROWS,), generator=g)) for _ in range(3)]
-    torch.manual_seed(0)
-    blocks = [nn.Sequential(nn.Linear(6 if i == 0 else 16, 16), nn.Tanh()) for i in range(2)]
-    model = nn.Sequential(*blocks, nn.Linear(16, 3)).to(device)
-    return Workload(name="mlp", model=model, train_batches=batches, items_per_batch=ROWS, steps=4, warmup=1)
-
-
-def test_a_wave_times_every_candidate_beside_the_baseline_in_the_same_rounds(device: torch.device) -> None:
-    w = _workload(device)
+def test_a_wave_times_every_candidate_beside_the_baseline_in_the_same_rounds(mlp: Workload, device: torch.device) -> None:
+    w = mlp
     start = Candidate(policy="32-true", micro_batch=ROWS, accumulate=1)
     other = dataclasses.replace(start, micro_batch=ROWS // 2, accumulate=2)
     settings = WaveSettings(rounds=2, chunk=3, warmup=1)
@@ -38,8 +28,8 @@ def test_a_wave_times_every_candidate_beside_the_baseline_in_the_same_rounds(dev
     assert trials[0].compile_s is None and trials[1].peak_memory_bytes is not None
 
 
-def test_the_budget_ends_a_wave_between_rounds_and_marks_what_it_cut(device: torch.device) -> None:
-    w = _workload(device)
+def test_the_budget_ends_a_wave_between_rounds_and_marks_what_it_cut(mlp: Workload, device: torch.device) -> None:
+    w = mlp
     start = Candidate(policy="32-true", micro_batch=ROWS, accumulate=1)
     said: list[str] = []
     trials = measure_wave(w, "threads", start, [dataclasses.replace(start, threads=1)], device,
@@ -49,10 +39,10 @@ def test_the_budget_ends_a_wave_between_rounds_and_marks_what_it_cut(device: tor
     assert [len(t.step_times_s) for t in trials] == [3, 3] and {t.status for t in trials} == {"cut"}
 
 
-def test_no_candidate_starts_measuring_or_warming_up_after_the_deadline(device: torch.device) -> None:
+def test_no_candidate_starts_measuring_or_warming_up_after_the_deadline(mlp: Workload, device: torch.device) -> None:
     # A compile cannot be stopped once started: the budget must stop the next candidate before it starts. The clock
     # passes the deadline after the baseline's memory step: the candidate never runs, and is cut with its reason.
-    w = _workload(device)
+    w = mlp
     start = Candidate(policy="32-true", micro_batch=ROWS, accumulate=1)
     later = dataclasses.replace(start, threads=1)
     ticks = iter([0.0, 10.0])
@@ -63,7 +53,7 @@ def test_no_candidate_starts_measuring_or_warming_up_after_the_deadline(device: 
     assert cut.error == "the budget ended the wave before this configuration's trial started"
 
 
-def test_an_eager_run_that_compiles_its_optimizer_step_gets_its_warm_ups_excess_as_compile_time(
+def test_an_eager_run_that_compiles_its_optimizer_step_gets_its_warm_ups_excess_as_compile_time(mlp: Workload, 
     device: torch.device, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # bf16-true-sr's library step and the fused master step compile in the warm-up, not in the steps measured
@@ -73,7 +63,7 @@ def test_an_eager_run_that_compiles_its_optimizer_step_gets_its_warm_ups_excess_
 
     import ampkit.tuning._wave as trials_module
 
-    w = _workload(device)
+    w = mlp
     start = Candidate(policy="32-true", micro_batch=ROWS, accumulate=1)
     other = dataclasses.replace(start, threads=1)
     monkeypatch.setattr(trials_module, "compile_phase", lambda engine: "compiling the optimizer step")  # both "compile"
@@ -93,8 +83,8 @@ def test_an_eager_run_that_compiles_its_optimizer_step_gets_its_warm_ups_excess_
     assert 0.5 <= (by_key[other.key].compile_s or 0.0) < 1.5
 
 
-def test_a_candidate_that_fails_is_its_rows_finding_and_the_wave_goes_on(device: torch.device) -> None:
-    w = _workload(device)
+def test_a_candidate_that_fails_is_its_rows_finding_and_the_wave_goes_on(mlp: Workload, device: torch.device) -> None:
+    w = mlp
     start = Candidate(policy="32-true", micro_batch=ROWS, accumulate=1)
     broken = dataclasses.replace(start, fused_step=True)  # 32-true keeps no masters: Engine(fused_step=True) refuses
     trials = measure_wave(w, "fused_step", start, [broken], device, settings=WaveSettings(rounds=2, chunk=3, warmup=1))
@@ -102,8 +92,8 @@ def test_a_candidate_that_fails_is_its_rows_finding_and_the_wave_goes_on(device:
     assert trials[1].status == "ok" and len(trials[1].step_times_s) == 6
 
 
-def test_ctrl_c_in_the_rounds_keeps_the_rounds_already_measured(device: torch.device) -> None:
-    w = _workload(device)
+def test_ctrl_c_in_the_rounds_keeps_the_rounds_already_measured(mlp: Workload, device: torch.device) -> None:
+    w = mlp
     start = Candidate(policy="32-true", micro_batch=ROWS, accumulate=1)
     said: list[str] = []
 
@@ -118,10 +108,10 @@ def test_ctrl_c_in_the_rounds_keeps_the_rounds_already_measured(device: torch.de
     assert [(t.role, len(t.step_times_s), t.status) for t in stopped.value.trials] == [("candidate", 3, "cut"), ("baseline", 3, "cut")]
 
 
-def test_micro_batches_of_uneven_batches_are_refused_as_their_rows_finding(device: torch.device) -> None:
+def test_micro_batches_of_uneven_batches_are_refused_as_their_rows_finding(mlp: Workload, device: torch.device) -> None:
     # Cut in the same slices, a short last batch would give a short micro-batch whose mean loss weighs as much as a
     # full one's: another step than the user's. The candidate fails with the reason; the wave goes on.
-    w = _workload(device)
+    w = mlp
     x, y = w.train_batches[-1]
     w.train_batches[-1] = (x[:5], y[:5])
     start = Candidate(policy="32-true", micro_batch=ROWS, accumulate=1)
@@ -155,12 +145,12 @@ def _scripted(monkeypatch: pytest.MonkeyPatch, control: Iterator[float], other: 
     return []
 
 
-def test_a_round_whose_control_drifted_is_dropped_and_measured_again(device: torch.device, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_round_whose_control_drifted_is_dropped_and_measured_again(mlp: Workload, device: torch.device, monkeypatch: pytest.MonkeyPatch) -> None:
     # The control runs 0.10 s a step but 0.50 s in its second round (a job started beside it, then stopped): that
     # round's steps, every member's, are dropped and a round measured in its place, so the wave still rests on 3.
     said = _scripted(monkeypatch, iter([v for v in (0.10, 0.50, 0.10, 0.10, 0.10, 0.10) for _ in range(2)]))
     with threads(2):
-        trials = measure_wave(_workload(device), "threads", START, [OTHER], device, settings=WaveSettings(rounds=3, chunk=2, warmup=1),
+        trials = measure_wave(mlp, "threads", START, [OTHER], device, settings=WaveSettings(rounds=3, chunk=2, warmup=1),
                               progress=said.append)
     control = next(t for t in trials if t.role == "baseline")
     assert [(t.rounds, t.dropped_rounds, t.disturbed) for t in trials] == [(3, 1, False)] * 2
@@ -168,17 +158,17 @@ def test_a_round_whose_control_drifted_is_dropped_and_measured_again(device: tor
     assert sum("timing, round" in s for s in said) == 4
 
 
-def test_a_control_that_never_holds_still_marks_the_wave_disturbed(device: torch.device, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_control_that_never_holds_still_marks_the_wave_disturbed(mlp: Workload, device: torch.device, monkeypatch: pytest.MonkeyPatch) -> None:
     # Each round twice as slow as the last (a machine filling up): at most one round is ever typical, so the wave
     # runs its most rounds and still rests on fewer than it needs.
     _scripted(monkeypatch, iter([0.1 * 2**i for i in range(10) for _ in range(2)]))
     with threads(2):
-        trials = measure_wave(_workload(device), "threads", START, [OTHER], device, settings=WaveSettings(rounds=3, chunk=2, warmup=1),
+        trials = measure_wave(mlp, "threads", START, [OTHER], device, settings=WaveSettings(rounds=3, chunk=2, warmup=1),
                               max_rounds=6)
     assert all(t.disturbed for t in trials) and trials[0].rounds + trials[0].dropped_rounds == 6
 
 
-def test_more_rounds_run_while_unresolved_and_only_while_they_fit(device: torch.device, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_more_rounds_run_while_unresolved_and_only_while_they_fit(mlp: Workload, device: torch.device, monkeypatch: pytest.MonkeyPatch) -> None:
     _scripted(monkeypatch, iter([0.10] * 50))
     asked: list[int] = []
 
@@ -187,7 +177,7 @@ def test_more_rounds_run_while_unresolved_and_only_while_they_fit(device: torch.
         return True  # never settled: the wave stops at its most rounds
 
     with threads(2):
-        trials = measure_wave(_workload(device), "threads", START, [OTHER], device, settings=WaveSettings(rounds=2, chunk=2, warmup=1),
+        trials = measure_wave(mlp, "threads", START, [OTHER], device, settings=WaveSettings(rounds=2, chunk=2, warmup=1),
                               unresolved=unresolved, max_rounds=5)
     assert trials[0].rounds == 5 and asked == [4, 6, 8]
     # With a deadline, a round past the minimum starts only if the last round's length fits before it: each timed
@@ -202,26 +192,26 @@ def test_more_rounds_run_while_unresolved_and_only_while_they_fit(device: torch.
 
     monkeypatch.setattr(PolicyRun, "train", train)
     with threads(2):
-        trials = measure_wave(_workload(device), "threads", START, [OTHER], device, settings=WaveSettings(rounds=2, chunk=2, warmup=1),
+        trials = measure_wave(mlp, "threads", START, [OTHER], device, settings=WaveSettings(rounds=2, chunk=2, warmup=1),
                               unresolved=lambda times: True, max_rounds=5, deadline=14.5, clock=lambda: now[0])
     assert trials[0].rounds == 3 and now[0] == 12.0
 
 
-def test_a_member_whose_trial_cannot_fit_is_cut_before_it_starts_and_the_rest_are_timed(
+def test_a_member_whose_trial_cannot_fit_is_cut_before_it_starts_and_the_rest_are_timed(mlp: Workload, 
     device: torch.device, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # The second candidate's compile is estimated at 100 s with 10 s left: it never starts (a compile cannot be
     # stopped); the control and the first candidate get every round.
     dear = dataclasses.replace(START, threads=1, compile="model")
     now = [0.0]
-    trials = measure_wave(_workload(device), "compile", START, [OTHER, dear], device, settings=WaveSettings(rounds=3, chunk=2, warmup=1),
+    trials = measure_wave(mlp, "compile", START, [OTHER, dear], device, settings=WaveSettings(rounds=3, chunk=2, warmup=1),
                           deadline=10.0, clock=lambda: now[0], setup_s=lambda c: 100.0 if c.compile else 0.0)
     by = {t.key: t for t in trials}
     assert by[dear.key].status == "cut" and by[dear.key].error.startswith("no time left in the wave for its trial")
     assert by[OTHER.key].status == "ok" and by[START.key].status == "ok" and len(by[OTHER.key].step_times_s) == 6
 
 
-def test_the_rounds_a_wave_needs_may_run_past_its_deadline_but_no_step_starts_past_the_budgets_end(
+def test_the_rounds_a_wave_needs_may_run_past_its_deadline_but_no_step_starts_past_the_budgets_end(mlp: Workload, 
     device: torch.device, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # The warm-ups (a compile that took longer than estimated, say) used the wave's time up to its deadline (10 s):
@@ -236,7 +226,7 @@ def test_the_rounds_a_wave_needs_may_run_past_its_deadline_but_no_step_starts_pa
         now[0] += 0.5 * steps if timed else 5.0  # two warm-ups take us to 10 s; a timed step 0.5 s
 
     monkeypatch.setattr(PolicyRun, "train", train)
-    trials = measure_wave(_workload(device), "compile", START, [OTHER], device, settings=WaveSettings(rounds=6, chunk=1, warmup=1),
+    trials = measure_wave(mlp, "compile", START, [OTHER], device, settings=WaveSettings(rounds=6, chunk=1, warmup=1),
                           deadline=10.0, end=13.2, clock=lambda: now[0])
     # Rounds of two 0.5 s steps from 10 s: three end at 13 s; the fourth's first step starts at 13.0 (not past the
     # end), its second would start at 13.5: that round is dropped. One step each per round: three steps, too few for
@@ -245,7 +235,7 @@ def test_the_rounds_a_wave_needs_may_run_past_its_deadline_but_no_step_starts_pa
     assert {t.status for t in trials} == {"cut"} and now[0] <= 13.2 + 0.5
 
 
-def test_a_compile_that_overran_the_deadline_leaves_the_eager_members_their_rounds(
+def test_a_compile_that_overran_the_deadline_leaves_the_eager_members_their_rounds(mlp: Workload, 
     device: torch.device, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # The every-row-cut wave: a member's compile (measured alone) ran past the wave's deadline. It does not
@@ -272,7 +262,7 @@ def test_a_compile_that_overran_the_deadline_leaves_the_eager_members_their_roun
     monkeypatch.setattr(PolicyRun, "measure_alone", measure_alone)
     monkeypatch.setattr(PolicyRun, "train", train)
     with threads(2):
-        trials = measure_wave(_workload(device), "compile", START, [eager, compiles], device, settings=WaveSettings(rounds=3, chunk=2, warmup=1),
+        trials = measure_wave(mlp, "compile", START, [eager, compiles], device, settings=WaveSettings(rounds=3, chunk=2, warmup=1),
                               deadline=10.0, end=30.0, clock=lambda: now[0])
     by = {t.key: t for t in trials}
     assert by[compiles.key].status == "cut" and by[compiles.key].error == "the budget ended the wave before this configuration's trial started"
