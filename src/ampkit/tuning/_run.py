@@ -227,56 +227,35 @@ def _search(
         result.timings[part] = round(result.timings.get(part, 0.0) + now - mark[0], 3)
         mark[0] = now
 
+    probe: Probe | None = None
+    baseline = start
+    budget.sizes = CompileSizes.of(workload.model)
+    if device.type == "cpu":
+        # The user's batch fits in RAM as given: the start is timed first, so a budget too small is refused before the
+        # memory predictions (5-30 s) are spent. On a GPU its memory is predicted first: it may not fit.
+        baseline, probe = _measure_start(tune, start)
+        _refuse_too_small(tune, workload, baseline, probe)
+        took("probe")
     tune.progress("predicting memory and reading the model")
     notes: list[str] = []
     facts = gather_facts(workload, device, memory_budget=memory_budget, precisions=precisions, notes=notes)
     took("facts")
     start_fits = facts.memory_budget is None or facts.predicted_peak.get(memory_key(start.policy, start.micro_batch, False), 0) <= facts.memory_budget
-    baseline = start
     if not start_fits:
         fit = plan_stage("fit", start, facts)
         if not fit.kept:
             raise ValueError(_fit_error(workload, facts, start))
-        baseline = fit.kept[0]
+        baseline = dataclasses.replace(fit.kept[0], threads=baseline.threads)
         result.notes.append(f"the user's batch of {start.micro_batch} rows does not fit ({fmt_bytes(facts.memory_budget)} free): "
                             f"speed-ups are against {baseline.describe(start)}, the largest micro-batch that fits")
-    budget.sizes = CompileSizes.of(workload.model)
-    tune.progress("timing the starting configuration (and how busy the machine is)")
-    probe = _probe(workload, baseline, device, tune.seed, tune.meter, tune.waves)
-    budget.member_s = probe.member_s
-    tune.load = probe.load
-    budget.step_s = probe.step_s
-    result.machine = _machine_summary(probe)
-    if probe.oversubscribed and probe.free_threads is not None and probe.free_step_s is not None:
-        # torch's threads stall against the other processes: every trial measured so would show the contention, not
-        # the levers. The tune measures at the free threads, against the start there; the threads stage then times
-        # the thread count as given against it.
-        baseline = dataclasses.replace(baseline, threads=probe.free_threads)
-        budget.step_s = probe.free_step_s
-        result.notes.append(
-            f"the machine is busy ({probe.load.describe()} while the start was timed): torch's {torch.get_num_threads()} threads would "
-            f"contend with them (the start's step {probe.step_s * 1e3:.0f} ms, spread {probe.spread:.1f}x; {probe.free_step_s * 1e3:.0f} ms at "
-            f"{probe.free_threads} thread{'s' if probe.free_threads > 1 else ''}), so the tune measures at {probe.free_threads} and speed-ups "
-            f"are against the start at {probe.free_threads}; its figures hold for a machine as busy: tune again when it is quiet"
-        )
-    elif probe.load.busy:
-        result.notes.append(f"the machine was busy when the tune began ({probe.load.describe()}; the start's steps spread "
-                            f"{probe.spread:.1f}x): every wave's rounds are checked for drift, and its figures hold for a machine as busy")
-    took("probe")
+    if probe is None or not start_fits:
+        baseline, probe = _measure_start(tune, baseline)
+        took("probe")
     if tune.loader is not None:  # the loader's share of the step decides whether its stage runs first
         add_loader_facts(facts, tune.loader, budget.step_s, device)
         took("facts")
     order = [s for s in stage_order(facts, start_fits) if stages is None or s in stages or s == "fit"]
-    least = _least_useful(tune, baseline)
-    minimum = budget.elapsed + least
-    if minimum > budget.seconds:
-        enough = math.ceil(minimum * 1.2)
-        busy = f"; {probe.load.describe()} while it was timed" if probe.load.busy else ""
-        raise ValueError(
-            f"--budget {budget.seconds:g} s is too small for the least useful answer for {workload.name} here: the start and one "
-            f"policy measured side by side and the accuracy guard take about {math.ceil(minimum)} s (a step takes "
-            f"{budget.step_s * 1e3:.1f} ms{busy}); pass --budget {enough} (budget={enough} in Python) or more."
-        )
+    _refuse_too_small(tune, workload, baseline, probe)  # again, with the facts' time spent
     result.notes += notes
     result.facts = _facts_summary(facts)
     result.baseline = incumbent = baseline
@@ -313,6 +292,47 @@ def _search(
             took(label)
     result.winner = finalists(tune, baseline, incumbent)
     took("finalists")
+
+
+def _measure_start(tune: Tune, start: Candidate) -> tuple[Candidate, Probe]:
+    """Probe ``start`` and the machine (:func:`_probe`); the configuration the tune measures against: ``start``, or
+    on an oversubscribed CPU ``start`` at the free threads (the note says why)."""
+    budget, result = tune.budget, tune.result
+    tune.progress("timing the starting configuration (and how busy the machine is)")
+    probe = _probe(tune.workload, start, tune.device, tune.seed, tune.meter, tune.waves)
+    budget.member_s, budget.step_s, tune.load = probe.member_s, probe.step_s, probe.load
+    result.machine = _machine_summary(probe)
+    if probe.oversubscribed and probe.free_threads is not None and probe.free_step_s is not None:
+        # torch's threads stall against the other processes: every trial measured so would show the contention, not
+        # the levers. The tune measures at the free threads, against the start there; the threads stage then times
+        # the thread count as given against it.
+        budget.step_s = probe.free_step_s
+        if not any(n.startswith("the machine is busy") for n in result.notes):
+            result.notes.append(
+                f"the machine is busy ({probe.load.describe()} while the start was timed): torch's {torch.get_num_threads()} threads would "
+                f"contend with them (the start's step {probe.step_s * 1e3:.0f} ms, spread {probe.spread:.1f}x; {probe.free_step_s * 1e3:.0f} ms "
+                f"at {probe.free_threads} thread{'s' if probe.free_threads > 1 else ''}), so the tune measures at {probe.free_threads} and "
+                f"speed-ups are against the start at {probe.free_threads}; its figures hold for a machine as busy: tune again when it is quiet"
+            )
+        return dataclasses.replace(start, threads=probe.free_threads), probe
+    if probe.load.busy and not any(n.startswith("the machine was busy") for n in result.notes):
+        result.notes.append(f"the machine was busy when the tune began ({probe.load.describe()}; the start's steps spread "
+                            f"{probe.spread:.1f}x): every wave's rounds are checked for drift, and its figures hold for a machine as busy")
+    return start, probe
+
+
+def _refuse_too_small(tune: Tune, workload: Workload, baseline: Candidate, probe: Probe) -> None:
+    """Raise the refusal, naming the minimum in seconds, when the budget cannot hold the least useful answer."""
+    budget = tune.budget
+    minimum = budget.elapsed + _least_useful(tune, baseline)
+    if minimum > budget.seconds:
+        enough = math.ceil(minimum * 1.2)
+        busy = f"; {probe.load.describe()} while it was timed" if probe.load.busy else ""
+        raise ValueError(
+            f"--budget {budget.seconds:g} s is too small for the least useful answer for {workload.name} here: the start and one "
+            f"policy measured side by side and the accuracy guard take about {math.ceil(minimum)} s (a step takes "
+            f"{budget.step_s * 1e3:.1f} ms{busy}); pass --budget {enough} (budget={enough} in Python) or more."
+        )
 
 
 def _part(plan: StagePlan, *, cheap: bool) -> StagePlan:
