@@ -165,6 +165,7 @@ def main() -> int:
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--budgets", default="60,90,180")
     parser.add_argument("--load", type=int, default=2, help="CPU-bound processes beside the loaded runs (default 2)")
+    parser.add_argument("--loaded-only", action="store_true", help="only the loaded runs")
     parser.add_argument("--run-steps", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path)
@@ -176,7 +177,7 @@ def main() -> int:
     out = []
     for name in args.workloads.split(","):
         for budget in (float(b) for b in args.budgets.split(",")):
-            for load in (0, args.load):
+            for load in (args.load,) if args.loaded_only else (0, args.load):
                 row = one(name, budget, load, args.run_steps, args.seed)
                 out.append(row)
                 print(fmt(row), flush=True)
