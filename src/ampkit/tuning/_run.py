@@ -274,10 +274,12 @@ def _search(
             plan = plan_stage(stage, incumbent, facts)
             incumbent = loader_stage(tune, plan, incumbent) if plan.kept else tune.stage(plan, incumbent, baseline)
         else:
-            plan = _part(plan_stage(stage, incumbent, facts), cheap=True)
-            if plan.kept or plan.pruned or not _part(plan_stage(stage, incumbent, facts), cheap=False).kept:
+            full = plan_stage(stage, incumbent, facts)
+            plan = _part(full, cheap=True)
+            # A stage whose candidates all compile (kept or pruned) waits for the second pass; one with none says why now.
+            if plan.kept or plan.pruned or not (full.kept or full.pruned):
                 cheap_ran.add(stage)
-                incumbent = tune.stage(plan, incumbent, baseline)
+                incumbent = tune.stage(plan if plan.kept or plan.pruned else full, incumbent, baseline)
         took(stage)
     tune.held_s = 0.0
     # Pass 2, dear: what must compile, on top of the cheap winner, each while its estimate fits what is left.
