@@ -134,6 +134,8 @@ def one(name: str, budget: float, load: int, run_steps: int, seed: int) -> dict[
     finally:
         for p in procs:
             p.terminate()
+        for p in procs:
+            p.join()
     table = rows(result)
     measured = [r for r in table if r["verdict"] not in ("cut", "failed")]
     won = next((r for r in table if r["verdict"] == "winner"), None)
