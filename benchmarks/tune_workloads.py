@@ -3,7 +3,8 @@ configuration gains over the start, over the best single lever and over hand-com
 
 Per workload:
 
-1. **The tune** (:func:`ampkit.tuning.tune_workload`, as ``ampkit tune -w NAME --budget B`` runs it; digits-aug
+1. **The tune** (:func:`ampkit.tuning.tune_workload`, as ``ampkit tune -w NAME --budget B`` runs it; on a busy machine
+   it measures at the threads left free, and so does everything below, its start included; digits-aug
    through its DataLoader, so the loader stage runs too). Its wall time, its winner and the winner's accuracy guard
    (gap to fp32, fp32's own noise, the tolerance) are what the tune itself reports.
 2. **The single levers**, one wave (the tune's own interleaved trials, :func:`ampkit.tuning._wave.measure_wave`):
@@ -139,7 +140,9 @@ def compare(name: str, budget: float, run_steps: int, seed: int, log: Any) -> di
     t0 = time.monotonic()
     result = tune_workload(workload, cpu, budget=budget, run_steps=run_steps, seed=seed, loader=loader, command=f"tune_workloads {name}")
     tune_s = time.monotonic() - t0
-    start, tuned = result.start, dataclasses.replace(result.winner, loader=())
+    # The start as the tune measured against it: on a busy machine, at the threads left free (the levers below are
+    # then measured there too: at torch's own threads their steps would show the contention, not the lever).
+    start, tuned = result.baseline, dataclasses.replace(result.winner, loader=())
     convs = any(isinstance(m, torch.nn.Conv2d) for m in workload.model.modules())
     print(f"[{name}] tuned in {tune_s:.0f} s: {tuned.describe(start)} ({result.winner_reason})", file=log, flush=True)
 
@@ -147,7 +150,7 @@ def compare(name: str, budget: float, run_steps: int, seed: int, log: Any) -> di
     singles += [dataclasses.replace(start, channels_last=True)] if convs and not start.channels_last else []
     # torch's threads, as the tune's threads stage varies them (on a busy machine the lever that pays most alone).
     cores = usable_cores()
-    singles += [dataclasses.replace(start, threads=n) for n in sorted({1, max(1, cores // 2), cores} - {torch.get_num_threads()})]
+    singles += [dataclasses.replace(start, threads=n) for n in sorted({1, max(1, cores // 2), cores} - {start.threads or torch.get_num_threads()})]
     first = measure_wave(workload, "single", start, singles, cpu, settings=COMPARE_WAVES, seed=seed)
     compiles = cold_compiles(result.trials + first)
     ranked = sorted((t for t in first if t.role == "candidate" and t.status == "ok"), key=lambda t: statistics.median(amortised(t, run_steps, compiles)))
