@@ -208,10 +208,14 @@ class PolicyRun:
         self.losses.append(losses[0] if k == 1 else torch.stack(losses).mean())
         self.steps_done += 1
 
-    def train(self, steps: int, timed: bool) -> None:
-        """Run ``steps`` training steps; their times count when ``timed`` (warm-up steps do not)."""
+    def train(self, steps: int, timed: bool, stop: Callable[[], bool] | None = None) -> None:
+        """Run ``steps`` training steps; their times count when ``timed`` (warm-up steps do not). ``stop``, asked
+        before each step, ends them early (a deadline); the times are read once at the end either way (on CUDA a
+        read waits for the device: once per call, not per step, so the host still runs ahead as in training)."""
         with self._own_rng():
             for _ in range(steps):
+                if stop is not None and stop():
+                    break
                 if timed:
                     # A step that compiles (an optimizer compiling its step at its second call, a recompile) is
                     # compilation, not a step time: flagged here by a counter read, left out in summarize().

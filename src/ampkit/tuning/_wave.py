@@ -73,19 +73,22 @@ class _Rounds:
         """Round ``r``: each member's ``chunk`` steps, the order rotated; False when ``stop()`` said so before one of
         its steps (the round is then incomplete: its steps are dropped, every member's)."""
         spans: dict[int, tuple[int, int]] = {}
-        complete = True
+        stopped: list[bool] = []
+
+        def asked() -> bool:  # before every step: the budget's end is overrun by at most one step
+            if stop():
+                stopped.append(True)
+            return bool(stopped)
+
         for i in range(len(members)):
             j = members[(i + r) % len(members)]  # rotate who goes first each round
             run = self.runs[j]
             before = len(run.times)
-            for _ in range(chunk):  # one step at a time: the budget's end is overrun by at most one step
-                if stop():
-                    complete = False
-                    break
-                _guarded(run, wave[j], "training", run.train, 1, True)
+            _guarded(run, wave[j], "training", run.train, chunk, True, asked)
             spans[j] = (before, len(run.times))
-            if not complete:
+            if stopped:
                 break
+        complete = not stopped
         self.spans.append(spans)
         if not complete:
             self.drop([len(self.spans) - 1])

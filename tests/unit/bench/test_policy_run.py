@@ -120,3 +120,25 @@ def test_engine_options_and_prepare_reach_the_engine_and_each_fresh_copy() -> No
     assert recomputed_modules(varied.model) and not recomputed_modules(plain.model) and not recomputed_modules(model)
     # Recomputing the forward in backward gives the same gradients: the same losses, bit for bit.
     assert torch.equal(torch.stack(varied.losses), torch.stack(plain.losses))
+
+
+def test_train_asks_stop_before_each_step_and_reads_the_times_of_the_steps_it_ran() -> None:
+    # A deadline inside a call: the steps run until stop() says so, and exactly those are timed (the plain call,
+    # stop=None, runs them all).
+    from ampkit.bench import PolicyRun
+    from ampkit.policy import get_policy
+
+    w = _workload(accumulate=1)
+    batches = list(w.train_batches[:6])
+    run = PolicyRun(w, get_policy("32-true"), torch.device("cpu"), batches, seed=0)
+    run.build()
+    asked: list[int] = []
+
+    def stop() -> bool:
+        asked.append(len(asked))
+        return len(asked) > 2  # the third question says stop
+
+    run.train(5, True, stop)
+    assert len(asked) == 3 and len(run.times) == 2 and run.steps_done == 2
+    run.train(3, True)
+    assert len(run.times) == 5

@@ -37,24 +37,21 @@ def _spin(seconds: float) -> None:
         pass
 
 
-def test_a_process_spinning_beside_this_one_is_seen_and_this_ones_own_work_is_not() -> None:
-    pytest.importorskip("resource")  # a POSIX system: /proc is Linux's
-    meter = CpuMeter()
-    meter.mark()
-    _spin(0.5)  # this process's own work is not another process's
-    alone = meter.read()
-    if alone.others_cores is None:
+def test_a_process_spinning_beside_this_one_is_seen() -> None:
+    # (That this process's own work is not counted is the arithmetic test's: the real counters of a machine running
+    # other tests cannot show it.)
+    if CpuMeter().read().others_cores is None:
         pytest.skip("no /proc/stat here: the OS does not say")
     child = multiprocessing.get_context("spawn").Process(target=_spin, args=(1.5,))
     child.start()
     time.sleep(0.5)  # the child's interpreter starting
+    meter = CpuMeter()
     meter.mark()
     time.sleep(0.8)
     beside = meter.read()
     child.join()
     # The child spins a whole core; on a machine busy with other work it gets less, but not under a third of one.
     assert beside.others_cores is not None and beside.others_cores >= 0.3
-    assert beside.others_cores > alone.others_cores - 0.2 or alone.others_cores < 0.3
 
 
 def test_a_round_whose_control_moved_is_named_and_steady_noise_is_not() -> None:

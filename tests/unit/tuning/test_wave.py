@@ -4,7 +4,7 @@ members from starting; a round whose control drifted is dropped and measured aga
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -70,10 +70,10 @@ def test_an_eager_run_that_compiles_its_optimizer_step_gets_its_warm_ups_excess_
     real_train = trials_module.PolicyRun.train
     slept = []
 
-    def train(self: object, steps: int, timed: bool) -> None:
+    def train(self: object, steps: int, timed: bool, stop: Callable[[], bool] | None = None) -> None:
         if not timed and torch.get_num_threads() == 1 and not slept:
             slept.append(time.sleep(0.5))
-        real_train(self, steps, timed)  # type: ignore[arg-type]
+        real_train(self, steps, timed, stop)  # type: ignore[arg-type]
 
     monkeypatch.setattr(trials_module.PolicyRun, "train", train)
     with threads(2):  # the baseline runs at 2 threads, the candidate at 1: only the candidate's warm-up sleeps
@@ -135,11 +135,12 @@ def _scripted(monkeypatch: pytest.MonkeyPatch, control: Iterator[float], other: 
     ``other``): the wave's logic is tested on known times. Returns a list to collect the progress said in."""
     real = PolicyRun.train
 
-    def train(self: PolicyRun, steps: int, timed: bool) -> None:
-        real(self, steps, timed)
-        if timed:
-            value = next(control) if torch.get_num_threads() != 1 else other
-            self.times[-steps:] = [value] * steps
+    def train(self: PolicyRun, steps: int, timed: bool, stop: Callable[[], bool] | None = None) -> None:
+        before = len(self.times)
+        real(self, steps, timed, stop)
+        ran = len(self.times) - before
+        if timed and ran:
+            self.times[-ran:] = [next(control) if torch.get_num_threads() != 1 else other for _ in range(ran)]
 
     monkeypatch.setattr(PolicyRun, "train", train)
     return []
@@ -186,8 +187,8 @@ def test_more_rounds_run_while_unresolved_and_only_while_they_fit(mlp: Workload,
     now = [0.0]
     scripted = PolicyRun.train
 
-    def train(self: PolicyRun, steps: int, timed: bool) -> None:
-        scripted(self, steps, timed)
+    def train(self: PolicyRun, steps: int, timed: bool, stop: Callable[[], bool] | None = None) -> None:
+        scripted(self, steps, timed, stop)
         now[0] += float(steps) if timed else 0.0
 
     monkeypatch.setattr(PolicyRun, "train", train)
@@ -221,9 +222,10 @@ def test_the_rounds_a_wave_needs_may_run_past_its_deadline_but_no_step_starts_pa
     now = [0.0]
     real = PolicyRun.train
 
-    def train(self: PolicyRun, steps: int, timed: bool) -> None:
-        real(self, steps, timed)
-        now[0] += 0.5 * steps if timed else 5.0  # two warm-ups take us to 10 s; a timed step 0.5 s
+    def train(self: PolicyRun, steps: int, timed: bool, stop: Callable[[], bool] | None = None) -> None:
+        before = len(self.times)
+        real(self, steps, timed, stop)
+        now[0] += 0.5 * (len(self.times) - before) if timed else 5.0  # two warm-ups take us to 10 s; a timed step 0.5 s
 
     monkeypatch.setattr(PolicyRun, "train", train)
     trials = measure_wave(mlp, "compile", START, [OTHER], device, settings=WaveSettings(rounds=6, chunk=1, warmup=1),
@@ -255,8 +257,8 @@ def test_a_compile_that_overran_the_deadline_leaves_the_eager_members_their_roun
         if torch.get_num_threads() == 1:
             now[0] = 11.0  # the compile passed the deadline
 
-    def train(self: PolicyRun, steps: int, timed: bool) -> None:
-        real_train(self, steps, timed)
+    def train(self: PolicyRun, steps: int, timed: bool, stop: Callable[[], bool] | None = None) -> None:
+        real_train(self, steps, timed, stop)
         now[0] += 0.1 * steps
 
     monkeypatch.setattr(PolicyRun, "measure_alone", measure_alone)
