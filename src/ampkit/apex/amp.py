@@ -8,7 +8,7 @@
 O1 runs the model's forward under ``torch.autocast`` (no global patching of torch); O2 keeps a 16-bit model
 with fp32 BatchNorm and fp32 master weights; O3 is pure 16-bit; O0 is fp32. The 16-bit type is fp16 on CUDA
 and bfloat16 on CPU unless ``half_dtype`` or $AMPKIT_APEX_HALF_DTYPE says otherwise. The page
-docs/migrating_from_apex.md sets each call beside its ampkit and native-torch equivalent.
+docs/guides/apex.md sets each call beside its ampkit and native-torch equivalent.
 """
 
 from __future__ import annotations
