@@ -18,9 +18,10 @@ from typing import TYPE_CHECKING
 from .._util.lazy import lazy_names
 
 if TYPE_CHECKING:
-    from ._atomic import remove_stale_temporaries, write_text_atomic
+    from ._atomic import write_text_atomic
     from ._checkpoint_files import load_checkpoint, save_checkpoint
     from ._rng import capture_rng_state, check_rng_state, restore_rng_state
+    from ._temporaries import remove_stale_temporaries
 
 # Where each public name lives (its module, relative to this package): imported on the name's first use.
 _NAMES = {
@@ -30,7 +31,7 @@ _NAMES = {
     "check_rng_state": "_rng",
     "restore_rng_state": "_rng",
     "write_text_atomic": "_atomic",
-    "remove_stale_temporaries": "_atomic",
+    "remove_stale_temporaries": "_temporaries",
 }
 
 __all__ = [

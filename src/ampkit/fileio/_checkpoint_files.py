@@ -10,8 +10,9 @@ checkpoint downloaded from somewhere else must not be able to run code when load
 * :func:`capture_rng_state` / :func:`restore_rng_state` (defined in :mod:`ampkit.fileio._rng`, exported here too)
   snapshot every global random generator a training loop draws from, so a resumed run continues the same
   random stream.
-* :func:`write_text_atomic` / :func:`remove_stale_temporaries` (defined in :mod:`ampkit.fileio._atomic`,
-  exported here too) write any file the same atomic way and clean up after writers that were killed.
+* :func:`write_text_atomic` / :func:`remove_stale_temporaries` (defined in :mod:`ampkit.fileio._atomic` and
+  :mod:`ampkit.fileio._temporaries`, exported here too) write any file the same atomic way and clean up after
+  writers that were killed.
 """
 
 from __future__ import annotations
@@ -59,8 +60,9 @@ def save_checkpoint(state: dict, path: str | os.PathLike) -> pathlib.Path:
     The file at ``path`` is replaced only once the new checkpoint is completely on disk: if anything fails
     (an exception, a ``KeyboardInterrupt``, a full disk, which the error names with the space needed and free),
     the previous file is left byte-identical and no
-    temporary file is left behind; temporaries of earlier saves that were killed outright are removed after
-    a successful one (:func:`remove_stale_temporaries`). Missing parent directories are created.
+    temporary file is left behind. Temporaries that earlier saves to ``path`` left when they were killed outright
+    are removed first, so their space is free for this one; those of saves still running (in any process, on any
+    node) are kept (:func:`remove_stale_temporaries`). Missing parent directories are created.
 
     ``state`` should hold only tensors, plain containers (dict, list, tuple) and plain values (int, float,
     str, bool, None): :func:`load_checkpoint` refuses anything else for safety.
@@ -92,6 +94,8 @@ def save_checkpoint(state: dict, path: str | os.PathLike) -> pathlib.Path:
             f"its permissions."
         ) from exc
 
+    # Before writing: a disk that killed saves filled up is the disk this save needs.
+    remove_stale_temporaries(target)
     envelope = {"format": _FORMAT, "format_version": _FORMAT_VERSION, "payload": state}
     temp: pathlib.Path | None = None
     try:
@@ -126,7 +130,6 @@ def save_checkpoint(state: dict, path: str | os.PathLike) -> pathlib.Path:
             ) from exc
         raise
     _fsync_directory(target.parent)
-    remove_stale_temporaries(target)
     return target
 
 

@@ -435,43 +435,6 @@ def test_write_text_atomic_replaces_whole_and_respects_the_umask(tmp_path) -> No
     assert [p.name for p in tmp_path.iterdir()] == ["report.md"]  # no temporary left behind
 
 
-_KILLED_MID_SAVE = """
-import os, signal, sys
-from ampkit.fileio._checkpoint_files import _open_temp_file
-import pathlib
-_, handle = _open_temp_file(pathlib.Path(sys.argv[1]))
-handle.write(b"x" * 4096); handle.flush()
-os.kill(os.getpid(), signal.SIGKILL)
-"""
-
-
-def test_temporaries_of_killed_saves_are_removed_by_the_next_save_and_live_ones_kept(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    import signal
-    import subprocess
-    import sys
-
-    target = tmp_path / "last.pt"
-    for _ in range(3):  # three saves killed outright mid-write: nothing of theirs could clean up
-        done = subprocess.run([sys.executable, "-c", _KILLED_MID_SAVE, str(target)], timeout=60)
-        assert done.returncode == -signal.SIGKILL
-    legacy = tmp_path / "last.pt.0123456789abcdef.tmp"  # the name older versions wrote
-    legacy.write_bytes(b"old")
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    try:
-        running = tmp_path / f"last.pt.{sleeper.pid}-00000000000000aa.tmp"  # a save still under way elsewhere
-        running.write_bytes(b"...")
-        unrelated = tmp_path / "last.pt.notes.tmp"
-        unrelated.write_text("mine")
-        assert len(list(tmp_path.glob("last.pt.*.tmp"))) == 6
-        save_checkpoint({"step": 1}, target)
-        left = sorted(p.name for p in tmp_path.iterdir())
-    finally:
-        sleeper.kill()
-        sleeper.wait()
-    assert left == sorted(["last.pt", running.name, unrelated.name])
-    assert load_checkpoint(target) == {"step": 1}
-
-
 # --- checkpoints written on a GPU --------------------------------------------------------------------------
 
 
