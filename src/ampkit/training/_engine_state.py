@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from ._engine import Engine
+    from ._engine_protocol import EngineLike
 
 __all__ = ["apply_engine_state", "engine_state", "pending_grads"]
 
 
-def pending_grads(engine: Engine) -> dict[str, torch.Tensor] | None:
+def pending_grads(engine: EngineLike) -> dict[str, torch.Tensor] | None:
     """The gradients of an unfinished accumulation window by parameter name; None at a window boundary.
 
     >>> from torch import nn
@@ -41,7 +41,7 @@ def pending_grads(engine: Engine) -> dict[str, torch.Tensor] | None:
     return {name: p.grad.detach().clone() for name, p in engine.named_parameters() if p.grad is not None}
 
 
-def engine_state(engine: Engine) -> dict[str, Any]:
+def engine_state(engine: EngineLike) -> dict[str, Any]:
     """The engine's own state (no model or optimizer tensors besides masters and pending gradients), one flat dict
     gathered from its owners: the loop's counters, the micro-batching's rows, the optimizer step's scaler, masters,
     skipped count and rounding stream. The keys are the ones checkpoints have always had."""
@@ -57,7 +57,7 @@ def engine_state(engine: Engine) -> dict[str, Any]:
     return state
 
 
-def apply_engine_state(engine: Engine, state: dict[str, Any]) -> None:
+def apply_engine_state(engine: EngineLike, state: dict[str, Any]) -> None:
     """Put back :func:`engine_state` through each owner (validated by the caller); forgets the last step's outcome."""
     engine.step_state.load_counters(state, state["skipped_steps"], engine.accumulate)  # that outcome was another process's last step
     if state.get("micro_batch_rows") is not None:  # learnt after an OOM; absent from older checkpoints

@@ -12,7 +12,9 @@ and adds nothing to a step when there are none:
 * ``after_optimizer_step(engine)``: once the step is complete (weights updated or the step skipped, gradients
   zeroed); ``engine.steps`` counts it.
 
-Hooks are the tools' side of the engine: they see the public engine and change nothing in it.
+Hooks are the tools' side of the engine: they see the public engine and change nothing in it. They are typed
+against what they may read of it (:class:`~ampkit.training._engine_protocol.EngineLike`), not the ``Engine`` class,
+whose module imports this one.
 
     >>> from torch import nn
     >>> from ampkit import Engine
@@ -37,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import torch
 
 if TYPE_CHECKING:
-    from ._engine import Engine
+    from ._engine_protocol import EngineLike
 
 __all__ = ["HOOK_METHODS", "AnyHook", "HookPoint", "Hooks", "StepHook"]
 
@@ -48,23 +50,23 @@ HOOK_METHODS: tuple[HookPoint, ...] = ("wrap_forward", "before_backward", "after
 
 # One protocol per hook point: a hook is an object that meets at least one of them (it defines the methods it needs).
 class _WrapsForward(Protocol):
-    def wrap_forward(self, engine: Engine, forward: AbstractContextManager[Any]) -> AbstractContextManager[Any]: ...
+    def wrap_forward(self, engine: EngineLike, forward: AbstractContextManager[Any]) -> AbstractContextManager[Any]: ...
 
 
 class _BeforeBackward(Protocol):
-    def before_backward(self, engine: Engine, loss: torch.Tensor) -> None: ...
+    def before_backward(self, engine: EngineLike, loss: torch.Tensor) -> None: ...
 
 
 class _AfterBackward(Protocol):
-    def after_backward(self, engine: Engine) -> None: ...
+    def after_backward(self, engine: EngineLike) -> None: ...
 
 
 class _BeforeOptimizerStep(Protocol):
-    def before_optimizer_step(self, engine: Engine) -> None: ...
+    def before_optimizer_step(self, engine: EngineLike) -> None: ...
 
 
 class _AfterOptimizerStep(Protocol):
-    def after_optimizer_step(self, engine: Engine) -> None: ...
+    def after_optimizer_step(self, engine: EngineLike) -> None: ...
 
 
 AnyHook = _WrapsForward | _BeforeBackward | _AfterBackward | _BeforeOptimizerStep | _AfterOptimizerStep
@@ -74,19 +76,19 @@ AnyHook = _WrapsForward | _BeforeBackward | _AfterBackward | _BeforeOptimizerSte
 class StepHook:
     """A base for hooks: every method does nothing, so a subclass defines only the ones it needs."""
 
-    def wrap_forward(self, engine: Engine, forward: AbstractContextManager[Any]) -> AbstractContextManager[Any]:
+    def wrap_forward(self, engine: EngineLike, forward: AbstractContextManager[Any]) -> AbstractContextManager[Any]:
         return forward
 
-    def before_backward(self, engine: Engine, loss: torch.Tensor) -> None:
+    def before_backward(self, engine: EngineLike, loss: torch.Tensor) -> None:
         return None
 
-    def after_backward(self, engine: Engine) -> None:
+    def after_backward(self, engine: EngineLike) -> None:
         return None
 
-    def before_optimizer_step(self, engine: Engine) -> None:
+    def before_optimizer_step(self, engine: EngineLike) -> None:
         return None
 
-    def after_optimizer_step(self, engine: Engine) -> None:
+    def after_optimizer_step(self, engine: EngineLike) -> None:
         return None
 
 
@@ -124,7 +126,7 @@ class Hooks:
         for call in self.calls[name]:
             call(*args)
 
-    def wrap_forward(self, engine: Engine, forward: AbstractContextManager[Any]) -> AbstractContextManager[Any]:
+    def wrap_forward(self, engine: EngineLike, forward: AbstractContextManager[Any]) -> AbstractContextManager[Any]:
         for call in self.calls["wrap_forward"]:
             forward = call(engine, forward)
         return forward

@@ -51,7 +51,7 @@ from ..distributed._ddp import no_sync
 from ._oom import OutOfMemoryError, is_out_of_memory, release_memory
 
 if TYPE_CHECKING:
-    from ._engine import Engine
+    from ._engine_protocol import EngineLike, EngineLoop
 
 __all__ = ["MicroBatcher", "batch_rows", "check_rows", "split_batch", "train_step"]
 
@@ -118,13 +118,13 @@ class MicroBatcher:
         """Feed at most ``rows`` rows at once from now on (after an out-of-memory error, or as the user says)."""
         self.rows = check_rows(rows)
 
-    def train_step(self, engine: Engine, loss_fn: LossFn, batch: Any, optimizers: tuple[torch.optim.Optimizer, ...], reduction: str) -> torch.Tensor:
+    def train_step(self, engine: EngineLoop, loss_fn: LossFn, batch: Any, optimizers: tuple[torch.optim.Optimizer, ...], reduction: str) -> torch.Tensor:
         """Forward, backward and step of ``batch`` through ``engine`` (see :func:`train_step`)."""
         return train_step(engine, self, loss_fn, batch, optimizers, reduction)
 
 
 def train_step(
-    engine: Engine, batcher: MicroBatcher, loss_fn: LossFn, batch: Any, optimizers: tuple[torch.optim.Optimizer, ...], reduction: str
+    engine: EngineLoop, batcher: MicroBatcher, loss_fn: LossFn, batch: Any, optimizers: tuple[torch.optim.Optimizer, ...], reduction: str
 ) -> torch.Tensor:
     """Forward, backward and step of ``batch`` through ``engine``, split on out-of-memory as ``batcher`` says (and
     learns). See ``Engine.train_step``."""
@@ -177,7 +177,7 @@ def train_step(
         # gradient: start the batch over if the window began with it (its rows are at hand), else give up.
         partial = in_backward and not window_start
         if partial or distributed or rows == 1:
-            reason = _unrecoverable(engine, rows, partial, distributed) + _drop_partial_gradients(engine, window_start, done, in_backward)
+            reason = _unrecoverable(rows, partial, distributed) + _drop_partial_gradients(engine, window_start, done, in_backward)
             release_memory(failure)
             raise OutOfMemoryError(reason) from failure
         failed_rows = stop - done
@@ -198,7 +198,7 @@ def train_step(
     return total  # type: ignore[return-value]  # not None: n >= 1, and every pass that ends the loop sets it
 
 
-def _drop_partial_gradients(engine: Engine, window_start: bool, done: int, in_backward: bool) -> str:
+def _drop_partial_gradients(engine: EngineLike, window_start: bool, done: int, in_backward: bool) -> str:
     """Leave no part of a failed batch in the gradients; say in the error what that cost."""
     if not done and not in_backward:
         return ""  # the failure came before this batch added anything
@@ -215,7 +215,7 @@ def _drop_partial_gradients(engine: Engine, window_start: bool, done: int, in_ba
             "discarded; the next micro-batch starts a new window.")
 
 
-def _unrecoverable(engine: Engine, rows: int, partial: bool, distributed: bool) -> str:
+def _unrecoverable(rows: int, partial: bool, distributed: bool) -> str:
     if rows == 1:
         return "out of memory with a single row per pass; nothing smaller can be tried. Free device memory, recompute activations (ampkit.recompute) or shard the model."
     if distributed:

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from ._engine import Engine
+    from ._engine_protocol import EngineLike
 
 __all__ = ["DirectStepGuard", "check_window_backward", "direct_step_differs"]
 
@@ -58,7 +58,7 @@ class DirectStepGuard:
     # need not run there, so it must not turn them off as a user's hook does (see optimizer_has_step_hooks).
     ampkit_bypassable = True
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: EngineLike) -> None:
         self._engine = weakref.ref(engine)
 
     def __call__(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -74,7 +74,7 @@ class DirectStepGuard:
             )
 
 
-def direct_step_differs(engine: Engine, optimizer: torch.optim.Optimizer) -> list[str]:
+def direct_step_differs(engine: EngineLike, optimizer: torch.optim.Optimizer) -> list[str]:
     """What ``engine.step()`` would do to the pending gradients that ``optimizer.step()`` alone does not, in words;
     empty where the two steps are the same (no scale, no masters, one micro-batch per step, nothing to clip, check
     or schedule).
@@ -104,7 +104,7 @@ def direct_step_differs(engine: Engine, optimizer: torch.optim.Optimizer) -> lis
     return why
 
 
-def check_window_backward(engine: Engine, window: int) -> None:
+def check_window_backward(engine: EngineLike, window: int) -> None:
     """Refuse to end a window of ``window`` micro-batches in which ``engine.backward()`` was never called, where its
     optimizer step would train wrong (see the module docstring). Called by ``engine.step()`` only then: a loop that
     calls ``engine.backward()`` pays nothing here."""

@@ -61,10 +61,11 @@ import torch.distributed as dist
 
 from ..distributed._agreement import world_size
 from ..distributed._strategy import FSDP
-from ._engine_view import EngineView
 
 if TYPE_CHECKING:
     from typing_extensions import Self
+
+    from ._engine_protocol import EngineLike
 
 __all__ = ["REQUEUE_EXIT_CODE", "Preempted", "PreemptionWatch"]
 
@@ -134,7 +135,7 @@ class PreemptionWatch:
     docstring for the protocol across ranks).
     """
 
-    def __init__(self, engine: EngineView, save: Callable[[Any, dict[str, Any] | None], None],
+    def __init__(self, engine: EngineLike, save: Callable[[Any, dict[str, Any] | None], None],
                  attach: Callable[[PreemptionWatch | None], None], path: str | os.PathLike[str], *, signals: Sequence[Any] = (signal.SIGTERM,), exit_code: int = REQUEUE_EXIT_CODE, extra: Extra = None) -> None:
         if extra is not None and not (callable(extra) or isinstance(extra, dict)):
             raise TypeError(f"extra= takes a dict or a function returning one (called at the save), got {type(extra).__name__}.")
