@@ -54,29 +54,20 @@ ALLOWED_DEFERRED_UPWARD: dict[tuple[str, str], str] = {
 }
 
 # Imports under `if TYPE_CHECKING:` that would point up or sideways, or close a cycle, if they ran: the type names a
-# module needs from a module that depends on it. Mostly the Engine, a shared record that other modules' functions
-# take and change (issue 36); each edge goes when its module stops needing the Engine's type. The set may only shrink.
+# module needs from a module that depends on it. The set may only shrink.
 KNOWN_TYPE_CHECKING: set[tuple[str, str]] = {
-    # The Engine's own parts, typed by the class that imports them (issue 36, item 1: a step component).
-    ("ampkit.training._engine_state", "ampkit.training._engine"),
-    ("ampkit.training._hooks", "ampkit.training._engine"),
-    ("ampkit.training._micro_batching", "ampkit.training._engine"),
-    ("ampkit.training._misuse", "ampkit.training._engine"),
-    # The checkpoint layer takes the Engine whose save()/load() call it (the deferred shortcut listed above).
-    ("ampkit.checkpoint", "ampkit.training._engine"),
-    ("ampkit.checkpoint._checks", "ampkit.training._engine"),
-    ("ampkit.checkpoint._dcp_state", "ampkit.training._engine"),
-    ("ampkit.checkpoint._payload", "ampkit.training._engine"),
-    ("ampkit.checkpoint._sharded", "ampkit.training._engine"),
-    ("ampkit.checkpoint._sharded_load", "ampkit.training._engine"),
-    # Engine(numerics=N) takes the sampler, a step hook that takes the Engine.
-    ("ampkit.numerics._sampler", "ampkit.training._engine"),
+    # Engine(numerics=N) takes the sampler (a layer up, built on demand by _engine_args): the engine's signature names it.
     ("ampkit.training._engine", "ampkit.numerics"),
     ("ampkit.training._engine", "ampkit.numerics._sampler"),
     # The same dependency, read back: EngineView (engine.numerics) types what Engine(numerics=N) built.
     ("ampkit.training._engine_view", "ampkit.numerics"),
     ("ampkit.training._engine_view", "ampkit.numerics._sampler"),
 }
+
+# The Engine's class: the modules it calls with itself (its helpers, step hooks, the checkpoint layer, the numerics
+# sampler) type it as ampkit.training._engine_protocol.EngineLike, so only the faces and the tools above import it.
+ENGINE = "ampkit.training._engine"
+ENGINE_FACES = {"ampkit", "ampkit.training"}
 
 
 def _module_names(src: Path = SRC) -> dict[str, Path]:
@@ -131,8 +122,9 @@ def _type_checking_imports(body: list[ast.stmt]) -> list[ast.Import | ast.Import
     return found
 
 
-def _targets(node: ast.Import | ast.ImportFrom, importer: str, is_package: bool, modules: set[str]) -> set[str]:
-    """The ampkit modules an import statement loads, its packages' ``__init__`` included."""
+def _targets(node: ast.Import | ast.ImportFrom, importer: str, is_package: bool, modules: set[str], packages: bool = True) -> set[str]:
+    """The ampkit modules an import statement loads, its packages' ``__init__`` included; with ``packages=False``
+    only the modules it names, as a reader sees it (``from .p import sub`` names ``p.sub``, not ``p``)."""
     if isinstance(node, ast.Import):
         dotted = [alias.name for alias in node.names]
     else:
@@ -143,29 +135,26 @@ def _targets(node: ast.Import | ast.ImportFrom, importer: str, is_package: bool,
         else:
             prefix = node.module or ""
         # `from p import x` loads p, and p.x too when x is a submodule rather than a name.
-        dotted = [prefix] + [f"{prefix}.{alias.name}" for alias in node.names if f"{prefix}.{alias.name}" in modules]
-    loaded = set()
-    for name in dotted:
-        parts = name.split(".")
-        for end in range(1, len(parts) + 1):
-            loaded.add(".".join(parts[:end]))
+        subs = [f"{prefix}.{alias.name}" for alias in node.names if f"{prefix}.{alias.name}" in modules]
+        dotted = [prefix] + subs if packages or len(subs) < len(node.names) else subs
+    loaded = {".".join(name.split(".")[:end]) for name in dotted for end in range(1, name.count(".") + 2)} if packages else set(dotted)
     # A package the importer sits in is already running (its __init__ started the import): not a new edge.
     ancestors = {".".join(importer.split(".")[:end]) for end in range(1, importer.count(".") + 1 + is_package)}
     return {name for name in loaded if name in modules and name not in ancestors and name != importer}
 
 
-def import_graph(src: Path = SRC, deferred: bool = False, type_checking: bool = False) -> dict[str, set[str]]:
+def import_graph(src: Path = SRC, deferred: bool = False, type_checking: bool = False, packages: bool = True) -> dict[str, set[str]]:
     """Module -> the ampkit modules it imports when it is imported (with ``deferred``: or when its functions run;
-    with ``type_checking``: or when a type checker reads it)."""
+    with ``type_checking``: or when a type checker reads it; ``packages=False``: only the modules it names)."""
     paths = _module_names(src)
     modules = set(paths)
     graph = {}
     for name, path in paths.items():
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
         is_package = path.name == "__init__.py"
-        graph[name] = set().union(*(_targets(n, name, is_package, modules) for n in _eager_imports(tree.body, deferred)))
+        graph[name] = set().union(*(_targets(n, name, is_package, modules, packages) for n in _eager_imports(tree.body, deferred)))
         if type_checking:
-            typed = set().union(*(_targets(n, name, is_package, modules) for n in _type_checking_imports(tree.body)))
+            typed = set().union(*(_targets(n, name, is_package, modules, packages) for n in _type_checking_imports(tree.body)))
             # A lazy face (ampkit.training) names its own modules under TYPE_CHECKING for type checkers only: they
             # load when a user reads the name, so importing one module of the package does not reach the others.
             graph[name] |= {t for t in typed if not (is_package and t.startswith(f"{name}."))}
@@ -324,6 +313,35 @@ def test_type_checking_imports_hide_no_new_dependency():
     assert not gone, f"these TYPE_CHECKING imports hide no dependency any more: remove them from KNOWN_TYPE_CHECKING ({len(edges)} left): {gone}"
 
 
+def engine_imports_out_of_place(graph: dict[str, set[str]]) -> list[str]:
+    """The modules that import the Engine's module where they may not: at or below the checkpoint layer (the faces
+    aside), or anywhere the engine's own imports reach, where the two would make a circle."""
+    importers = {m for m, targets in graph.items() if ENGINE in targets} - ENGINE_FACES
+    ceiling = LAYERS.index(("checkpoint",))
+    low = {m for m in importers if (layer_of(m) or 0) <= ceiling}  # the bottom layer, and an unplaced module, count as low
+    return sorted(low | (importers & _reachable(graph, ENGINE)))
+
+
+def test_only_the_faces_and_the_tools_above_import_the_engine_class():
+    # Every import counts, in functions and under TYPE_CHECKING, each to the module it names (as a reader and a type
+    # checker see it): the engine calls its helpers, its checkpoints and the numerics sampler with itself, and any of
+    # them typed by its class would close the circle issue 48 broke.
+    wrong = engine_imports_out_of_place(import_graph(deferred=True, type_checking=True, packages=False))
+    assert not wrong, (
+        f"these modules import {ENGINE}, from at or below the checkpoint layer or from what the engine itself imports: type the "
+        f"engine as ampkit.training._engine_protocol.EngineLike (add a member there if one is missing), or pass the parts it reads: {wrong}"
+    )
+
+
+def test_no_cycle_among_the_modules_as_named():
+    # Every import, each to the module it names: the graph a reader, mypy and farm-studio see. A cycle here (through
+    # TYPE_CHECKING imports, say) is a circle of modules even where nothing at run time follows it.
+    cycles = find_cycles(import_graph(deferred=True, type_checking=True, packages=False))
+    assert not cycles, "modules that name each other in a circle (type against a protocol lower down, or pass the parts):\n" + "\n".join(
+        " -> ".join(cycle) for cycle in cycles
+    )
+
+
 def test_the_commands_read_their_workload_from_the_workloads_layer_not_from_the_bench():
     # What bench, doctor, memory and profile share (the workload flags, the built-in workloads, the user's model
     # and data) is the layer below them all: reading it must not import the bench tool, even in a function.
@@ -437,3 +455,24 @@ def test_deferred_cycles_and_hidden_type_checking_imports_are_found(tmp_path):
         ("ampkit.policy.base", "ampkit.training.engine"),
         ("ampkit.training.step", "ampkit.training.engine"),
     }
+
+
+def test_named_imports_and_engine_imports_out_of_place_are_found(tmp_path):
+    files = {
+        "__init__.py": "",
+        "training/__init__.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ._engine import Engine\n",  # the face
+        "training/_engine.py": "def save():\n    from ..checkpoint import save\ndef sampler():\n    from ..numerics._sampler import S\n",
+        "training/_hooks.py": "import typing\nif typing.TYPE_CHECKING:\n    from ._engine import Engine\n",  # below the checkpoint layer
+        "checkpoint/__init__.py": "from . import _payload\n",
+        "checkpoint/_payload.py": "",
+        "numerics/__init__.py": "",
+        "numerics/_sampler.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..training._engine import Engine\n",  # the engine reaches it
+        "numerics/_doctor.py": "from ..training._engine import Engine\n",  # a tool above, which the engine does not reach: fine
+    }
+    _tree(tmp_path, files)
+    named = import_graph(tmp_path, deferred=True, type_checking=True, packages=False)
+    assert named["ampkit.training._engine"] == {"ampkit.checkpoint", "ampkit.numerics._sampler"}
+    assert named["ampkit.checkpoint"] == {"ampkit.checkpoint._payload"}
+    assert import_graph(tmp_path, deferred=True)["ampkit.training._engine"] == {"ampkit.checkpoint", "ampkit.numerics", "ampkit.numerics._sampler"}
+    assert engine_imports_out_of_place(named) == ["ampkit.numerics._sampler", "ampkit.training._hooks"]
+    assert find_cycles(named) == [["ampkit.numerics._sampler", "ampkit.training._engine", "ampkit.numerics._sampler"]]

@@ -22,7 +22,7 @@ from ._checks import check_training_payload
 from ._payload import apply_training_payload, engine_state, load_engine_state, training_payload
 
 if TYPE_CHECKING:
-    from ..training._engine import Engine
+    from ..training._engine_protocol import EngineLike
 
 __all__ = [
     "engine_state",
@@ -36,7 +36,7 @@ __all__ = [
 ]
 
 
-def save_training_state(engine: Engine, path: str | os.PathLike[str], extra: dict[str, Any] | None = None) -> None:
+def save_training_state(engine: EngineLike, path: str | os.PathLike[str], extra: dict[str, Any] | None = None) -> None:
     """Write everything needed to resume ``engine``'s run bitwise-exactly, atomically, to ``path``.
 
     Under a distributed strategy every rank must call it: see :mod:`ampkit.checkpoint._sharded`.
@@ -62,7 +62,7 @@ def checkpoint_exists(path: str | os.PathLike[str]) -> bool:
     return find_checkpoint(path) is not None
 
 
-def load_training_state(engine: Engine, path: str | os.PathLike[str]) -> dict[str, Any] | None:
+def load_training_state(engine: EngineLike, path: str | os.PathLike[str]) -> dict[str, Any] | None:
     """Restore what :func:`save_training_state` wrote. Validates everything first; on error nothing changes.
 
     A checkpoint written by a distributed run (a DDP file, an FSDP directory) loads here too, on any world

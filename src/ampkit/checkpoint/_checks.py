@@ -23,7 +23,7 @@ from .._errors import CheckpointError
 from ..fileio._rng import check_rng_state
 
 if TYPE_CHECKING:
-    from ..training._engine import Engine
+    from ..training._engine_protocol import EngineLike
 
 __all__ = ["check_engine_state", "check_model", "check_optimizer", "check_training_payload", "conforms"]
 
@@ -149,7 +149,7 @@ def _count(value: Any, low: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= low
 
 
-def check_engine_state(engine: Engine, state: Any) -> None:
+def check_engine_state(engine: EngineLike, state: Any) -> None:
     """The engine part of a checkpoint: every entry present, of the right type and range, and fitting this engine."""
     required = ("policy", "accumulate", "micro", "epoch_len", "steps", "skipped_steps", "scaler", "masters", "pending_grads")
     if not isinstance(state, dict) or any(k not in state for k in required):
@@ -192,7 +192,7 @@ def check_engine_state(engine: Engine, state: Any) -> None:
         conforms(saved, {n: params[n] for n in saved}, "the checkpoint's pending gradients")
 
 
-def _check_scaler(engine: Engine, saved: Any) -> None:
+def _check_scaler(engine: EngineLike, saved: Any) -> None:
     scaler = engine.scaler
     if (saved is None) != (scaler is None):
         raise CheckpointError("The checkpoint's loss-scaler setting differs from this engine's; pass the same scaler= as the saved run.")
@@ -211,7 +211,7 @@ def _check_scaler(engine: Engine, saved: Any) -> None:
         raise CheckpointError(f"the checkpoint's loss scale {scale!r} is not a positive finite number; the file is damaged.")
 
 
-def check_training_payload(engine: Engine, payload: Any, path: Any) -> None:
+def check_training_payload(engine: EngineLike, payload: Any, path: Any) -> None:
     """Validate a checkpoint's payload against the running setup; raise CheckpointError naming the fix.
 
     A payload without models and optimizers (a sharded checkpoint's ``ampkit.pt``) is checked for the rest;

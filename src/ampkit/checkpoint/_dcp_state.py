@@ -14,7 +14,7 @@ import torch.distributed as dist
 from .._errors import CheckpointError
 
 if TYPE_CHECKING:
-    from ..training._engine import Engine
+    from ..training._engine_protocol import EngineLike
 
 __all__ = ["grouped", "single_process_intended", "sharded_state", "optimizer_owner"]
 
@@ -33,7 +33,7 @@ def single_process_intended() -> Iterator[None]:
         yield
 
 
-def sharded_state(engine: Engine) -> dict[str, Any]:
+def sharded_state(engine: EngineLike) -> dict[str, Any]:
     """Model and optimizer state as DCP wants it: sharded tensors keyed by parameter name."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
@@ -45,11 +45,10 @@ def sharded_state(engine: Engine) -> dict[str, Any]:
     return state
 
 
-def optimizer_owner(engine: Engine, opt: torch.optim.Optimizer) -> torch.nn.Module:
+def optimizer_owner(engine: EngineLike, opt: torch.optim.Optimizer) -> torch.nn.Module:
     """The one model of ``engine`` whose parameters ``opt`` holds (DCP reads an optimizer's state through it)."""
     ids = {id(p) for g in opt.param_groups for p in g["params"]}
-    models: list[torch.nn.Module] = list(engine.models)  # the engine's read-only properties are untyped
-    for model in models:
+    for model in engine.models:
         if ids <= {id(p) for p in model.parameters()}:
             return model
     raise CheckpointError("a sharded checkpoint needs each optimizer to hold the parameters of one model; build one optimizer per model.")

@@ -29,7 +29,7 @@ from ._checks import check_engine_state
 if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self from Python 3.11
 
-    from ..training._engine import Engine
+    from ..training._engine_protocol import EngineLike
 
 __all__ = [
     "Undo",
@@ -48,7 +48,7 @@ _SAFE_MAPPINGS = (dict, collections.OrderedDict)
 _SAFE_SEQUENCES = (list, tuple, torch.Size)
 
 
-def load_engine_state(engine: Engine, state: dict[str, Any]) -> None:
+def load_engine_state(engine: EngineLike, state: dict[str, Any]) -> None:
     """Restore :func:`engine_state` after validating it against ``engine``; on any error nothing changes."""
     check_engine_state(engine, state)
     with Undo(engine, models=False):
@@ -67,7 +67,7 @@ class Undo:
     loaded is already there, so the host has room for one more model); the rest by its own state_dict.
     """
 
-    def __init__(self, engine: Engine, *, models: bool = True) -> None:
+    def __init__(self, engine: EngineLike, *, models: bool = True) -> None:
         self.engine = engine
         self.tensors = [(t, _local(t).detach().to("cpu", copy=True)) for m in engine.models for t in _model_tensors(m)] if models else []
         self.grads = [(p, p.grad) for p in _engine_params(engine)]
@@ -112,7 +112,7 @@ def _model_tensors(model: torch.nn.Module) -> list[torch.Tensor]:
     return [t for _, t in model.named_parameters()] + [t for _, t in model.named_buffers() if t is not None]
 
 
-def _engine_params(engine: Engine) -> list[torch.Tensor]:
+def _engine_params(engine: EngineLike) -> list[torch.Tensor]:
     params: list[torch.Tensor] = [p for m in engine.models for p in m.parameters()]
     return params + (list(engine.masters.masters) if engine.masters is not None else [])
 
@@ -148,7 +148,7 @@ _PLAIN: tuple[tuple[type, type], ...] = (
 )
 
 
-def training_payload(engine: Engine, extra: dict[str, Any] | None, *, tensors: bool = True) -> dict[str, Any]:
+def training_payload(engine: EngineLike, extra: dict[str, Any] | None, *, tensors: bool = True) -> dict[str, Any]:
     """What a checkpoint holds; ``tensors=False`` leaves out models and optimizers (a sharded save writes those)."""
     if not engine.models:
         raise RuntimeError("engine.save() called before engine.setup(); there is nothing to save yet.")
@@ -163,13 +163,13 @@ def training_payload(engine: Engine, extra: dict[str, Any] | None, *, tensors: b
     }
 
 
-def apply_training_payload(engine: Engine, payload: dict[str, Any]) -> None:
+def apply_training_payload(engine: EngineLike, payload: dict[str, Any]) -> None:
     """Restore a validated payload (models and optimizers only when it holds them); all or nothing."""
     with Undo(engine):
         apply_payload(engine, payload)
 
 
-def apply_payload(engine: Engine, payload: dict[str, Any]) -> None:
+def apply_payload(engine: EngineLike, payload: dict[str, Any]) -> None:
     """Restore a validated payload without an :class:`Undo` of its own: for a caller that holds one around more."""
     if payload["models"] is not None:
         for opt, saved in zip(engine.optimizers, payload["optimizers"]):

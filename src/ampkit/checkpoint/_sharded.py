@@ -41,7 +41,7 @@ from ._payload import Undo, apply_payload, pending_grads, training_payload
 from ._sharded_dir import ENGINE_FILE, find_checkpoint, is_complete, remove_leftovers, swap_into_place
 
 if TYPE_CHECKING:
-    from ..training._engine import Engine
+    from ..training._engine_protocol import EngineLike
 
 __all__ = ["save_distributed", "load_distributed", "ENGINE_FILE"]
 
@@ -108,7 +108,7 @@ def _broadcast_from_rank0(obj: Any) -> Any:
     return box[0]
 
 
-def save_distributed(engine: Engine, path: str | os.PathLike[str], extra: dict[str, Any] | None = None) -> None:
+def save_distributed(engine: EngineLike, path: str | os.PathLike[str], extra: dict[str, Any] | None = None) -> None:
     """Every rank calls it: rank 0 writes a file (DDP), or all ranks write a sharded directory (FSDP)."""
     rank, world = _rank_world()
     sharded = isinstance(engine.strategy, FSDP)
@@ -174,7 +174,7 @@ def save_distributed(engine: Engine, path: str | os.PathLike[str], extra: dict[s
     _raise_if_any(error, f"saving {target}")
 
 
-def _read(engine: Engine, target: Path) -> tuple[Path, dict[str, Any], Any]:
+def _read(engine: EngineLike, target: Path) -> tuple[Path, dict[str, Any], Any]:
     """The checkpoint's location, its payload and (for a sharded directory) its checked DCP metadata."""
     found = find_checkpoint(target)
     if found is None:
@@ -200,7 +200,7 @@ def _read(engine: Engine, target: Path) -> tuple[Path, dict[str, Any], Any]:
     return found, payload, metadata
 
 
-def load_distributed(engine: Engine, path: str | os.PathLike[str]) -> dict[str, Any] | None:
+def load_distributed(engine: EngineLike, path: str | os.PathLike[str]) -> dict[str, Any] | None:
     """Every rank calls it; validates on every rank, then restores (all or nothing). Returns the checkpoint's ``extra``."""
     rank, world = _rank_world()
     target = Path(os.fspath(path))

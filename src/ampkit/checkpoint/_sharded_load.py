@@ -33,7 +33,7 @@ from ._dcp_state import grouped, optimizer_owner, sharded_state, single_process_
 from ._safe_dcp import SafeFileSystemReader, SafeLoadPlanner, storage_files
 
 if TYPE_CHECKING:
-    from ..training._engine import Engine
+    from ..training._engine_protocol import EngineLike
 
 __all__ = ["verify_shards", "read_metadata", "load_shards"]
 
@@ -110,7 +110,7 @@ def _check_against(flat: dict[str, Any], metadata: Metadata, directory: Path) ->
             )
 
 
-def load_shards(engine: Engine, directory: Path, metadata: Metadata) -> None:
+def load_shards(engine: EngineLike, directory: Path, metadata: Metadata) -> None:
     """Read the shards into fresh tensors, then copy them into the engine's models and optimizers."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict

@@ -58,8 +58,8 @@ from ._sample import ModuleIssue, NumericsSample, build_sample
 from ._stats import StatsAccumulator, TensorStats, read_summaries
 from ._update_audit import UpdateAudit
 
-if TYPE_CHECKING:  # the engine imports this module; importing it back at run time would be circular
-    from ..training._engine import Engine
+if TYPE_CHECKING:  # what a step hook reads of the engine, as a protocol: the Engine's module imports this one
+    from ..training._engine_protocol import EngineLike
 
 __all__ = ["SAMPLE_VALUES", "ModuleIssue", "NumericsSample", "NumericsSampler"]
 
@@ -122,13 +122,13 @@ class NumericsSampler:
         return step % self.every == 0
 
     # -- step hooks (see ampkit.training._hooks) ---------------------------------------------------
-    def wrap_forward(self, engine: Engine, forward: AbstractContextManager[Any]) -> AbstractContextManager[Any]:
+    def wrap_forward(self, engine: EngineLike, forward: AbstractContextManager[Any]) -> AbstractContextManager[Any]:
         """The last micro-batch of a sampled step records its activations (and, in its backward, their gradients)."""
         if self.activations and self.due(engine.steps + 1) and engine.is_boundary:
             return self.recording(engine, forward)
         return forward
 
-    def before_optimizer_step(self, engine: Engine) -> None:
+    def before_optimizer_step(self, engine: EngineLike) -> None:
         """Sample a due step: its 16-bit gradients as the backward left them (scaled, not yet copied to masters).
         Where the optimizer steps 16-bit weights directly, the read waits for the step, whose update is audited."""
         if self.due(engine.steps):
@@ -139,14 +139,14 @@ class NumericsSampler:
             else:
                 self._read(taken, None)
 
-    def after_optimizer_step(self, engine: Engine) -> None:
+    def after_optimizer_step(self, engine: EngineLike) -> None:
         """Finish an audited sample: the applied update is known now."""
         if self._taken is not None:
             taken, self._taken = self._taken, None
             self._audit.disarm()
             self._read(taken, self._audit)
 
-    def recording(self, engine: Engine, forward: AbstractContextManager[Any]) -> AbstractContextManager[Any]:
+    def recording(self, engine: EngineLike, forward: AbstractContextManager[Any]) -> AbstractContextManager[Any]:
         """``forward`` plus recorders on every model of ``engine``: the engine wraps the forward of the last
         micro-batch of a sampled step in it. The forward hooks go when the context exits; the hooks placed on
         the outputs fire in the backward. Several forwards of that micro-batch add to the same recorders."""
@@ -155,13 +155,13 @@ class NumericsSampler:
             self._pending = (step, [ModuleRecorder(m, rounding=False, max_values=SAMPLE_VALUES) for m in engine.models])
         return _entered_together(self._pending[1], forward)
 
-    def sample(self, engine: Engine) -> NumericsSample:
+    def sample(self, engine: EngineLike) -> NumericsSample:
         """Read the current step's gradients (before they are unscaled or copied to masters) and the recorded
         activations; log, keep and hand the sample to ``callback``. One host-device sync. (The update audit needs
         the step itself: the engine's hooks take it; this reads the gradients alone.)"""
         return self._read(self._take(engine), None)
 
-    def _take(self, engine: Engine) -> _Taken:
+    def _take(self, engine: EngineLike) -> _Taken:
         """Everything the sample reads, still on the device: no sync."""
         step = engine.steps
         recorders = self._pending[1] if self._pending is not None and self._pending[0] == step else []
@@ -239,7 +239,7 @@ class _Taken:
     fp32_modules: tuple[str, ...]
 
 
-def _param_names(engine: Engine) -> dict[int, str]:
+def _param_names(engine: EngineLike) -> dict[int, str]:
     several = len(engine.models) > 1
     return {id(p): _qualified(i, name, several) for i, model in enumerate(engine.models) for name, p in model.named_parameters()}
 
