@@ -8,7 +8,9 @@ its own directory first on ``sys.path`` and ``sys.argv`` set to ``[SCRIPT, *ARGS
 The script's directory (the current directory for ``-m``) goes on ``sys.path`` *before* the finder is installed:
 a real Apex vendored beside the script is then found, kept, and only filled in (``apex.amp``), as
 :func:`~ampkit.apex.install` promises; ``--force`` still puts ampkit's modules in front of it, and keeps the real
-package's others (``apex.contrib``, ...).
+package's others (``apex.contrib``, ...). A real Apex that fails to import (its CUDA extensions were never built, so
+its ``import amp_C`` raises) stops the script with its own error, chained to one that names ``--force``: the way to
+run the script on ampkit's apex in its place.
 """
 
 from __future__ import annotations

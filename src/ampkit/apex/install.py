@@ -6,6 +6,10 @@ so once; ``force=True`` puts ampkit's modules (:data:`PROVIDED`) in front of it,
 package itself and its other modules (``apex.contrib``, ``apex.transformer``, ...) still load from it. While ampkit provides the
 ``apex`` package itself, the finder also answers ``importlib.metadata`` for the distribution ``apex`` (tools such
 as transformers ask for its version before they import it); a real Apex's own metadata always wins.
+
+A real Apex whose ``__init__`` fails to import (``import amp_C`` raises: its CUDA extensions were never built) raises
+an ImportError that names ``--force`` (``install(force=True)``), chained to its own; under ``force`` ampkit's package
+stands in for it, said aloud.
 """
 
 from __future__ import annotations
@@ -73,6 +77,51 @@ class _AliasLoader(importlib.abc.Loader):
         module.__spec__ = self._spec
 
 
+class _RealApexLoader(importlib.abc.Loader):
+    """Runs a real Apex's ``__init__`` and, where it fails to import (its CUDA extensions were never built: ``import
+    amp_C`` raises), names the way out; under ``force``, puts ampkit's package in its place instead."""
+
+    def __init__(self, real: Any, location: str, force: bool) -> None:
+        self.real = real
+        self.location = location
+        self.force = force
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self.real.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        # From here on the package is the real Apex's as if imported without ampkit (its resources, its source).
+        module.__loader__ = self.real
+        if module.__spec__ is not None:
+            module.__spec__.loader = self.real
+        try:
+            self.real.exec_module(module)
+        except ImportError as exc:
+            failure = f"{type(exc).__name__}: {exc}"
+            if not self.force:
+                raise ImportError(
+                    f"the real apex at {self.location} failed to import ({failure}); to run on ampkit's apex in its "
+                    "place, use python -m ampkit.apex --force SCRIPT (in code: ampkit.apex.install(force=True)).",
+                    name="apex",
+                    path=self.location,
+                ) from exc
+            log.warning(
+                "ampkit.apex: the real apex at %s failed to import (%s); under force, ampkit.apex stands in for the "
+                "package itself too.", self.location, failure,
+            )
+            # The import system returns what sys.modules holds once exec_module is done: ampkit's package.
+            sys.modules[module.__name__] = importlib.import_module("ampkit.apex")
+
+
+def _real_package_spec(spec: importlib.machinery.ModuleSpec | None, force: bool) -> importlib.machinery.ModuleSpec | None:
+    """``spec`` (a real ``apex`` package) loaded through :class:`_RealApexLoader`; a namespace package, which runs
+    no code and so cannot fail, as it is."""
+    if spec is None or spec.loader is None or not spec.has_location:
+        return spec
+    spec.loader = _RealApexLoader(spec.loader, spec.origin or "?", force)
+    return spec
+
+
 class _ApexFinder(importlib.abc.MetaPathFinder):
     def __init__(self, real_apex: str | None, force: bool, real_locations: Sequence[str] = ()) -> None:
         self.real_apex = real_apex
@@ -89,7 +138,9 @@ class _ApexFinder(importlib.abc.MetaPathFinder):
         if self.force and self.real_apex is not None:
             return self._forced_spec(fullname)
         if not self._ours():
-            if fullname == "apex" or fullname not in PROVIDED:
+            if fullname == "apex":
+                return _real_package_spec(importlib.machinery.PathFinder.find_spec(fullname, path), force=False)
+            if fullname not in PROVIDED:
                 return None
             parent = sys.modules.get("apex")
             if parent is not None and importlib.machinery.PathFinder.find_spec(fullname, getattr(parent, "__path__", None)) is not None:
@@ -115,8 +166,9 @@ class _ApexFinder(importlib.abc.MetaPathFinder):
         """
         if fullname != "apex" and fullname in PROVIDED:
             return importlib.machinery.ModuleSpec(fullname, _AliasLoader(PROVIDED[fullname]), is_package=fullname == "apex.parallel")
-        if fullname == "apex":
-            return importlib.machinery.PathFinder.find_spec(fullname, self.real_locations)
+        if fullname == "apex":  # if its __init__ cannot run (CUDA extensions not built), ampkit's package instead
+            found = importlib.machinery.PathFinder.find_spec(fullname, [str(Path(loc).parent) for loc in self.real_locations])
+            return _real_package_spec(found, force=True)
         # A real module under one of ampkit's packages (apex.parallel.multiproc): the import system would look in
         # ampkit's directory, so look in the real package's own directory for that parent instead.
         parent = fullname.rsplit(".", 1)[0].split(".")[1:]
@@ -156,7 +208,9 @@ def install(force: bool = False) -> Installed:
 
     A real Apex found on ``sys.path`` is kept and only its missing modules are supplied, with a warning in
     the log; ``force=True`` puts ampkit's (:data:`PROVIDED`) in front of it, while the real package and its other
-    modules (``apex.contrib``, ...) still load from it. Calling again replaces the previous install. While
+    modules (``apex.contrib``, ...) still load from it, or, where its ``__init__`` fails to import (CUDA extensions not
+    built), ampkit's package stands in for it; without ``force`` that failure is an ImportError naming ``force``.
+    Calling again replaces the previous install. While
     ampkit provides the package, ``importlib.metadata.version("apex")`` answers :data:`APEX_VERSION`.
 
     >>> installed = install()

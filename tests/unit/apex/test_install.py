@@ -89,6 +89,47 @@ def test_real_apex_with_amp_wins_unless_forced(tmp_path, monkeypatch, caplog):
 
 
 # ------------------------------------------------------------------------------ distribution metadata
+def _apex_without_extensions(root) -> None:
+    """A real Apex whose CUDA extensions were never built: its ``__init__`` fails to import."""
+    (root / "apex").mkdir()
+    (root / "apex" / "__init__.py").write_text("import amp_C  # built by Apex's setup.py --cuda_ext, absent here\n")
+
+
+def test_a_real_apex_that_fails_to_import_names_force(tmp_path, monkeypatch):
+    _apex_without_extensions(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    install()
+    with pytest.raises(ImportError, match=r"real apex at .* failed to import \(ModuleNotFoundError: No module named 'amp_C'\); .*--force") as info:
+        importlib.import_module("apex")
+    assert "install(force=True)" in str(info.value)
+    assert isinstance(info.value.__cause__, ModuleNotFoundError) and info.value.__cause__.name == "amp_C"  # kept, chained
+    assert "apex" not in sys.modules
+
+
+def test_force_stands_in_for_a_real_apex_that_fails_to_import(tmp_path, monkeypatch, caplog):
+    _apex_without_extensions(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    install(force=True)
+    with caplog.at_level(logging.WARNING, logger="ampkit"):
+        import apex
+        from apex import amp
+    assert apex is ampkit.apex and amp is ampkit.apex.amp
+    assert any("No module named 'amp_C'" in r.getMessage() and "stands in for the package itself" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_a_real_apex_that_imports_is_loaded_as_without_ampkit(tmp_path, monkeypatch, caplog, force):
+    _fake_apex(tmp_path, "optimizers")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    install(force=force)
+    import apex
+
+    assert apex.REAL and apex.__file__ == str(tmp_path / "apex" / "__init__.py")
+    # Its own loader, not ampkit's wrapper: importlib.resources, inspect and pkgutil see the package as it is.
+    assert type(apex.__loader__) is importlib.machinery.SourceFileLoader and apex.__spec__.loader is apex.__loader__
+    assert not any("failed to import" in r.getMessage() for r in caplog.records)
+
+
 def test_apex_version_answers_while_installed_and_not_after():
     from packaging.version import Version
 

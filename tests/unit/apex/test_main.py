@@ -133,3 +133,23 @@ def test_module_mode_puts_the_current_directory_first(vendored_project, monkeypa
         for name in [n for n in sys.modules if n == "apex" or n.startswith("apex.")]:
             del sys.modules[name]
     assert capsys.readouterr().out.split("\n")[:3] == ["apex vendored", "optimizers vendored FusedAdam", "amp ampkit.apex._initialize"]
+
+
+def test_a_real_apex_that_fails_to_import_names_force_which_runs_the_script(tmp_path):
+    # A real Apex whose CUDA extensions were never built, beside the script: its __init__ raises ImportError.
+    (tmp_path / "apex").mkdir()
+    (tmp_path / "apex" / "__init__.py").write_text("import amp_C\n")
+    (tmp_path / "train.py").write_text(LEGACY)
+    (tmp_path / "helper.py").write_text("SIZE = 3\n")
+    script = str(tmp_path / "train.py")
+
+    plain = subprocess.run([sys.executable, "-m", "ampkit.apex", script, "O2"], capture_output=True, text=True, timeout=120, check=False)
+    assert plain.returncode != 0 and "argv" not in plain.stdout
+    hint = plain.stderr.strip().splitlines()[-1]  # the last line the user reads names the way out
+    assert hint.startswith("ImportError: the real apex at") and "python -m ampkit.apex --force" in hint
+    assert "ModuleNotFoundError: No module named 'amp_C'" in plain.stderr  # the original error stays visible
+
+    forced = subprocess.run([sys.executable, "-m", "ampkit.apex", "--force", script, "O2"], capture_output=True, text=True, timeout=120, check=False)
+    assert forced.returncode == 0, forced.stderr
+    assert "argv ['O2'] name __main__ dtype torch.bfloat16" in forced.stdout  # trained on ampkit's amp
+    assert "stands in for the package itself" in forced.stderr
