@@ -116,7 +116,7 @@ def test_step_supports_amp_scaling_round_trip() -> None:
 def test_dtensor_caches_clear_without_dtensor_and_skip_missing_ones(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     _compat.DTensor  # noqa: B018  # load DTensor, as a sharded run does
     assert "torch.distributed.tensor" in sys.modules
-    monkeypatch.setattr(_compat, "_DTENSOR_CACHES", (*_compat._DTENSOR_CACHES, ("torch.distributed.tensor", "no_such_cache", None)))
+    monkeypatch.setattr(_compat._distributed, "_DTENSOR_CACHES", (*_compat._distributed._DTENSOR_CACHES, ("torch.distributed.tensor", "no_such_cache", None)))
     with caplog.at_level("DEBUG", logger="ampkit"):
         _compat.clear_dtensor_caches()
     assert "no DTensor cache torch.distributed.tensor.no_such_cache" in caplog.text
@@ -147,12 +147,12 @@ def test_dcp_metadata_path_is_the_directorys_metadata_file(tmp_path: Path, priva
 
 
 def test_fsdp_is_refused_on_the_cpu_only_where_gloo_cannot_average(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_compat, "GLOO_REDUCE_SCATTER_AVERAGES", False)
+    monkeypatch.setattr(_compat._distributed, "GLOO_REDUCE_SCATTER_AVERAGES", False)
     problem = _compat.fsdp_problem("cpu", 2)
     assert problem is not None and "2 times too large" in problem and "strategy='ddp'" in problem
     assert _compat.fsdp_problem("cpu", 1) is None  # one rank: the average is the sum
     assert _compat.fsdp_problem("cuda", 2) is None  # NCCL averages
-    monkeypatch.setattr(_compat, "GLOO_REDUCE_SCATTER_AVERAGES", True)
+    monkeypatch.setattr(_compat._distributed, "GLOO_REDUCE_SCATTER_AVERAGES", True)
     assert _compat.fsdp_problem("cpu", 2) is None
 
 

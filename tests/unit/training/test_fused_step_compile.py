@@ -203,7 +203,7 @@ def test_inductor_failing_in_its_scheduler_falls_back_and_the_region_compiles_wi
         raise AssertionError  # bare, as inductor's `assert isinstance(snode, SchedulerNode)` (pytest rewrites ours)
 
     monkeypatch.setattr(Scheduler, "fuse_nodes", fuse_nodes)
-    monkeypatch.setattr(_compat, "INDUCTOR_FOREACH_REORDER_ASSERTS", torch_asserts)
+    monkeypatch.setattr(_compat._compile, "INDUCTOR_FOREACH_REORDER_ASSERTS", torch_asserts)
     engine, net, _ = setup(True, model(), precision="bf16-true-masters")
 
     def train() -> None:
@@ -239,7 +239,7 @@ def test_inductor_failing_in_its_scheduler_falls_back_and_the_region_compiles_wi
 def test_the_region_is_one_graph_with_the_inductor_settings_this_torch_needs(
     options: dict[str, Any], torch_asserts: bool, want: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_compat, "INDUCTOR_FOREACH_REORDER_ASSERTS", torch_asserts)
+    monkeypatch.setattr(_compat._compile, "INDUCTOR_FOREACH_REORDER_ASSERTS", torch_asserts)
     assert region_compile_kwargs(options) == want
 
 
@@ -247,7 +247,7 @@ def test_a_mode_becomes_the_options_it_stands_for_next_to_the_region_settings(mo
     # torch.compile takes mode or options, not both; torch itself turns a mode into options this way.
     from torch._inductor import list_mode_options
 
-    monkeypatch.setattr(_compat, "INDUCTOR_FOREACH_REORDER_ASSERTS", True)
+    monkeypatch.setattr(_compat._compile, "INDUCTOR_FOREACH_REORDER_ASSERTS", True)
     kwargs = region_compile_kwargs({"mode": "max-autotune-no-cudagraphs"})
     assert "mode" not in kwargs
     assert kwargs["options"] == {"loop_ordering_after_fusion": False, **list_mode_options("max-autotune-no-cudagraphs")}
