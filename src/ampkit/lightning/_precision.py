@@ -61,8 +61,11 @@ class AmpkitPrecision(Precision):
         precision: any ampkit policy name or alias (``"bf16-true-masters"``, ``"16-mixed"``, ``"O2"``) or a Policy.
         scaler: loss scaling (default: the policy's): ``"dynamic"``, ``"none"``, a float (static), a
             :class:`ampkit.ScalerConfig` (hysteresis, floor, ceiling, collapse diagnosis) or a scaler of your own.
-        clip_grad_norm, clip_grad_value: clip inside ampkit's step, on unscaled (master) gradients. Lightning's own
-            ``Trainer(gradient_clip_val=...)`` works too (clipped after ampkit unscales); set one of the two.
+        clip_grad_norm: clip the gradients' total norm inside ampkit's step, on unscaled (master) gradients.
+            Lightning's own ``Trainer(gradient_clip_val=...)`` works too (clipped after ampkit unscales); set one of
+            the two.
+        clip_grad_value: clamp unscaled (master) gradients to this absolute value inside ampkit's step (exclusive
+            with ``clip_grad_norm``; as with it, set this or Lightning's own clipping, not both).
         keep_fp32: module names (shell wildcards) or types kept in fp32, added to the policy's.
         numerics: sample how gradients and activations fit 16 bits every N optimizer steps (an int, or a
             :class:`ampkit.numerics.NumericsSampler`); ``plugin.engine.numerics.last`` holds the last sample.

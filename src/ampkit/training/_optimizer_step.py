@@ -102,7 +102,8 @@ class OptimizerStep:
         state: where the outcome is recorded (the engine's :class:`~ampkit.training.StepState`).
         device: the training device; ``names``: parameter names by ``id`` (collapse messages name them).
         reduce_found_flags: combine the ranks' overflow flags before deciding (FSDP, or no DDP).
-        hooks, owner: the step hooks, called with ``owner`` (the engine) before and after the step.
+        hooks: the step hooks, called with ``owner`` before and after the step.
+        owner: what the hooks are called with (the engine).
         policy_name: named in a collapse message.
     """
 
