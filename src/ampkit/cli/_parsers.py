@@ -94,8 +94,8 @@ def add_bench(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -
     p.add_argument(
         "--tolerance", metavar="X",
         help="how far a policy's eval metric may land from 32-true's and still count as equal, in the metric's terms: "
-        "absolute for accuracy and mIoU (0.01: one point), a fraction of 32-true's figure for perplexity and eval loss "
-        "(0.01: 1%%). Default: the metric's own (0.02)",
+        "absolute for accuracy and mIoU (0.01: one point) and for eval loss (0.01: in the loss's units), a fraction of "
+        "32-true's figure for perplexity (0.01: 1%%). Default: the metric's own (0.02)",
     )
     p.add_argument(
         "--batch-size", type=positive, metavar="N",
