@@ -107,7 +107,7 @@ class Engine(EngineView):
         on_oom: str = "split",
         strategy: str | Strategy | None = None,
         numerics: NumericsSampler | int | None = None,
-        hooks: Sequence[AnyHook] = (),
+        hooks: Sequence[AnyHook[Engine]] = (),
         compile: bool | str | dict[str, Any] | None = None,
         fused_step: bool | dict[str, Any] | None = None,
     ) -> None:
@@ -333,7 +333,7 @@ class Engine(EngineView):
             check_window_backward(self, size)  # no engine.backward() in the window: refused where it trains wrong
         return state.end_micro_batch(boundary)
 
-    def add_hook(self, hook: AnyHook) -> None:
+    def add_hook(self, hook: AnyHook[Engine]) -> None:
         """Join a step hook (:class:`ampkit.training.StepHook`) to this engine's steps from now on."""
         self._hooks.add(hook)
 

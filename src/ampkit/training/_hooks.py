@@ -12,9 +12,11 @@ and adds nothing to a step when there are none:
 * ``after_optimizer_step(engine)``: once the step is complete (weights updated or the step skipped, gradients
   zeroed); ``engine.steps`` counts it.
 
-Hooks are the tools' side of the engine: they see the public engine and change nothing in it. They are typed
-against what they may read of it (:class:`~ampkit.training._engine_protocol.EngineLike`), not the ``Engine`` class,
-whose module imports this one.
+Hooks are the tools' side of the engine: they see the public engine and change nothing in it. A hook annotates the
+engine it is handed as it likes: the ``Engine`` class, or :class:`~ampkit.training._engine_protocol.EngineLike`
+(what the engine's own tools read: the engine's module imports this one, which can name only the protocol). The hook protocols
+are generic in that type, so ``Engine(hooks=...)`` takes a hook typed either way and refuses one typed otherwise;
+:class:`StepHook` leaves it open (``Any``), so that a subclass may narrow it without breaking the override rule.
 
     >>> from torch import nn
     >>> from ampkit import Engine
@@ -34,7 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 import torch
 
@@ -48,60 +50,69 @@ HookPoint = Literal["wrap_forward", "before_backward", "after_backward", "before
 HOOK_METHODS: tuple[HookPoint, ...] = ("wrap_forward", "before_backward", "after_backward", "before_optimizer_step", "after_optimizer_step")
 
 
+E_contra = TypeVar("E_contra", contravariant=True)
+"""The type a hook's methods take the engine as. The engine asks for ``AnyHook[Engine]``, which a hook meets whose
+methods take an ``Engine``, an ``EngineLike`` (wider) or an unannotated engine."""
+
+
 # One protocol per hook point: a hook is an object that meets at least one of them (it defines the methods it needs).
-class _WrapsForward(Protocol):
-    def wrap_forward(self, engine: EngineLike, forward: AbstractContextManager[Any]) -> AbstractContextManager[Any]: ...
+class _WrapsForward(Protocol[E_contra]):
+    def wrap_forward(self, engine: E_contra, forward: AbstractContextManager[Any]) -> AbstractContextManager[Any]: ...
 
 
-class _BeforeBackward(Protocol):
-    def before_backward(self, engine: EngineLike, loss: torch.Tensor) -> None: ...
+class _BeforeBackward(Protocol[E_contra]):
+    def before_backward(self, engine: E_contra, loss: torch.Tensor) -> None: ...
 
 
-class _AfterBackward(Protocol):
-    def after_backward(self, engine: EngineLike) -> None: ...
+class _AfterBackward(Protocol[E_contra]):
+    def after_backward(self, engine: E_contra) -> None: ...
 
 
-class _BeforeOptimizerStep(Protocol):
-    def before_optimizer_step(self, engine: EngineLike) -> None: ...
+class _BeforeOptimizerStep(Protocol[E_contra]):
+    def before_optimizer_step(self, engine: E_contra) -> None: ...
 
 
-class _AfterOptimizerStep(Protocol):
-    def after_optimizer_step(self, engine: EngineLike) -> None: ...
+class _AfterOptimizerStep(Protocol[E_contra]):
+    def after_optimizer_step(self, engine: E_contra) -> None: ...
 
 
-AnyHook = _WrapsForward | _BeforeBackward | _AfterBackward | _BeforeOptimizerStep | _AfterOptimizerStep
-"""What ``Engine(hooks=...)`` and ``engine.add_hook`` take: an object with at least one hook method, as typed above."""
+AnyHook = (
+    _WrapsForward[E_contra] | _BeforeBackward[E_contra] | _AfterBackward[E_contra] | _BeforeOptimizerStep[E_contra] | _AfterOptimizerStep[E_contra]
+)
+"""What ``Engine(hooks=...)`` and ``engine.add_hook`` take (as ``AnyHook[Engine]``): an object with at least one hook
+method, as typed above."""
 
 
 class StepHook:
-    """A base for hooks: every method does nothing, so a subclass defines only the ones it needs."""
+    """A base for hooks: every method does nothing, so a subclass defines only the ones it needs (and types the
+    engine as it likes: see the module docstring)."""
 
-    def wrap_forward(self, engine: EngineLike, forward: AbstractContextManager[Any]) -> AbstractContextManager[Any]:
+    def wrap_forward(self, engine: Any, forward: AbstractContextManager[Any]) -> AbstractContextManager[Any]:
         return forward
 
-    def before_backward(self, engine: EngineLike, loss: torch.Tensor) -> None:
+    def before_backward(self, engine: Any, loss: torch.Tensor) -> None:
         return None
 
-    def after_backward(self, engine: EngineLike) -> None:
+    def after_backward(self, engine: Any) -> None:
         return None
 
-    def before_optimizer_step(self, engine: EngineLike) -> None:
+    def before_optimizer_step(self, engine: Any) -> None:
         return None
 
-    def after_optimizer_step(self, engine: EngineLike) -> None:
+    def after_optimizer_step(self, engine: Any) -> None:
         return None
 
 
 class Hooks:
     """The engine's hooks, sorted by method once when added, so a step only runs the calls that exist."""
 
-    def __init__(self, hooks: Sequence[AnyHook] = ()) -> None:
-        self.hooks: list[AnyHook] = []
+    def __init__(self, hooks: Sequence[AnyHook[Any]] = ()) -> None:
+        self.hooks: list[AnyHook[Any]] = []
         self.calls: dict[HookPoint, list[Callable[..., Any]]] = {name: [] for name in HOOK_METHODS}
         for hook in hooks:
             self.add(hook)
 
-    def add(self, hook: AnyHook) -> None:
+    def add(self, hook: AnyHook[Any]) -> None:
         """Add ``hook``; it must define at least one of :data:`HOOK_METHODS`."""
         methods = [name for name in HOOK_METHODS if callable(getattr(hook, name, None))]
         if not methods:

@@ -4,9 +4,12 @@ ampkit at run time (the point of it: the modules typed by it need not import the
 from __future__ import annotations
 
 import inspect
+import os
 import subprocess
 import sys
+from pathlib import Path
 
+import pytest
 import torch
 from torch import nn
 
@@ -67,3 +70,39 @@ def test_importing_it_imports_nothing_of_ampkit_nor_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "['ampkit.training._engine_protocol']"
+
+
+# A user's hooks as a type checker reads them: typed by the Engine class, by the protocol, or not at all, each is
+# taken (a StepHook subclass may narrow the engine to Engine); a hook whose methods take something else is refused.
+USER_HOOKS = """\
+from ampkit import Engine
+from ampkit.training import StepHook
+from ampkit.training._engine_protocol import EngineLike
+class ByClass(StepHook):
+    def after_optimizer_step(self, engine: Engine) -> None: ...
+class ByProtocol:
+    def before_optimizer_step(self, engine: EngineLike) -> None: ...
+class Plain:
+    def after_backward(self, engine): ...
+class Wrong:
+    def after_optimizer_step(self, engine: int) -> None: ...
+engine = Engine(hooks=[ByClass(), ByProtocol(), Plain()])
+engine.add_hook(ByClass())
+engine.add_hook(Wrong())
+"""
+
+
+def test_a_type_checker_takes_hooks_typed_by_the_engine_class_or_the_protocol(tmp_path: Path) -> None:
+    api = pytest.importorskip("mypy.api", reason="Requires: mypy (the dev extra)")
+    import ampkit
+
+    (tmp_path / "user.py").write_text(USER_HOOKS)
+    # As tests/unit/training/test_engine_view.py runs it: ampkit analysed, torch and the rest skipped, no cache.
+    (tmp_path / "mypy.ini").write_text(
+        f"[mypy]\nmypy_path = {Path(ampkit.__file__).resolve().parents[1]}\nfollow_imports = skip\nignore_missing_imports = True\n"
+        "[mypy-ampkit.*]\nfollow_imports = silent\n"
+    )
+    out, err, _ = api.run([str(tmp_path / "user.py"), "--config-file", str(tmp_path / "mypy.ini"), "--cache-dir", os.devnull, "--no-error-summary"])
+    assert not err, err
+    errors = [line for line in out.splitlines() if ": error:" in line]
+    assert len(errors) == 1 and "user.py:14:" in errors[0] and "[arg-type]" in errors[0], out
