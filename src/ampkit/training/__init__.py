@@ -28,8 +28,9 @@ if TYPE_CHECKING:
     from ._engine_view import EngineView
     from ._hooks import HookPoint, Hooks, StepHook
     from ._kernel_guards import KNOWN_DEFECTS, KernelDefect
-    from ._optimizer_step import OptimizerStep, StepOutcome, StepSettings
+    from ._optimizer_step import OptimizerStep
     from ._preemption import REQUEUE_EXIT_CODE, Preempted, PreemptionWatch
+    from ._step_records import StepOutcome, StepSettings
     from ._step_state import StepState
 
 # Where each public name lives (its module, relative to this package): imported on the name's first use.
@@ -37,8 +38,8 @@ _NAMES = {
     "Engine": "_engine",
     "EngineView": "_engine_view",
     "OptimizerStep": "_optimizer_step",
-    "StepOutcome": "_optimizer_step",
-    "StepSettings": "_optimizer_step",
+    "StepOutcome": "_step_records",
+    "StepSettings": "_step_records",
     "StepState": "_step_state",
     "StepHook": "_hooks",
     "Hooks": "_hooks",

@@ -5,7 +5,9 @@ and the library region), the stochastic rounding's stream, the kernel guards, th
 collapse watch; nothing else writes them. :meth:`ampkit.training.Engine.step` calls :meth:`OptimizerStep.step`
 at each window's end, which unscales, checks, clips, steps or skips, updates the scale and returns a
 :class:`StepOutcome`; a checkpoint takes the component's state through :meth:`OptimizerStep.state_dict` (the
-scaler's, the masters', the stream's, under the keys checkpoints have always used).
+scaler's, the masters', the stream's, under the keys checkpoints have always used). What it is given and returns
+are records of their own (:mod:`~ampkit.training._step_records`); the unfused step's foreach passes, which keep
+nothing, are :func:`~ampkit.training._step_passes.unfused_step`.
 
 Per step this adds no host-device sync beyond the one that decides whether to skip (none at all with a fused
 optimizer and no engine-managed scheduler: the overflow flag reaches the host through a copy that is read once it
@@ -28,64 +30,30 @@ counters and the flag's copy to the host (``tests/unit/training/test_optimizer_s
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from .._compat import step_supports_amp_scaling
 from .._errors import LossScaleCollapseError
-from ..distributed._agreement import any_rank
 from ..policy._masters import MasterWeights
-from ..scaling._kernels import grads_of, unscale_grads_
+from ..scaling._kernels import grads_of
 from ..scaling._protocol import StepScaler
-from ._clipping import clip_grad_norm, clip_grad_value
 from ._collapse import CollapseWatch
 from ._fused_library_step import FusedLibraryStep
 from ._fused_master_step import FusedMasterStep
 from ._fused_step_compile import FusedStepFailed
 from ._hooks import HookPoint, Hooks
-from ._kernel_guards import first_step_pending, guard_optimizer
+from ._kernel_guards import guard_optimizer
 from ._rounding_stream import RoundingStream
+from ._step_passes import check_grads, read_flags, unfused_step
+from ._step_records import StepOutcome, StepSettings
 from ._step_state import StepState
 
 __all__ = ["OptimizerStep", "StepOutcome", "StepSettings"]
 
 log = logging.getLogger("ampkit")
-
-
-@dataclass(frozen=True, slots=True)
-class StepSettings:
-    """What the step does besides stepping, fixed when the engine is built (``Engine(clip_grad_norm=...)``)."""
-
-    clip_grad_norm: float | None = None
-    """Clip the unscaled gradients to this total norm."""
-    clip_grad_value: float | None = None
-    """Clamp the unscaled gradients to this absolute value."""
-    skip_nonfinite: bool = False
-    """Check the gradients for inf/NaN and skip the step that has any."""
-
-
-@dataclass(frozen=True, slots=True)
-class StepOutcome:
-    """What one optimizer step did, as far as the host knows without waiting for the device.
-
-    >>> StepOutcome(skipped=None, fused=True)  # a fused optimizer's flag still on its way to the host
-    StepOutcome(skipped=None, fused=True)
-    """
-
-    skipped: bool | None
-    """True: the gradients were not finite and nothing was updated; None: not known yet on the host (the flag is on
-    its way; ``Engine.step_was_skipped`` waits for it)."""
-    fused: bool
-    """The compiled master-weight region took the step (see :mod:`~ampkit.training._fused_master_step`)."""
-    found: torch.Tensor | None = field(default=None, repr=False)
-    """The step's overflow flag on the device (> 0: skipped); None where gradients are not checked."""
-    norm: torch.Tensor | None = field(default=None, repr=False)
-    """The total gradient norm before clipping, on the device (with ``clip_grad_norm``)."""
 
 
 class OptimizerStep:
@@ -112,7 +80,7 @@ class OptimizerStep:
         optimizers: Sequence[torch.optim.Optimizer] = (),
         schedulers: Sequence[Any] = (),
         *,
-        settings: StepSettings = StepSettings(),
+        settings: StepSettings = StepSettings(),  # noqa: B008 - a frozen dataclass: one shared default is safe
         scaler: StepScaler | None = None,
         masters: MasterWeights | None = None,
         fused: FusedMasterStep | None = None,
@@ -201,11 +169,7 @@ class OptimizerStep:
         for opt in opts:
             found = torch.zeros((), dtype=torch.float32, device=dev) if self.settings.skip_nonfinite else None
             if found is not None:
-                grads = grads_of([p for g in opt.param_groups for p in g["params"]])
-                if scaler is not None:
-                    scaler.unscale_(grads, found)
-                else:
-                    unscale_grads_(grads, torch.ones((), device=dev), found)  # check only
+                check_grads(grads_of([p for g in opt.param_groups for p in g["params"]]), found, scaler, dev)
             self._unscaled[id(opt)] = found
 
     def _copy_to_masters(self) -> None:
@@ -247,69 +211,22 @@ class OptimizerStep:
                 fused.turn_off(failed)
                 return outcome
             # The region skipped what overflowed without asking the host; only schedulers need the answer now.
-            host_found = _read_flags(found) if self.schedulers else None
+            host_found = read_flags(found) if self.schedulers else None
             return self._finish(opts, found, host_found, late_collapse, fused=True)
         return self._unfused(opts, late_collapse)
 
     def _unfused(self, opts: Sequence[torch.optim.Optimizer], late_collapse: str | None) -> StepOutcome:
-        """The step as separate foreach passes: gradients to the masters, unscale and check, clip, step or skip."""
-        state, scaler, settings, dev = self._state, self.scaler, self.settings, self.device
+        """The step as separate foreach passes (:func:`~ampkit.training._step_passes.unfused_step`): gradients to the
+        masters, unscale and check, clip, step or skip."""
         self._copy_to_masters()
-        params = [[p for g in o.param_groups for p in g["params"]] for o in opts]
         # Optimizers whose gradients unscale_() took already: their flags stand, their gradients are unscaled.
         ahead = [id(o) in self._unscaled for o in opts]
         taken = [self._unscaled.pop(id(o), None) for o in opts]
-        found = [t if t is not None else torch.zeros((), dtype=torch.float32, device=dev) for t in taken] if settings.skip_nonfinite else []
-        # A fused SGD with momentum must not see found_inf before its first real step (see kernel_guards).
-        fused = [scaler is not None and step_supports_amp_scaling(o) and not first_step_pending(o) for o in opts]
-        clipping = settings.clip_grad_norm is not None or settings.clip_grad_value is not None
-        unscaled = scaler is not None and (clipping or not all(fused) or any(ahead))
-        if settings.skip_nonfinite:
-            for i, ps in enumerate(params):
-                if ahead[i]:
-                    continue
-                grads = grads_of(ps)
-                if scaler is None:
-                    unscale_grads_(grads, torch.ones((), device=dev), found[i])  # check only
-                elif unscaled:
-                    scaler.unscale_(grads, found[i])
-                else:
-                    scaler.check_(grads, found[i])  # a fused optimizer unscales inside its own kernel
-            if self.reduce_found_flags:
-                found = any_rank(found)  # one all-reduce for all optimizers; no host sync
-        state.norm = None
-        if settings.clip_grad_norm is not None:
-            # One total norm over everything stepped together, as clip_grad_norm_(model.parameters()) would.
-            state.norm = clip_grad_norm([p for ps in params for p in ps], settings.clip_grad_norm)
-            if len(found) > 1:
-                # That norm is inf if any gradient is, and it has just scaled every gradient: one overflow poisons
-                # the whole update, so every optimizer of the call skips.
-                found = [torch.stack(found).amax()] * len(found)
-        elif settings.clip_grad_value is not None:
-            clip_grad_value([p for ps in params for p in ps], settings.clip_grad_value)
-
-        # The one sync: a non-fused optimizer (or a scheduler) has to know on the host whether to step. Fused
-        # optimizers skip on the device, and the flag is sent to the host to be read once it lands (see
-        # StepState.record_outcome), keeping the step free of syncs: on the CPU too, so that the ops counted there
-        # are an accelerator's.
-        host_found = _read_flags(found) if not all(fused) or self.schedulers else None
-        for i, opt in enumerate(opts):
-            if fused[i]:
-                assert scaler is not None  # fused[i] says so
-                # torch's fused optimizers read these attributes (GradScaler sets them too); torch's Optimizer does not declare them.
-                opt.grad_scale = None if unscaled else scaler.scale_tensor  # type: ignore[attr-defined]
-                opt.found_inf = found[i]  # type: ignore[attr-defined]
-                try:
-                    opt.step()
-                finally:
-                    del opt.grad_scale, opt.found_inf  # type: ignore[attr-defined]
-            elif host_found is None or not host_found[i]:
-                # bf16-true-sr rounds with the run's own stream, the same on every replica (see rounding_stream).
-                with self.rounding.drawing(opt) if self.rounding is not None else contextlib.nullcontext():
-                    if self.library is not None:
-                        self.library.step(opt)  # bf16-true-sr: torchao's update of every parameter as one compiled region
-                    else:
-                        opt.step()
+        found, host_found, self._state.norm = unfused_step(
+            opts, ahead, taken, scaler=self.scaler, settings=self.settings, device=self.device,
+            reduce_found_flags=self.reduce_found_flags, rounding=self.rounding, library=self.library,
+            read_host=bool(self.schedulers),
+        )  # fmt: skip
         return self._finish(opts, found, host_found, late_collapse, fused=False)
 
     def _finish(
@@ -400,9 +317,3 @@ def reads_are_free(device: torch.device) -> bool:
     """On the CPU the "device" is the host: reading a flag costs no sync, so a step's outcome is known at once."""
     return device.type == "cpu"
 
-
-def _read_flags(found: list[torch.Tensor]) -> list[bool] | None:
-    """Each optimizer's overflow flag on the host (the one sync); None without flags."""
-    if not found:
-        return None
-    return [bool(found[0].item())] if len(found) == 1 else [bool(v) for v in torch.stack(found).tolist()]
