@@ -30,8 +30,9 @@ import numpy as np
 
 from .._errors import AmpkitError
 from .._report.figures import DPI, INSTALL_HINT, new_figure, no_data, save_png  # noqa: F401 (DPI, INSTALL_HINT: still importable here)
+from ._cells import module_label
 from ._formats import BF16, FP16
-from ._table import module_label, ranked_modules
+from ._module_table import ranked_modules
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

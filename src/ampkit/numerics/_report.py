@@ -4,7 +4,7 @@ It says what ran, what the doctor recommends and why (the Engine line to paste, 
 for a model from Lightning or Hugging Face; the loss scale, the modules kept in fp32), how the default and the
 recommended policy compared with the fp32 reference, the module table worst first, the pictures, and how to read
 the thresholds. The module columns and summary sentences are those of the
-terminal (:mod:`ampkit.numerics._table`), so the two never disagree.
+terminal (:mod:`ampkit.numerics._module_table`, :mod:`ampkit.numerics._result_lines`), so the two never disagree.
 
     >>> import tempfile
     >>> data = {"workload": {"name": "toy"}, "command": "ampkit doctor toy",
@@ -29,21 +29,12 @@ from .._report.markdown import (
     plot_section,
     write_markdown,
 )
-from .._util.units import MISSING, fmt_float
+from .._util.units import MISSING, fmt_float, fmt_share
+from ._cells import fmt_cosine, fmt_error, module_label
 from ._formats import FP16
 from ._fp8_table import headroom_rows, headroom_summary
-from ._table import (
-    comparison_summary,
-    compile_lines,
-    fmt_cosine,
-    fmt_error,
-    fmt_share,
-    header_lines,
-    loss_scale_line,
-    module_label,
-    module_rows,
-    update_lines,
-)
+from ._module_table import module_rows
+from ._result_lines import comparison_summary, compile_lines, header_lines, loss_scale_line, update_lines
 
 __all__ = ["LOWEST_COSINES", "REPORT_NAME", "REPORT_TOP", "md_escape", "render_report", "write_report"]
 
