@@ -270,7 +270,7 @@ def test_no_import_cycle():
 def test_every_package_has_a_layer():
     packages = {_package(m) for m in import_graph()} - {""}
     unplaced = sorted(p for p in packages if layer_of(f"ampkit.{p}") is None)
-    assert not unplaced, f"add these to a layer in LAYERS (and to the layout in the README): {unplaced}"
+    assert not unplaced, f"add these to a layer in LAYERS (and to the layout in DEVELOPERS.md): {unplaced}"
 
 
 def test_no_import_points_up_or_sideways():

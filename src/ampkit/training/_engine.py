@@ -206,8 +206,8 @@ class Engine(EngineView):
         Without it, windows of exactly ``accumulate`` micro-batches run across epochs. It comes at a window
         boundary: gradients still pending are refused with the fix, not carried into the new epoch. Right after
         :meth:`load` of a checkpoint saved inside a declared epoch, the call that starts that epoch again continues
-        it where the checkpoint stopped, so a resumed loop that skips the batches trained before (the README's
-        recipe) takes the uninterrupted run's windows.
+        it where the checkpoint stopped, so a resumed loop that skips the batches trained before (the recipe in
+        docs/getting-started.md) takes the uninterrupted run's windows.
 
         >>> model = nn.Linear(2, 1); engine = Engine(accumulate=3)
         >>> model, opt = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
@@ -359,7 +359,7 @@ class Engine(EngineView):
         """A context in which ``signals`` end the run with :meth:`save` to ``path`` and exit code ``exit_code``
         (75: requeue me), after the micro-batch in flight; the handler it replaces is chained. ``extra``: a dict, or a
         function called at the save. Every rank under torchrun saves the same micro-batch. Example and details:
-        :class:`ampkit.training.PreemptionWatch` and the README's "Preemption and integrity"."""
+        :class:`ampkit.training.PreemptionWatch` and docs/guides/preemption.md."""
         return PreemptionWatch(self, self.save, self._attach_preemption, path, signals=signals, exit_code=exit_code, extra=extra)
 
     def _attach_preemption(self, watch: PreemptionWatch | None) -> None:

@@ -75,7 +75,7 @@ REQUEUE_EXIT_CODE = 75
 """The exit code of a run that saved on preemption: ``EX_TEMPFAIL`` of sysexits.h, "a temporary failure; the user is
 invited to retry". Schedulers have no common requeue code; this one is told apart from a crash (1), a kill (137) and
 an unhandled SIGTERM (143) by whoever requeues: SLURM's ``RequeueExit=75`` or the batch script's ``scontrol requeue``,
-a Kubernetes Job's ``podFailurePolicy`` (see the README's "Preemption and integrity")."""
+a Kubernetes Job's ``podFailurePolicy`` (see docs/guides/preemption.md, "What your scheduler needs")."""
 
 AGREE_EVERY_S = 0.05
 """Across ranks, how far apart (host time) the agreements come: each costs an all-reduce of two ints on a gloo group,

@@ -1,6 +1,6 @@
 """The user's own model and data, for every tool: ``--model pkg.module:factory`` and ``--data pkg.module:factory``.
 
-The contract (also in the README):
+The contract (also in docs/guides/bench.md, "Your own model and data"):
 
 - ``--model`` names a callable taking no arguments and returning a ``torch.nn.Module`` in fp32. It is called
   once; every policy trains a deep copy, so all start from the same weights.

@@ -66,7 +66,7 @@ def _converts(policy: str) -> bool:
 
 def accelerate_loop(accelerator: Accelerator, batches: list[Batch], poison: set[int] = frozenset(), clip: float | None = CLIP,
                     log: Callable[[int, nn.Module, Any], None] | None = None) -> dict[str, Any]:
-    """The Accelerate loop of the README, unchanged between the native and the ampkit accelerator. An inf lands in one
+    """The Accelerate loop of docs/guides/frameworks.md, unchanged between the native and the ampkit accelerator. An inf lands in one
     gradient at the window's end of the optimizer steps in ``poison``; ``log(step, model, scheduler)`` after each step."""
     model, opt = _net(), None
     opt = _opt(model.parameters())

@@ -42,7 +42,7 @@ def test_runs_a_legacy_script_unchanged(tmp_path):
 
 
 def test_everything_after_the_script_is_the_scripts_own(tmp_path, monkeypatch, capsys):
-    # README: in `python -m ampkit.apex train.py --opt-level O2`, --opt-level is train.py's flag, passed unchanged,
+    # docs/guides/apex.md: in `python -m ampkit.apex train.py --opt-level O2`, --opt-level is train.py's flag, passed unchanged,
     # even where it looks like the runner's own (--force, -m).
     script = tmp_path / "flags.py"
     script.write_text("import sys\nprint(sys.argv[1:])\n")

@@ -1,4 +1,4 @@
-"""The README's resume recipe with a shuffling DataLoader: stopped mid-epoch (not the first epoch) and resumed,
+"""The resume recipe of docs/getting-started.md with a shuffling DataLoader: stopped mid-epoch (not the first epoch) and resumed,
 the run ends bitwise equal to an uninterrupted one.
 
 The recipe gives the loader its own generator, seeded from the epoch, so the order of an epoch does not depend
@@ -36,7 +36,7 @@ def make_run(accumulate: int = 2) -> tuple[ampkit.Engine, nn.Module, DataLoader,
 
 
 def train(path: Path, stop_at: tuple[int, int] | None, *, accumulate: int = 2, declare: bool = False) -> list[torch.Tensor]:
-    """The README's loop; ``stop_at=(epoch, batch)`` saves after that batch and returns (the process "dies").
+    """The recipe's loop; ``stop_at=(epoch, batch)`` saves after that batch and returns (the process "dies").
     ``declare``: with the quick start's ``engine.start_epoch(len(loader))`` at each epoch's start."""
     engine, model, loader, order = make_run(accumulate)
     start = engine.load(path) if ampkit.checkpoint_exists(path) else None

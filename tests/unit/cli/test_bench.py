@@ -198,7 +198,7 @@ def _linked_images(report: Path) -> list[str]:
 def test_report_links_every_plot_with_a_relative_out(
     capsys: pytest.CaptureFixture[str], toy: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Every README example passes a relative --out: the plots must still be linked, relative to report.md.
+    # Every example in docs/guides/bench.md passes a relative --out: the plots must still be linked, relative to report.md.
     monkeypatch.chdir(tmp_path)
     argv = ["bench", "--model", f"{toy}:model", "--data", f"{toy}:data", "--precision", "bf16", "--steps", "4", "--warmup", "1",
             "--rounds", "1", "--out", "runs/toy", "--no-progress"]

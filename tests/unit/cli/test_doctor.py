@@ -73,7 +73,7 @@ def test_out_must_be_a_directory(tmp_path: Path, capsys: pytest.CaptureFixture[s
 
 
 def test_report_links_every_plot_with_a_relative_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Every README example passes a relative --out: the histograms must still be linked, relative to report.md.
+    # Every example in docs/guides/doctor.md passes a relative --out: the histograms must still be linked, relative to report.md.
     monkeypatch.chdir(tmp_path)
     assert main(["doctor", "--model", f"{FRAGILE}:overflow_net", "--data", f"{FRAGILE}:batches", "--update-steps", "0", "--precision", "fp16", "--out", "doc/run"]) == 0
     report = tmp_path / "doc" / "run" / "report.md"

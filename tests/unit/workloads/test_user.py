@@ -81,7 +81,7 @@ def test_plain_batches_make_a_workload(user_pkg: str) -> None:
     assert w.metric is None and w.loss_fn is default_loss and w.extra["parameters"] == 6 * 16 + 16 + 16 * 3 + 3
 
 
-def test_your_model_and_data_train_with_fused_adamw_at_1e_3_clipped_to_norm_1_as_the_readme_says(user_pkg: str) -> None:
+def test_your_model_and_data_train_with_fused_adamw_at_1e_3_clipped_to_norm_1_as_the_bench_guide_says(user_pkg: str) -> None:
     w = _w(f"{user_pkg}:model", f"{user_pkg}:batches")
     opt = w.optimizer(w.model.parameters())
     assert type(opt) is torch.optim.AdamW and w.clip_grad_norm == 1.0 and w.lr is None  # --lr, --clip: unset
@@ -134,7 +134,7 @@ def test_model_alone_trains_on_a_builtin_workloads_data(user_pkg: str) -> None:
                     items_per_batch=8, steps=5, warmup=1)
     w = user_workload(f"{user_pkg}:model", None, steps=5, warmup=1, base=base)
     assert w.name == f"{user_pkg}:model on toy" and w.train_batches is base.train_batches and w.model is not base.model
-    assert w.optimizer is base.optimizer and w.clip_grad_norm == base.clip_grad_norm  # the workload's own, as the README says
+    assert w.optimizer is base.optimizer and w.clip_grad_norm == base.clip_grad_norm  # the workload's own, as docs/guides/bench.md says
 
 
 @pytest.mark.parametrize(
