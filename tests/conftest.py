@@ -12,10 +12,14 @@ out of the next.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import multiprocessing
 import os
+import sys
 import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -199,6 +203,37 @@ def _restore_torch_globals():
         leaked.append(f"TF32 switches (matmul, cudnn) changed to {_tf32_flags()}")
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
     assert not leaked, "; ".join(leaked)
+
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.fixture(scope="session")
+def load_script() -> Iterator[Callable[..., ModuleType]]:
+    """``load_script("fp8_training", monkeypatch)``: benchmarks/fp8_training.py imported as the module
+    ``fp8_training``, the name its neighbours import it by (benchmarks/ is on the tests' path). The module is in
+    ``sys.modules`` before it runs, since dataclasses (and torch.compile) look their module up there: with the test's
+    ``monkeypatch`` only until the test ends; without (a module-scoped fixture's call) until the session ends."""
+    registered: list[tuple[str, ModuleType]] = []
+
+    def load(name: str, monkeypatch: pytest.MonkeyPatch | None = None) -> ModuleType:
+        path = BENCHMARKS / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        if not path.is_file() or spec is None or spec.loader is None:
+            raise FileNotFoundError(f"load_script({name!r}): no {path}; name a script of benchmarks/, without .py")
+        module = importlib.util.module_from_spec(spec)
+        if monkeypatch is not None:
+            monkeypatch.setitem(sys.modules, name, module)
+        else:
+            registered.append((name, module))
+            sys.modules[name] = module
+        spec.loader.exec_module(module)
+        return module
+
+    yield load
+    for name, module in registered:
+        if sys.modules.get(name) is module:
+            del sys.modules[name]
 
 
 @pytest.fixture

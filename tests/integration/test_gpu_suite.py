@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import doctest
-import importlib.util
 import json
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -21,12 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def suite() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_suite", ROOT / "benchmarks" / "gpu_suite.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_suite"] = module  # dataclasses resolve their annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
+def suite(load_script: Callable[..., ModuleType]) -> ModuleType:
+    return load_script("gpu_suite")
 
 
 # Steps whose smoke run (the same script, --smoke, on the CPU) a test of its own already makes in CI. The suite's

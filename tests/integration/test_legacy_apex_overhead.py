@@ -2,25 +2,22 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
+from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "apex_overhead.py"
+
+@pytest.fixture
+def script(load_script: Callable[..., ModuleType], monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    return load_script("apex_overhead", monkeypatch)
 
 
-def _load_script():
-    spec = importlib.util.spec_from_file_location("apex_overhead", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_smoke_mode_runs_every_contender_and_writes_the_table_as_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_smoke_mode_runs_every_contender_and_writes_the_table_as_json(script: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "apex.json"
-    result = _load_script().main(["--smoke", "--json", str(out)])
+    result = script.main(["--smoke", "--json", str(out)])
     printed = capsys.readouterr().out
     assert json.loads(out.read_text(encoding="utf-8")) == result
     names = [row["contender"] for row in result["rows"]]
@@ -32,8 +29,8 @@ def test_smoke_mode_runs_every_contender_and_writes_the_table_as_json(tmp_path: 
     assert "--smoke --json" in result["command"]
 
 
-def test_the_model_follows_the_device_unless_given() -> None:
-    parse = _load_script().parse_args
+def test_the_model_follows_the_device_unless_given(script: ModuleType) -> None:
+    parse = script.parse_args
     assert parse([]).model == "cnn" and parse(["--device", "cuda"]).model == "mlp"
     assert parse(["--device", "cuda", "--model", "cnn"]).model == "cnn"
     cuda = parse(["--device", "cuda", "--half", "float16", "--width", "2048", "--batch", "512"])  # the GPU suite's call

@@ -5,11 +5,11 @@ spread over rounds and its verdict come from each round's medians."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any
@@ -22,12 +22,8 @@ SCRIPT = ROOT / "benchmarks" / "compile_speed.py"
 
 
 @pytest.fixture
-def script(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    spec = importlib.util.spec_from_file_location("compile_speed", SCRIPT)
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    monkeypatch.setitem(sys.modules, spec.name, module)  # type: ignore[union-attr]
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
+def script(load_script: Callable[..., ModuleType], monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    return load_script("compile_speed", monkeypatch)
 
 
 def _cells(line: str) -> list[str]:

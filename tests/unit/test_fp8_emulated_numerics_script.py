@@ -3,27 +3,19 @@ the fp8 ones, and the figures it prints are the ones it writes."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
 pytest.importorskip("torchao", reason="Requires: torchao (pip install -e '.[fp8]')")
 
 
 @pytest.fixture(scope="module")
-def script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("fp8_emulated_numerics_script", ROOT / "benchmarks" / "fp8_emulated_numerics.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+def script(load_script: Callable[..., ModuleType]) -> ModuleType:
+    return load_script("fp8_emulated_numerics")
 
 
 def test_smoke_run_trains_every_policy_from_the_same_start(script: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -8,6 +8,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -24,12 +25,8 @@ needs_torchao = pytest.mark.skipif(importlib.util.find_spec("torchao") is None, 
 
 
 @pytest.fixture(scope="module")
-def script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("fp8_training", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["fp8_training"] = module  # dataclasses resolve their annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
+def script(load_script: Callable[..., ModuleType]) -> ModuleType:
+    return load_script("fp8_training")
 
 
 @needs_torchao

@@ -4,13 +4,11 @@ fail, and the script in --smoke mode: every row measured, the resume rows bitwis
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
-import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -21,17 +19,12 @@ pytest.importorskip("lightning", reason="Requires: lightning (pip install -e '.[
 pytest.importorskip("transformers", reason="Requires: transformers (pip install -e '.[hf]')")
 pytest.importorskip("accelerate", reason="Requires: accelerate (pip install -e '.[hf]')")
 
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def script(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+def script(load_script: Callable[..., ModuleType], monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    spec = importlib.util.spec_from_file_location("framework_overhead", ROOT / "benchmarks" / "framework_overhead.py")
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    monkeypatch.setitem(sys.modules, spec.name, module)  # type: ignore[union-attr]
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
+    return load_script("framework_overhead", monkeypatch)
 
 
 @pytest.fixture

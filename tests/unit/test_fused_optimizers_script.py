@@ -3,35 +3,25 @@ with what kernel_guards knows about torch's fused kernels (no number is expected
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
+from collections.abc import Callable
 from contextlib import redirect_stdout
 from io import StringIO
-from pathlib import Path
+from types import ModuleType
 
 import pytest
 
 from ampkit.training._kernel_guards import KNOWN_DEFECTS, torch_affected
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "fused_optimizers.py"
 DEFECTS = {d.name: d for d in KNOWN_DEFECTS}
 
 
-def load_script(monkeypatch: pytest.MonkeyPatch):
-    spec = importlib.util.spec_from_file_location("fused_optimizers_script", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
-def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict, str]:
+def smoke(tmp_path_factory: pytest.TempPathFactory, load_script: Callable[..., ModuleType]) -> tuple[int, dict, str]:
     """One smoke run shared by the tests below (its main function, in process, as CI's smoke command runs it)."""
     out = tmp_path_factory.mktemp("fused") / "rows.json"
     with pytest.MonkeyPatch.context() as monkeypatch:
-        script = load_script(monkeypatch)
+        script = load_script("fused_optimizers", monkeypatch)
         printed = StringIO()
         with redirect_stdout(printed):
             rc = script.main(["--device", "cpu", "--smoke", "--json", str(out)])

@@ -6,10 +6,10 @@ comma."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any, ClassVar
@@ -22,12 +22,8 @@ SCRIPT = ROOT / "benchmarks" / "lowbit_step.py"
 
 
 @pytest.fixture
-def script(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    spec = importlib.util.spec_from_file_location("lowbit_step", SCRIPT)
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    monkeypatch.setitem(sys.modules, spec.name, module)  # type: ignore[union-attr]
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
+def script(load_script: Callable[..., ModuleType], monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    return load_script("lowbit_step", monkeypatch)
 
 
 def _run(tmp_path: Path, *extra: str) -> tuple[subprocess.CompletedProcess[str], list[dict]]:

@@ -3,25 +3,16 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+from collections.abc import Callable
 from types import ModuleType
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 @pytest.fixture(scope="module")
-def script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("remainder_masters_script", ROOT / "benchmarks" / "remainder_masters.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+def script(load_script: Callable[..., ModuleType]) -> ModuleType:
+    return load_script("remainder_masters")
 
 
 def test_the_tie_counter_counts_changed_values_that_round_down_to_even_from_exactly_halfway(script: ModuleType) -> None:

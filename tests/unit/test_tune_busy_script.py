@@ -3,9 +3,8 @@ is refused for its budget and leaves no process behind."""
 
 from __future__ import annotations
 
-import importlib.util
 import multiprocessing
-import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -19,13 +18,9 @@ START = Candidate(policy="32-true", micro_batch=8, accumulate=1)
 
 
 @pytest.fixture
-def script(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+def script(load_script: Callable[..., ModuleType], monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     monkeypatch.syspath_prepend(str(SCRIPT.parent))  # it imports tune_workloads' workloads from beside it
-    spec = importlib.util.spec_from_file_location("tune_busy", SCRIPT)
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    monkeypatch.setitem(sys.modules, spec.name, module)  # type: ignore[union-attr]
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
+    return load_script("tune_busy", monkeypatch)
 
 
 def _result(machine: dict[str, object], waves: list[dict[str, object]]) -> TuneResult:

@@ -3,10 +3,9 @@ their intervals, the table's cells) from hand-made trials, and, in the slow tier
 
 from __future__ import annotations
 
-import importlib.util
 import statistics
 import sys
-from pathlib import Path
+from collections.abc import Callable
 from types import ModuleType
 
 import pytest
@@ -19,18 +18,12 @@ from ampkit.workloads import Workload
 
 pytestmark = pytest.mark.usefixtures("quiet_machine")  # the tune measures differently on a busy machine
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "benchmarks" / "tune_workloads.py"
 START = Candidate(policy="32-true", micro_batch=8, accumulate=1)
 
 
 @pytest.fixture
-def script(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    spec = importlib.util.spec_from_file_location("tune_workloads", SCRIPT)
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    monkeypatch.setitem(sys.modules, spec.name, module)  # type: ignore[union-attr]
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
+def script(load_script: Callable[..., ModuleType], monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    return load_script("tune_workloads", monkeypatch)
 
 
 def _trial(c: Candidate, times: list[float], compile_s: float | None = None) -> Trial:

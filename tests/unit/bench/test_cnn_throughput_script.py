@@ -3,11 +3,9 @@ it found them, and its own ResNet-50 is torchvision's network."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import re
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -15,16 +13,10 @@ from types import ModuleType
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "cnn_throughput.py"
-
 
 @pytest.fixture
-def script(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    spec = importlib.util.spec_from_file_location("cnn_throughput", SCRIPT)
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    monkeypatch.setitem(sys.modules, spec.name, module)  # type: ignore[union-attr]  # dataclasses look it up there
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
+def script(load_script: Callable[..., ModuleType], monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    return load_script("cnn_throughput", monkeypatch)
 
 
 def test_smoke_run_prints_the_table_last_and_writes_the_same_figures(

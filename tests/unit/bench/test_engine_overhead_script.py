@@ -4,10 +4,9 @@ and the calibration converges on the width whose step takes the target time."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
-import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -16,16 +15,10 @@ import torch
 
 import ampkit
 
-SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "engine_overhead.py"
-
 
 @pytest.fixture
-def script(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    spec = importlib.util.spec_from_file_location("engine_overhead", SCRIPT)
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    monkeypatch.setitem(sys.modules, spec.name, module)  # type: ignore[union-attr]
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
+def script(load_script: Callable[..., ModuleType], monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    return load_script("engine_overhead", monkeypatch)
 
 
 def test_smoke_run_at_two_step_times_prints_and_writes_the_same_rows(script: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

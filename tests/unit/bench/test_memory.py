@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
-from pathlib import Path
+from collections.abc import Callable
+from types import ModuleType
 
 import pytest
 import torch
@@ -92,17 +92,14 @@ def test_peak_rss_rises_with_a_large_allocation_and_resets_after() -> None:
     assert peak_rss_bytes() < after - 200 * 1024 * 1024
 
 
-def _memory_prediction():
-    path = Path(__file__).resolve().parents[3] / "benchmarks" / "memory_prediction.py"
-    spec = importlib.util.spec_from_file_location("ampkit_bench_memory_prediction", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+@pytest.fixture
+def memory_prediction(load_script: Callable[..., ModuleType], monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    return load_script("memory_prediction", monkeypatch)
 
 
-def test_memory_prediction_smoke_prints_the_table_last_and_writes_the_rows(tmp_path, capsys) -> None:
+def test_memory_prediction_smoke_prints_the_table_last_and_writes_the_rows(memory_prediction, tmp_path, capsys) -> None:
     out = tmp_path / "rows.json"
-    assert _memory_prediction().main(["--smoke", "--workloads", "digits", "--json", str(out)]) == 0
+    assert memory_prediction.main(["--smoke", "--workloads", "digits", "--json", str(out)]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     table = [line for line in lines if line.startswith("|")]
     assert lines[-len(table):] == table and len(table) == 2 + 2  # header, rule, 32-true, bf16-mixed: nothing after
@@ -113,9 +110,9 @@ def test_memory_prediction_smoke_prints_the_table_last_and_writes_the_rows(tmp_p
         assert r["allocator_peak"] is None
 
 
-def test_memory_prediction_reports_rows_past_its_time_limit_as_skipped(tmp_path, capsys) -> None:
+def test_memory_prediction_reports_rows_past_its_time_limit_as_skipped(memory_prediction, tmp_path, capsys) -> None:
     out = tmp_path / "rows.json"
-    assert _memory_prediction().main(["--smoke", "--workloads", "digits,gpt", "--time-limit", "0", "--json", str(out)]) == 0
+    assert memory_prediction.main(["--smoke", "--workloads", "digits,gpt", "--time-limit", "0", "--json", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
     assert [(r["workload"], r["policy"], r["status"]) for r in rows] == [
         (w, p, "skipped") for w in ("digits", "gpt") for p in ("32-true", "bf16-mixed")

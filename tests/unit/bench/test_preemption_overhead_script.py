@@ -3,25 +3,18 @@ the check adds no aten op and no host sync to a single-process step (the counts 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import signal
-import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "preemption_overhead.py"
-
 
 @pytest.fixture
-def script(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    spec = importlib.util.spec_from_file_location("preemption_overhead", SCRIPT)
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    monkeypatch.setitem(sys.modules, spec.name, module)  # type: ignore[union-attr]
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
+def script(load_script: Callable[..., ModuleType], monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    return load_script("preemption_overhead", monkeypatch)
 
 
 def test_smoke_run_prints_and_writes_the_same_row_and_the_check_adds_no_op_or_sync(

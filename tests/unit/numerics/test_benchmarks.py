@@ -6,22 +6,18 @@ full size, so a smoke run of them in the CUDA test pass would only spend the GPU
 
 from __future__ import annotations
 
-import importlib.util
 import json
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[3] / "benchmarks"
 
-
-def script(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"_bench_{name}", BENCHMARKS / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+@pytest.fixture
+def script(load_script: Callable[..., ModuleType], monkeypatch: pytest.MonkeyPatch) -> Callable[[str], ModuleType]:
+    """``script("doctor_findings")``: benchmarks/doctor_findings.py, imported for this test."""
+    return lambda name: load_script(name, monkeypatch)
 
 
 def last_table(out: str) -> list[str]:
@@ -33,7 +29,7 @@ def last_table(out: str) -> list[str]:
     return table
 
 
-def test_doctor_findings_smoke_writes_json_and_prints_the_table_last(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_doctor_findings_smoke_writes_json_and_prints_the_table_last(script: Callable[[str], ModuleType], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "doctor.json"
     assert script("doctor_findings").main(["--smoke", "--json", str(path)]) == 0
     printed = capsys.readouterr().out
@@ -49,7 +45,7 @@ def test_doctor_findings_smoke_writes_json_and_prints_the_table_last(tmp_path: P
     assert "NaN" not in path.read_text() and "Infinity" not in path.read_text()
 
 
-def test_doctor_findings_past_its_time_limit_skips_the_bf16_comparison(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_doctor_findings_past_its_time_limit_skips_the_bf16_comparison(script: Callable[[str], ModuleType], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "doctor.json"
     bench = script("doctor_findings")
     original = bench.Deadline
@@ -71,7 +67,7 @@ def test_doctor_findings_past_its_time_limit_skips_the_bf16_comparison(tmp_path:
     assert "not run: not started" in last_table(capsys.readouterr().out)[2]
 
 
-def test_numerics_sampler_smoke_writes_json_and_prints_the_table_last(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_numerics_sampler_smoke_writes_json_and_prints_the_table_last(script: Callable[[str], ModuleType], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "sampler.json"
     assert script("numerics_sampler").main(["--smoke", "--json", str(path)]) == 0
     table = last_table(capsys.readouterr().out)
@@ -82,7 +78,7 @@ def test_numerics_sampler_smoke_writes_json_and_prints_the_table_last(tmp_path: 
     assert row["n_sampled"] == data["rounds"] and row["off"] > 0 and row["sampled"] > 0
 
 
-def test_numerics_sampler_takes_the_gpu_suite_spelling(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_numerics_sampler_takes_the_gpu_suite_spelling(script: Callable[[str], ModuleType], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     bench = script("numerics_sampler")
     calls = []
     monkeypatch.setattr(bench, "one", lambda *a: calls.append(a) or {"workload": a[0], "status": "ok", "off": 1.0, "on": 1.0, "sampled": 2.0, "amortized": 1.0, "n_sampled": 1})
