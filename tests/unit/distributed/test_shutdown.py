@@ -75,20 +75,27 @@ def test_shutdown_joins_the_gloo_threads_after_fsdp_steps(tmp_path: Path) -> Non
         assert after == 0, f"rank {rank}: {after} gloo thread(s) still alive after shutdown()"
 
 
+# The symptom itself: before the fix about 1 in 20 of these jobs ended with a rank killed by SIGABRT at exit. Each job
+# is a torchrun launch (about 6 s on 2 cores), so CI runs 20 (a 1-in-20 failure shows with probability 1 - 0.95^20,
+# 64%); the cause, gloo's threads still alive after shutdown(), is checked every run by the test above. Before
+# changing the shutdown path, run AMPKIT_SHUTDOWN_RUNS=60 (95%).
+SHUTDOWN_RUNS = int(os.environ.get("AMPKIT_SHUTDOWN_RUNS", "20"))
+
+
 @pytest.mark.slow
 def test_fsdp_jobs_exit_cleanly_run_after_run(tmp_path: Path) -> None:
-    """The symptom itself: before the fix about 1 in 20 of these jobs ended with a rank killed by SIGABRT at exit."""
+    """Torchrun jobs of FSDP steps, one after another: every one exits 0 without ``terminate called``."""
     import subprocess
     import sys
 
     root = Path(__file__).resolve().parents[3]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root / "src")}
     failures = []
-    for i in range(60):
+    for i in range(SHUTDOWN_RUNS):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                str(root / "examples" / "train_distributed.py"), "--strategy", "fsdp", "--steps", "4",
                "--save-every", "2", "--ckpt", str(tmp_path / f"ck{i}")]
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
         if done.returncode != 0 or "terminate called" in done.stderr:
             failures.append(f"run {i}: rc {done.returncode}: {done.stderr[-300:]}")
-    assert not failures, f"{len(failures)} of 60 runs failed at exit:\n" + "\n".join(failures[:3])
+    assert not failures, f"{len(failures)} of {SHUTDOWN_RUNS} runs failed at exit:\n" + "\n".join(failures[:3])
