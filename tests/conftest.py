@@ -4,7 +4,8 @@ out of the next.
 ``pytest --device cuda`` runs every device-generic test (one that takes the ``device`` fixture, or is marked
 ``gpu``) on the GPU and skips the rest, which are CPU-only by construction and run in the default CPU pass::
 
-    python -m pytest -q -m "not slow"                     # the CPU pass (CI)
+    python -m pytest -q                                   # the CPU pass (CI: every test, the slow tier included)
+    python -m pytest -q -m "not slow"                     # the same without the slow tier (a quicker pass while working)
     python -m pytest -q -m "not slow" --device cuda       # the same device-generic tests on a GPU
     python -m pytest -q -m "not slow" --half fp16         # the CPU pass in the CUDA pass's precision (fp16, 16-mixed)
 """

@@ -37,12 +37,15 @@ def test_ci_runs_the_unit_tests_again_on_the_oldest_declared_torch() -> None:
     assert "set -euo pipefail" in leg and 'torch==${floor}.*' in leg
 
 
-def test_ci_lints_and_type_checks_before_the_tests_and_runs_the_oldest_torch_leg_in_two_workers() -> None:
+def test_ci_lints_type_checks_and_builds_the_site_before_every_test_and_runs_the_oldest_torch_leg_in_two_workers() -> None:
     tomllib = pytest.importorskip("tomllib", reason="Requires: Python >= 3.11 (tomllib) to read pyproject.toml")
     (command,) = [c for c in readme_commands() if "pytest" in c]
     steps = [step.strip() for step in command.split("&&")]
     (mypy,) = [step for step in steps if step.startswith("mypy ")]
-    assert steps.index("ruff check .") < steps.index(mypy) < steps.index('python -m pytest -q -m "not slow"')  # fail fast
+    # fail fast: the lint, the types and the site's strict build before the tests, which are all of them (no -m filter:
+    # the slow tier's kill-and-relaunch, real full disk and torchrun tests guard what users rely on most)
+    assert steps.index("ruff check .") < steps.index(mypy) < steps.index("mkdocs build --strict") < steps.index("python -m pytest -q")
+    assert steps[-1] == "python -m pytest -q"
     checked = mypy.split()[2::2]  # mypy -p a -p b ...
     configured = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["mypy"]["packages"]
     assert mypy.split()[1::2] == ["-p"] * len(checked)
