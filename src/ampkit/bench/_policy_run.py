@@ -5,8 +5,9 @@ randomness), swapped in around its own chunks, so interleaving runs does not cha
 a run trained in chunks between other runs matches the same run trained alone, step for step.
 
 Under torchrun (``rank``/``world`` > 1) the engine wraps the model in DDP and each rank trains its slice of every
-batch. The figures are combined once, in :meth:`PolicyRun.summarize`: one ``all_gather_object`` of each rank's
-losses, step times and memory, so no step waits on the host for another rank beyond DDP's own all-reduce.
+batch. The figures are combined once, in :meth:`PolicyRun.summarize` (:mod:`~ampkit.bench._run_summary`): one
+``all_gather_object`` of each rank's losses, step times and memory, so no step waits on the host for another rank
+beyond DDP's own all-reduce.
 """
 
 from __future__ import annotations
@@ -15,12 +16,10 @@ import contextlib
 import copy
 import gc
 import logging
-import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from .._compat import graphs_compiled, tree_map
@@ -30,7 +29,7 @@ from ..memory._workspaces import create_library_workspaces
 from ..policy import Policy
 from ..training._engine import Engine
 from ..workloads._recipe import with_lr
-from ..workloads._timing import StepTimer, summarize
+from ..workloads._timing import StepTimer
 from ..workloads._workload import Batch, Workload
 from ._flops import count_flops
 from ._memory import (
@@ -42,6 +41,7 @@ from ._memory import (
 )
 from ._model_io import batch_loss, run_batch
 from ._results import RunResult
+from ._run_summary import summarize_run
 
 __all__ = ["PolicyRun", "compile_phase"]
 
@@ -345,77 +345,12 @@ class PolicyRun:
             log.warning("eval noise not measured under %s: scoring one eval batch alone failed (%s)", self.precision, one_line(exc, with_type=True))
 
     def summarize(self) -> None:
-        """Turn the recorded times and losses into the result's figures (one host read of the losses).
-
-        Under DDP every rank must call it (one ``all_gather_object``): the loss of a step is the mean of the ranks'
-        losses (each the mean over its equal slice, so the mean over the global batch), a step's time is the
-        slowest rank's, memory figures are the largest any rank reached, and FLOPs are summed over the ranks.
-        """
-        r = self.result
+        """Turn the recorded times and losses into the result's figures (one host read of the losses; see
+        :func:`~ampkit.bench._run_summary.summarize_run`). Under DDP every rank must call it (one ``all_gather_object``)."""
         losses: list[float] = torch.stack(self.losses).float().cpu().tolist() if self.losses else []
-        times, compiled = list(self.times), list(self.compiled)
-        if self.world > 1:
-            losses, times, compiled = self._combine_ranks(losses, times, compiled)
-        compiling = [t for t, c in zip(times, compiled) if c]
-        r.compiling_steps = len(compiling)
-        if len(compiling) == len(times):
-            compiling = []  # nothing steady to time instead: the times stay, and the row's note says they compiled
-        else:
-            times = [t for t, c in zip(times, compiled) if not c]
-        if losses:
-            r.losses = list(losses)
-            tail = losses[-max(1, len(losses) // 10) :]
-            r.final_loss = sum(tail) / len(tail)
-            if not math.isfinite(r.final_loss):
-                r.status = "diverged"
-        if times:
-            stats = summarize(times)
-            r.step_time_median_s, r.step_time_p10_s, r.step_time_p90_s = stats["median"], stats["p10"], stats["p90"]
-            r.timed_steps, r.step_times_s = len(times), list(times)
-            # The global batch (every rank's rows) of every micro-batch of the step.
-            r.throughput = self.workload.items_per_batch * self.workload.accumulate / stats["median"]
-            if r.flops_per_step is not None:
-                r.achieved_flops = r.flops_per_step / stats["median"]
-            if self.first_steps:
-                r.compile_time_s = max(0.0, sum(self.first_steps) - len(self.first_steps) * stats["median"])
-            if compiling:
-                compiling_s = max(0.0, sum(compiling) - len(compiling) * stats["median"])
-                r.compile_time_s = (r.compile_time_s or 0.0) + compiling_s
+        # The global batch (every rank's rows) of every micro-batch of the step.
+        items = self.workload.items_per_batch * self.workload.accumulate
+        summarize_run(self.result, losses, list(self.times), list(self.compiled), first_steps=self.first_steps, items_per_step=items, world=self.world)
         if self.engine is not None:
-            r.skipped_steps = self.engine.skipped_steps
-            r.final_loss_scale = self.engine.scale
-
-    def _combine_ranks(
-        self, losses: list[float], times: list[float], compiled: list[bool]
-    ) -> tuple[list[float], list[float], list[bool]]:
-        """Every rank's losses, times, memory and FLOPs in one collective; returns the combined losses and times."""
-        r = self.result
-        mine = {
-            "losses": losses, "times": times, "flops": r.flops_per_step, "peak": r.peak_memory_bytes,
-            "activations": r.activation_bytes, "rss": r.peak_rss_bytes, "breakdown": r.memory_breakdown,
-            "by_format": r.flops_by_format, "recomputed": r.recomputed_flops, "compiled": compiled,
-        }
-        ranks: list[Any] = [None] * self.world
-        dist.all_gather_object(ranks, mine)
-        if len({len(g["losses"]) for g in ranks}) != 1 or len({len(g["times"]) for g in ranks}) != 1:
-            raise RuntimeError(f"the ranks recorded different step counts ({[len(g['losses']) for g in ranks]}); every rank must train the same steps.")
-        losses = [sum(step) / self.world for step in zip(*(g["losses"] for g in ranks))]
-        times = [max(step) for step in zip(*(g["times"] for g in ranks))]  # the slowest rank sets the pace
-        compiled = [any(step) for step in zip(*(g["compiled"] for g in ranks))]  # a step any rank compiled in
-
-        def largest(key: str) -> int | None:
-            values = [g[key] for g in ranks if g[key] is not None]
-            return max(values) if values else None
-
-        r.peak_memory_bytes, r.activation_bytes, r.peak_rss_bytes = largest("peak"), largest("activations"), largest("rss")
-        keys = dict.fromkeys(k for g in ranks for k in g["breakdown"])  # ordered, rank 0's first
-        r.memory_breakdown = {k: max(g["breakdown"].get(k, 0) for g in ranks) for k in keys}
-        flops = [g["flops"] for g in ranks]
-        if all(f is not None for f in flops):  # each rank counted its own slice: the step's FLOPs are their sum
-            r.flops_per_step = float(sum(flops))
-            formats = dict.fromkeys(k for g in ranks for k in g["by_format"])
-            r.flops_by_format = {k: float(sum(g["by_format"].get(k, 0.0) for g in ranks)) for k in formats}
-            r.recomputed_flops = float(sum(g["recomputed"] or 0.0 for g in ranks))
-        else:
-            r.flops_per_step, r.flops_by_format, r.recomputed_flops = None, {}, None
-        return losses, times, compiled
+            self.result.skipped_steps = self.engine.skipped_steps
+            self.result.final_loss_scale = self.engine.scale
