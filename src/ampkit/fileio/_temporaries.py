@@ -18,7 +18,9 @@ name an older ampkit wrote) and the file has not been written to for ``stale_aft
 continuously, so an hour without a byte is a save that died. A file whose name has not exactly this form
 (``last.pt.notes``, ``last.pt.tmp.bak``) is never touched.
 
-It imports nothing from ampkit but a formatter, so every layer can write files this way without loading another.
+It imports nothing from ampkit but a formatter, so every layer can write files this way without loading another. The
+sharded checkpoint's directories (:mod:`ampkit.checkpoint._sharded_dir`) are named and judged the same way, through
+:func:`writer_token`, :data:`WRITER_TOKEN` and :func:`is_stale`.
 """
 
 from __future__ import annotations
@@ -37,12 +39,16 @@ from typing import Any
 
 from .._util.units import fmt_bytes
 
-__all__ = ["remove_stale_temporaries"]
+__all__ = ["remove_stale_temporaries", "writer_token", "WRITER_TOKEN", "is_stale"]
 
 _logger = logging.getLogger("ampkit")
 
 STALE_AFTER_S = 3600.0
 """Seconds without a write after which a temporary whose writer cannot be checked from here counts as stale."""
+
+WRITER_TOKEN = r"(?P<pid>\d{1,10})-(?P<start>\d{1,20})-(?P<machine>[0-9a-f]{8})-[0-9a-f]{16}"
+"""A token of :func:`writer_token` as a regular expression, its groups ``pid``, ``start`` and ``machine`` as
+:func:`is_stale` reads them: other writers of ampkit (the sharded checkpoint's directories) name their work with it."""
 
 # The suffix after "<name>": today's form, the previous release's "<pid>-<16 hex>" and the first "<16 hex>".
 _TEMP_SUFFIX = re.compile(r"\.(?:(?P<pid>\d{1,10})-(?:(?P<start>\d{1,20})-(?P<machine>[0-9a-f]{8})-)?)?[0-9a-f]{16}\.tmp")
@@ -76,14 +82,23 @@ def _own_start() -> int:
     return 0 if found is None else found[1]
 
 
+def writer_token() -> str:
+    """A fresh ``<pid>-<start>-<machine>-<16 hex>`` naming this process as a writer (see the module's note).
+
+    >>> import re
+    >>> re.fullmatch(WRITER_TOKEN, writer_token())["pid"] == str(os.getpid())
+    True
+    """
+    return f"{os.getpid()}-{_own_start()}-{_machine()}-{secrets.token_hex(8)}"
+
+
 def _open_temp_file(target: pathlib.Path) -> tuple[pathlib.Path, Any]:
     """Create and open a fresh temporary file next to ``target``, named for its writer (see the module's note)."""
     # Same directory as the target, because os.replace is only atomic within one file system. Mode "xb"
     # (O_EXCL) never reuses an existing file, and unlike tempfile.mkstemp (always 0600) it lets the process
     # umask decide the permissions, so the checkpoint gets the same mode as any other file the user writes.
-    writer = f"{os.getpid()}-{_own_start()}-{_machine()}"
     while True:
-        temp = target.with_name(f"{target.name}.{writer}-{secrets.token_hex(8)}.tmp")
+        temp = target.with_name(f"{target.name}.{writer_token()}.tmp")
         try:
             return temp, open(temp, "xb")
         except FileExistsError:  # pragma: no cover - 64 random bits colliding
@@ -110,9 +125,25 @@ def _writer_gone(pid: int, start: int) -> bool | None:
     return state in ("Z", "X") or (start != 0 and started != start)
 
 
-def _is_stale(suffix: re.Match[str], modified: float, now: float, stale_after: float) -> bool:
-    if suffix["machine"] == _machine():
-        gone = _writer_gone(int(suffix["pid"]), int(suffix["start"]))
+def is_stale(writer: re.Match[str], modified: float, now: float, stale_after: float) -> bool:
+    """Whether what the writer named by ``writer`` left, last written at ``modified``, is a killed write's leftover.
+
+    ``writer`` is a match whose groups ``pid``, ``start`` and ``machine`` (:data:`WRITER_TOKEN`) name the writer, or
+    are absent or None where the name carries none (an older ampkit's). A writer of this machine is judged by its
+    process alone (gone, a zombie, or its pid reused: stale; running: never), however old the file; any other only
+    once nothing has been written for ``stale_after`` seconds (the times are :func:`time.time`'s).
+
+    >>> import re, time
+    >>> mine = re.fullmatch(WRITER_TOKEN, writer_token())
+    >>> is_stale(mine, modified=0.0, now=time.time(), stale_after=60.0)  # this process runs: never stale
+    False
+    >>> older = re.fullmatch(r"[0-9a-f]{12}", "0123456789ab")  # no writer in the name: its age decides
+    >>> is_stale(older, modified=0.0, now=30.0, stale_after=60.0), is_stale(older, modified=0.0, now=90.0, stale_after=60.0)
+    (False, True)
+    """
+    groups = writer.groupdict()
+    if groups.get("machine") == _machine():
+        gone = _writer_gone(int(groups["pid"]), int(groups["start"]))
         if gone is not None:
             return gone
     # Written elsewhere, by an older ampkit, or not checkable here: only a file nobody has written to for long.
@@ -156,7 +187,7 @@ def remove_stale_temporaries(path: str | os.PathLike, *, stale_after: float = ST
             continue
         try:
             info = candidate.lstat()
-            if not stat.S_ISREG(info.st_mode) or not _is_stale(suffix, info.st_mtime, now, stale_after):
+            if not stat.S_ISREG(info.st_mode) or not is_stale(suffix, info.st_mtime, now, stale_after):
                 continue
             candidate.unlink()
         except FileNotFoundError:

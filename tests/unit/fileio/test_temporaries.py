@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,7 +16,16 @@ import pytest
 
 from ampkit._util.units import fmt_bytes
 from ampkit.fileio import load_checkpoint, remove_stale_temporaries, save_checkpoint, write_text_atomic
-from ampkit.fileio._temporaries import STALE_AFTER_S, _machine, _open_temp_file, _own_start, _proc_stat
+from ampkit.fileio._temporaries import (
+    _TEMP_SUFFIX,
+    STALE_AFTER_S,
+    WRITER_TOKEN,
+    _machine,
+    _open_temp_file,
+    _own_start,
+    _proc_stat,
+    writer_token,
+)
 
 needs_proc = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="Requires: /proc (Linux)")
 
@@ -116,6 +126,16 @@ def test_the_temporary_names_its_writer(tmp_path):
     handle.close()
     pid, start, machine, token = temp.name.removeprefix("last.pt.").removesuffix(".tmp").split("-")
     assert (int(pid), int(start), machine, len(token)) == (os.getpid(), _own_start(), _machine(), 16)
+
+
+def test_the_token_other_writers_share_reads_as_a_temporarys_name_does():
+    # The sharded checkpoint's directories carry writer_token() and are matched with WRITER_TOKEN: both must name the
+    # writer exactly as a temporary file's name does, or one kind would be judged by another's rule.
+    token = writer_token()
+    shared, own = re.fullmatch(WRITER_TOKEN, token), _TEMP_SUFFIX.fullmatch(f".{token}.tmp")
+    assert shared is not None and own is not None and token != writer_token()
+    assert shared.groupdict() == {k: own[k] for k in ("pid", "start", "machine")} == {
+        "pid": str(os.getpid()), "start": str(_own_start()), "machine": _machine()}
 
 
 @needs_proc
