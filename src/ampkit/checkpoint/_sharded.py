@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,6 +34,7 @@ from ..distributed._strategy import FSDP
 from ..fileio._checkpoint_files import capture_rng_state, load_checkpoint, save_checkpoint
 from ..fileio._checksums import file_crc32
 from ..fileio._disk import full_disk_message, storage_bytes
+from ..fileio._temporaries import writer_token
 from ._checks import check_training_payload
 from ._dcp_state import grouped, sharded_state, single_process_intended
 from ._payload import Undo, apply_payload, pending_grads, training_payload
@@ -108,6 +108,14 @@ def _broadcast_from_rank0(obj: Any) -> Any:
     return box[0]
 
 
+def _remove_leftovers(target: Path) -> None:
+    """What killed saves to ``target`` left, removed on rank 0 before the others hear the token: never an error."""
+    try:
+        remove_leftovers(target)
+    except Exception as exc:  # noqa: BLE001 - the other ranks wait in the broadcast: raising here would hang them
+        log.warning("could not remove what killed saves to %s left: %s", target, one_line(exc, with_type=True))
+
+
 def save_distributed(engine: EngineLike, path: str | os.PathLike[str], extra: dict[str, Any] | None = None) -> None:
     """Every rank calls it: rank 0 writes a file (DDP), or all ranks write a sharded directory (FSDP)."""
     rank, world = _rank_world()
@@ -125,7 +133,13 @@ def save_distributed(engine: EngineLike, path: str | os.PathLike[str], extra: di
     mine = {"rng": capture_rng_state(), "pending_grads": pending}
     gathered = _gather_to_rank0(mine)
     target = Path(os.fspath(path))
-    token = _broadcast_from_rank0(secrets.token_hex(6) if rank == 0 else None)
+    token = None
+    if rank == 0:
+        token = writer_token()  # rank 0's identity names the directory every rank writes into
+        if sharded:
+            _remove_leftovers(target)
+    # The other ranks wait here: none writes into the folder before the leftovers are gone and the space is free.
+    token = _broadcast_from_rank0(token)
     tmp = target.with_name(f"{target.name}.{token}.tmp")
     error = None
     if sharded:
@@ -165,7 +179,6 @@ def save_distributed(engine: EngineLike, path: str | os.PathLike[str], extra: di
                 payload["shards"] = {name: crc for sums in shard_sums for name, crc in sums.items()}
                 save_checkpoint(payload, tmp / ENGINE_FILE)
                 swap_into_place(tmp, target, token)
-                remove_leftovers(target)  # of earlier saves killed mid-write or mid-swap
             else:
                 save_checkpoint(payload, target)
         except Exception as exc:  # noqa: BLE001 - reported on every rank below

@@ -7,16 +7,22 @@ when. Where no exchange exists (Windows, a filesystem that refuses it, such as s
 so once), a directory cannot be renamed over a non-empty one, so the swap is two renames: the old checkpoint aside
 to ``<path>.<token>.old``, the new one to ``<path>``. A process killed between them leaves no ``<path>`` at all,
 but two complete checkpoints beside it: :func:`find_checkpoint` returns the newest complete one, so a resumed run
-that loads through ampkit (``engine.load``, ``checkpoint_exists``) finds it; ``path.exists()`` does not. Either way
-the next save removes every leftover of earlier, killed saves (:func:`remove_leftovers`).
+that loads through ampkit (``engine.load``, ``checkpoint_exists``) finds it; ``path.exists()`` does not.
+
+The token names the writer as :mod:`ampkit.fileio._temporaries` names a temporary file's
+(``<pid>-<start>-<machine>-<16 hex>``; rank 0's, on every rank of a job), so the next save removes, before it writes,
+exactly what killed saves left (:func:`remove_leftovers`): never a directory of a save still running, never a name of
+another form (``ckpt.notes.tmp``, ``ckpt.backup.old``). An earlier ampkit's ``<path>.<12 hex>.tmp`` names no writer:
+it goes once nothing in it has been written to for an hour. Where the path is missing (killed between the renames),
+the newest complete copy is renamed back into place first: the clean-up never removes the only checkpoint there is.
 
     >>> import tempfile
     >>> root = pathlib.Path(tempfile.mkdtemp())
-    >>> for name in ("ckpt.1a.old", "ckpt.2b.tmp"):
+    >>> for name in ("ckpt.4194305-0-0000abcd-0123456789abcdef.old", "ckpt.4194305-0-0000abcd-fedcba9876543210.tmp"):
     ...     (root / name).mkdir(); (root / name / ".metadata").touch()
-    >>> (root / "ckpt.1a.old" / "ampkit.pt").touch()
-    >>> find_checkpoint(root / "ckpt").name      # the .tmp lacks ampkit.pt: its save never finished
-    'ckpt.1a.old'
+    >>> (root / "ckpt.4194305-0-0000abcd-0123456789abcdef.old" / "ampkit.pt").touch()
+    >>> find_checkpoint(root / "ckpt").name  # the .tmp lacks ampkit.pt: its save never finished
+    'ckpt.4194305-0-0000abcd-0123456789abcdef.old'
 """
 
 from __future__ import annotations
@@ -27,11 +33,16 @@ import functools
 import logging
 import os
 import pathlib
+import re
 import shutil
+import stat
 import sys
+import time
 from collections.abc import Callable
 
+from .._util.units import fmt_bytes
 from ..fileio._checkpoint_files import _fsync_directory
+from ..fileio._temporaries import STALE_AFTER_S, WRITER_TOKEN, is_stale
 
 __all__ = ["ENGINE_FILE", "swap_into_place", "find_checkpoint", "remove_leftovers", "is_complete"]
 
@@ -46,11 +57,19 @@ def is_complete(directory: pathlib.Path) -> bool:
     return (directory / ".metadata").is_file() and (directory / ENGINE_FILE).is_file()
 
 
-def _leftovers(target: pathlib.Path) -> list[pathlib.Path]:
-    """``<name>.<token>.tmp`` and ``<name>.<token>.old`` beside ``target``: what saves leave while they run or when killed."""
-    if not target.parent.is_dir():
+# What follows "<name>" in a save's own directories: the writer's token (or an earlier ampkit's 12 hex), then
+# .tmp (being written, or the old checkpoint after the exchange) or .old (set aside by the two renames).
+_LEFTOVER_SUFFIX = re.compile(rf"\.(?:{WRITER_TOKEN}|[0-9a-f]{{12}})\.(?:tmp|old)")
+
+
+def _leftovers(target: pathlib.Path) -> list[tuple[pathlib.Path, re.Match[str]]]:
+    """The saves' own names beside ``target`` and what their names say of the writer; nothing else that is there."""
+    try:
+        names = sorted(p for p in target.parent.iterdir() if p.name.startswith(target.name + "."))
+    except OSError:  # no directory yet, or not readable: nothing of ours to find
         return []
-    return sorted(p for suffix in ("tmp", "old") for p in target.parent.glob(f"{target.name}.*.{suffix}") if p.name.count(".") >= 2)
+    found = ((p, _LEFTOVER_SUFFIX.fullmatch(p.name, len(target.name))) for p in names)
+    return [(p, match) for p, match in found if match is not None]
 
 
 @functools.cache
@@ -127,19 +146,103 @@ def find_checkpoint(target: str | os.PathLike[str]) -> pathlib.Path | None:
     target = pathlib.Path(os.fspath(target))
     if target.exists():
         return target
-    complete = [p for p in _leftovers(target) if p.is_dir() and is_complete(p)]
-    if not complete:
+    newest = _newest_complete([p for p, _ in _leftovers(target)])
+    if newest is None:
         return None
-    # ampkit.pt is written after every shard and .metadata: the newest one belongs to the newest finished save.
-    newest = max(complete, key=lambda p: (p / ENGINE_FILE).stat().st_mtime_ns)
     log.warning("no checkpoint at %s: a save was interrupted while swapping it into place; loading %s, its newest complete copy.", target, newest)
     return newest
 
 
-def remove_leftovers(target: pathlib.Path) -> None:
-    """Delete what earlier saves to ``target`` left (killed mid-write or mid-swap); call after a save succeeded."""
-    for path in _leftovers(target):
+def _newest_complete(paths: list[pathlib.Path]) -> pathlib.Path | None:
+    complete = [p for p in paths if p.is_dir() and is_complete(p)]
+    # ampkit.pt is written after every shard and .metadata: the newest one belongs to the newest finished save.
+    return max(complete, key=lambda p: (p / ENGINE_FILE).stat().st_mtime_ns, default=None)
+
+
+def _last_write_and_size(path: pathlib.Path) -> tuple[float, int] | None:
+    """When anything in ``path`` (a file, or a directory and all under it) was last written, and its bytes; None:
+    not a plain file or directory (a link is never ours)."""
+    info = path.lstat()
+    if stat.S_ISREG(info.st_mode):
+        return info.st_mtime, info.st_size
+    if not stat.S_ISDIR(info.st_mode):
+        return None
+    # A running save writes its shards' bytes into files that already exist: only their times move, not the folder's.
+    newest, size = info.st_mtime, 0
+    for folder, _, files in os.walk(path):
+        for name in files:
+            found = os.lstat(os.path.join(folder, name))
+            newest, size = max(newest, found.st_mtime), size + found.st_size
+    return newest, size
+
+
+def _delete(path: pathlib.Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        # ampkit.pt first (it was written last): a deletion cut short leaves a directory no loader takes for complete.
+        (path / ENGINE_FILE).unlink(missing_ok=True)
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+
+
+def remove_leftovers(target: str | os.PathLike[str], *, stale_after: float = STALE_AFTER_S) -> list[pathlib.Path]:
+    """Delete what killed saves to ``target`` left (mid-write or mid-swap); return what was removed.
+
+    A save calls it before it writes, so the space is free for it. Only the saves' own names count, and of them only
+    a killed save's: its writer ran on this machine and is gone (or its pid now names another process), or its writer
+    cannot be checked from here (another machine's, an earlier ampkit's) and nothing in it has been written to for
+    ``stale_after`` seconds. Where ``target`` is missing (killed between the swap's two renames), the newest complete
+    copy is renamed back into place rather than removed. One line in the ``ampkit`` log names what was removed and its
+    size; what cannot be removed gets a warning, never an error.
+
+    >>> import os, tempfile
+    >>> target = pathlib.Path(tempfile.mkdtemp()) / "ckpt"
+    >>> killed = target.with_name("ckpt.0123456789ab.tmp")  # an earlier ampkit's, nothing written in it for two hours
+    >>> killed.mkdir(); os.utime(killed, (time.time() - 7200,) * 2)
+    >>> target.with_name("ckpt.notes.tmp").mkdir()  # a user's
+    >>> [p.name for p in remove_leftovers(target)]
+    ['ckpt.0123456789ab.tmp']
+
+    Raises:
+        ValueError: ``stale_after`` is negative or not a number.
+    """
+    if not stale_after >= 0:  # also refuses NaN
+        raise ValueError(f"stale_after={stale_after!r}: give the seconds without a write after which a leftover is stale, >= 0.")
+    target = pathlib.Path(os.fspath(target))
+    now = time.time()
+    stale: dict[pathlib.Path, int] = {}
+    leftovers = _leftovers(target)
+    for path, writer in leftovers:
         try:
-            shutil.rmtree(path) if path.is_dir() else path.unlink()
-        except OSError as exc:  # another process's files, a read-only mount: worth a word, never a failed save
-            log.warning("could not remove %s left by an interrupted save: %s", path, exc)
+            found = _last_write_and_size(path)
+        except OSError:
+            continue  # removed meanwhile (its writer finished), or not ours to read
+        if found is not None and is_stale(writer, found[0], now, stale_after):
+            stale[path] = found[1]
+    if not target.exists():
+        # Killed between the two renames: the newest complete copy is the checkpoint; a running save's is left to it.
+        newest = _newest_complete([p for p, _ in leftovers])
+        if newest is not None and stale.pop(newest, None) is not None:
+            try:
+                os.replace(newest, target)
+                _fsync_directory(target.parent)
+                log.warning("no checkpoint at %s: a save was killed while swapping it into place; %s, its newest complete copy, is back at the path.", target, newest.name)
+            except OSError as exc:
+                log.warning("could not move %s back to %s: %s", newest, target, exc)
+    removed: list[tuple[pathlib.Path, int]] = []
+    for path, size in stale.items():
+        try:
+            _delete(path)
+        except FileNotFoundError:
+            continue  # its writer (or another cleaner) removed it meanwhile
+        except OSError as exc:  # another user's files, a read-only mount: worth a word, never a failed save
+            log.warning("could not remove %s, left by an interrupted save: %s", path, exc)
+            continue
+        removed.append((path, size))
+    if removed:
+        log.info(
+            "removed %d leftover(s) of killed sharded saves to %s (%s): %s",
+            len(removed), target, fmt_bytes(sum(size for _, size in removed)),
+            ", ".join(f"{p.name} ({fmt_bytes(size)})" for p, size in removed),
+        )
+    return [p for p, _ in removed]

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 import ampkit.checkpoint._sharded_dir as sharded_dir
-from ampkit.checkpoint._sharded_dir import ENGINE_FILE, find_checkpoint, is_complete, remove_leftovers, swap_into_place
+from ampkit.checkpoint._sharded_dir import ENGINE_FILE, find_checkpoint, is_complete, swap_into_place
+from ampkit.fileio._temporaries import _machine
 
 
 def _checkpoint(path: Path, marker: str, *, complete: bool = True, mtime_ns: int | None = None) -> Path:
@@ -38,13 +39,22 @@ def test_the_new_directory_takes_the_place_and_nothing_else_is_left(tmp_path: Pa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
 
 
+# Names of the saves' own directories, their writer gone (no process has a pid above Linux's largest) or unknown.
+_OLDER_AMPKIT = "0123456789ab"
+
+
+def _killed(machine: str | None = None, random: str = "0123456789abcdef") -> str:
+    return f"4194305-0-{machine or _machine()}-{random}"
+
+
 def test_with_no_checkpoint_the_newest_complete_leftover_is_loaded(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     target = tmp_path / "ckpt"
     assert find_checkpoint(target) is None
-    _checkpoint(tmp_path / "ckpt.aa.old", "older save", mtime_ns=1_000_000_000)
-    newer = _checkpoint(tmp_path / "ckpt.bb.tmp", "newer save", mtime_ns=2_000_000_000)  # killed between the renames
-    _checkpoint(tmp_path / "ckpt.cc.tmp", "killed mid-write", complete=False)
-    _checkpoint(tmp_path / "other.dd.tmp", "another checkpoint's", mtime_ns=3_000_000_000)
+    _checkpoint(tmp_path / f"ckpt.{_OLDER_AMPKIT}.old", "older save", mtime_ns=1_000_000_000)
+    newer = _checkpoint(tmp_path / f"ckpt.{_killed()}.tmp", "newer save", mtime_ns=2_000_000_000)  # killed between the renames
+    _checkpoint(tmp_path / f"ckpt.{_killed(random='fedcba9876543210')}.tmp", "killed mid-write", complete=False)
+    _checkpoint(tmp_path / f"other.{_killed()}.tmp", "another checkpoint's", mtime_ns=3_000_000_000)
+    _checkpoint(tmp_path / "ckpt.backup.old", "a user's copy, not a save's", mtime_ns=3_000_000_000)
     with caplog.at_level(logging.WARNING, logger="ampkit"):
         assert find_checkpoint(str(target)) == newer
     assert f"no checkpoint at {target}: a save was interrupted while swapping it into place; loading {newer}" in caplog.text
@@ -52,34 +62,25 @@ def test_with_no_checkpoint_the_newest_complete_leftover_is_loaded(tmp_path: Pat
     assert find_checkpoint(target) == target  # once it exists, it is the one
 
 
-def test_leftovers_of_earlier_saves_are_removed_and_nothing_else(tmp_path: Path) -> None:
-    target = tmp_path / "ckpt"
-    _checkpoint(target, "the checkpoint")
-    for name in ("ckpt.aa.old", "ckpt.bb.tmp"):
-        _checkpoint(tmp_path / name, name)
-    (tmp_path / "ckpt.cc.tmp").write_text("a single-file save's temporary file")
-    kept = ["ckpt", "ckpt.pt", "ckpt.tmp", "ckpt2.ee.tmp", "other.ff.old"]
-    for name in kept[1:]:
-        (tmp_path / name).write_text(name)
-    remove_leftovers(target)
-    assert sorted(p.name for p in tmp_path.iterdir()) == kept
-
-
-# A sharded save run for real (the DCP shards, ampkit.pt, the swap, the clean-up) and killed (SIGKILL, in a fork)
-# just before its n-th filesystem operation, for every n until a save gets through: after each kill the path holds
-# a complete checkpoint, the old one or the new one. One process and no process group, so save_distributed is told
-# that "no strategy" is FSDP; the load then reads the directory as a single process resumes one.
+# A sharded save run for real (the clean-up, the DCP shards, ampkit.pt, the swap) and killed (SIGKILL, in a fork)
+# just before its n-th filesystem operation, for every n until a save gets through: after each kill the path loads a
+# complete checkpoint, the old one or the new one. One process and no process group, so save_distributed is told
+# that "no strategy" is FSDP; the load then reads the directory as a single process resumes one. In "swap", the save
+# replaces a checkpoint at the path (which must stay there throughout); in "gap", an earlier save was killed between
+# the two renames: no checkpoint at the path, the old one beside it, and an older one set aside, which must never
+# be what loads (the clean-up puts the old one back before it removes anything).
 _KILL_AT_EVERY_OPERATION = r"""
 import os, shutil, signal, sys, pathlib
 import torch
 from torch import nn
 from ampkit import Engine
 from ampkit.checkpoint import _sharded
-from ampkit.checkpoint._sharded_dir import is_complete
+from ampkit.checkpoint._sharded_dir import find_checkpoint, is_complete
+from ampkit.fileio._temporaries import _machine
 
 torch.set_num_threads(1)
 _sharded.FSDP = type(None)  # engine.strategy is None here: take the sharded path in one process
-root = pathlib.Path(sys.argv[1])
+root, scene = pathlib.Path(sys.argv[1]), sys.argv[2]
 
 def engine(seed):
     torch.manual_seed(seed)
@@ -91,9 +92,16 @@ def engine(seed):
 def weights(e):
     return [p.detach().clone() for p in e.models[0].parameters()]
 
-old, new = engine(0), engine(1)
+old, new, older = engine(0), engine(1), engine(3)
 pristine = root / "pristine" / "ckpt"
-_sharded.save_distributed(old, pristine)
+if scene == "gap":
+    killed = f"4194305-0-{_machine()}-0123456789abcdef"  # a writer of this machine that is gone
+    _sharded.save_distributed(older, pristine)
+    pristine.rename(pristine.with_name(f"ckpt.{killed}.old"))
+    _sharded.save_distributed(old, pristine)  # its ampkit.pt is the newer one
+    pristine.rename(pristine.with_name(f"ckpt.{killed}.tmp"))
+else:
+    _sharded.save_distributed(old, pristine)
 MUTATING = {"os.rename", "os.remove", "os.rmdir", "os.mkdir", "os.truncate", "shutil.rmtree", "shutil.move", "ctypes.call_function"}
 
 def mutating(event, args):
@@ -122,7 +130,9 @@ while True:
     _, status = os.waitpid(pid, 0)
     finished = os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
     assert finished or os.WTERMSIG(status) == signal.SIGKILL, status
-    assert target.exists() and is_complete(target), f"killed before operation {n}: no complete checkpoint at the path"
+    found = find_checkpoint(target)
+    assert found is not None and is_complete(found), f"killed before operation {n}: no complete checkpoint to load"
+    assert scene == "gap" or found == target, f"killed before operation {n}: no checkpoint at the path"
     loading = engine(2)
     _sharded.load_distributed(loading, target)
     got = weights(loading)
@@ -130,20 +140,22 @@ while True:
     assert which, f"killed before operation {n}: the path loads neither the old checkpoint nor the new one"
     print(n, which[0], "finished" if finished else "killed", flush=True)
     if finished:
+        assert sorted(os.listdir(work)) == ["ckpt"], os.listdir(work)  # every leftover removed
         break
 """
 
 
-@pytest.mark.slow  # ~5 s: a torch start and 13 forked saves; CI checks the swap itself below, stopped at each operation
-def test_a_save_killed_before_any_filesystem_operation_leaves_a_complete_checkpoint_at_the_path(tmp_path: Path) -> None:
+@pytest.mark.slow  # ~5 s each: a torch start and 13 forked saves; CI checks the swap itself below, stopped at each operation
+@pytest.mark.parametrize("scene", ["swap", "gap"])
+def test_a_save_killed_before_any_filesystem_operation_leaves_a_complete_checkpoint_at_the_path(tmp_path: Path, scene: str) -> None:
     import subprocess
 
-    done = subprocess.run([sys.executable, "-c", _KILL_AT_EVERY_OPERATION, str(tmp_path)], capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run([sys.executable, "-c", _KILL_AT_EVERY_OPERATION, str(tmp_path), scene], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     lines = [line.split() for line in done.stdout.splitlines()]
     assert lines[-1][1:] == ["new", "finished"] and all(kind == "killed" for _, _, kind in lines[:-1])
     assert {which for _, which, _ in lines} == {"old", "new"}  # killed both before the swap and after it
-    assert len(lines) > 5  # the shards, ampkit.pt, the swap and the clean-up were each a kill point
+    assert len(lines) > 5  # the clean-up, the shards, ampkit.pt and the swap were each a kill point
 
 
 class _Stopped(Exception):
@@ -195,11 +207,11 @@ def test_where_the_filesystem_cannot_exchange_the_two_renames_leave_a_gap_the_lo
     monkeypatch.setattr(sharded_dir, "_exchange", lambda a, b: False)  # Windows, or a mount that answers EINVAL
     sharded_dir._warn_no_exchange.cache_clear()
     target = _checkpoint(tmp_path / "ckpt", "old", mtime_ns=1_000_000_000)
-    new = _checkpoint(tmp_path / "ckpt.ab12.tmp", "new", mtime_ns=2_000_000_000)
+    new = _checkpoint(tmp_path / f"ckpt.{_killed()}.tmp", "new", mtime_ns=2_000_000_000)
     with monkeypatch.context() as patch, caplog.at_level(logging.WARNING, logger="ampkit"):
         _stop_at(patch, 3)  # the exchange (refused), the first rename, then the second
         with pytest.raises(_Stopped):
-            swap_into_place(new, target, "ab12")
+            swap_into_place(new, target, _killed())
     assert "cannot exchange two directories atomically" in caplog.text
     assert not target.exists()  # the documented gap
     assert find_checkpoint(target) == new  # the newer complete copy

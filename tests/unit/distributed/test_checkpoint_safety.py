@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -68,10 +69,12 @@ def _save_twice(rank: int, device: torch.device, first: str, second: str) -> dic
     engine.save(first)
     at_first = _full(engine)
     _train(model, engine, rank, 2)
-    if rank == 0:
+    if rank == 0:  # an earlier ampkit's names (no writer in them), nothing written in them for two hours
         for leftover in (f"{second}.0badc0ffee00.tmp", f"{second}.0badc0ffee01.old"):
             os.makedirs(leftover)
             Path(leftover, "__0_0.distcp").write_bytes(b"cut off")
+            for path in (Path(leftover, "__0_0.distcp"), Path(leftover)):
+                os.utime(path, (time.time() - 7200,) * 2)
     engine.save(second)
     return {"first": at_first, "second": _full(engine)}
 
@@ -201,7 +204,7 @@ def test_a_save_killed_between_its_renames_is_found_and_the_next_save_cleans_up(
 
     # What a kill between the two renames leaves: the old checkpoint moved aside, the new one not yet in place.
     target = tmp_path / "ckpt"
-    old, new = target.with_name("ckpt.5eed.old"), target.with_name("ckpt.5eed.tmp")
+    old, new = target.with_name("ckpt.5eed5eed5eed.old"), target.with_name("ckpt.5eed5eed5eed.tmp")
     shutil.copytree(first, old)
     shutil.copytree(second, new)
     os.utime(old / ENGINE_FILE, ns=(1, 1))  # the new one's engine file is written later
@@ -230,12 +233,12 @@ def replace(a, b):
     real(a, b)
 _sharded_dir.os.replace = replace
 root = pathlib.Path(sys.argv[1])
-_sharded_dir.swap_into_place(root / "ckpt.t0k3n.tmp", root / "ckpt", "t0k3n")
+_sharded_dir.swap_into_place(root / "ckpt.70c3e070c3e0.tmp", root / "ckpt", "70c3e070c3e0")
 """
 
 
 def test_a_real_kill_between_the_renames_leaves_what_the_loader_recovers(tmp_path):
-    for name, stamp in (("ckpt", 1), ("ckpt.t0k3n.tmp", 2)):
+    for name, stamp in (("ckpt", 1), ("ckpt.70c3e070c3e0.tmp", 2)):
         (tmp_path / name).mkdir()
         (tmp_path / name / ".metadata").write_text(name)
         (tmp_path / name / ENGINE_FILE).write_text(name)
@@ -243,4 +246,4 @@ def test_a_real_kill_between_the_renames_leaves_what_the_loader_recovers(tmp_pat
     done = subprocess.run([sys.executable, "-c", _KILL_BETWEEN_RENAMES, str(tmp_path)], capture_output=True, timeout=60)
     assert done.returncode == -signal.SIGKILL, done.stderr.decode()
     assert not (tmp_path / "ckpt").exists()  # the gap where the filesystem has no exchange: nothing at the path
-    assert find_checkpoint(tmp_path / "ckpt") == tmp_path / "ckpt.t0k3n.tmp"  # the newer complete one
+    assert find_checkpoint(tmp_path / "ckpt") == tmp_path / "ckpt.70c3e070c3e0.tmp"  # the newer complete one
