@@ -140,8 +140,9 @@ def test_compiled_twins_run_beside_their_eager_runs_with_compile_time_apart(fres
         assert eager.compile_time_s is None and eager.speedup_vs_eager is None
         # Compiling is paid in the first steps, measured apart: the timed steps are steady, far below it.
         assert compiled.timed_steps == eager.timed_steps == w.steps - w.warmup
-        # (3x, not more: another process on the cores, as under pytest -n 2, slows the steady steps, not the compile.)
-        assert compiled.compile_time_s > 3 * compiled.step_time_median_s
+        # No timed step paid the compile: a compile left among them would be a step as long as it. (A ratio to the median
+        # step, 3x, failed at 2.6x on a loaded machine: another process slows the steady steps, not the compile.)
+        assert compiled.compile_time_s > max(compiled.step_times_s)
         assert compiled.speedup_vs_eager == pytest.approx(eager.step_time_median_s / compiled.step_time_median_s)
         assert compiled.speedup_vs_fp32 == pytest.approx(result.runs[0].step_time_median_s / compiled.step_time_median_s)
         assert compiled.flops_per_step == eager.flops_per_step > 0  # the same math, counted once
