@@ -44,8 +44,11 @@ def test_ci_lints_type_checks_and_builds_the_site_before_every_test_and_runs_the
     (mypy,) = [step for step in steps if step.startswith("mypy ")]
     # fail fast: the lint, the types and the site's strict build before the tests, which are all of them (no -m filter:
     # the slow tier's kill-and-relaunch, real full disk and torchrun tests guard what users rely on most)
-    assert steps.index("ruff check .") < steps.index(mypy) < steps.index("mkdocs build --strict") < steps.index("python -m pytest -q")
-    assert steps[-1] == "python -m pytest -q"
+    (pytest_step,) = [step for step in steps if step.startswith("python -m pytest")]
+    assert steps.index("ruff check .") < steps.index(mypy) < steps.index("mkdocs build --strict") < steps.index(pytest_step)
+    assert steps[-1] == pytest_step and " -m " not in pytest_step and "-k " not in pytest_step  # every test
+    # The slowest tests are printed with every run, so a CI log shows where its time goes (DEVELOPERS.md, "CI's time").
+    assert "--durations=" in pytest_step
     checked = mypy.split()[2::2]  # mypy -p a -p b ...
     configured = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["mypy"]["packages"]
     assert mypy.split()[1::2] == ["-p"] * len(checked)
