@@ -16,6 +16,7 @@ import dataclasses
 import importlib.util
 import multiprocessing
 import os
+import subprocess
 import sys
 import warnings
 from collections.abc import Callable, Iterator
@@ -302,3 +303,13 @@ def quiet_machine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatc
         return dataclasses.replace(real(self), others_cores=0.0)
 
     monkeypatch.setattr(_machine.CpuMeter, "read", quiet)
+
+
+@pytest.fixture
+def sleeper() -> Iterator[subprocess.Popen[bytes]]:
+    """A live process that writes nothing: a running writer whose files a cleanup must keep (fileio's temporaries,
+    the sharded checkpoint's leftovers)."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    yield proc
+    proc.kill()
+    proc.wait()

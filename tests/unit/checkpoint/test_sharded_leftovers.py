@@ -78,15 +78,6 @@ def test_a_users_look_alike_names_are_kept(tmp_path: Path, caplog: pytest.LogCap
     assert [r.levelno for r in caplog.records if r.name == "ampkit"] == [logging.INFO]  # nothing it tried and failed
 
 
-@pytest.fixture
-def sleeper():
-    """A live process that is not writing anything."""
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-    yield proc
-    proc.kill()
-    proc.wait()
-
-
 @needs_proc
 def test_a_live_writers_directories_are_kept_and_a_reused_pids_are_not(tmp_path: Path, sleeper: subprocess.Popen) -> None:
     target = _directory(tmp_path / "ckpt")

@@ -71,15 +71,6 @@ def _name(target: Path, pid: int, start: int, machine: str | None = None) -> Pat
     return target.with_name(f"{target.name}.{pid}-{start}-{machine or _machine()}-0123456789abcdef.tmp")
 
 
-@pytest.fixture
-def sleeper():
-    """A live process that is not writing anything."""
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-    yield proc
-    proc.kill()
-    proc.wait()
-
-
 def test_killed_saves_leave_their_temporary_and_the_next_save_removes_it_but_not_a_running_saves(tmp_path, caplog):
     target = tmp_path / "last.pt"
     save_checkpoint({"step": 0}, target)
