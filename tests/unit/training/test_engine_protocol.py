@@ -4,12 +4,10 @@ ampkit at run time (the point of it: the modules typed by it need not import the
 from __future__ import annotations
 
 import inspect
-import os
 import subprocess
 import sys
-from pathlib import Path
+from collections.abc import Callable
 
-import pytest
 import torch
 from torch import nn
 
@@ -92,17 +90,7 @@ engine.add_hook(Wrong())
 """
 
 
-def test_a_type_checker_takes_hooks_typed_by_the_engine_class_or_the_protocol(tmp_path: Path) -> None:
-    api = pytest.importorskip("mypy.api", reason="Requires: mypy (the dev extra)")
-    import ampkit
-
-    (tmp_path / "user.py").write_text(USER_HOOKS)
-    # As tests/unit/training/test_engine_view.py runs it: ampkit analysed, torch and the rest skipped, no cache.
-    (tmp_path / "mypy.ini").write_text(
-        f"[mypy]\nmypy_path = {Path(ampkit.__file__).resolve().parents[1]}\nfollow_imports = skip\nignore_missing_imports = True\n"
-        "[mypy-ampkit.*]\nfollow_imports = silent\n"
-    )
-    out, err, _ = api.run([str(tmp_path / "user.py"), "--config-file", str(tmp_path / "mypy.ini"), "--cache-dir", os.devnull, "--no-error-summary"])
-    assert not err, err
+def test_a_type_checker_takes_hooks_typed_by_the_engine_class_or_the_protocol(mypy_on_user_code: Callable[[str], str]) -> None:
+    out = mypy_on_user_code(USER_HOOKS)
     errors = [line for line in out.splitlines() if ": error:" in line]
     assert len(errors) == 1 and "user.py:14:" in errors[0] and "[arg-type]" in errors[0], out

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import inspect
-import os
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -154,19 +153,8 @@ REVEALED = [
 ]
 
 
-def test_a_type_checker_reads_each_part_with_its_type_and_flags_an_assignment(tmp_path: Path) -> None:
-    api = pytest.importorskip("mypy.api", reason="Requires: mypy (the dev extra)")
-    import ampkit
-
-    (tmp_path / "user.py").write_text(USER_CODE)
-    # Only ampkit is analysed (torch and the rest are skipped, their types Any), with no cache: about 3 s, the same
-    # each run. mypy_path: the ampkit this test imports, not another checkout installed in the environment.
-    (tmp_path / "mypy.ini").write_text(
-        f"[mypy]\nmypy_path = {Path(ampkit.__file__).resolve().parents[1]}\nfollow_imports = skip\nignore_missing_imports = True\n"
-        "[mypy-ampkit.*]\nfollow_imports = silent\n"
-    )
-    out, err, _ = api.run([str(tmp_path / "user.py"), "--config-file", str(tmp_path / "mypy.ini"), "--cache-dir", os.devnull, "--no-error-summary"])
-    assert not err, err
+def test_a_type_checker_reads_each_part_with_its_type_and_flags_an_assignment(mypy_on_user_code: Callable[[str], str]) -> None:
+    out = mypy_on_user_code(USER_CODE)
     lines = out.splitlines()
     revealed = [line.split('Revealed type is "', 1)[1].rstrip('"') for line in lines if "Revealed type is" in line]
     assert revealed == REVEALED, out
