@@ -192,12 +192,15 @@ def test_smoke_run_measures_every_row_of_one_framework(script: ModuleType, tmp_p
     assert "| fabric | ampkit 16-mixed, inf at step 1 |" in printed
 
 
-# CI time (2026-12-06): slow tier, about 25 s on one pinned core (the Trainers' setup, A/A rows, 3 runs per resume
-# row, 4 frameworks; the Fabric-only run above takes 4 s). CI runs each framework's runner above and the whole script on Fabric.
+# CI time (2026-12-06): slow tier. The other three frameworks' resume rows, which nothing above runs (the overhead
+# rows' claim, bitwise with the framework's own bf16, is each runner's test above; Fabric's whole script is the test
+# before this one). The whole script on all four took 53 s in CI; the resume part alone on these three takes less.
 @pytest.mark.slow
-def test_smoke_run_of_every_framework(script: ModuleType, tmp_path: Path) -> None:
-    report = script.main(["--smoke"])
-    assert all(r["status"] == "ok" and r["losses"]["bitwise"] for r in report["overhead"]) and len(report["overhead"]) == 16
-    assert all(r["status"] == "ok" for r in report["resume"]) and len(report["resume"]) == 4 * len(script.RESUME_CASES)
+def test_smoke_resume_rows_of_the_other_frameworks(script: ModuleType) -> None:
+    others = [f for f in script.RUNNERS if f != "fabric"]
+    report = script.main(["--smoke", "--parts", "resume", "--frameworks", ",".join(others)])
+    assert report["overhead"] == []
+    assert all(r["status"] == "ok" for r in report["resume"]) and len(report["resume"]) == len(others) * len(script.RESUME_CASES)
+    assert {r["framework"] for r in report["resume"]} == set(others)
     for r in report["resume"]:
         assert r["resumed_losses"]["bitwise"] != r["case"].endswith("state removed"), (r["framework"], r["case"])
