@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+from collections.abc import Iterable, Iterator, Mapping, Sized
 from typing import Any
 
 import torch
 
 from ..policy import Policy, get_policy
-from ..workloads import Workload, load_factory
+from ..workloads import BenchData, Workload, load_factory
 from ._checks import writable_dir
 from ._console import stdout_console
 from ._parsers import (
@@ -54,20 +55,34 @@ def _policy(args: argparse.Namespace, device: torch.device) -> Policy:
     return mixed if support.supported and support.fast else get_policy("32-true")
 
 
-def _user_loader(args: argparse.Namespace) -> torch.utils.data.DataLoader[Any] | None:
-    """The DataLoader a ``--data`` factory returns (profiled and varied as it is), or None for other data."""
+def _user_loader(args: argparse.Namespace) -> Iterable[Any] | None:
+    """The training data a ``--data`` factory returns, profiled as the loop reads it: a DataLoader, the ``train``
+    of a BenchData, or any iterable not already in memory (a generator, an iterable without a length); None for
+    the rest (a list of batches, a ``datasets.Dataset``, a built-in workload's data), read through the workload."""
     if args.data is None:
         return None
     data = load_factory(args.data, "--data")()
-    return data if isinstance(data, torch.utils.data.DataLoader) else None
+    train = data.train if isinstance(data, BenchData) else data
+    if isinstance(train, (torch.utils.data.DataLoader, Iterator)):
+        return train
+    if isinstance(train, Iterable) and not isinstance(train, (Sized, Mapping, torch.Tensor, str, bytes)):
+        return train  # a stream without a length (an IterableDataset, a reader of files): its reads are the data phase
+    return None
 
 
 def _workload(args: argparse.Namespace, device: torch.device, size: str, loader: Any) -> Workload:
     if args.model is None and args.data is None and args.workload is None:
         args.workload = DEFAULT_WORKLOAD
-    # A DataLoader is read for two batches only, to check the model runs on them; the profile then reads it itself.
+    # The user's loader is read for two batches only, to check the model runs on them; the profile then reads it itself.
     steps = 2 if loader is not None else args.warmup + args.plain_steps + args.steps + args.sync_steps + args.trace_steps
     return workload_from_args(args, device, size, steps=steps, warmup=1, data_use="profile it on")
+
+
+def _varied(args: argparse.Namespace, loader: Any, workload: Workload) -> bool:
+    """Whether the profile times the DataLoader's variants: asked, and a DataLoader to vary (the user's, or the one a
+    built-in workload's per-sample dataset is read through)."""
+    given = isinstance(loader, torch.utils.data.DataLoader) or (loader is None and workload.samples is not None)
+    return not args.no_trials and given
 
 
 def _workload_flags(args: argparse.Namespace, size: str) -> str:
@@ -103,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     console.print(
         f"[dim]ampkit profile: {workload.name} under {policy.name} on {device}: {args.warmup} warm-up steps, "
         f"{args.plain_steps} plain, {args.steps} timed, {args.sync_steps} with syncs counted, {args.trace_steps} traced"
-        f"{'' if args.no_trials else ', then the DataLoader variants'}...[/dim]"
+        f"{', then the DataLoader variants' if _varied(args, loader, workload) else ''}...[/dim]"
     )
     context = {
         "command": recorded_command(args),

@@ -35,6 +35,7 @@ from ._table import (
     ops_lines,
     overhead_line,
     phase_rows,
+    sentence,
     sync_line,
     sync_rows,
     trial_rows,
@@ -112,9 +113,10 @@ def _ops(data: dict[str, Any]) -> list[str]:
 
 def _trials(data: dict[str, Any]) -> list[str]:
     rows = trial_rows(data)
+    note = [md_escape(sentence(data["trials_note"])), ""] if data.get("trials_note") else []
     if not rows.rows:
-        return []
-    return ["## Input-pipeline trials", "", *_md_table(rows), ""]
+        return ["## Input-pipeline trials", "", *note] if note else []
+    return ["## Input-pipeline trials", "", *_md_table(rows), "", *note]
 
 
 def _advice(data: dict[str, Any]) -> list[str]:

@@ -63,16 +63,45 @@ def workload_loader(workload: Workload) -> DataLoader[Any]:
     return DataLoader(_Batches(workload.train_batches), batch_size=None, shuffle=False)
 
 
-def _cycled(loader: Iterable[Any], count: int) -> Iterator[Any]:
-    """``count`` batches of ``loader``, starting it again (a new epoch) each time it runs out."""
+def _cycled(loader: Iterable[Any], count: int, needed: int) -> Iterator[Any]:
+    """``count`` batches of ``loader``, starting it again (a new epoch) each time it runs out. An iterator (a
+    generator) cannot start again: it is read to its end, which must come after the ``needed`` batches that time
+    the phases (the sync and trace windows may run short: the profile says how many steps they got)."""
+    one_shot = isinstance(loader, Iterator)
     given = 0
     while given < count:
         before = given
         for batch in itertools.islice(loader, count - given):
             given += 1
             yield batch
+        if one_shot and given < count:
+            if given < needed:
+                raise ValueError(
+                    f"the training data is an iterator (a generator), {ONE_SHOT}: it gave {given} batches and the profile "
+                    f"needs {needed} batches to time the phases (warm-up, plain and timed steps); give it more batches, "
+                    "return a DataLoader or a list instead, or lower --warmup, --plain-steps and --steps."
+                )
+            return
         if given == before:
             raise ValueError("the data loader gave no batches; give it at least one batch.")
+
+
+ONE_SHOT = "read only once"
+"""How the profile names an iterator's limit: it cannot be started again, for another epoch or a trial."""
+
+
+def _trials_note(loader: Iterable[Any], given: bool) -> str | None:
+    """Why the loader's settings cannot be tried on this data; None when they can."""
+    if isinstance(loader, DataLoader):
+        return None
+    if isinstance(loader, Iterator):
+        return (
+            f"no DataLoader settings were tried: the training data is an iterator (a generator), {ONE_SHOT}, so it "
+            "cannot be read again for the trials; return a DataLoader to have its settings timed"
+        )
+    if given:
+        return f"no DataLoader settings were tried: the training data is a {type(loader).__name__}, not a DataLoader"
+    return None
 
 
 def profile_workload(
@@ -81,7 +110,7 @@ def profile_workload(
     device: torch.device | str,
     *,
     compile: Any = None,
-    loader: DataLoader[Any] | None = None,
+    loader: Iterable[Any] | None = None,
     warmup: int = 3,
     plain_steps: int = 10,
     timed: int = 20,
@@ -93,7 +122,8 @@ def profile_workload(
     context: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Profile ``workload`` trained under ``precision`` (a Policy, taken as it is, or a name) on ``device``, fed by
-    ``loader`` (default: :func:`workload_loader`), then time the loader's variants on the same step (``trials``; a
+    ``loader`` (default: :func:`workload_loader`; any iterable of batches, read as the loop reads it: an iterator,
+    a generator, is read once, and its settings cannot be tried), then time the loader's variants on the same step (``trials``; a
     workload whose batches are ready in memory has no loader worth varying and gets none). Returns the
     ``profile.json`` dict; ``context`` (the command, the workload's size) is merged into it.
     """
@@ -110,7 +140,7 @@ def profile_workload(
     model.train()
     given_loader = loader is not None
     loader = loader if loader is not None else workload_loader(workload)
-    if given_loader and isinstance(workload.model, StepCall):
+    if given_loader and isinstance(workload.model, StepCall) and isinstance(loader, DataLoader):
         loader = step_loader(loader)  # a LightningModule's own batches, given to its training_step
 
     def micro_step(batch: Any) -> None:
@@ -123,11 +153,13 @@ def profile_workload(
         engine, warmup=warmup, plain_steps=plain_steps, timed=timed, sync_steps=sync_steps, trace_steps=trace_steps, trace_dir=trace_dir
     )
     total = (warmup + plain_steps + timed + sync_steps + trace_steps) * workload.accumulate
+    needed = (warmup + plain_steps + timed) * workload.accumulate
     with profiler:
-        for batch in profiler.batches(_cycled(loader, total), channels_last=workload.channels_last):
+        for batch in profiler.batches(_cycled(loader, total, needed), channels_last=workload.channels_last):
             micro_step(batch)
     measured: list[Any] = []
-    if trials and (given_loader or workload.samples is not None):
+    note = _trials_note(loader, given_loader) if trials else None
+    if trials and isinstance(loader, DataLoader) and (given_loader or workload.samples is not None):
         measured = try_loader_settings(loader, micro_step, device, channels_last=workload.channels_last)
     data: dict[str, Any] = {
         **profiler.result(trials=measured),
@@ -136,6 +168,7 @@ def profile_workload(
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device_info": device_info(device),
         "workload": {"name": workload.name, "description": workload.description},
+        **({"trials_note": note} if note else {}),
         **(context or {}),
     }
     data["device_name"] = data["device_info"].get("name", data["device"])

@@ -49,6 +49,7 @@ __all__ = [
     "render",
     "sync_line",
     "sync_rows",
+    "sentence",
     "trial_rows",
 ]  # fmt: skip
 
@@ -234,6 +235,15 @@ def advice_parts(item: dict[str, Any]) -> list[tuple[str, str]]:
     return parts + [(label, str(item[key])) for key, label in labels if item.get(key)]
 
 
+def sentence(text: str) -> str:
+    """A note stored lower-case and unstopped in profile.json, as a sentence.
+
+    >>> sentence("no settings were tried: the data is read once")
+    'No settings were tried: the data is read once.'
+    """
+    return text[:1].upper() + text[1:] + ("" if text.endswith(".") else ".")
+
+
 def overhead_line(data: dict[str, Any]) -> str | None:
     """The profiler's own cost: each measuring window's median step against the plain window's; None when the
     plain step was not measured.
@@ -343,6 +353,9 @@ def render(data: dict[str, Any], console: Console, top: int = TOP_SYNCS) -> None
     if trials.rows:
         console.print()
         console.print(_table(trials, "Input-pipeline trials (measured)", wraps=("Setting",)))
+    if data.get("trials_note"):
+        console.print()
+        console.print(Text(sentence(data["trials_note"])))
     _render_advice(data, console)
     overhead = overhead_line(data)
     if overhead:
