@@ -9,7 +9,8 @@ share these few functions rather than each guessing the batch's form:
   ``model(**batch)`` and its targets are ``batch["labels"]`` (None when it has none).
 - The default loss (:func:`default_loss`) takes the model's own ``.loss`` when its output carries one (a
   ``transformers`` ``ModelOutput`` given labels, a dict or dataclass with a ``loss``); otherwise cross-entropy
-  (integer targets) or mean squared error (floating ones) of the output's ``.logits``, or of its first tensor.
+  (integer targets) or mean squared error (floating ones) of the output's ``.logits``, or of a tuple's first
+  tensor (a dict or dataclass with neither ``loss`` nor ``logits`` is refused, naming its keys).
   A ``loss_fn`` of your own gets the output as the model returned it.
 
     >>> import torch
@@ -30,13 +31,15 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["call_model", "batch_parts", "run_batch", "batch_loss", "default_loss", "output_as_float", "prediction", "to_device", "LOSS_FN_HINT"]
+__all__ = ["call_model", "batch_parts", "run_batch", "batch_loss", "default_loss", "output_as_float", "prediction", "to_device", "LOSS_FN_HINT", "OutputError"]
 
-LOSS_FN_HINT = (
-    "pass a loss function that takes this output: BenchData(loss_fn=...) for --data (loss_fn= in Python), e.g. "
-    "loss_fn=lambda out, y: F.cross_entropy(out.logits.flatten(0, 1), y.flatten())"
-)
+_PASS_LOSS_FN = "pass a loss function that takes this output: BenchData(loss_fn=...) for --data (loss_fn= in Python)"
+LOSS_FN_HINT = f"{_PASS_LOSS_FN}, e.g. loss_fn=lambda out, y: F.cross_entropy(out.logits.flatten(0, 1), y.flatten())"
 """How to fix a model output the default loss cannot use, for the errors that meet one."""
+
+
+class OutputError(TypeError):
+    """A model output the default loss cannot read; the message names its fields and the fix, whole."""
 
 
 def call_model(model: nn.Module, inputs: Any) -> Any:
@@ -98,28 +101,48 @@ def _model_loss(output: Any) -> torch.Tensor | None:
 
 
 def prediction(output: Any) -> torch.Tensor:
-    """The tensor a default loss compares with the targets: the output itself, its ``.logits``, or its first tensor.
+    """The tensor a default loss compares with the targets: the output itself, its ``.logits``, or a tuple's first tensor.
 
-    >>> prediction({"hidden": "not a tensor", "scores": torch.zeros(2)})
+    A dict (a ``ModelOutput`` too) or dataclass without ``logits`` is refused, naming its keys: which of its
+    named tensors is the prediction cannot be told, and training on the wrong one (a hidden state) runs silently.
+
+    >>> prediction((torch.zeros(2), "aux"))
     tensor([0., 0.])
+    >>> prediction({"hidden": torch.zeros(2), "scores": torch.zeros(2)})
+    Traceback (most recent call last):
+    ...
+    ampkit._util.model_io.OutputError: the model returned a dict with keys 'hidden', 'scores' and neither 'loss' nor 'logits': ...
     """
     if isinstance(output, torch.Tensor):
         return output
     logits = _field(output, "logits")
     if isinstance(logits, torch.Tensor):
         return logits
-    if isinstance(output, Mapping):
-        values: Any = output.values()
-    elif isinstance(output, (tuple, list)):
-        values = output
-    elif dataclasses.is_dataclass(output) and not isinstance(output, type):
-        values = [getattr(output, f.name) for f in dataclasses.fields(output)]
-    else:
-        values = ()
+    named = _named_fields(output)
+    if named is not None:
+        keys = ", ".join(repr(k) for k in named) or "none"
+        # The example reads the last field: a head's output usually comes after the hidden states it is computed from.
+        last = named[-1] if named else "scores"
+        read = f"out[{last!r}]" if isinstance(output, Mapping) else f"out.{last}"
+        raise OutputError(
+            f"the model returned a {type(output).__name__} with keys {keys} and neither 'loss' nor 'logits': which is the "
+            f"prediction cannot be told; return 'logits' (or 'loss'), or {_PASS_LOSS_FN}, e.g. "
+            f"loss_fn=lambda out, y: F.cross_entropy({read}, y) if {last!r} is the prediction."
+        )
+    values: Any = output if isinstance(output, (tuple, list)) else ()
     first = next((v for v in values if isinstance(v, torch.Tensor)), None)
     if first is None:
         raise TypeError(f"the model returned {type(output).__name__}, with no .loss, .logits or tensor to compute a loss from; {LOSS_FN_HINT}.")
     return first
+
+
+def _named_fields(output: Any) -> list[str] | None:
+    """The field names of a dict or dataclass output (its keys), None for any other output."""
+    if isinstance(output, Mapping):
+        return [str(k) for k in output]
+    if dataclasses.is_dataclass(output) and not isinstance(output, type):
+        return [f.name for f in dataclasses.fields(output)]
+    return None
 
 
 def default_loss(output: Any, target: Any) -> torch.Tensor:

@@ -10,8 +10,9 @@ The contract (also in docs/guides/bench.md, "Your own model and data"):
   collator returns (``input_ids``, ``attention_mask``, ``labels``), passed as ``model(**batch)``.
 - Without a loss function, a model output carrying a ``.loss`` (a ``transformers`` ModelOutput given labels)
   is the loss; otherwise integer targets get cross-entropy and floating targets mean squared error, of the
-  output's ``.logits`` or first tensor (:mod:`ampkit._util.model_io`). Without a metric, eval batches are
-  scored by their mean loss (lower is better, within 2% counts as equal).
+  output's ``.logits`` or a tuple's first tensor (:mod:`ampkit._util.model_io`; a dict with neither is refused);
+  its labels are checked against the output's classes first (:mod:`~ampkit.workloads._labels`). Without a metric,
+  eval batches are scored by their mean loss (lower is better, within 2% counts as equal).
 - Tables and reports name the workload by the model's class (``GPT2LMHeadModel``).
 - ``path/to/file.py:factory`` works too. Modules are imported with the current directory on ``sys.path``.
 - The frameworks' own objects (:mod:`~ampkit.workloads._framework_inputs`): ``--model hf:PATH`` (a local Hugging Face
@@ -38,12 +39,13 @@ from torch import nn
 
 from .._compat import tree_leaves
 from .._errors import one_line
-from .._util.model_io import LOSS_FN_HINT, batch_parts, call_model, default_loss
+from .._util.model_io import LOSS_FN_HINT, OutputError, batch_parts, call_model, default_loss
 from ..training._micro_batching import batch_rows
 from ._bench_data import BenchData, EvalLoss
 from ._framework_inputs import framework_inputs
 from ._frameworks import framework_facts, is_lightning_module
 from ._hf_folder import HfFolder, hf_folder, is_hf_spec, load_hf_model
+from ._labels import check_labels
 from ._workload import Batch, Workload
 
 __all__ = ["BenchData", "EvalLoss", "default_loss", "load_factory", "spec_parts", "user_workload", "workload_from"]
@@ -154,17 +156,25 @@ def _as_bench_data(obj: Any, where: str) -> BenchData:
     return BenchData(train=obj)
 
 
-def _smoke_test(model: nn.Module, batch: Batch, loss_fn: Callable[..., torch.Tensor], where: str) -> None:
+def _smoke_test(
+    model: nn.Module, batch: Batch, loss_fn: Callable[..., torch.Tensor], where: str, labels: Mapping[str, Sequence[Batch]] | None = None,
+    data_at: str = "data",
+) -> None:
     # One fp32 forward before any policy runs: a model that does not fit its data fails once, clearly, instead
     # of once per policy row. The model call and the loss fail for different reasons, with different fixes.
+    # ``labels``: the batches whose labels the default loss's classes must cover (named ``data_at``).
     inputs, target = batch_parts(batch)
     with torch.no_grad():
         try:
             output = call_model(model, inputs)
         except Exception as exc:
             raise ValueError(f"{where} fails on the first batch ({type(exc).__name__}: {one_line(exc)}).") from exc
+        if labels is not None and loss_fn is default_loss:  # a loss of the user's own may read labels otherwise
+            check_labels(output, target, labels, data_at)
         try:
             loss = loss_fn(output.float() if isinstance(output, torch.Tensor) and output.is_floating_point() else output, target)
+        except OutputError as exc:  # its message names the output's keys and the fix, whole
+            raise ValueError(f"{where}: {exc}") from exc
         except Exception as exc:
             raise ValueError(
                 f"{where}: no loss from its output on the first batch, a {type(output).__name__} ({type(exc).__name__}: "
@@ -223,7 +233,7 @@ def workload_from(
     eval_batches = _check_batches(_read(data.eval, None, data_at, "eval"), data_at, "eval")
     loss_fn = data.loss_fn or default_loss
     metric = (data.metric or (lambda: EvalLoss(loss_fn))) if eval_batches else None
-    _smoke_test(model, train[0], loss_fn, model_at)
+    _smoke_test(model, train[0], loss_fn, model_at, {"training": train, "eval": eval_batches}, data_at)
     unit = data.unit or ("tokens" if isinstance(train[0], Mapping) and "input_ids" in train[0] else "samples")
     n_params = sum(p.numel() for p in model.parameters())
     # What the data is, where it was not given as batches: a Dataset's collation, a module's own loaders, made data.

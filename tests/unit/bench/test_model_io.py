@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+from ampkit._util.model_io import OutputError
 from ampkit.bench._model_io import batch_loss, default_loss, prediction, run_batch
 from ampkit.workloads._user import BenchData, workload_from
 
@@ -58,17 +59,40 @@ def test_an_inputs_dict_with_separate_targets_goes_to_the_loss_fn_as_logits() ->
     assert set(output) == {"logits"} and target is labels
 
 
-def test_default_loss_takes_loss_then_logits_then_the_first_tensor() -> None:
+def test_default_loss_takes_loss_then_logits_then_a_tuples_first_tensor() -> None:
     logits, y = torch.randn(3, 5), torch.tensor([0, 4, 2])
     reference = nn.functional.cross_entropy(logits, y)
     assert torch.equal(default_loss(Output(logits, loss=torch.tensor(0.5)), y), torch.tensor(0.5))
     assert torch.equal(default_loss(Output(logits), y), reference)  # loss None: the logits
     assert torch.equal(default_loss((logits, "aux"), y), reference)
-    assert torch.equal(default_loss({"scores": logits.bfloat16()}, y), nn.functional.cross_entropy(logits.bfloat16().float(), y))
+    assert torch.equal(default_loss({"hidden": torch.randn(3, 8), "logits": logits.bfloat16()}, y), nn.functional.cross_entropy(logits.bfloat16().float(), y))
     assert prediction(Output(logits)) is logits
 
 
-@pytest.mark.parametrize("output", ["text", ("a", None), {"hidden": None}])
+@dataclass
+class Hidden:
+    hidden: torch.Tensor
+    scores: torch.Tensor
+
+
+@pytest.mark.parametrize(
+    ("output", "keys", "read"),
+    [({"hidden": torch.randn(3, 8), "scores": torch.randn(3, 5)}, "'hidden', 'scores'", r"out\['scores'\]"),
+     (Hidden(torch.randn(3, 8), torch.randn(3, 5)), "'hidden', 'scores'", r"out\.scores"), ({}, "none", r"out\['scores'\]")],
+)
+def test_a_dict_or_dataclass_without_loss_or_logits_is_refused_naming_its_keys_not_read_by_its_first_tensor(output: object, keys: str, read: str) -> None:
+    # Before: the first tensor ("hidden", 8 wide) was the prediction, and 5-class labels trained on it silently.
+    with pytest.raises(OutputError, match=rf"returned a \w+ with keys {keys} and neither 'loss' nor 'logits'.*BenchData\(loss_fn=\.\.\.\).*{read}"):
+        default_loss(output, torch.tensor([0, 4, 2]))
+
+
+def test_a_dict_output_refused_by_the_default_loss_trains_with_a_loss_fn_reading_its_prediction() -> None:
+    output, y = {"hidden": torch.randn(3, 8), "scores": torch.randn(3, 5)}, torch.tensor([0, 4, 2])
+    loss_fn = lambda out, t: nn.functional.cross_entropy(out["scores"], t)
+    assert torch.equal(batch_loss(lambda x: output, (torch.zeros(3), y), loss_fn), nn.functional.cross_entropy(output["scores"], y))
+
+
+@pytest.mark.parametrize("output", ["text", ("a", None)])
 def test_an_output_without_loss_or_tensor_names_its_type_and_the_fix(output: object) -> None:
     with pytest.raises(TypeError, match=rf"returned {type(output).__name__}, with no \.loss, \.logits or tensor.*BenchData\(loss_fn=\.\.\.\)"):
         default_loss(output, torch.tensor([0]))
