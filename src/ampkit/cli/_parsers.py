@@ -93,9 +93,11 @@ def add_bench(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -
     _add_device(p)
     p.add_argument(
         "--tolerance", metavar="X",
-        help="how far a policy's eval metric may land from 32-true's and still count as equal, in the metric's terms: "
-        "absolute for accuracy and mIoU (0.01: one point) and for eval loss (0.01: in the loss's units), a fraction of "
-        "32-true's figure for perplexity (0.01: 1%%). Default: the metric's own (0.02)",
+        help="how far worse than 32-true's a policy's eval metric may land and still count as 'as good', in the metric's "
+        "terms: absolute for accuracy and mIoU (0.01: one point) and for eval loss (0.01: in the loss's units), a fraction "
+        "of 32-true's figure for perplexity (0.01: 1%%), a BenchData metric's as its own 'relative' says. The eval noise "
+        "measured on the eval batches (its 95%% band) takes its place where larger, so 0 still allows the noise. "
+        "Default: the metric's own (0.02 for accuracy, mIoU, perplexity and eval loss)",
     )
     p.add_argument(
         "--batch-size", type=positive, metavar="N",
