@@ -39,10 +39,12 @@ from ._fused_master_step import check_fused_step_spec
 from ._hooks import AnyHook, Hooks
 from ._loaded_weights import MastersFollowLoads, follow_loaded
 from ._micro_batching import MicroBatcher
-from ._misuse import DirectStepGuard, check_window_backward
+from ._misuse import check_window_backward, guard_optimizers
 from ._optimizer_step import OptimizerStep
 from ._preemption import REQUEUE_EXIT_CODE, Extra, PreemptionWatch
+from ._setup_checks import check_fp32_weights, no_optimizer_error
 from ._step_state import StepState
+from ._window_watch import WindowWatch
 
 if TYPE_CHECKING:
     from ..numerics._sampler import NumericsSampler
@@ -126,6 +128,7 @@ class Engine(EngineView):
         # Accumulation position, step count and the last step's outcome; a checkpoint saves the counters through it.
         self._state = StepState()
         self._preemption: PreemptionWatch | None = None  # the active save_on_preemption() context
+        self._watch = WindowWatch([])  # the window's gradients between the engine's calls (see _window_watch)
         # Before setup: no model, and a step that holds the scaler until setup() builds the real one.
         self._run = Run(OptimizerStep(settings=self._settings, scaler=built, state=self._state), strategy=self._requested)
 
@@ -156,21 +159,23 @@ class Engine(EngineView):
     def setup_optimizers(self, *optimizers: torch.optim.Optimizer, schedulers: Any = None) -> tuple[torch.optim.Optimizer, ...]:
         """Adopt optimizers built on the model :meth:`setup_module` prepared (see there); returns the ones to step."""
         self._require_setup("setup_optimizers")
+        check_fp32_weights(self._policy, optimizers, *self._run.models)
         parts = StepParts(policy=self._policy, settings=self._settings, scaler=self._run.step.scaler, plan=self._compile_plan,
                           fused_spec=self._fused_spec, state=self._state, hooks=self._hooks, owner=self)
         self._run, opts = adopt_optimizers(self._run, optimizers, schedulers, parts)
-        self._guard(opts)
+        self._guard(opts, foreign=False)
         return opts
 
     def _set_up(self, models: Any, optimizers: Sequence[torch.optim.Optimizer], schedulers: Any, *, later: bool, device: torch.device | None = None) -> Any:
         if self._run.models:
             raise RuntimeError("Engine.setup() was already called; create one Engine per training run.")
+        check_fp32_weights(self._policy, optimizers, *([models] if isinstance(models, nn.Module) else models))
         self._run, opts = set_up(
             models, optimizers, policy=self._policy, settings=self._settings, scaler=self._run.step.scaler,
             strategy=self._requested, plan=self._compile_plan, fused_spec=self._fused_spec, schedulers=schedulers,
             state=self._state, hooks=self._hooks, owner=self, later=later, device=device,
         )
-        self._guard(opts)
+        self._guard(opts, foreign=True)
         if self._policy.master_weights:
             follow = MastersFollowLoads(self._follow_loaded)  # weights loaded into the model after setup reach the fp32 masters
             for m in self._run.models:
@@ -182,10 +187,10 @@ class Engine(EngineView):
         run = self._run
         follow_loaded(module, run.models, run.step.masters, run.values)
 
-    def _guard(self, opts: Sequence[torch.optim.Optimizer]) -> None:
-        guard = DirectStepGuard(self)  # an optimizer.step() of the user's own on the engine's gradients is refused
-        for opt in opts:
-            opt.register_step_pre_hook(guard)
+    def _guard(self, opts: Sequence[torch.optim.Optimizer], *, foreign: bool) -> None:
+        guard_optimizers(self, opts, foreign=foreign)  # an optimizer.step() of the user's own on the engine's gradients is refused
+        self._watch.close()
+        self._watch = WindowWatch.of(self._run.step.optimizers, self._run.step.masters)
 
     # ------------------------------------------------------------------------------------------ loop
     def autocast(self) -> AbstractContextManager[Any]:
@@ -237,12 +242,13 @@ class Engine(EngineView):
             raise RuntimeError("engine.backward() after engine.unscale_() and before engine.step(): its gradients would join unscaled "
                                "ones. Unscale once per step, after the window's last backward.")
         size, boundary = self._state.window(self._accumulate)
+        self._watch.check("engine.backward()", window=size, scaled=run.step.scaler is not None)
         if hooks.active:
             hooks.run("before_backward", self, loss)
         run.parallel.before_backward(run.models, boundary)
         if size > 1:
             loss = loss / size
-        with self._policy.backward_context(run.device.type):
+        with self._policy.backward_context(run.device.type), self._watch.backward():
             scaled = run.step.scale_loss(loss)
             if backward_fn is not None:
                 backward_fn(scaled)
@@ -269,7 +275,9 @@ class Engine(EngineView):
         1
         """
         self._require_setup("train_step")
-        return self._batcher.train_step(self, loss_fn, batch, optimizers, reduction)
+        self._watch.check("engine.train_step()", window=self._state.window(self._accumulate)[0], scaled=self.scaler is not None)
+        with self._watch.trusting():  # its out-of-memory retry zeroes the gradients of a window it began itself
+            return self._batcher.train_step(self, loss_fn, batch, optimizers, reduction)
 
     def grad(self, outputs: torch.Tensor, inputs: Sequence[torch.Tensor], create_graph: bool = True) -> tuple[torch.Tensor, ...]:
         """Unscaled gradients of ``outputs`` w.r.t. ``inputs`` for gradient penalties (double backward).
@@ -298,9 +306,10 @@ class Engine(EngineView):
         step = self._run.step
         opts = self._stepping("step", optimizers)
         # unscale_() ended this step's window already, and counted the step: its hooks saw the step's number.
-        ended = True if step.unscaled_ahead else self._end_micro_batch()
+        ended = True if step.unscaled_ahead else self._end_micro_batch("engine.step()")
         if ended:
             step.step(opts)
+            self._watch.forget()
         if self._preemption is not None:
             self._preemption.check(boundary=ended)  # after the micro-batch in flight: saves and exits if preempted
         return ended
@@ -316,19 +325,21 @@ class Engine(EngineView):
             if not self.is_boundary:
                 raise RuntimeError("engine.unscale_() inside an accumulation window: later backward passes would add scaled gradients "
                                    "to unscaled ones. Call it after the window's last engine.backward(), when engine.is_boundary is True.")
-            self._end_micro_batch()  # the step begins here: step hooks run now, with engine.steps counting it
+            self._end_micro_batch("engine.unscale_()")  # the step begins here: step hooks run now, with engine.steps counting it
         step.unscale_(opts)
 
     def _stepping(self, what: str, optimizers: Sequence[torch.optim.Optimizer]) -> list[torch.optim.Optimizer]:
         step = self._run.step
-        if self._run.values is not None and not step.optimizers:
-            raise RuntimeError(f"engine.{what}() after setup_module(model) and before setup_optimizers(optimizer): there is no optimizer to step yet.")
+        if not step.optimizers:
+            raise no_optimizer_error(what, later=self._run.values is not None)
         return step.stepping(optimizers)
 
-    def _end_micro_batch(self) -> bool:
+    def _end_micro_batch(self, what: str) -> bool:
         """Count the micro-batch that ends; True when it ends a window (an optimizer step is due)."""
         state = self._state
         size, boundary = state.window(self._accumulate)
+        if boundary and state.backwards:  # what the user's code did to the window's gradients, refused before the step
+            self._watch.check(what, window=size, scaled=self._run.step.scaler is not None)
         if boundary and not state.backwards:
             check_window_backward(self, size)  # no engine.backward() in the window: refused where it trains wrong
         return state.end_micro_batch(boundary)
@@ -347,6 +358,7 @@ class Engine(EngineView):
         from ..checkpoint import load_engine_state
 
         load_engine_state(self, state)
+        self._watch.record()  # the gradients a load put back are the window's
 
     def save(self, path: Any, extra: dict[str, Any] | None = None) -> None:
         """Write models, optimizers, schedulers, engine state and RNG atomically to ``path``."""
@@ -371,4 +383,6 @@ class Engine(EngineView):
         """Restore everything :meth:`save` wrote; returns its ``extra``. Nothing changes if the file is bad."""
         from ..checkpoint import load_training_state
 
-        return load_training_state(self, path)
+        extra = load_training_state(self, path)
+        self._watch.record()  # the gradients a load put back are the window's
+        return extra

@@ -33,14 +33,16 @@ the other relies on:
 from __future__ import annotations
 
 import weakref
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 if TYPE_CHECKING:
     from ._engine_protocol import EngineLike
 
-__all__ = ["DirectStepGuard", "check_window_backward", "direct_step_differs"]
+__all__ = ["DirectStepGuard", "ForeignStepGuard", "check_window_backward", "direct_step_differs", "guard_optimizers"]
 
 _WRITE_BACKWARD = (
     "Write `engine.backward(loss)` in place of `loss.backward()`, once per micro-batch before engine.step() (to skip "
@@ -66,12 +68,72 @@ class DirectStepGuard:
         if engine is None or not engine.step_state.backwards:
             return  # the engine's own step (it zeroed the count first), or no gradient of its making is pending
         why = direct_step_differs(engine, optimizer)
+        if not why:
+            # torch's plain loop on the engine's gradients: this step takes them, and the window watch starts afresh.
+            watch = getattr(engine, "_watch", None)
+            if watch is not None:
+                watch.forget()
+            return
         if why:
             raise RuntimeError(
                 f"optimizer.step() called after engine.backward(loss), outside engine.step(): the gradients are {'; '.join(why)}. "
                 "Write `engine.step()` in place of `optimizer.step()`; it steps at the window's end, with the schedulers, "
                 "and zeroes the gradients (drop optimizer.zero_grad())."
             )
+
+
+class ForeignStepGuard:
+    """Global step pre-hook (``torch.optim.optimizer.register_optimizer_step_pre_hook``): refuses the step of an
+    optimizer setup() was *not* given that holds the engine's parameters (the model's, or the masters'), while gradients
+    from ``engine.backward()`` are pending and stepping them directly trains otherwise than ``engine.step()``: under
+    ``16-mixed`` it steps gradients still multiplied by the loss scale; under master weights it moves the 16-bit model
+    while the masters stay, so the next ``engine.step()`` copies them back over the update and a checkpoint keeps
+    the old weights.
+
+    Per optimizer step anywhere in the process it reads one counter (nothing pending: done at once); whether an
+    optimizer holds the engine's parameters is found once per optimizer (a scan of its parameter ids) and cached
+    weakly. Holds the engine weakly; setup() registers it and the engine's collection removes it.
+    """
+
+    ampkit_bypassable = True  # as DirectStepGuard: the engine's own compiled steps need not run it
+
+    def __init__(self, engine: EngineLike) -> None:
+        self._engine = weakref.ref(engine)
+        self._holds: weakref.WeakKeyDictionary[torch.optim.Optimizer, bool] = weakref.WeakKeyDictionary()
+
+    def __call__(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        engine = self._engine()
+        if engine is None or not engine.step_state.backwards or any(o is optimizer for o in engine.optimizers):
+            return  # nothing of the engine's pending, or an adopted optimizer (DirectStepGuard's)
+        holds = self._holds.get(optimizer)
+        if holds is None:
+            ours = {id(p) for _, p in engine.named_parameters()}
+            if engine.masters is not None:
+                ours.update(id(m) for m in engine.masters.masters)
+            holds = self._holds[optimizer] = any(id(p) in ours for g in optimizer.param_groups for p in g["params"])
+        if not holds:
+            return  # another model's optimizer: none of the engine's business
+        why = [w for w in direct_step_differs(engine, optimizer) if "masters" not in w]
+        if engine.masters is not None:
+            why.append("on the 16-bit model, whose fp32 masters this optimizer does not move: engine.step() copies the masters "
+                       "back over its update, and a checkpoint keeps the old weights")
+        if why:
+            raise RuntimeError(
+                f"{type(optimizer).__name__}.step() of an optimizer engine.setup() was not given, on the model's parameters after "
+                f"engine.backward(loss): the gradients are {'; '.join(why)}. Pass every optimizer to engine.setup(model, opt_a, "
+                "opt_b) (or engine.setup_optimizers) and step them with engine.step()."
+            )
+
+
+def guard_optimizers(engine: EngineLike, opts: Sequence[torch.optim.Optimizer], *, foreign: bool) -> None:
+    """Register :class:`DirectStepGuard` on each of ``opts`` (the optimizers setup() adopted) and, where ``foreign``
+    (once per engine), :class:`ForeignStepGuard` on every optimizer of the process, removed when the engine goes."""
+    guard = DirectStepGuard(engine)
+    for opt in opts:
+        opt.register_step_pre_hook(guard)
+    if foreign:
+        handle = register_optimizer_step_pre_hook(ForeignStepGuard(engine))
+        weakref.finalize(engine, handle.remove)
 
 
 def direct_step_differs(engine: EngineLike, optimizer: torch.optim.Optimizer) -> list[str]:
@@ -89,7 +151,8 @@ def direct_step_differs(engine: EngineLike, optimizer: torch.optim.Optimizer) ->
     why = []
     if engine.scaler is not None:
         why.append("still multiplied by the loss scale (engine.step() divides them by it, and skips a step that overflowed)")
-    elif engine.skip_nonfinite:
+    elif engine.skip_nonfinite and getattr(getattr(engine.optimizer_step, "settings", None), "skip_asked", True):
+        # Asked for, not the default check of an unscaled policy: torch's plain loop goes without that one.
         why.append("not yet checked for inf/NaN (engine.step() skips such a step)")
     if engine.masters is not None:
         why.append("on the 16-bit model, not on the fp32 masters the optimizer steps (engine.step() copies them there)")
