@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from .._errors import CheckpointError
 from ..fileio._checkpoint_files import load_checkpoint, save_checkpoint
 from ._checks import check_training_payload
+from ._file_kind import not_a_checkpoint
 from ._payload import apply_training_payload, engine_state, load_engine_state, training_payload
 
 if TYPE_CHECKING:
@@ -77,7 +78,10 @@ def load_training_state(engine: EngineLike, path: str | os.PathLike[str]) -> dic
         from ._sharded import load_distributed
 
         return load_distributed(engine, path)
-    payload = load_checkpoint(path, map_location="cpu")
+    try:
+        payload = load_checkpoint(path, map_location="cpu")
+    except CheckpointError as e:
+        raise not_a_checkpoint(path) or e from e.__cause__
     check_training_payload(engine, payload, path)
     ranks = payload.get("ranks")
     if ranks is not None and ranks["world_size"] > 1 and payload["engine"]["pending_grads"] is not None:

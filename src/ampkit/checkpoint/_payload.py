@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import logging
 import numbers
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -36,6 +37,8 @@ __all__ = [
     "apply_payload",
     "apply_training_payload",
     "engine_state",
+    "lr_differs",
+    "note_schedulers",
     "load_engine_state",
     "pending_grads",
     "training_payload",
@@ -43,6 +46,8 @@ __all__ = [
 
 # Exactly these classes: a subclass of one (numpy's float64, an IntEnum, torch's version string, a namedtuple, a
 # defaultdict) pickles as itself, which a safe load refuses, so a file saved with it could never be resumed from.
+log = logging.getLogger("ampkit")
+
 _SAFE_LEAVES = (str, int, float, bool, type(None))
 _SAFE_MAPPINGS = (dict, collections.OrderedDict)
 _SAFE_SEQUENCES = (list, tuple, torch.Size)
@@ -97,6 +102,7 @@ class Undo:
             opt.__dict__.update(state=state, param_groups=groups)
         for sched, saved in zip(engine.schedulers, self.schedulers):
             sched.load_state_dict(saved)
+        note_schedulers(engine)
         apply_engine_state(engine, self.counters)
         for p, grad in self.grads:
             p.grad = grad
@@ -171,14 +177,52 @@ def apply_training_payload(engine: EngineLike, payload: dict[str, Any]) -> None:
 
 def apply_payload(engine: EngineLike, payload: dict[str, Any]) -> None:
     """Restore a validated payload without an :class:`Undo` of its own: for a caller that holds one around more."""
+    notes = []
     if payload["models"] is not None:
-        for opt, saved in zip(engine.optimizers, payload["optimizers"]):
+        for i, (opt, saved) in enumerate(zip(engine.optimizers, payload["optimizers"])):
+            notes += lr_differs(i, opt, saved)
             opt.load_state_dict(saved)
             guard_optimizer(opt)  # the saved groups' fused flags come from another machine or torch
         for model, saved in zip(engine.models, payload["models"]):
             model.load_state_dict(saved)
     for sched, saved in zip(engine.schedulers, payload["schedulers"]):
         sched.load_state_dict(saved)
+    note_schedulers(engine)
     apply_engine_state(engine, payload["engine"])
     if payload["rng"] is not None:
         restore_rng_state(payload["rng"])
+    for note in notes:  # once nothing can fail: a load that is undone changed no learning rate
+        log.warning("%s", note)
+
+
+def lr_differs(i: int, opt: torch.optim.Optimizer, saved: dict[str, Any]) -> list[str]:
+    """What a load does to the learning rate optimizer ``i`` was built with, where the checkpoint's differs: the
+    checkpoint's wins (a resume continues the saved run), which a user who changed it on purpose must learn. The
+    rate compared is the one the run was built with, ``initial_lr`` where an LR scheduler set it (the scheduled rate
+    at the save differs from a fresh run's on every resume, and is meant to be restored).
+
+    >>> w = torch.nn.Parameter(torch.zeros(2)); saved = torch.optim.SGD([w], lr=0.1).state_dict()
+    >>> lr_differs(0, torch.optim.SGD([w], lr=0.1), saved)
+    []
+    >>> print(lr_differs(0, torch.optim.SGD([w], lr=0.01), saved)[0])  # doctest: +ELLIPSIS
+    engine.load(): optimizer 0 (SGD) was built with lr=0.01, the checkpoint holds lr=0.1: the checkpoint's wins, ...
+    """
+    built = [g.get("initial_lr", g.get("lr")) for g in opt.param_groups]
+    kept = [g.get("initial_lr", g.get("lr")) for g in saved["param_groups"]]
+    if not all(isinstance(v, (int, float)) for v in built + kept) or built == kept:
+        return []  # a tensor lr is not read (that could sync); equal rates need no word
+    mine, theirs = (f"{v[0]:g}" if len(set(v)) == 1 else str(v) for v in (built, kept))
+    return [(
+        f"engine.load(): optimizer {i} ({type(opt).__name__}) was built with lr={mine}, the checkpoint holds lr={theirs}: the "
+        "checkpoint's wins, as a resume continues the saved run (its LR schedulers too). To train on with the new rate, set "
+        f"it after engine.load(): for g in optimizer.param_groups: g['lr'] = {mine} (and g['initial_lr'] and the scheduler's "
+        "base_lrs where a scheduler runs)."
+    )]
+
+
+def note_schedulers(engine: EngineLike) -> None:
+    """Tell the optimizer step where a load left the schedulers, so that it does not take their new position for a
+    ``scheduler.step()`` of the user's own (see :mod:`~ampkit.training._schedule_watch`)."""
+    watch = getattr(engine.optimizer_step, "schedule_watch", None)  # the OptimizerStep's; a checkpoint protocol has none
+    if watch is not None:
+        watch.note(engine.schedulers)

@@ -22,7 +22,7 @@ import os
 import signal
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import nn
@@ -31,7 +31,7 @@ from ..distributed._strategy import Strategy, resolve_strategy
 from ..policy import Policy, get_policy
 from ..scaling import ScalerConfig, StepScaler
 from ._compile import compile_plan
-from ._engine_args import build_sampler, build_scaler, check_accumulate, step_settings
+from ._engine_args import build_sampler, build_scaler, check_accumulate, check_loss, step_settings
 from ._engine_setup import Run, StepParts, adopt_optimizers, set_up
 from ._engine_state import engine_state
 from ._engine_view import EngineView
@@ -64,7 +64,9 @@ class Engine(EngineView):
         clip_grad_value: clamp unscaled gradients to this absolute value (exclusive with clip_grad_norm).
         scaler: loss scaling; default: the policy's (dynamic for fp16, none otherwise); ``"dynamic"``, ``"none"``, a
             float (static), a ScalerConfig, or a scaler of your own with the members of :class:`~ampkit.scaling.StepScaler`.
-        skip_nonfinite: skip steps whose gradients hold inf/NaN; default: on when the loss is scaled.
+        skip_nonfinite: skip a step whose loss or gradients hold inf/NaN, under every policy (default); counted in
+            ``skipped_steps``; without a loss scaler each is logged as a WARNING naming the step. ``"raise"``:
+            FloatingPointError instead; ``False``: no check (refused with a loss scaler).
         keep_fp32: module names or types that run in fp32, added to the policy's.
         micro_batch_rows: most samples :meth:`train_step` feeds through the model at once (default: the whole batch);
             learnt after an out-of-memory error and saved in checkpoints.
@@ -103,7 +105,7 @@ class Engine(EngineView):
         clip_grad_norm: float | None = None,
         clip_grad_value: float | None = None,
         scaler: StepScaler | ScalerConfig | str | float | None = None,
-        skip_nonfinite: bool | None = None,
+        skip_nonfinite: bool | Literal["raise"] | None = None,
         keep_fp32: Sequence[str | type[nn.Module]] = (),
         micro_batch_rows: int | None = None,
         on_oom: str = "split",
@@ -237,6 +239,7 @@ class Engine(EngineView):
         self._require_setup("backward")
         if not isinstance(loss, torch.Tensor):
             raise TypeError(f"backward() takes the loss tensor, got {type(loss).__name__}.")
+        check_loss(loss, kwargs)  # non-scalar, detached or no-grad: named, where torch's message names none
         run, hooks = self._run, self._hooks
         if run.step.unscaled_ahead:
             raise RuntimeError("engine.backward() after engine.unscale_() and before engine.step(): its gradients would join unscaled "

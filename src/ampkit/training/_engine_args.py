@@ -25,7 +25,10 @@ from ._optimizer_step import StepSettings
 if TYPE_CHECKING:  # at run time only when asked for: importing ampkit.numerics loads the whole doctor
     from ..numerics._sampler import NumericsSampler
 
-__all__ = ["adopt_schedulers", "build_sampler", "build_scaler", "check_accumulate", "check_optimizer_params", "check_setup_args", "step_settings"]
+__all__ = [
+    "adopt_schedulers", "build_sampler", "build_scaler", "check_accumulate", "check_loss", "check_optimizer_params", "check_setup_args",
+    "step_settings",
+]
 
 
 def check_accumulate(accumulate: Any) -> int:
@@ -35,21 +38,46 @@ def check_accumulate(accumulate: Any) -> int:
     return accumulate
 
 
-def step_settings(clip_grad_norm: Any, clip_grad_value: Any, skip_nonfinite: bool | None, *, scaled: bool) -> StepSettings:
-    """What the optimizer step does besides stepping (``scaled``: the loss is scaled, so skipping is on); refuses
-    what cannot work.
+def step_settings(clip_grad_norm: Any, clip_grad_value: Any, skip_nonfinite: bool | str | None, *, scaled: bool) -> StepSettings:
+    """What the optimizer step does besides stepping; refuses what cannot work.
+
+    ``skip_nonfinite``: None (the default) skips a step whose loss or gradients are not finite under every policy;
+    with a loss scaler (``scaled``) that is an overflow, part of the scaler's work, and stays quiet; without one it
+    is a fault, and each such step is logged as a WARNING naming it. ``"raise"``: raise FloatingPointError instead
+    (the step is skipped first, so the weights stay finite). ``False``: no check (refused with a loss scaler).
 
     >>> step_settings(1.0, None, None, scaled=True)
-    StepSettings(clip_grad_norm=1.0, clip_grad_value=None, skip_nonfinite=True)
+    StepSettings(clip_grad_norm=1.0, clip_grad_value=None, skip_nonfinite=True, on_nonfinite='quiet', skip_asked=True)
+    >>> step_settings(None, None, None, scaled=False).on_nonfinite
+    'warn'
+    >>> step_settings(True, None, None, scaled=False)
+    Traceback (most recent call last):
+    ...
+    ValueError: clip_grad_norm=True is not a number: pass the total gradient norm to clip to, e.g. clip_grad_norm=1.0.
     """
     for arg, value in (("clip_grad_norm", clip_grad_norm), ("clip_grad_value", clip_grad_value)):
+        if isinstance(value, bool):  # an int to Python: True would clip to 1.0 without a word
+            what = "the total gradient norm to clip to" if arg == "clip_grad_norm" else "the absolute value to clamp each gradient to"
+            raise ValueError(f"{arg}={value} is not a number: pass {what}, e.g. {arg}=1.0.")  # noqa: TRY004 - a ValueError, as for every Engine argument
         if value is not None and not (isinstance(value, (int, float)) and value > 0):
             raise ValueError(f"{arg} must be a positive number or None, got {value!r}.")
     if clip_grad_norm is not None and clip_grad_value is not None:
         raise ValueError("Pass clip_grad_norm or clip_grad_value, not both.")
+    if skip_nonfinite not in (None, True, False, "raise"):
+        raise ValueError(f"skip_nonfinite={skip_nonfinite!r} is not understood; pass True or None (skip such steps, the default), "
+                         "'raise' (stop the run at the first) or False (no check).")
     if scaled and skip_nonfinite is False:
         raise ValueError("A scaled loss must skip steps whose gradients overflowed; drop skip_nonfinite=False or pass scaler='none'.")
-    return StepSettings(clip_grad_norm, clip_grad_value, skip_nonfinite=scaled or bool(skip_nonfinite))
+    if scaled and skip_nonfinite == "raise":
+        raise ValueError(
+            "skip_nonfinite='raise' with a loss scaler would stop the run at its first overflow, which the scaler meets and "
+            "answers by lowering the scale as part of its work; a scale that collapses already raises (ScalerConfig's "
+            "on_collapse). Drop skip_nonfinite='raise', or pass scaler='none' (bf16) to stop at the first non-finite step."
+        )
+    if skip_nonfinite is False:
+        return StepSettings(clip_grad_norm, clip_grad_value, skip_nonfinite=False)
+    report = "raise" if skip_nonfinite == "raise" else "quiet" if scaled else "warn"
+    return StepSettings(clip_grad_norm, clip_grad_value, skip_nonfinite=True, on_nonfinite=report, skip_asked=scaled or skip_nonfinite is not None)
 
 
 def check_setup_args(models: Any, optimizers: Sequence[Any]) -> list[nn.Module]:
@@ -58,9 +86,40 @@ def check_setup_args(models: Any, optimizers: Sequence[Any]) -> list[nn.Module]:
     if not model_list or not all(isinstance(m, nn.Module) for m in model_list):
         raise TypeError(f"setup() takes an nn.Module (or a list of them) first, got {type(models).__name__}.")
     for opt in optimizers:
+        if isinstance(opt, (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)):
+            raise TypeError(
+                f"setup() got the LR scheduler {type(opt).__name__} among the optimizers: pass it by name, "
+                "engine.setup(model, optimizer, schedulers=scheduler), and the engine steps it after each real (not skipped) step."
+            )
         if not isinstance(opt, torch.optim.Optimizer):
             raise TypeError(f"setup() takes torch.optim.Optimizer instances after the model, got {type(opt).__name__}.")
     return model_list
+
+
+def check_loss(loss: torch.Tensor, kwargs: dict[str, Any]) -> None:
+    """Refuse a loss ``engine.backward()`` cannot train on, naming the cause, where torch would say only "element 0 of
+    tensors does not require grad". Two attribute reads: no sync, nothing per parameter.
+
+    >>> check_loss(torch.ones(3, requires_grad=True), {})
+    Traceback (most recent call last):
+    ...
+    ValueError: engine.backward() takes the scalar loss, got a tensor of shape (3,): reduce it first (loss.mean(), or the loss function's reduction='mean'); the engine divides one number by the window's size and scales it. To back-propagate a non-scalar tensor on purpose, pass its gradient: engine.backward(out, gradient=...).
+    """
+    if not loss.requires_grad:
+        if not torch.is_grad_enabled():
+            cause = "engine.backward() is called inside torch.no_grad() (or inference_mode), where the loss was computed too: compute the loss outside it"
+        elif loss.is_inference():
+            cause = "it was computed under torch.inference_mode(): compute the training loss outside it"
+        else:
+            cause = ("it was detached from the model (.detach(), .item() or torch.tensor(value) of it, or computed under torch.no_grad()), or "
+                     "none of the parameters it comes from requires grad: pass the loss tensor the model's output gives, as computed")
+        raise ValueError(f"engine.backward() got a loss that does not require grad, so no gradient can reach the model: {cause}.")
+    if loss.dim() != 0 and "gradient" not in kwargs:
+        raise ValueError(
+            f"engine.backward() takes the scalar loss, got a tensor of shape {tuple(loss.shape)}: reduce it first (loss.mean(), or the "
+            "loss function's reduction='mean'); the engine divides one number by the window's size and scales it. To back-propagate "
+            "a non-scalar tensor on purpose, pass its gradient: engine.backward(out, gradient=...)."
+        )
 
 
 def build_scaler(spec: Any, policy: Policy) -> StepScaler | None:

@@ -47,6 +47,7 @@ from ._fused_step_compile import FusedStepFailed
 from ._hooks import HookPoint, Hooks
 from ._kernel_guards import guard_optimizer
 from ._rounding_stream import RoundingStream
+from ._schedule_watch import ScheduleWatch
 from ._step_passes import check_grads, read_flags, unfused_step
 from ._step_records import StepOutcome, StepSettings
 from ._step_state import StepState
@@ -115,6 +116,8 @@ class OptimizerStep:
         self._unscaled: dict[int, torch.Tensor | None] = {}
         self._masters_copied = False
         self._hooks_ran = False
+        self.schedule_watch = ScheduleWatch()  # schedulers stepped by hand, or decaying on skipped steps
+        self.schedule_watch.note(self.schedulers)
         for opt in self.optimizers:
             guard_optimizer(opt)  # known torch kernel defects, once the parameters' dtypes and devices are final
 
@@ -185,6 +188,10 @@ class OptimizerStep:
         collapsed and the scaler says to raise.
         """
         state, scaler, settings = self._state, self.scaler, self.settings
+        # Before anything changes: an adopted scheduler stepped by hand is refused, and after a skipped step a
+        # learning rate that moved without the engine is named (one compare per scheduler; nothing read otherwise).
+        self.schedule_watch.check(self.schedulers)
+        self.schedule_watch.check_lrs(state.steps)
         if state.deferred is not None:
             # Whatever earlier flags have landed, read without waiting; the oldest waited for only when the host runs
             # so far ahead that every slot is taken.
@@ -210,8 +217,8 @@ class OptimizerStep:
                     raise
                 fused.turn_off(failed)
                 return outcome
-            # The region skipped what overflowed without asking the host; only schedulers need the answer now.
-            host_found = read_flags(found) if self.schedulers else None
+            # The region skipped what overflowed without asking the host; only schedulers (or 'raise') need the answer now.
+            host_found = read_flags(found) if self._read_host else None
             return self._finish(opts, found, host_found, late_collapse, fused=True)
         return self._unfused(opts, late_collapse)
 
@@ -225,7 +232,7 @@ class OptimizerStep:
         found, host_found, self._state.norm = unfused_step(
             opts, ahead, taken, scaler=self.scaler, settings=self.settings, device=self.device,
             reduce_found_flags=self.reduce_found_flags, rounding=self.rounding, library=self.library,
-            read_host=bool(self.schedulers),
+            read_host=self._read_host,
         )  # fmt: skip
         return self._finish(opts, found, host_found, late_collapse, fused=False)
 
@@ -244,8 +251,6 @@ class OptimizerStep:
         state.record_outcome(any_found, host_found)
         if state.deferred is not None and reads_are_free(self.device):
             state.poll()  # a CPU "device" is the host: the copy is done, and the outcome is known at once
-        if state.found_host:
-            log.debug("step %d skipped: non-finite gradients", state.steps)
         # Diagnose while the offending gradients still exist, but finish the step before raising, so a caller that
         # catches the error holds a consistent model, optimizer and gradient state.
         collapse = self.diagnose_collapse() if state.found_host else None
@@ -254,6 +259,8 @@ class OptimizerStep:
         for s in self.schedulers:
             if not state.found_host and any(s.optimizer is o for o in opts):
                 s.step()
+        if self.schedulers:
+            self.schedule_watch.note(self.schedulers)
         for opt in opts:
             opt.zero_grad(set_to_none=True)
         if self.masters is not None:
@@ -263,9 +270,42 @@ class OptimizerStep:
         if message is None and state.found_host is False:
             self.collapse.clean_step()  # a clean step ends the episode; warn again on the next one
         self._run_hooks("after_optimizer_step")
+        self._report_skips()  # skip_nonfinite='raise': raised here, once the step is complete
         if message is not None:
             self.collapse.report(message, raise_error=scaler is None or scaler.on_collapse == "raise")
         return StepOutcome(skipped=state.found_host, fused=fused, found=any_found, norm=state.norm)
+
+    @property
+    def _read_host(self) -> bool:
+        """Whether every step reads its flag on the host, fused or not: a scheduler steps only after a real step,
+        and skip_nonfinite='raise' stops at the step itself (one sync per optimizer step, on an accelerator)."""
+        return bool(self.schedulers) or self.settings.on_nonfinite == "raise"
+
+    def _report_skips(self) -> None:
+        """Report the skipped steps the host has learnt of: quietly under a loss scaler (an overflow is its work), else
+        a WARNING naming them, or FloatingPointError (``skip_nonfinite='raise'``). A flag read late (a fused optimizer
+        on an accelerator, which the step never waits for) is reported when it is read: at a later step, or at
+        ``engine.skipped_steps`` / ``step_was_skipped``."""
+        steps = self._state.take_skipped()
+        if not steps:
+            return
+        self.schedule_watch.after_skip(self.optimizers, self.schedulers)
+        which = f"step {steps[0]}" if len(steps) == 1 else "steps " + ", ".join(map(str, steps))
+        if self.settings.on_nonfinite == "quiet":
+            log.debug("%s skipped: non-finite gradients (the loss scaler lowers its scale)", which)
+            return
+        message = (
+            f"Optimizer {which} skipped: the loss or the gradients held inf/NaN under {self._policy_name or 'this policy'} (no loss "
+            f"scaler), so the weights, the optimizer's state and the engine's schedulers were left as they were "
+            f"({self._state.skipped} step(s) skipped so far: engine.skipped_steps)."
+        )
+        if self.settings.on_nonfinite == "raise":
+            raise FloatingPointError(f"{message} Engine(skip_nonfinite='raise') stops here; look for the first inf/NaN in the batch, the loss or the model's forward (`ampkit doctor` finds the layer).")
+        log.warning(
+            "%s A non-finite loss comes from the batch, the loss or the model's forward (`ampkit doctor` finds the layer); "
+            "pass Engine(skip_nonfinite='raise') to stop at such a step, or skip_nonfinite=False to let it reach the weights.",
+            message,
+        )
 
     def _run_hooks(self, point: HookPoint) -> None:
         if self._hooks is not None and self._hooks.active:
@@ -282,6 +322,7 @@ class OptimizerStep:
         outcomes = state.poll(wait)
         if any(outcomes):
             state.diagnose_late = True
+            self._report_skips()
         if not all(outcomes):
             self.collapse.clean_step()
 

@@ -4,7 +4,7 @@ flags, clip, then step each optimizer or skip it.
 :class:`~ampkit.training.OptimizerStep` owns the parts these passes use and calls :func:`unfused_step` where its
 compiled master-weight region does not take the step; the function keeps nothing and writes no attribute of its
 caller: it returns the flags, their host copy and the norm. One host-device sync at most, :func:`read_flags`, and
-only where a non-fused optimizer or a scheduler has to know on the host whether to step.
+only where a non-fused optimizer, a scheduler or ``skip_nonfinite='raise'`` has to know on the host whether to step.
 
     >>> from torch import nn
     >>> from ampkit.scaling import StaticLossScaler
@@ -65,18 +65,23 @@ def unfused_step(
 
     ``ahead[i]``: ``unscale_()`` took optimizer ``i``'s gradients already (unscaled and checked), its flag in
     ``taken[i]`` (None where nothing was checked). ``read_host``: read the flags on the host even if every optimizer
-    is fused (a scheduler steps only after a real step). Returns each optimizer's overflow flag on the device (empty
+    is fused (a scheduler steps only after a real step; ``skip_nonfinite='raise'`` stops at the step). Returns each optimizer's overflow flag on the device (empty
     without ``skip_nonfinite``), the flags on the host (None where not read), and the total norm before clipping
     (None without ``clip_grad_norm``).
     """
     dev = device if device is not None else torch.device("cpu")
     params = [[p for g in o.param_groups for p in g["params"]] for o in opts]
     found = [t if t is not None else torch.zeros((), dtype=torch.float32, device=dev) for t in taken] if settings.skip_nonfinite else []
-    # A fused SGD with momentum must not see found_inf before its first real step (see kernel_guards).
-    fused = [scaler is not None and step_supports_amp_scaling(o) and not first_step_pending(o) for o in opts]
+    # A fused optimizer (AdamW/Adam/SGD(fused=True)) takes the flag and skips on the device, scaled or not; a fused
+    # SGD with momentum must not see found_inf before its first real step (see kernel_guards).
+    fused = [settings.skip_nonfinite and step_supports_amp_scaling(o) and not first_step_pending(o) for o in opts]
     clipping = settings.clip_grad_norm is not None or settings.clip_grad_value is not None
     unscaled = scaler is not None and (clipping or not all(fused) or any(ahead))
-    if settings.skip_nonfinite:
+    # Without a scale to divide by, the total norm that clipping computes anyway is inf or NaN exactly when a gradient
+    # is (or when finite fp32 gradients sum their squares past 3.4e38, a step no run should take): it is the check,
+    # and no pass over the gradients is added to the step.
+    from_norm = settings.skip_nonfinite and scaler is None and settings.clip_grad_norm is not None and not any(ahead)
+    if settings.skip_nonfinite and not from_norm:
         for i, ps in enumerate(params):
             if not ahead[i]:
                 check_grads(grads_of(ps), found[i], scaler, dev, unscale=unscaled)
@@ -86,23 +91,26 @@ def unfused_step(
     if settings.clip_grad_norm is not None:
         # One total norm over everything stepped together, as clip_grad_norm_(model.parameters()) would.
         norm = clip_grad_norm([p for ps in params for p in ps], settings.clip_grad_norm)
-        if len(found) > 1:
+        if from_norm:
+            check_grads([norm.float()], found[0], None, dev)  # multiplies the norm by one: it keeps its value
+            found = [found[0]] * len(found)  # the global norm (FSDP's too): every rank decides alike
+        elif len(found) > 1:
             # That norm is inf if any gradient is, and it has just scaled every gradient: one overflow poisons
             # the whole update, so every optimizer of the call skips.
             found = [torch.stack(found).amax()] * len(found)
     elif settings.clip_grad_value is not None:
         clip_grad_value([p for ps in params for p in ps], settings.clip_grad_value)
 
-    # The one sync: a non-fused optimizer (or a scheduler) has to know on the host whether to step. Fused
-    # optimizers skip on the device, and the flag is sent to the host to be read once it lands (see
+    # The one sync, once per optimizer step (never per micro-batch): a non-fused optimizer (a foreach or plain
+    # one: torch's step takes no flag), a scheduler, or skip_nonfinite='raise' has to know on the host whether to
+    # step. Fused optimizers skip on the device, and the flag is sent to the host to be read once it lands (see
     # StepState.record_outcome), keeping the step free of syncs: on the CPU too, so that the ops counted there
     # are an accelerator's.
     host_found = read_flags(found) if not all(fused) or read_host else None
     for i, opt in enumerate(opts):
         if fused[i]:
-            assert scaler is not None  # fused[i] says so
             # torch's fused optimizers read these attributes (GradScaler sets them too); torch's Optimizer does not declare them.
-            opt.grad_scale = None if unscaled else scaler.scale_tensor  # type: ignore[attr-defined]
+            opt.grad_scale = None if unscaled or scaler is None else scaler.scale_tensor  # type: ignore[attr-defined]
             opt.found_inf = found[i]  # type: ignore[attr-defined]
             try:
                 opt.step()

@@ -3,15 +3,24 @@ and :class:`StepOutcome`, one per step (see :class:`~ampkit.training.OptimizerSt
 
     >>> StepSettings(clip_grad_norm=1.0).skip_nonfinite, StepOutcome(skipped=False, fused=False)
     (False, StepOutcome(skipped=False, fused=False))
+    >>> StepSettings(on_nonfinite="raise")
+    Traceback (most recent call last):
+    ...
+    ValueError: StepSettings(on_nonfinite='raise') needs skip_nonfinite=True: a step whose gradients are not checked is never found to be skipped.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 
-__all__ = ["StepOutcome", "StepSettings"]
+__all__ = ["NonFiniteReport", "StepOutcome", "StepSettings"]
+
+NonFiniteReport = Literal["quiet", "warn", "raise"]
+"""What a skipped step is reported as: ``"quiet"`` (a loss scaler's overflow, part of its work: logged at DEBUG),
+``"warn"`` (a WARNING naming the step) or ``"raise"`` (FloatingPointError naming the step, once it is complete)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +33,17 @@ class StepSettings:
     """Clamp the unscaled gradients to this absolute value."""
     skip_nonfinite: bool = False
     """Check the gradients for inf/NaN and skip the step that has any."""
+    on_nonfinite: NonFiniteReport = "quiet"
+    """How a skipped step is reported (see :data:`NonFiniteReport`); ``"raise"`` reads each step's flag on the host."""
+    skip_asked: bool = True
+    """The check was asked for (``skip_nonfinite=True``) or comes with loss scaling; False where it is only the
+    default safety net of an unscaled policy, which a plain ``optimizer.step()`` loop may do without."""
+
+    def __post_init__(self) -> None:
+        if self.on_nonfinite not in ("quiet", "warn", "raise"):
+            raise ValueError(f"StepSettings(on_nonfinite={self.on_nonfinite!r}): pass 'quiet', 'warn' or 'raise'.")
+        if self.on_nonfinite != "quiet" and not self.skip_nonfinite:
+            raise ValueError(f"StepSettings(on_nonfinite={self.on_nonfinite!r}) needs skip_nonfinite=True: a step whose gradients are not checked is never found to be skipped.")
 
 
 @dataclass(frozen=True, slots=True)

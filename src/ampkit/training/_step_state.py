@@ -51,13 +51,16 @@ class StepState:
     """Whether the last step found non-finite gradients, once read on the host; None before it is known."""
     norm: torch.Tensor | None = None
     """The last step's total gradient norm before clipping (on the device), when clipping by norm."""
-    deferred: list[tuple[torch.Tensor, Any]] | None = None
+    deferred: list[tuple[torch.Tensor, Any, int]] | None = None
     """The overflow flags of the last steps still on their way to the host, oldest first: (host copy, event or
-    None); None when none is."""
+    None, the step's number); None when none is."""
     diagnose_late: bool = False
     """An overflow learnt after its step: the next step diagnoses a scale collapse on its gradients."""
     skipped: int = 0
     """Optimizer steps known to have been skipped (the flags still in ``deferred`` are not counted yet)."""
+    skipped_unreported: list[int] = dataclasses.field(default_factory=list, repr=False)
+    """The numbers (``steps`` as counted then) of skipped steps learnt on the host and not yet reported: the optimizer
+    step takes them (:meth:`take_skipped`) to warn or raise, at once or, for a flag read late, at the next step."""
     backwards: int = dataclasses.field(default=0, repr=False, compare=False)
     """``engine.backward()`` calls whose gradients no optimizer step has taken yet; a load counts the pending
     window's micro-batches (their gradients came from such calls). Not saved."""
@@ -206,6 +209,8 @@ class StepState:
         if host_found is not None:
             self.found_host = any(host_found)
             self.skipped += self.found_host
+            if self.found_host:
+                self.skipped_unreported.append(self.steps)
             return
         self.found_host = None
         self._send(any_found)
@@ -230,7 +235,7 @@ class StepState:
             event.record(torch.cuda.current_stream(any_found.device))
         if self.deferred is None:
             self.deferred = []
-        self.deferred.append((slot, event))
+        self.deferred.append((slot, event, self.steps))
 
     @property
     def ring_full(self) -> bool:
@@ -248,7 +253,7 @@ class StepState:
         """
         out: list[bool] = []
         while self.deferred:
-            slot, event = self.deferred[0]
+            slot, event, step = self.deferred[0]
             if event is not None and not event.query():
                 if wait is not None and len(out) >= wait:
                     break
@@ -256,9 +261,20 @@ class StepState:
             self.deferred.pop(0)
             # Host memory the copy has reached: read as a Python number (.item() would dispatch an op for it).
             out.append(bool(slot.tolist()))
+            if out[-1]:
+                self.skipped_unreported.append(step)
         self.skipped += sum(out)
         if not self.deferred:
             self.deferred = None
             if out:
                 self.found_host = out[-1]  # the last step's own flag: nothing newer is pending
         return out
+
+    def take_skipped(self) -> list[int]:
+        """The numbers of the skipped steps learnt since the last call, oldest first (each is returned once).
+
+        >>> state = StepState(steps=3); state.record_outcome(torch.ones(()), [True]); state.take_skipped(), state.take_skipped()
+        ([3], [])
+        """
+        taken, self.skipped_unreported = self.skipped_unreported, []
+        return taken

@@ -29,6 +29,10 @@ from ampkit.training._step_state import StepState
 # the three GradScaler dispatches that the engine does without (two copies of its scale and flag to the
 # gradients' device, the sum of the per-device flags).
 ALLOWANCE_16_MIXED = 6 - 3
+# Without loss scaling the engine still skips a step whose gradients are not finite, which the hand loop does not:
+# the flag (1), the check of the clipping's total norm, inf/NaN exactly when a gradient is (2: a one to multiply by
+# and the check), fused AdamW's own undoing of its step count on a skipped step (1), the flag's copy to the host (1).
+ALLOWANCE_UNSCALED = 5
 
 Step = Callable[[torch.Tensor, torch.Tensor], None]
 INF = float("inf")
@@ -98,11 +102,11 @@ def test_the_16_mixed_step_dispatches_at_most_the_allowance_more_than_gradscaler
 
 
 @pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
-def test_without_loss_scaling_the_step_dispatches_what_the_hand_loop_does(precision: str, device: torch.device) -> None:
+def test_without_loss_scaling_the_step_dispatches_what_the_hand_loop_does_and_the_nonfinite_check(precision: str, device: torch.device) -> None:
     if precision == "bf16-mixed" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         pytest.skip("Requires: [CUDA bf16]")
     hand, engine, _ = counts(precision, device)
-    assert engine.ops <= hand.ops, excess(engine, hand)
+    assert engine.ops <= hand.ops + ALLOWANCE_UNSCALED, excess(engine, hand)
     assert engine.syncs == hand.syncs == 0
 
 

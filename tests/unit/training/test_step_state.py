@@ -81,7 +81,7 @@ def _deferred(flags: list[float]) -> tuple[StepState, list[_Landing]]:
     for f in flags:
         state.record_outcome(torch.tensor(f), None)  # sent to the host, not read
     events = [_Landing() for _ in flags]
-    state.deferred = [(slot, event) for (slot, _), event in zip(state.deferred, events)]  # as on CUDA: not landed yet
+    state.deferred = [(slot, event, step) for (slot, _, step), event in zip(state.deferred, events)]  # as on CUDA: not landed yet
     return state, events
 
 
