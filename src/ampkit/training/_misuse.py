@@ -84,35 +84,42 @@ class DirectStepGuard:
 
 class ForeignStepGuard:
     """Global step pre-hook (``torch.optim.optimizer.register_optimizer_step_pre_hook``): refuses the step of an
-    optimizer setup() was *not* given that holds the engine's parameters (the model's, or the masters'), while gradients
+    optimizer setup() was *not* given that holds an engine's parameters (the model's, or the masters'), while gradients
     from ``engine.backward()`` are pending and stepping them directly trains otherwise than ``engine.step()``: under
     ``16-mixed`` it steps gradients still multiplied by the loss scale; under master weights it moves the 16-bit model
     while the masters stay, so the next ``engine.step()`` copies them back over the update and a checkpoint keeps
     the old weights.
 
-    Per optimizer step anywhere in the process it reads one counter (nothing pending: done at once); whether an
-    optimizer holds the engine's parameters is found once per optimizer (a scan of its parameter ids) and cached
-    weakly. Holds the engine weakly; setup() registers it and the engine's collection removes it.
+    One for the process (:func:`guard_optimizers` registers it once), watching every engine set up, weakly: removing
+    a hook per engine as engines are collected would mutate torch's hook dict while a step may be iterating it. Per
+    optimizer step anywhere it reads one counter per live engine (nothing pending: done); whether an optimizer holds
+    an engine's parameters is found once (a scan of its parameter ids) and cached weakly.
     """
 
     ampkit_bypassable = True  # as DirectStepGuard: the engine's own compiled steps need not run it
 
-    def __init__(self, engine: EngineLike) -> None:
-        self._engine = weakref.ref(engine)
-        self._holds: weakref.WeakKeyDictionary[torch.optim.Optimizer, bool] = weakref.WeakKeyDictionary()
+    def __init__(self) -> None:
+        self._engines: weakref.WeakSet[EngineLike] = weakref.WeakSet()
+        self._holds: weakref.WeakKeyDictionary[torch.optim.Optimizer, dict[int, bool]] = weakref.WeakKeyDictionary()
+
+    def watch(self, engine: EngineLike) -> None:
+        self._engines.add(engine)
 
     def __call__(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        engine = self._engine()
-        if engine is None or not engine.step_state.backwards or any(o is optimizer for o in engine.optimizers):
-            return  # nothing of the engine's pending, or an adopted optimizer (DirectStepGuard's)
-        holds = self._holds.get(optimizer)
+        for engine in self._engines:
+            if engine.step_state.backwards and not any(o is optimizer for o in engine.optimizers):
+                self._check(engine, optimizer)  # gradients of the engine's pending, and not one of its own optimizers
+
+    def _check(self, engine: EngineLike, optimizer: torch.optim.Optimizer) -> None:
+        known = self._holds.setdefault(optimizer, {})
+        holds = known.get(id(engine))
         if holds is None:
             ours = {id(p) for _, p in engine.named_parameters()}
             if engine.masters is not None:
                 ours.update(id(m) for m in engine.masters.masters)
-            holds = self._holds[optimizer] = any(id(p) in ours for g in optimizer.param_groups for p in g["params"])
+            holds = known[id(engine)] = any(id(p) in ours for g in optimizer.param_groups for p in g["params"])
         if not holds:
-            return  # another model's optimizer: none of the engine's business
+            return  # another model's optimizer: none of this engine's business
         why = [w for w in direct_step_differs(engine, optimizer) if "masters" not in w]
         if engine.masters is not None:
             why.append("on the 16-bit model, whose fp32 masters this optimizer does not move: engine.step() copies the masters "
@@ -125,15 +132,20 @@ class ForeignStepGuard:
             )
 
 
+_FOREIGN: list[ForeignStepGuard] = []  # the process's one guard, once registered
+
+
 def guard_optimizers(engine: EngineLike, opts: Sequence[torch.optim.Optimizer], *, foreign: bool) -> None:
     """Register :class:`DirectStepGuard` on each of ``opts`` (the optimizers setup() adopted) and, where ``foreign``
-    (once per engine), :class:`ForeignStepGuard` on every optimizer of the process, removed when the engine goes."""
+    (once per engine), have the process's :class:`ForeignStepGuard` watch ``engine``."""
     guard = DirectStepGuard(engine)
     for opt in opts:
         opt.register_step_pre_hook(guard)
     if foreign:
-        handle = register_optimizer_step_pre_hook(ForeignStepGuard(engine))
-        weakref.finalize(engine, handle.remove)
+        if not _FOREIGN:
+            _FOREIGN.append(ForeignStepGuard())
+            register_optimizer_step_pre_hook(_FOREIGN[0])
+        _FOREIGN[0].watch(engine)
 
 
 def direct_step_differs(engine: EngineLike, optimizer: torch.optim.Optimizer) -> list[str]:
