@@ -128,3 +128,52 @@ def _update(scaler: torch.amp.GradScaler, found: float) -> None:
 def test_a_disabled_grad_scaler_is_refused_for_scaler_none() -> None:
     with pytest.raises(ValueError, match=r"scales nothing: pass scaler='none'"):
         Engine("bf16-mixed", scaler=torch.amp.GradScaler("cpu", enabled=False))
+
+
+# ------------------------------------------------------------------------------------------ issue 50: weaker messages
+def _engine_and_model() -> tuple[Engine, nn.Module]:
+    model = nn.Linear(4, 2)
+    engine = Engine()
+    model, _ = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    return engine, model
+
+
+@pytest.mark.parametrize(("make", "match"), [
+    (lambda m: m(torch.ones(3, 4)), r"takes the scalar loss, got a tensor of shape \(3, 2\).*loss.mean\(\)"),
+    (lambda m: m(torch.ones(3, 4)).sum().detach(), r"does not require grad.*detached"),
+])
+def test_a_loss_engine_backward_cannot_train_on_is_named(make: object, match: str) -> None:
+    engine, model = _engine_and_model()
+    with pytest.raises(ValueError, match=match):
+        engine.backward(make(model))  # type: ignore[operator]
+
+
+def test_a_loss_computed_under_no_grad_is_named_and_a_right_loss_passes() -> None:
+    engine, model = _engine_and_model()
+    with torch.no_grad(), pytest.raises(ValueError, match=r"inside torch.no_grad\(\)"):
+        engine.backward(model(torch.ones(3, 4)).sum())
+    with torch.inference_mode():
+        out = model(torch.ones(3, 4)).sum()
+    with pytest.raises(ValueError, match="inference_mode"):
+        engine.backward(out)
+    engine.backward(model(torch.ones(3, 4)).sum())  # the twins: a scalar loss, and a non-scalar one with its gradient
+    engine.backward(model(torch.ones(3, 4)), gradient=torch.ones(3, 2))
+    assert engine.step()
+
+
+def test_a_scheduler_passed_positionally_names_schedulers_and_by_name_is_adopted() -> None:
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 1)
+    with pytest.raises(TypeError, match=r"schedulers=scheduler"):
+        Engine().setup(model, opt, sched)
+    engine = Engine()
+    engine.setup(model, opt, schedulers=sched)
+    assert engine.schedulers == [sched]
+
+
+@pytest.mark.parametrize("arg", ["clip_grad_norm", "clip_grad_value"])
+def test_a_bool_clip_is_refused_and_a_number_taken(arg: str) -> None:
+    with pytest.raises(ValueError, match=rf"{arg}=True is not a number.*{arg}=1.0"):
+        Engine(**{arg: True})  # type: ignore[arg-type]
+    assert getattr(Engine(**{arg: 1}), arg) == 1  # type: ignore[arg-type]
