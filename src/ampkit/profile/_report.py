@@ -28,6 +28,7 @@ from .._report.markdown import (
     write_markdown,
 )
 from .._report.tables import TableRows
+from ._disturbed import disturbed_line
 from ._table import (
     advice_parts,
     header_lines,
@@ -62,6 +63,9 @@ HOW_TO_READ = """\
   against the plain window's, steps of the same run with nothing measured but their end. Measuring only adds to a
   step: a window faster than the plain step by more than the timed steps' p10-p90 spread means the plain steps
   were disturbed, and is reported so instead of as a ratio.
+- A **disturbed** run is one during which other processes took at least half a core of CPU time (the measure
+  `ampkit tune` reads, from the kernel's counters; the loop's own DataLoader workers count as its own): its
+  figures are slowed by them, and the report says so above them instead of presenting them as the loop's own.
 """
 
 
@@ -85,6 +89,8 @@ def _what_ran(data: dict[str, Any]) -> list[str]:
     lines = [f"# {md_escape(title)}", "", *(md_escape(d) for d in description), *([""] if description else [])]
     facts = [f"{key} {md_escape(data[field])}" for key, field in (("torch", "torch"), ("ampkit", "ampkit_version"), ("date", "date")) if data.get(field)]
     lines += [" · ".join([md_escape(settings), *facts]), ""]
+    warning = disturbed_line(data)
+    lines += [f"**{md_escape(warning)}**", ""] if warning else []
     if data.get("command"):
         lines += ["Command:", "", *code_block(str(data["command"]), "sh"), ""]
     return lines

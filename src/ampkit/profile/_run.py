@@ -20,6 +20,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from .. import __version__
+from .._util.cpu_load import CpuMeter
 from .._util.model_io import batch_loss
 from ..policy import Policy, get_policy
 from ..training._engine import Engine
@@ -29,6 +30,7 @@ from ..workloads._prepared import unwrap_prepared
 from ..workloads._recipe import with_lr
 from ..workloads._workload import Batch, Workload
 from ._advice import advise
+from ._disturbed import load_record
 from ._session import Profiler
 from ._trials import try_loader_settings
 
@@ -158,9 +160,13 @@ def profile_workload(
         for batch in profiler.batches(_cycled(loader, total, needed), channels_last=workload.channels_last):
             micro_step(batch)
     measured: list[Any] = []
+    trials_load: dict[str, Any] | None = None
     note = _trials_note(loader, given_loader) if trials else None
     if trials and isinstance(loader, DataLoader) and (given_loader or workload.samples is not None):
+        meter = CpuMeter(children=True)  # the trials' workers are the loop's own
+        meter.mark()
         measured = try_loader_settings(loader, micro_step, device, channels_last=workload.channels_last)
+        trials_load = load_record(meter.read())
     data: dict[str, Any] = {
         **profiler.result(trials=measured),
         "ampkit_version": __version__,
@@ -171,6 +177,7 @@ def profile_workload(
         **({"trials_note": note} if note else {}),
         **(context or {}),
     }
+    data["machine"]["trials"] = trials_load
     data["device_name"] = data["device_info"].get("name", data["device"])
     flags = context.get("workload_flags", "") if context else ""
     data["advice"] = advise(data, workload_flags=flags)

@@ -47,9 +47,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .._util.cpu_load import CpuMeter, Load
 from ..training._hooks import StepHook
 from ..workloads._timing import summarize
 from ._advice import advise
+from ._disturbed import load_record
 from ._idle import device_idle
 from ._op_shares import PhaseRanges, op_breakdown
 from ._phases import PHASES, PhaseTimer
@@ -99,6 +101,9 @@ class Profiler(StepHook):
         self._breakdown: Any = None
         self._idle: Any = None
         self._trace_path: Path | None = None
+        # The machine's load over the windows, as ampkit tune reads it: the loop's own loader workers are its own.
+        self._meter = CpuMeter(children=True)
+        self._load: Load | None = None
         engine.add_hook(self)
 
     # -- windows ------------------------------------------------------------------------------------
@@ -113,11 +118,13 @@ class Profiler(StepHook):
 
     def __enter__(self) -> Self:
         self._seen, self._step_ends, self._window = 0, [time.perf_counter()], None
+        self._meter.mark()
         self._switch(self._window_of(0))
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._switch(None)
+        self._load = self._meter.read()
 
     def _switch(self, window: str | None) -> None:
         if window == self._window:
@@ -309,6 +316,8 @@ class Profiler(StepHook):
             "trace": self._trace_path.name if self._trace_path is not None else None,
             "parameter_tensors": sum(1 for m in self.engine.models for q in m.parameters() if q.requires_grad),
             "trials": [t.to_dict() for t in trials],
+            # How busy the machine was meanwhile (None: not read); profile_workload adds the trials' own.
+            "machine": {"steps": load_record(self._load) if self._load is not None else None, "trials": None},
         }
         data["advice"] = advise(data)
         return data

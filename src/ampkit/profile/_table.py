@@ -35,6 +35,7 @@ from .._util.units import (
     fmt_share,
     is_missing,
 )
+from ._disturbed import disturbed, disturbed_line
 
 __all__ = [
     "PHASE_MEANINGS",
@@ -245,15 +246,16 @@ def sentence(text: str) -> str:
 
 
 def overhead_line(data: dict[str, Any]) -> str | None:
-    """The profiler's own cost: each measuring window's median step against the plain window's; None when the
-    plain step was not measured.
+    """The profiler's own cost: each measuring window's median step over the plain window's (1.00x: measuring cost
+    nothing); None when the plain step was not measured.
 
     A window only adds to a step, so one faster than the plain step by more than the timed steps' own noise (their
     p10-p90 spread, as a share of their median) measured no overhead: the plain steps were slowed by something
-    else. The line then says so instead of printing a ratio below 1 as the profiler's cost.
+    else. The line then says so instead of printing a ratio below 1 as the profiler's cost; so it does when the
+    machine was busy while the steps ran (:mod:`ampkit.profile._disturbed`).
 
-    >>> overhead_line({"overhead": {"plain_step_s": 0.170, "profiled_step_s": 0.172, "sync_step_s": 0.2, "trace_step_s": None}})
-    'Profiler overhead, median step against the plain 170 ms: phases timed 1.01x, syncs counted 1.18x.'
+    >>> print(overhead_line({"overhead": {"plain_step_s": 0.170, "profiled_step_s": 0.172, "sync_step_s": 0.2, "trace_step_s": None}}))
+    Profiler overhead (a window's median step over the plain window's; 1.00x: no cost), against the plain 170 ms: phases timed 1.01x, syncs counted 1.18x.
     """
     overhead = data.get("overhead") or {}
     plain = overhead.get("plain_step_s")
@@ -263,8 +265,11 @@ def overhead_line(data: dict[str, Any]) -> str | None:
     measured = [(name, overhead[key]) for key, name in windows if not is_missing(overhead.get(key))]
     if not measured:
         return None
+    if disturbed(data):
+        return "Profiler overhead not read: the run was disturbed (other processes held the cores while the steps ran)."
     noise = _step_noise(data)
-    fast = [(name, t) for name, t in measured if noise is not None and t < plain * (1 - noise)]
+    # Below the plain step by more than the noise: t < plain / (1 + noise), which a noise above 1 cannot make vacuous.
+    fast = [(name, t) for name, t in measured if noise is not None and t * (1 + noise) < plain]
     if fast:
         name, t = min(fast, key=lambda f: f[1])
         return (
@@ -275,7 +280,11 @@ def overhead_line(data: dict[str, Any]) -> str | None:
             "with more warm-up steps."
         )
     parts = [f"{name} {fmt_ratio(t / plain)}" for name, t in measured]
-    return f"Profiler overhead, median step against the plain {fmt_seconds(plain)}: {', '.join(parts)}."
+    return f"Profiler overhead ({OVERHEAD_DEFINITION}), against the plain {fmt_seconds(plain)}: {', '.join(parts)}."
+
+
+OVERHEAD_DEFINITION = "a window's median step over the plain window's; 1.00x: no cost"
+"""What an overhead ratio is, printed with the ratios."""
 
 
 def _step_noise(data: dict[str, Any]) -> float | None:
@@ -326,6 +335,9 @@ def render(data: dict[str, Any], console: Console, top: int = TOP_SYNCS) -> None
     console.print(Text(title, style="bold"))
     for line in rest:
         console.print(Text(line))
+    warning = disturbed_line(data)
+    if warning:
+        console.print(Text(warning, style="bold yellow"))
     phases = phase_rows(data)
     if phases.rows:
         console.print(_table(phases, "Where the step's time goes", wraps=("What it is",)))

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from ampkit.tuning import _machine
+from ampkit._util import cpu_load as _machine  # the meter the tune imports lives below it, shared with the profile
 from ampkit.tuning._machine import ROUND_DRIFT, CpuMeter, Load, control_drift
 
 pytestmark = pytest.mark.real_load  # the meter itself, not the quiet machine the tune's other tests see
