@@ -21,6 +21,7 @@ from ..policy import Policy
 from ..scaling import DynamicLossScaler, ScalerConfig, StaticLossScaler
 from ..scaling._protocol import StepScaler
 from ._optimizer_step import StepSettings
+from ._step_records import NonFiniteReport
 
 if TYPE_CHECKING:  # at run time only when asked for: importing ampkit.numerics loads the whole doctor
     from ..numerics._sampler import NumericsSampler
@@ -76,7 +77,7 @@ def step_settings(clip_grad_norm: Any, clip_grad_value: Any, skip_nonfinite: boo
         )
     if skip_nonfinite is False:
         return StepSettings(clip_grad_norm, clip_grad_value, skip_nonfinite=False)
-    report = "raise" if skip_nonfinite == "raise" else "quiet" if scaled else "warn"
+    report: NonFiniteReport = "raise" if skip_nonfinite == "raise" else "quiet" if scaled else "warn"
     return StepSettings(clip_grad_norm, clip_grad_value, skip_nonfinite=True, on_nonfinite=report, skip_asked=scaled or skip_nonfinite is not None)
 
 

@@ -96,7 +96,8 @@ class ScheduleWatch:
 def _lrs(optimizer: torch.optim.Optimizer) -> list[float] | None:
     """The groups' learning rates as numbers; None where one is a tensor (reading it could sync)."""
     lrs = [g.get("lr") for g in optimizer.param_groups]
-    return [float(lr) for lr in lrs] if all(isinstance(lr, (int, float)) for lr in lrs) else None
+    numbers = [float(lr) for lr in lrs if isinstance(lr, (int, float))]
+    return numbers if len(numbers) == len(lrs) else None
 
 
 def _short(lrs: list[float]) -> str:
