@@ -59,6 +59,16 @@ _THIRD_PARTY_DIRS = tuple(
     {sysconfig.get_paths()[k] + os.sep for k in ("stdlib", "platstdlib", "purelib", "platlib") if sysconfig.get_paths().get(k)}
 )
 _PACKAGE_DIRS = tuple(os.sep + d + os.sep for d in ("site-packages", "dist-packages"))
+# (A virtual environment's platstdlib may hold its site-packages: a package's directory is checked first.)
+_STDLIB_DIRS = tuple({sysconfig.get_paths()[k] + os.sep for k in ("stdlib", "platstdlib") if sysconfig.get_paths().get(k)}) + ("<frozen ",)
+# ampkit's own code that runs a workload's step for a command (the CLI, the tools' runs, the step's loss): the loop
+# of a profiled command is theirs, and what called them (the command line, a test calling main()) is no user's loop.
+_DRIVERS = tuple(
+    os.path.join(os.path.dirname(sys.modules["ampkit"].__file__ or "ampkit"), *parts)
+    for parts in (("cli", ""), ("profile", "_run.py"), ("bench", ""), ("tuning", ""), ("workloads", ""), ("_util", "model_io.py"))
+)
+# The console scripts (bin/ampkit, bin/pytest: `sys.exit(main())`) start the process; no read is theirs to fix.
+_LAUNCHER_DIRS = tuple({sysconfig.get_paths()[k] + os.sep for k in ("scripts",) if sysconfig.get_paths().get(k)})
 # Python frames a read passes through on its way from the user's line: this mode, the dispatch machinery that calls
 # it (dynamo's disable wrapper, the op overloads), Tensor's dunder methods and printing, and on CUDA the warnings
 # machinery that reports a sync debug warning. A read whose first other
@@ -201,29 +211,40 @@ def _where(frame: traceback.FrameSummary) -> str:
     return f"{frame.filename}:{frame.lineno} in {frame.name}"
 
 
-def _user_frame(library: bool = False) -> tuple[str, str, str, str] | None:
+def _launcher(filename: str) -> bool:
+    """A frame of what started the process, not of the loop: a console script (``bin/ampkit``, ``bin/pytest``)."""
+    return filename.startswith(_LAUNCHER_DIRS)
+
+
+def _user_frame(library: bool = False, stack: list[traceback.FrameSummary] | None = None) -> tuple[str, str, str, str] | None:
     """The user's line that read a value back, its source, and the library line beneath it that made the read and
     its source ('' if none); None when the read is torch's or ampkit's own (with ``library``: the line that read,
-    whatever its file).
+    whatever its file). ``stack``: the frames, outermost first (default: this call's).
 
-    The user's line is the innermost one outside torch, ampkit, installed packages and the standard library: a read
-    inside a package the user's line called is that line's. Without any such frame (the CLI calls the user's model
-    from ampkit), the reading line itself is named."""
-    reader: traceback.FrameSummary | None = None
-    for frame in reversed(traceback.extract_stack()):
-        if frame.filename.startswith(_PASS_THROUGH):
-            continue
-        if reader is None:
-            reader = frame
-            if library:
-                break
-            if frame.filename.startswith(_LIBRARY_DIRS):
-                return None  # torch's or ampkit's own read (an optimizer's step counter), not the loop's
-        if frame.filename.startswith(_LIBRARY_DIRS) or _third_party(frame.filename):
-            continue
-        if frame is reader:
-            return _where(frame), (frame.line or "").strip(), "", ""
-        return _where(frame), (frame.line or "").strip(), _where(reader), (reader.line or "").strip()
-    if reader is None:
+    The user's line is the innermost one outside torch, ampkit, installed packages, the standard library and the
+    console script that started the process: a read inside a package the user's line called is that line's. Without
+    any such frame (the CLI calls the user's model from ampkit; a Hugging Face model's code is an installed
+    package's), the model's forward is named: the outermost frame of the code torch called into (a package's or the
+    model's), the reading line beneath it; never ampkit's launcher, which only started the process."""
+    frames = [f for f in reversed(traceback.extract_stack() if stack is None else stack) if not f.filename.startswith(_PASS_THROUGH)]
+    if not frames:
         return None
-    return _where(reader), (reader.line or "").strip(), "", ""
+    reader = frames[0]
+    if library:
+        return _where(reader), (reader.line or "").strip(), "", ""
+    if reader.filename.startswith(_LIBRARY_DIRS):
+        return None  # torch's or ampkit's own read (an optimizer's step counter), not the loop's
+    model = reader
+    for frame in frames:
+        if frame.filename.startswith(_DRIVERS) or _launcher(frame.filename):
+            break  # an ampkit command runs the step from here (or the process starts): what is above is no loop's
+        if frame.filename.startswith(_LIBRARY_DIRS):
+            continue  # torch's module call, the engine's and the profiler's wrappers around the forward
+        if not _third_party(frame.filename):
+            model = frame  # the user's own line: the innermost one wins
+            break
+        if any(d in frame.filename for d in _PACKAGE_DIRS) or not frame.filename.startswith(_STDLIB_DIRS):
+            model = frame  # a package's frame (the model's forward), not the standard library's: the outermost one wins
+    if model is reader:
+        return _where(reader), (reader.line or "").strip(), "", ""
+    return _where(model), (model.line or "").strip(), _where(reader), (reader.line or "").strip()
