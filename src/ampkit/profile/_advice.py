@@ -4,7 +4,8 @@ confirms a change before it is adopted).
 
 Each piece of advice says what was found, the change, and what was measured of it: a measured speed-up for the
 loader settings it tried; for the others, which ampkit cannot try on the user's loop, the command that measures
-it. A profile that shows nothing worth changing gets no advice.
+it. A change of compilation or precision, which the profile does not run, is marked untested (``untested``:
+:data:`UNTESTED`), never prescribed as a gain. A profile that shows nothing worth changing gets no advice.
 
     >>> given = {"num_workers": 0, "pin_memory": False, "non_blocking": False, "persistent_workers": False, "prefetch_factor": None}
     >>> data = {"device": "cpu", "precision": "bf16-mixed", "phases": {"data": {"median_s": 0.12, "share": 0.6}},
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["CAST_SHARE", "DATA_SHARE", "HOST_SHARE", "IDLE_SHARE", "MIN_SPEEDUP", "PER_PARAMETER_OPS", "advise"]
+__all__ = ["CAST_SHARE", "DATA_SHARE", "HOST_SHARE", "IDLE_SHARE", "MIN_SPEEDUP", "PER_PARAMETER_OPS", "UNTESTED", "advise"]
 
 DATA_SHARE = 0.10
 """A data phase above this share of the step is worth a look at the input pipeline."""
@@ -57,7 +58,7 @@ def advise(data: dict[str, Any], *, workload_flags: str = "") -> list[dict[str, 
             "device idle", f"the GPU ran nothing for {idle['share']:.0%} of the step and neither data nor syncs explain it",
             "look at the Chrome trace (trace.json, chrome://tracing or ui.perfetto.dev) for the gaps between kernels: "
             "Python overhead between many small kernels is what torch.compile or CUDA graphs remove",
-            None, _bench(data, workload_flags, compile=True),
+            None, _bench(data, workload_flags, compile=True), untested=True,
         ))
     return out
 
@@ -88,8 +89,16 @@ def _your_workload(data: dict[str, Any]) -> list[str]:
     return flags
 
 
-def _item(topic: str, finding: str, change: str, measured: str | None, confirm: str | None) -> dict[str, Any]:
-    return {"topic": topic, "finding": finding, "change": change, "measured": measured, "confirm": confirm}
+def _item(topic: str, finding: str, change: str, measured: str | None, confirm: str | None, *, untested: bool = False) -> dict[str, Any]:
+    """One piece of advice; ``untested``: a change of compilation or precision, which the profile did not run."""
+    return {"topic": topic, "finding": finding, "change": change, "measured": measured, "confirm": confirm, "untested": UNTESTED if untested else None}
+
+
+UNTESTED = (
+    "not measured on this model in this run: compiling or changing the precision can as well make the step slower "
+    "(a compile's overhead, a CPU without fast 16-bit kernels); adopt it only where the command below measures it faster"
+)
+"""Said of every change the profile advises without having run it: torch.compile, another precision policy."""
 
 
 def _loader_call(settings: dict[str, Any], base: dict[str, Any]) -> str:
@@ -183,7 +192,7 @@ def _casts(data: dict[str, Any], workload_flags: str) -> list[dict[str, Any]]:
     tried = ",".join(p for p in (precision, other) if p)
     return [_item(
         "casts", f"autocast's casts take {ops['cast_share']:.0%} of the forward and backward ({ops['casts_per_step']:.0f} per step)",
-        "; ".join(changes), None, _bench(data, workload_flags, tried, compile=not data.get("compile")),
+        "; ".join(changes), None, _bench(data, workload_flags, tried, compile=not data.get("compile")), untested=True,
     )]
 
 
@@ -209,4 +218,5 @@ def _host(data: dict[str, Any], workload_flags: str) -> list[dict[str, Any]]:
     return [_item(
         "host overhead", f"{ops['host_share']:.0%} of forward, backward and optimizer runs outside any op (Python, module calls, autograd)",
         change, cost, None if data.get("compile") else _bench(data, workload_flags, data.get("precision"), compile=True),
+        untested=not data.get("compile"),
     )]

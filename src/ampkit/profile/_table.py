@@ -232,7 +232,7 @@ def advice_parts(item: dict[str, Any]) -> list[tuple[str, str]]:
     [('casts', '8% of the step casts'), ('change', 'compile'), ('confirm with', 'ampkit bench --compile')]
     """
     parts = [(str(item.get("topic") or "finding"), str(item.get("finding") or MISSING))]
-    labels = (("change", "change"), ("measured", "measured"), ("confirm", "confirm with"))
+    labels = (("change", "change"), ("measured", "measured"), ("untested", "untested"), ("confirm", "confirm with"))
     return parts + [(label, str(item[key])) for key, label in labels if item.get(key)]
 
 
@@ -323,8 +323,8 @@ def _render_advice(data: dict[str, Any], console: Console) -> None:
         (topic, finding), *rest = advice_parts(item)
         console.print(Text(f"{number}. {topic}: {finding}"))
         for label, text in rest:
-            if label == "measured":
-                _indented(console, f"{label}: {text}", "green")
+            if label in ("measured", "untested"):
+                _indented(console, f"{label}: {text}", "green" if label == "measured" else "yellow")
             else:  # code to paste or a command to run: soft-wrapped, so rich puts no newline inside it
                 console.print(Text(f"  {label}: {text}"), soft_wrap=True)
 

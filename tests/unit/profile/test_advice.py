@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ampkit.profile import advise
-from ampkit.profile._advice import CAST_SHARE, DATA_SHARE, MIN_SPEEDUP
+from ampkit.profile._advice import CAST_SHARE, DATA_SHARE, MIN_SPEEDUP, UNTESTED
 
 GIVEN = {"num_workers": 0, "pin_memory": False, "non_blocking": False, "persistent_workers": False, "prefetch_factor": None, "torch_threads": None}
 
@@ -123,3 +123,29 @@ def test_a_host_bound_loop_is_pointed_at_compile_with_the_bench_that_confirms() 
     assert item["topic"] == "host overhead" and "60%" in item["finding"] and "--compile" in item["change"]
     assert item["confirm"] == "ampkit bench -w gpt --precision bf16-mixed --compile"
     assert advise(_profile(ops={**ops, "host_share": 0.1})) == []
+
+
+def test_compile_and_precision_changes_are_marked_untested_and_measured_ones_are_not() -> None:
+    # The profile runs neither a compile nor another policy: its own "confirm with" once showed compile 1.08x slower.
+    casts = {"cast_share": 0.2, "casts_per_step": 40, "optimizer_ops_per_step": 1, "host_share": 0.6}
+    idle = {"share": 0.5, "seconds_per_step": 0.05}
+    advice = advise(_profile(ops=casts)) + advise(_profile(ops={"cast_share": 0.0, "optimizer_ops_per_step": 1}, device="cuda:0", device_idle=idle))
+    proposing = [a for a in advice if "compile" in a["change"] or "bf16-true-masters" in a["change"]]
+    assert {a["topic"] for a in proposing} == {"host overhead", "casts", "device idle"}
+    for item in proposing:
+        assert item["untested"] == UNTESTED and item["measured"] is None and item["confirm"].startswith("ampkit bench")
+    # The twin: the loader setting the trials measured is advised on its measurement, not marked untested.
+    trials = [_trial("as given", 0.2, 1.0), _trial("num_workers=2", 0.1, 2.0, num_workers=2)]
+    (loader,) = advise(_profile(0.6, trials))
+    assert loader["untested"] is None and loader["measured"].startswith("2.00x")
+    # An already compiled loop's host overhead advises a larger batch: nothing untested about it.
+    (compiled,) = advise(_profile(ops=casts | {"cast_share": 0.0}, compile=True))
+    assert compiled["topic"] == "host overhead" and compiled["untested"] is None
+
+
+def test_untested_advice_is_shown_as_such() -> None:
+    from ampkit.profile._table import advice_parts
+
+    (item,) = advise(_profile(ops={"cast_share": 0.0, "optimizer_ops_per_step": 1, "host_share": 0.6}))
+    labels = [label for label, _ in advice_parts(item)]
+    assert labels == ["host overhead", "change", "untested", "confirm with"]
