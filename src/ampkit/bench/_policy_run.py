@@ -259,41 +259,54 @@ class PolicyRun:
         # object, so the timed engine compiles again) cost the H200's default bench more than 80 s in bf16-true-sr.
         self._eager_only = self.compile is None
         try:
-            counting = live if live is not None else contextlib.nullcontext()
             eager = torch.compiler.set_stance("force_eager") if self._eager_only else contextlib.nullcontext()
-            with counting, eager:
-                self._measure_steps(model, warmup, flops)
+            with eager:
+                self._measure_steps(model, warmup, flops, self._peak_window(live, base if cuda else 0))
         finally:
             self._fresh_batches = self._eager_only = False
         assert self.model is not None and self.optimizer is not None and self.engine is not None
         breakdown = training_state_bytes(self.model, [self.optimizer], self.engine.masters)
         breakdown["activations"] = self.result.activation_bytes or 0
         self.result.memory_breakdown = breakdown
-        if cuda:
+        self.result.peak_rss_bytes = peak_rss_bytes()
+        self.release()
+
+    @contextlib.contextmanager
+    def _peak_window(self, live: StepPeak | None, base: int) -> Iterator[None]:
+        """The peak of the policy's setup and first two steps, ``ampkit memory``'s window: the allocator's on CUDA,
+        ``live``'s on the CPU (none for a compiled CPU run, rather than one of another definition)."""
+        with live if live is not None else contextlib.nullcontext():
+            yield
+        if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             self.result.peak_memory_bytes = torch.cuda.max_memory_allocated(self.device) - base
         elif live is not None:
             self.result.peak_memory_bytes = live.peak
-        # else a compiled run on the CPU: no peak is measured (None), rather than one of another definition
-        self.result.peak_rss_bytes = peak_rss_bytes()
-        self.release()
 
-    def _measure_steps(self, model: nn.Module, warmup: int, flops: bool) -> None:
-        self._setup(model)
-        assert self.model is not None
+    def _measure_steps(self, model: nn.Module, warmup: int, flops: bool, window: contextlib.AbstractContextManager[None]) -> None:
         compiled = self.compile is not None
         # An eager run's measuring steps stay eager even where an optimizer compiles its own step (torchao's, under
         # bf16-true-sr): torch.compile refuses to trace under the counters' hooks and modes. It compiles in the
         # warm-up steps that follow.
         measuring = contextlib.nullcontext() if compiled else torch.compiler.set_stance("force_eager")
-        with self._own_rng():
-            with self.timer.step(), SavedActivations(self.model) as saved, measuring:
-                self._step()  # a compiled run compiles here
-            self.result.activation_bytes = saved.bytes
-            if compiled:  # timed too: a second step may recompile (e.g. once the optimizer state exists)
-                with self.timer.step():
+        with window:  # the peak covers the setup and two steps, as ampkit memory's does; the FLOP count comes after
+            self._setup(model)
+            assert self.model is not None
+            with self._own_rng():
+                with self.timer.step(), SavedActivations(self.model) as saved, measuring:
+                    self._step()  # a compiled run compiles here
+                self.result.activation_bytes = saved.bytes
+                if compiled:  # timed too: a second step may recompile (e.g. once the optimizer state exists)
+                    with self.timer.step():
+                        self._step()
+                else:  # the second step, whose peak holds the optimizer state the first one created
                     self._step()
-            elif flops:  # eager only: a compiled step would trace again under FlopCounterMode (the runner copies the count)
+        rest = max(0, warmup - 2)
+        with self._own_rng():
+            # Counted outside the peak: FlopCounterMode holds what it counts (with activation checkpointing the
+            # peak grew by half), and ampkit memory's step counts no FLOPs.
+            if flops and not compiled:  # eager only: a compiled step would trace again (the runner copies the count)
+                rest = max(0, rest - 1)
                 try:
                     with torch.compiler.set_stance("force_eager"):
                         counted = count_flops(self._step)
@@ -303,9 +316,7 @@ class PolicyRun:
                 except Exception as exc:  # noqa: BLE001 - counting is a nicety; a model it cannot trace still gets timed
                     log.warning("FLOP counting failed under %s (%s); no FLOP/s for this run", self.precision, one_line(exc, with_type=True))
                     self._step()
-            else:  # the second step, whose peak holds the optimizer state the first one created
-                self._step()
-            for _ in range(max(0, warmup - 2)):
+            for _ in range(rest):
                 self._step()
         first = self.timer.flush()
         self.first_steps = first if compiled else []
