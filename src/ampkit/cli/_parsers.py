@@ -238,6 +238,7 @@ def add_profile(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
     )
     _add_out(p, writes="profile.json, report.md and PNG plots")
     p.add_argument("--trace", action="store_true", help="with --out: also write the traced steps as a Chrome trace (trace.json, for chrome://tracing or ui.perfetto.dev)")
+    p.add_argument("--no-progress", action="store_true", help="no progress on stderr (by default a bar with the time left on a terminal, a line per stage in a log)")
     p.set_defaults(func=_runs("profile"))
 
 

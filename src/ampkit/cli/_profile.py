@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from collections.abc import Iterable, Iterator, Mapping, Sized
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -34,6 +35,9 @@ from ._workload_args import (
     workload_from_args,
     workload_size,
 )
+
+if TYPE_CHECKING:
+    from ..profile._progress import Progress
 
 __all__ = ["DEFAULT_WORKLOAD", "register", "run"]
 
@@ -85,6 +89,16 @@ def _varied(args: argparse.Namespace, loader: Any, workload: Workload) -> bool:
     return not args.no_trials and given
 
 
+def _progress(args: argparse.Namespace) -> Progress | None:
+    """As bench shows it, on stderr: a bar on a terminal, a line per phase in a log; none with --no-progress."""
+    if args.no_progress:
+        return None
+    from ..bench._progress import RichReporter
+    from ..profile._progress import PhaseLines
+
+    return RichReporter() if sys.stderr.isatty() else PhaseLines(sys.stderr)
+
+
 def _workload_flags(args: argparse.Namespace, size: str) -> str:
     """The flags that give ``ampkit bench`` the workload profiled, for the bench commands the advice gives: every
     workload option as given (a built-in's size resolved), the device if named, and the compile mode, so that the
@@ -128,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
     data = profile_workload(
         workload, policy, device, compile=compile, loader=loader, warmup=args.warmup, plain_steps=args.plain_steps, timed=args.steps,
         sync_steps=args.sync_steps, trace_steps=args.trace_steps, trials=not args.no_trials,
-        trace_dir=args.out if args.trace else None, seed=args.seed, context=context,
+        trace_dir=args.out if args.trace else None, seed=args.seed, context=context, progress=_progress(args),
     )
     render(data, console)
     if args.out is not None:

@@ -31,8 +31,9 @@ from ..workloads._recipe import with_lr
 from ..workloads._workload import Batch, Workload
 from ._advice import advise
 from ._disturbed import load_record
+from ._progress import Progress, window_phase
 from ._session import Profiler
-from ._trials import try_loader_settings
+from ._trials import search_size, try_loader_settings
 
 __all__ = ["profile_workload", "workload_loader"]
 
@@ -88,6 +89,19 @@ def _cycled(loader: Iterable[Any], count: int, needed: int) -> Iterator[Any]:
             raise ValueError("the data loader gave no batches; give it at least one batch.")
 
 
+class _Silent:
+    """No progress (the API's default)."""
+
+    def start(self, total: int) -> None:
+        pass
+
+    def update(self, description: str, advance: int = 0) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+
 ONE_SHOT = "read only once"
 """How the profile names an iterator's limit: it cannot be started again, for another epoch or a trial."""
 
@@ -122,12 +136,14 @@ def profile_workload(
     trace_dir: str | Path | None = None,
     seed: int = 0,
     context: dict[str, Any] | None = None,
+    progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Profile ``workload`` trained under ``precision`` (a Policy, taken as it is, or a name) on ``device``, fed by
     ``loader`` (default: :func:`workload_loader`; any iterable of batches, read as the loop reads it: an iterator,
     a generator, is read once, and its settings cannot be tried), then time the loader's variants on the same step (``trials``; a
     workload whose batches are ready in memory has no loader worth varying and gets none). Returns the
-    ``profile.json`` dict; ``context`` (the command, the workload's size) is merged into it.
+    ``profile.json`` dict; ``context`` (the command, the workload's size) is merged into it. ``progress`` receives
+    the steps as they run and each trial as it starts (see :mod:`ampkit.profile._progress`).
     """
     policy = get_policy(precision)  # the API's edge: a name becomes a Policy here, once
     device = torch.device(device)
@@ -154,19 +170,34 @@ def profile_workload(
     profiler = Profiler(
         engine, warmup=warmup, plain_steps=plain_steps, timed=timed, sync_steps=sync_steps, trace_steps=trace_steps, trace_dir=trace_dir
     )
-    total = (warmup + plain_steps + timed + sync_steps + trace_steps) * workload.accumulate
-    needed = (warmup + plain_steps + timed) * workload.accumulate
-    with profiler:
-        for batch in profiler.batches(_cycled(loader, total, needed), channels_last=workload.channels_last):
-            micro_step(batch)
-    measured: list[Any] = []
-    trials_load: dict[str, Any] | None = None
-    note = _trials_note(loader, given_loader) if trials else None
-    if trials and isinstance(loader, DataLoader) and (given_loader or workload.samples is not None):
-        meter = CpuMeter(children=True)  # the trials' workers are the loop's own
-        meter.mark()
-        measured = try_loader_settings(loader, micro_step, device, channels_last=workload.channels_last)
-        trials_load = load_record(meter.read())
+    steps = warmup + plain_steps + timed + sync_steps + trace_steps
+    total, needed = steps * workload.accumulate, (warmup + plain_steps + timed) * workload.accumulate
+    varied = trials and isinstance(loader, DataLoader) and (given_loader or workload.samples is not None)
+    report = progress or _Silent()
+    report.start(steps + (search_size(loader, device) if varied else 0))
+    try:
+        with profiler:
+            for batch in profiler.batches(_cycled(loader, total, needed), channels_last=workload.channels_last):
+                micro_step(batch)
+                if engine.micro_batches_pending == 0 and profiler.window is not None:
+                    report.update(window_phase(profiler.window), advance=1)
+        measured: list[Any] = []
+        trials_load: dict[str, Any] | None = None
+        note = _trials_note(loader, given_loader) if trials else None
+        if varied:
+            meter = CpuMeter(children=True)  # the trials' workers are the loop's own
+            meter.mark()
+            started: list[str] = []
+
+            def on_trial(label: str) -> None:
+                report.update(f"DataLoader trial: {label}", advance=1 if started else 0)  # the one before it is done
+                started.append(label)
+
+            measured = try_loader_settings(loader, micro_step, device, channels_last=workload.channels_last, on_trial=on_trial)
+            trials_load = load_record(meter.read())
+            report.update(f"DataLoader trial: {started[-1]}", advance=1)
+    finally:
+        report.finish()
     data: dict[str, Any] = {
         **profiler.result(trials=measured),
         "ampkit_version": __version__,

@@ -171,6 +171,11 @@ class Profiler(StepHook):
             prof.export_chrome_trace(str(self._trace_path))
         self._torch_profile = None
 
+    @property
+    def window(self) -> str | None:
+        """The window the step under way falls in (one of :data:`WINDOWS`); None outside them."""
+        return self._window
+
     # -- the hook side --------------------------------------------------------------------------------
     def wrap_forward(self, engine: Engine, forward: Any) -> Any:
         forward = self._ranges.wrap_forward(engine, forward) if self._window == "trace" else forward

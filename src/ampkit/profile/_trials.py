@@ -51,7 +51,7 @@ from ._epochs import timed_epochs
 from ._variants import LoaderSettings, loader_settings, loader_variant
 
 __all__ = [
-    "LoaderSettings", "Trial", "loader_settings", "loader_variant", "candidate_settings", "refinements", "try_loader_settings",
+    "LoaderSettings", "Trial", "loader_settings", "loader_variant", "candidate_settings", "refinements", "search_size", "try_loader_settings",
     "usable_cores", "MIN_GAIN",
 ]
 
@@ -144,6 +144,17 @@ def refinements(best: LoaderSettings, device: torch.device | str) -> list[Loader
     return [v for v in (change(best, device) for change in _REFINEMENTS) if v is not None]
 
 
+def search_size(loader: DataLoader[Any], device: torch.device | str) -> int:
+    """The most trials :func:`try_loader_settings`' search runs on ``loader``: the loader as given, the worker counts
+    of :func:`candidate_settings`, and each refinement (one may not apply).
+
+    >>> from torch.utils.data import TensorDataset
+    >>> search_size(DataLoader(TensorDataset(torch.zeros(4)), batch_size=2), "cpu") >= 4
+    True
+    """
+    return 1 + len(candidate_settings(loader_settings(loader), device)) + len(_REFINEMENTS)
+
+
 def _depth(settings: LoaderSettings) -> int:
     """Batches a loader with ``settings`` can have made ahead: what an epoch's start lets it stock."""
     return settings.num_workers * (settings.prefetch_factor or 2) if settings.num_workers else 1
@@ -214,6 +225,7 @@ def try_loader_settings(
     channels_last: bool = False,
     deadline: float | None = None,
     clock: Callable[[], float] = time.monotonic,
+    on_trial: Callable[[str], None] | None = None,
 ) -> list[Trial]:
     """Time ``step(batch)`` fed by ``loader`` as given, then by variants of it: one epoch each, ``epochs`` for
     persistent workers (whose later epochs start differently from the first).
@@ -233,6 +245,8 @@ def try_loader_settings(
     had passed before it started, no variant can be compared and :class:`TimeoutError` is raised. Each trial's
     ``wall_s`` is what it took by ``clock``: the baseline's tells what the rest may cost (a variant with workers pays
     their start-up on top). None (the default) runs every variant to its end.
+
+    ``on_trial(label)`` is called as each variant is about to be timed (the progress of ``ampkit profile``).
     """
     device = torch.device(device)
     base = loader_settings(loader)
@@ -243,6 +257,8 @@ def try_loader_settings(
 
     def measure(variant: LoaderSettings) -> Trial | None:
         label = variant.label(base)
+        if on_trial is not None:
+            on_trial(label)
         started = clock()
         if deadline is not None and started > deadline:
             if variant == base:

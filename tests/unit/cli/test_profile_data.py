@@ -66,7 +66,9 @@ def _data_phase(data: dict[str, Any]) -> float:
     return data["phases"]["data"]["median_s"]
 
 
-def test_a_benchdata_wrapped_loader_is_read_as_trained_and_its_settings_tried(user: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_benchdata_wrapped_loader_is_read_as_trained_and_its_settings_tried(
+    user: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     from ampkit.profile import _run
 
     tried = []
@@ -83,6 +85,8 @@ def test_a_benchdata_wrapped_loader_is_read_as_trained_and_its_settings_tried(us
     (loader,) = tried
     assert isinstance(loader, DataLoader) and type(loader.dataset).__name__ == "Slow"  # the user's own loader, not a copy in memory
     assert [t["name"] for t in data["trials"]] == ["as given", "num_workers=1"] and "trials_note" not in data
+    err = capsys.readouterr().err  # the progress: each trial a line as it starts, then the end
+    assert "DataLoader trial: as given" in err and "DataLoader trial: num_workers=1" in err and err.rstrip().endswith("finished")
 
 
 def test_a_generator_is_profiled_as_read_and_its_trials_are_said_impossible(user: Path, capsys: pytest.CaptureFixture[str]) -> None:
