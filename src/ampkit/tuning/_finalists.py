@@ -84,8 +84,10 @@ def finalists(tune: Tune, baseline: Candidate, incumbent: Candidate) -> Candidat
             continue
         if g.passed:
             where = f"in the confirmation wave ({t.rounds} rounds)" if confirmed is not None else "in its stage's wave"
+            guard = ("that changes only scheduling (threads, the DataLoader), not what is computed: it needs no accuracy guard"
+                     if g.same_arithmetic else "that passed the accuracy guard")
             result.winner_reason = (f"the fastest configuration whose speed-up over the start clears the noise {where} and "
-                                    f"that passed the accuracy guard ({t.speedup(tune.run_steps):.2f}x)")
+                                    f"{guard} ({t.speedup(tune.run_steps):.2f}x)")
             return c
     if confirmed is not None and not confirmed:
         result.winner_reason = "no leader's speed-up over the start cleared the noise in the confirmation wave: keep the start"
@@ -110,11 +112,14 @@ def _confirm(tune: Tune, contenders: list[Candidate], baseline: Candidate) -> li
     else:
         steps = tune.waves.steps
         cost = 2 * budget.steps_s(steps) + budget.compile_s(contenders[0]) * RECOMPILE_SHARE
-        if cost > budget.left - tune.guard_reserve(contenders[0]):
+        # Time is kept back for the first contender's guard that needs one: a scheduling-only one needs none.
+        guarded = next((c for c in contenders if tune.needs_guard(c)), None)
+        reserve = tune.guard_reserve(guarded) if guarded is not None else 0.0
+        if cost > budget.left - reserve:
             tune.result.notes.append(f"no time left for the confirmation wave (about {cost:.0f} s): the finalists are ranked by their "
                                      "own stages' waves")
             return None
-        deadline = budget.start + budget.seconds - tune.guard_reserve(contenders[0])
+        deadline = budget.start + budget.seconds - reserve
         trials = tune.wave("final", baseline, contenders, incumbent=None, deadline=deadline,
                            unresolved=lambda times: unsettled(times, baseline), max_rounds=CONFIRM_ROUNDS_FACTOR * tune.waves.rounds)
         cold = cold_compiles(tune.result.trials)

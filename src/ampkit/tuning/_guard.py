@@ -91,6 +91,19 @@ class GuardResult:
     tolerance: float
     losses: list[float] = field(default_factory=list)
     error: str | None = None
+    same_arithmetic: bool = False
+    """Only scheduling differs from the start (torch's threads, the DataLoader's settings): it computes what the start
+    computes, so it passes with no run (:meth:`scheduling_only`), whatever the budget left."""
+
+    @classmethod
+    def scheduling_only(cls, key: str) -> GuardResult:
+        """The result of a configuration that changes only when work runs, not what it computes: passed, no run.
+
+        >>> g = GuardResult.scheduling_only("32-true mb8x1 compile=off")
+        >>> g.passed, g.reason
+        (True, None)
+        """
+        return cls(key, "none", False, 0.0, 0.0, 0.0, 0.0, same_arithmetic=True)
 
     @property
     def gap(self) -> float:
@@ -100,6 +113,8 @@ class GuardResult:
 
     @property
     def passed(self) -> bool:
+        if self.same_arithmetic:
+            return True
         return self.error is None and math.isfinite(self.value) and self.gap <= self.tolerance
 
     @property

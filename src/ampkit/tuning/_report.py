@@ -49,13 +49,15 @@ COLUMNS: dict[str, str] = {
     "step, ampkit memory's definition, not measured for a compiled step; CUDA: the allocator's peak)",
     "accuracy": "the configuration's {metric} worse than the fp32 reference's by this much (negative: better), against "
     "the tolerance after <=: the larger of {floor} and twice the gap between two fp32 runs that differ only in batch "
-    "order (fp32's own noise: {noise}); {steps} steps from the same weights on the same batches",
+    "order (fp32's own noise: {noise}); {steps} steps from the same weights on the same batches; same arithmetic: only "
+    "torch's threads or the DataLoader's settings differ from the start, which change when the work runs, not what it "
+    "computes, so no guard is run",
 }
 """What each column of the table means; printed as footnotes wherever the table is."""
 
 VERDICTS: dict[str, str] = {
     "winner": "the recommendation: the fastest configuration whose speed-up interval lies wholly above 1.0 (in the "
-    "confirmation wave, where there was time for it) and that passed the accuracy guard",
+    "confirmation wave, where there was time for it) and that passed the accuracy guard, or needs none (same arithmetic)",
     "start": "your starting point, the control every speed-up and accuracy gap is measured against; the recommendation "
     "when nothing beat it",
     "faster": "its speed-up interval lies wholly above 1.0 (a gain the step-time noise cannot explain)",
@@ -123,7 +125,9 @@ def rows(result: TuneResult) -> list[dict[str, Any]]:
             "start_then": result.items_per_step / statistics.median(t.baseline_times_s) if t.baseline_times_s else None,
             "speedup": 1.0 if is_base else t.speedup(result.run_steps), "interval": None if is_base else ci,
             "flops_per_step": sum(t.flops_by_format.values()) or None, "mfu": mfu, "mfu_note": mfu_note, "compile_s": t.compile_s,
-            "peak_memory_bytes": t.peak_memory_bytes, "gap": guard.gap if guard else None, "tolerance": guard.tolerance if guard else None,
+            "peak_memory_bytes": t.peak_memory_bytes, "same_arithmetic": c.numerics_key == result.start.numerics_key,
+            "gap": guard.gap if guard and not guard.same_arithmetic else None,
+            "tolerance": guard.tolerance if guard and not guard.same_arithmetic else None,
             "verdict": verdict, "why": t.error if t.status == "failed" else guard.reason if guard is not None else None, "stage": t.stage,
             "resumed": t.resumed, "rounds": t.rounds, "dropped_rounds": t.dropped_rounds,
         })
@@ -175,7 +179,7 @@ def _cells(result: TuneResult, row: dict[str, Any]) -> list[str]:
     if row["verdict"] == "start":
         accuracy = "the reference"
     else:
-        accuracy = "not guarded" if row["gap"] is None else f"{row['gap']:+.3g} <= {row['tolerance']:.3g}"
+        accuracy = ("same arithmetic" if row.get("same_arithmetic") else "not guarded") if row["gap"] is None else f"{row['gap']:+.3g} <= {row['tolerance']:.3g}"
     return [
         row["configuration"] + (" (resumed)" if row["resumed"] else ""),
         "-" if row["throughput"] is None else f"{row['throughput']:,.0f}",

@@ -48,7 +48,7 @@ from ._loader_stage import loader_stage
 from ._machine import CpuMeter, Load
 from ._prune import StagePlan, plan_stage, stage_order
 from ._result import TuneResult
-from ._space import Candidate, Facts, memory_key
+from ._space import SCHEDULING_STAGES, Candidate, Facts, memory_key
 from ._store import TrialStore
 from ._trials import DEFAULT_WAVES, Trial, WaveSettings, make_run, threads
 from ._tune import Tune
@@ -202,6 +202,7 @@ def tune_workload(
         supports_gradient_checkpointing=gradient_checkpointing_of(workload.extra),
     )
     tune = Tune(workload, device, result, store, clock_budget, waves, seed, run_steps, guard_steps, loader, progress, CpuMeter(clock))
+    tune.arithmetic_levers = stages is None or any(s not in SCHEDULING_STAGES for s in stages)
     # The tune reseeds the global RNG for its runs; the caller's state is theirs and comes back untouched.
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         try:
@@ -255,6 +256,7 @@ def _search(
         add_loader_facts(facts, tune.loader, budget.step_s, device)
         took("facts")
     order = [s for s in stage_order(facts, start_fits) if stages is None or s in stages or s == "fit"]
+    tune.arithmetic_levers = any(s not in SCHEDULING_STAGES for s in order)  # "fit" joins whatever was asked
     _refuse_too_small(tune, workload, baseline, probe)  # again, with the facts' time spent
     result.notes += notes
     result.facts = _facts_summary(facts)

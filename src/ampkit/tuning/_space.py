@@ -27,13 +27,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["STAGES", "Candidate", "Facts", "PolicyFacts", "micro_batches", "stage_candidates"]
+__all__ = ["SCHEDULING_STAGES", "STAGES", "Candidate", "Facts", "PolicyFacts", "micro_batches", "stage_candidates"]
 
 STAGES = ("fit", "loader", "channels_last", "precision", "compile", "fused_step", "micro_batch", "threads")
 """The levers, one stage each. ``fit``: the micro-batch and recompute that make the step fit at all (only when the
 user's batch does not); ``loader``: the DataLoader's workers, pinning and prefetch (only with a DataLoader);
 ``channels_last``: the model and its 4-D inputs in NHWC (only for a model with Conv2d). TF32 is a policy
 (``tf32``), tried in the precision stage where the device has it."""
+
+SCHEDULING_STAGES = ("loader", "threads")
+"""The levers that change when the work runs, not what it computes (:attr:`Candidate.numerics_key` leaves them
+out): a configuration that differs from the start only in these needs no accuracy guard."""
 
 
 @dataclass(frozen=True)

@@ -76,6 +76,9 @@ class Tune:
         self.load: Load | None = None
         """The machine's load over the latest wave (or the probe)."""
         self.flops: dict[str, dict[str, float]] | None = {} if counts_flops(result.device) else None
+        self.arithmetic_levers = True
+        """Whether a stage of this tune can change what is computed (any lever but threads and the loader): only then
+        is time kept back for the accuracy guard."""
 
     def progress(self, what: str) -> None:
         self._progress(what, self.budget.elapsed, max(0.0, self.budget.left))
@@ -84,17 +87,31 @@ class Tune:
     def guard_reserve(self, c: Candidate, confirmation: bool = True) -> float:
         """The time kept back for the end of the tune: the guard's runs for ``c`` (and the fp32 reference's, until
         run) and, until the finalists are reached, the confirmation wave, so that the stages' trials never eat the
-        time that makes their answer trustworthy."""
+        time that makes their answer trustworthy. A tune of scheduling levers only keeps none for the guard: nothing
+        it tries needs one."""
+        if not self.arithmetic_levers:
+            return self.confirmation_s() if confirmation and not self.finishing else 0.0
         refs = 0.0 if self.reference is not None or self.store.guard("__reference__") else 2 * self.budget.guard_s(self.result.start, self.guard_steps)
         confirm = self.confirmation_s() if confirmation and not self.finishing else 0.0
         return refs + self.budget.guard_s(c, self.guard_steps) + confirm
+
+    def needs_guard(self, c: Candidate) -> bool:
+        """Whether ``c`` can train to another figure than the start: it changes what is computed (its policy, memory
+        format, micro-batch...), not only when (threads, the loader: :attr:`Candidate.numerics_key` leaves them out)."""
+        return c.numerics_key != self.result.start.numerics_key
 
     def confirmation_s(self) -> float:
         """The confirmation wave's least cost: the start and one finalist, its compile served by torch's cache."""
         return 2 * self.budget.trial_s(self.result.start, self.waves.steps)
 
     def guarded(self, c: Candidate) -> GuardResult | None:
-        """``c``'s guard result (run now if not stored); None when the budget has no time left for it."""
+        """``c``'s guard result (run now if not stored); None when the budget has no time left for it. A
+        configuration that differs from the start only in scheduling (threads, the loader) needs no run: it passes
+        as it is (:meth:`GuardResult.scheduling_only`), never dropped for want of time, nor the reference trained for it."""
+        if not self.needs_guard(c):
+            result = GuardResult.scheduling_only(c.numerics_key)
+            self.result.guard[c.numerics_key] = result
+            return result
         stored = self.store.guard(c.numerics_key)
         if stored is not None:
             result = GuardResult.from_dict(stored)
@@ -112,11 +129,7 @@ class Tune:
                 self.reference = reference(self.workload, start, self.device, steps=self.guard_steps, seed=self.seed, progress=self.progress)
                 self.store.put_guard("__reference__", self.reference.to_dict())
             self.result.reference = self.reference
-        if c.numerics_key == self.result.start.numerics_key:
-            result = GuardResult(c.numerics_key, self.reference.metric, self.reference.higher_is_better, self.reference.value,
-                                 self.reference.value, self.reference.noise, self.reference.tolerance, list(self.reference.losses))
-        else:
-            result = judge(self.workload, c, self.reference, self.device, seed=self.seed, progress=self.progress)
+        result = judge(self.workload, c, self.reference, self.device, seed=self.seed, progress=self.progress)
         self.store.put_guard(c.numerics_key, result.to_dict())
         self.result.guard[c.numerics_key] = result
         return result
