@@ -179,6 +179,9 @@ def add_env(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         description="Show versions, devices and which precision policies run (and run fast) on each device.",
     )
     p.add_argument("--json", action="store_true", help="print the same facts as one JSON object")
+    # Every command takes --no-progress, so a script can pass it to each alike; env reads its facts in a second or
+    # two and shows no progress to turn off.
+    p.add_argument("--no-progress", action="store_true", help="accepted as every command takes it; env shows no progress")
     p.set_defaults(func=_runs("env"))
 
 
