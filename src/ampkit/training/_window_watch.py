@@ -12,21 +12,25 @@ size, partial sums of a window still open. Three things done to them there train
 * a ``loss.backward()`` of one's own beside ``engine.backward(loss)`` in a window where the engine scales or
   accumulates adds an unscaled, undivided gradient to scaled, divided ones.
 
-:class:`WindowWatch` finds all three by watching a *sentinel*: one parameter per optimizer, not all of them. That
-suffices because each of the three touches every parameter holding a gradient: ``clip_grad_norm_`` and
-``zero_grad`` walk the whole list they are given, and a backward reaches every parameter its loss depends on, the
-sentinel among them (it is picked among those the first ``engine.backward()`` gave a gradient). After each
-``engine.backward()`` the watch records the sentinel's ``.grad`` (weakly, its identity) and that tensor's
-``_version`` (bumped by every in-place change); a post-accumulate-grad hook on the sentinel counts backward passes
-that reach it outside ``engine.backward()``. The next ``engine.backward()``, ``engine.unscale_()`` or the
-window-ending ``engine.step()`` compares: a few attribute reads per optimizer, no per-parameter loop, no host sync.
+:class:`WindowWatch` finds all three by watching *sentinels*: for each optimizer its first and last parameter that
+the first ``engine.backward()`` gave a gradient, not all of them. That suffices because each of the three touches
+every parameter holding a gradient: ``clip_grad_norm_`` and ``clip_grad_value_`` change every gradient they are
+given in place (a clip within the norm still multiplies by 1), ``zero_grad`` walks the whole list, and a backward
+reaches every parameter its loss depends on. After each ``engine.backward()`` the watch records each sentinel's
+``.grad`` (weakly, its identity) and that tensor's ``_version`` (bumped by every in-place change); a
+post-accumulate-grad hook on each sentinel counts backward passes that reach it outside ``engine.backward()``. The
+next ``engine.backward()``, ``engine.unscale_()`` or the window-ending ``engine.step()`` compares: a few attribute
+reads per optimizer, no per-parameter loop, no host sync. An optimizer's gradients count as changed only where
+*both* its sentinels changed: an edit of one layer's gradient (a test planting an inf to exercise the skip, a
+user's per-layer scaling) is not a whole-model clip and may be meant.
 
-What it misses: a change confined to parameters other than the sentinels (a clip of one layer alone, a hand
-``p.grad.zero_()`` on some), a backward that does not reach the sentinel, and a change that leaves ``_version``
-alone (``p.grad.data`` written through ``.data``). What stays silent on purpose: the user's gradient hooks (they run
-inside ``engine.backward()``, before the record); a clip after ``engine.unscale_()``, the documented way to clip by
-hand (the window has ended there, and the step takes the gradients as they are); and a ``loss.backward()`` of one's
-own where nothing is scaled and the window is one micro-batch (it gives the gradients ``engine.backward()`` would).
+What it misses: a change confined to some parameters (a clip of one layer alone, a hand ``p.grad.zero_()`` on
+some), one that spares a sentinel, a backward that reaches no sentinel, and a change that leaves ``_version`` alone
+(written through ``p.grad.data``). What stays silent on purpose: the user's gradient hooks (they run inside
+``engine.backward()``, before the record); a clip after ``engine.unscale_()``, the documented way to clip by hand
+(the window has ended there, and the step takes the gradients as they are); a new gradient tensor where the old one
+stood (DDP pointing gradients at its buckets keeps the values); and a ``loss.backward()`` of one's own where nothing
+is scaled and the window is one micro-batch (it gives the gradients ``engine.backward()`` would).
 
     >>> import torch
     >>> from torch import nn
@@ -111,7 +115,9 @@ class WindowWatch:
         self.outside = 0  # backward passes that reached a sentinel outside engine.backward() in this window
         self.trusted = False  # engine code (train_step's OOM retry) changes the gradients itself
         self._candidates = [[p for p in ps if p.requires_grad] for ps in params]
-        self._sentinels: list[_Sentinel] | None = None  # picked at the first record: parameters that got a gradient
+        # Picked at the first record, for each optimizer the first and the last parameter that got a gradient.
+        self._groups: list[list[_Sentinel]] | None = None
+        self._sentinels: list[_Sentinel] = []
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
         # Until then, the first trainable parameter of each optimizer is watched for backward passes of one's own.
         self._hook([ps[0] for ps in self._candidates if ps])
@@ -145,12 +151,18 @@ class WindowWatch:
 
     def record(self) -> None:
         """Take the sentinels' gradients as they are now as the engine's."""
-        if self._sentinels is None:
-            # Once per run: for each optimizer the first parameter that has a gradient (a scan that stops there).
-            picked = [p for p in (next((p for p in ps if p.grad is not None), None) for ps in self._candidates) if p is not None]
-            if not picked:
+        if self._groups is None:
+            # Once per run: for each optimizer its first and last parameter that have a gradient (scans that stop there).
+            groups = []
+            for ps in self._candidates:
+                first = next((p for p in ps if p.grad is not None), None)
+                last = next((p for p in reversed(ps) if p.grad is not None), None)
+                if first is not None and last is not None:
+                    groups.append([_Sentinel(first)] + ([_Sentinel(last)] if last is not first else []))
+            if not groups:
                 return  # no gradient yet (a load before the first backward): picked at the next record
-            self._sentinels = [_Sentinel(p) for p in picked]
+            self._groups = groups
+            self._sentinels = [s for g in groups for s in g]
             self._hook([s.param for s in self._sentinels])
         for s in self._sentinels:
             s.record()
@@ -158,7 +170,7 @@ class WindowWatch:
     def forget(self) -> None:
         """The window ended (the step took and zeroed its gradients): nothing is recorded until the next backward."""
         self.outside = 0
-        for s in self._sentinels or ():
+        for s in self._sentinels:
             s.recorded = False
 
     @contextlib.contextmanager
@@ -170,15 +182,21 @@ class WindowWatch:
             yield
         finally:
             self.trusted = False
-        if self._sentinels is not None and any(s.recorded for s in self._sentinels):
+        if any(s.recorded for s in self._sentinels):
             self.record()
 
     def check(self, what: str, *, window: int, scaled: bool) -> None:
         """Refuse what the user's code did to the window's gradients since the last ``engine.backward()``; ``what``
         names the engine call being made, ``window`` is the window's size, ``scaled``: the loss is scaled."""
-        if self.trusted or self._sentinels is None:
+        if self.trusted or self._groups is None:
             return
-        changes = [c for c in (s.change() for s in self._sentinels) if c is not None]
+        # An optimizer's gradients count as changed only where both its sentinels are: a clip or a zero_grad changes
+        # every one, while a change to one layer (a test planting an inf, a user's per-layer edit) may be meant.
+        changes = []
+        for group in self._groups:
+            seen = [s.change() for s in group]
+            if all(c is not None for c in seen):
+                changes.append("zeroed" if all(c == "zeroed" for c in seen) else "changed")
         if self.outside and (scaled or window > 1):
             raise RuntimeError(_outside(what, window, scaled))
         if not changes or self.outside:

@@ -167,6 +167,16 @@ def test_a_gradient_hook_of_the_users_own_stays_silent() -> None:
     assert_same(weights(engine, model), weights(control, c_model))
 
 
+def test_an_inf_planted_in_one_layer_stays_silent_and_the_step_is_skipped() -> None:
+    """Editing one layer's gradient is not a whole-model clip: the watch lets it pass (tests plant infs so)."""
+    engine, model, _ = run("16-mixed")
+    before = weights(engine, model)
+    engine.backward(loss_of(engine, model, 0))
+    model[0].weight.grad[0, 0] = float("inf")
+    assert engine.step() and engine.step_was_skipped
+    assert_same(weights(engine, model), before)
+
+
 # ------------------------------------------------------------------------------------------ a backward of one's own
 @pytest.mark.parametrize(("precision", "accumulate", "why"), [("16-mixed", 1, "loss scale"), ("32-true", 2, "window's 2 micro-batches")])
 def test_a_backward_outside_the_engine_beside_its_own_is_refused(precision: str, accumulate: int, why: str) -> None:
