@@ -172,9 +172,9 @@ def profile_workload(
     )
     steps = warmup + plain_steps + timed + sync_steps + trace_steps
     total, needed = steps * workload.accumulate, (warmup + plain_steps + timed) * workload.accumulate
-    varied = trials and isinstance(loader, DataLoader) and (given_loader or workload.samples is not None)
+    varied = loader if trials and isinstance(loader, DataLoader) and (given_loader or workload.samples is not None) else None
     report = progress or _Silent()
-    report.start(steps + (search_size(loader, device) if varied else 0))
+    report.start(steps + (search_size(varied, device) if varied is not None else 0))
     try:
         with profiler:
             for batch in profiler.batches(_cycled(loader, total, needed), channels_last=workload.channels_last):
@@ -184,7 +184,7 @@ def profile_workload(
         measured: list[Any] = []
         trials_load: dict[str, Any] | None = None
         note = _trials_note(loader, given_loader) if trials else None
-        if varied:
+        if varied is not None:
             meter = CpuMeter(children=True)  # the trials' workers are the loop's own
             meter.mark()
             started: list[str] = []
@@ -193,7 +193,7 @@ def profile_workload(
                 report.update(f"DataLoader trial: {label}", advance=1 if started else 0)  # the one before it is done
                 started.append(label)
 
-            measured = try_loader_settings(loader, micro_step, device, channels_last=workload.channels_last, on_trial=on_trial)
+            measured = try_loader_settings(varied, micro_step, device, channels_last=workload.channels_last, on_trial=on_trial)
             trials_load = load_record(meter.read())
             report.update(f"DataLoader trial: {started[-1]}", advance=1)
     finally:
