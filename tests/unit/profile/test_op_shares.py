@@ -38,8 +38,10 @@ def test_a_per_parameter_optimizer_runs_ops_in_proportion_to_the_parameters_and_
     def ops(foreach: bool, layers: int) -> float:
         return _profile("32-true", {"foreach": foreach}, layers=layers).optimizer_ops_per_step
 
-    loop6, loop12, each6, each12 = ops(False, 6), ops(False, 12), ops(True, 6), ops(True, 12)
-    assert loop12 == 2 * loop6  # one op per parameter and operation: twice the parameters, twice the ops
+    loop3, loop6, loop12, each6, each12 = ops(False, 3), ops(False, 6), ops(False, 12), ops(True, 6), ops(True, 12)
+    # One op per parameter and operation, beside the engine's constant few per step (its unscale and finiteness
+    # checks): the ops grow in step with the parameters, 6 more layers twice what 3 more add.
+    assert loop12 - loop6 == 2 * (loop6 - loop3) and loop12 - loop6 > 0.9 * loop6
     # foreach dispatches one op per operation for the whole group (on this CPU a few per-parameter ops remain).
     assert each6 < loop6 and each12 - each6 < (loop12 - loop6) / 2
 
