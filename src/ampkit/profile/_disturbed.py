@@ -58,10 +58,10 @@ def disturbed_line(data: dict[str, Any]) -> str | None:
     steps, trials = machine.get("steps") or {}, machine.get("trials") or {}
     busy = f"(busy from {BUSY_CORES:g}, as ampkit tune reads it)"
     if steps.get("busy"):
-        also = " and the trials' speed-ups" if trials.get("busy") else ""
+        also = ", the trials' speed-ups" if trials.get("busy") else ""
         return (
-            f"Disturbed run: {_took(steps)} while the steps were measured {busy}: the step times, phase shares and "
-            f"overhead{also} below are slowed by them, not the loop's own. Rerun on a quiet machine before acting on them."
+            f"Disturbed run: {_took(steps)} while the steps were measured {busy}: the step times, phase shares{also} and "
+            "overhead below are slowed by them, not the loop's own. Rerun on a quiet machine before acting on them."
         )
     if trials.get("busy"):
         return (
