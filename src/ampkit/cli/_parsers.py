@@ -168,6 +168,7 @@ def add_doctor(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     p.add_argument("--compile-backend", metavar="NAME", help="torch.compile backend for --compile, e.g. aot_eager to tell the compiler's differences from tracing's (default: inductor)")
     _add_out(p, writes="doctor.json, report.md and PNG histograms")
+    p.add_argument("--no-progress", action="store_true", help="no progress on stderr (by default a bar on a terminal, a line per phase in a log)")
     p.set_defaults(func=_runs("doctor"))
 
 

@@ -23,167 +23,38 @@ from __future__ import annotations
 
 import copy
 import datetime
-import json
-import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
-from .._report.dialect import Advice, check_framework, paste_code
 from .._util.model_io import batch_loss, default_loss, to_device
-from .._util.units import fmt_share
 from ..policy import Policy, get_policy
 from ..training._compile import check_compile_plan, compile_plan
-from ._compare import LossFn, StepComparison, compare_step, reference_step, seeded
-from ._compiled import CompileCheck, check_compiled
-from ._engine_code import engine_code
+from ._compare import LossFn, compare_step, reference_step, seeded
+from ._compiled import check_compiled
+from ._diagnosis import Diagnosis
 from ._formats import FP16
-from ._fp8_headroom import RECIPES as FP8_RECIPES, Fp8Headroom, fp8_headroom
+from ._fp8_headroom import RECIPES as FP8_RECIPES, fp8_headroom
+from ._keep_types import collapse_to_types
+from ._paste import PasteCheck, settle_paste
+from ._reasons import recommendation_reasons, with_update_remedy
 from ._recommend import Tailored, candidate_precisions, choose_precision, tailor
 from ._recorder import ModuleRecorder
-from ._scale import LossScaleAdvice, recommend_loss_scale
+from ._scale import recommend_loss_scale
 from ._severity import module_entries
 from ._stats import TensorStats
+from ._train_check import TrainingJudge
 from ._update_remedy import AUDITED_POLICY, UpdatePrecision, check_update_precision
 
-__all__ = ["UPDATE_STEPS", "Diagnosis", "diagnose"]
+__all__ = ["UPDATE_STEPS", "Diagnosis", "Progress", "diagnose"]
 
 UPDATE_STEPS = 8
 """Optimizer steps per policy in the update-precision check: enough for fp32 masters to carry updates of a
 fraction of a bf16 gap across it, few enough to keep the doctor quick."""
 
 Optimizer = Callable[[Any], torch.optim.Optimizer]
-
-
-@dataclass
-class Diagnosis:
-    """What :func:`diagnose` found and recommends; :meth:`to_dict` is doctor.json."""
-
-    recommended_precision: str
-    precision_reasons: list[str]
-    keep_fp32: list[str]
-    scale: LossScaleAdvice
-    """The fp16 loss scale the reference gradients allow (reported whatever the precision chosen)."""
-    loss_scale_log2: int | None
-    """The scale the engine should start from: the advice, lowered if tailoring had to; None without scaling."""
-    weight_grads: TensorStats
-    activation_grads: TensorStats
-    comparisons: list[StepComparison]
-    modules: list[dict[str, Any]]
-    reference_steps: int
-    tailoring_notes: list[str] = field(default_factory=list)
-    target: str | None = None
-    context: dict[str, Any] = field(default_factory=dict)
-    """Run facts for the report: device, workload, command."""
-    compile_check: CompileCheck | None = None
-    """The recommended policy's step compiled against eager (``diagnose(compile=...)``); None when not asked."""
-    update_precision: UpdatePrecision | None = None
-    """Whether bf16 weights stepped directly lose updates and the remedy that recovers fp32's training
-    (:mod:`~ampkit.numerics._update_remedy`); None without an optimizer or with ``update_steps=0``."""
-    fp8: Fp8Headroom | None = None
-    """How each Linear's input, weight and grad_output fit torchao's float8 cast (:mod:`~ampkit.numerics._fp8_headroom`);
-    None with ``fp8_recipe=None``."""
-    framework: str | None = None
-    """The framework the model came from (``"lightning"``, ``"transformers"``; ``ampkit doctor`` sets it from the
-    workload): the prescription is also printed in its terms (:meth:`framework_code`); None: plain PyTorch."""
-
-    @property
-    def recommended_loss_scale(self) -> float:
-        """The fp16 loss scale to start from: ``2^k``, the largest keeping every gradient within 65504."""
-        return 2.0 ** (self.loss_scale_log2 if self.loss_scale_log2 is not None else self.scale.log2)
-
-    def engine_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for :class:`~ampkit.Engine` that apply the recommendation: ``Engine(**d.engine_kwargs())``."""
-        from ..scaling import ScalerConfig
-
-        kwargs: dict[str, Any] = {"precision": self.recommended_precision}
-        if self.keep_fp32:
-            kwargs["keep_fp32"] = list(self.keep_fp32)
-        scaler = self._scaler_settings()
-        if scaler is not None:
-            kwargs["scaler"] = ScalerConfig(**scaler)
-        return kwargs
-
-    def _scaler_settings(self) -> dict[str, float] | None:
-        if get_policy(self.recommended_precision).loss_scaling != "dynamic":
-            return None
-        init = self.recommended_loss_scale
-        settings = {"init_scale": init}
-        # ScalerConfig keeps the scale within [1, 2^24] by default; widen the bound the recommendation crosses.
-        if init > 2.0**24:
-            settings["max_scale"] = init
-        if init < 1.0:
-            settings["min_scale"] = init
-        return settings
-
-    def engine_code(self) -> str:
-        """The Python line that builds the recommended engine: the one recommendation, printed as ``Paste:``."""
-        return engine_code(self.recommended_precision, self.keep_fp32, self._scaler_settings())
-
-    def advice(self) -> Advice:
-        """The prescription as the configuration to recommend (:class:`ampkit._report.dialect.Advice`): the policy,
-        the modules kept in fp32 and the scaler's settings, on the device the doctor ran on."""
-        device = torch.device(str(self.context.get("device", "cpu"))).type
-        return Advice(precision=self.recommended_precision, keep_fp32=tuple(self.keep_fp32), scaler=self._scaler_settings(), device=device)
-
-    def framework_code(self) -> str | None:
-        """The prescription as the lines to paste into a script of :attr:`framework` (``L.Trainer`` for Lightning,
-        ``TrainingArguments`` and a ``Trainer`` for Hugging Face); None for plain PyTorch, whose line is
-        :meth:`engine_code`."""
-        return paste_code(self.advice(), self.framework) if check_framework(self.framework) is not None else None
-
-    def _update_dict(self) -> dict[str, Any] | None:
-        """doctor.json's ``update_precision``, with whether its prescription is the recommendation's (``applied``:
-        the recommended policy steps bf16 weights) or an option beside it (the recommendation keeps fp32 weights)."""
-        if self.update_precision is None:
-            return None
-        check = self.update_precision
-        kwargs = check.engine_kwargs()
-        code = engine_code(kwargs["precision"], kwargs.get("keep_fp32", ())) if kwargs else None
-        applied = check.prescribed is not None and self.recommended_precision == check.prescribed and set(check.keep_fp32) <= set(self.keep_fp32)
-        fp32_weights = get_policy(self.recommended_precision).param_dtype == torch.float32
-        return {**check.to_dict(), "engine_code": code, "applied": applied, "recommendation_fp32_weights": fp32_weights}
-
-    def to_dict(self) -> dict[str, Any]:
-        """The doctor.json document (its keys are listed in :mod:`ampkit.numerics`)."""
-        from .. import __version__
-
-        weights_unscaled, acts_unscaled = self.weight_grads.underflow_share("fp16"), self.activation_grads.underflow_share("fp16")
-        k = self.loss_scale_log2 if self.loss_scale_log2 is not None else self.scale.log2
-        return {
-            "ampkit": __version__, "torch": torch.__version__, **self.context, "reference_steps": self.reference_steps,
-            "target": self.target, "recommended_precision": self.recommended_precision,
-            "precision_reasons": list(self.precision_reasons), "recommended_loss_scale": self.recommended_loss_scale,
-            "loss_scale_log2": k, "gradient_max_abs": self.scale.max_abs, "keep_fp32": list(self.keep_fp32),
-            "engine": {"precision": self.recommended_precision, "keep_fp32": list(self.keep_fp32), "scaler": self._scaler_settings()},
-            "engine_code": self.engine_code(),
-            "framework": self.framework, "framework_code": self.framework_code(),
-            "underflow_share_unscaled": self.scale.underflow_unscaled,
-            "underflow_share_scaled": TensorStats.merge([self.weight_grads, self.activation_grads]).underflow_share("fp16", k),
-            "gradient_underflow": {
-                "weights": {"unscaled": weights_unscaled, "scaled": self.weight_grads.underflow_share("fp16", k)},
-                "activations": {"unscaled": acts_unscaled, "scaled": self.activation_grads.underflow_share("fp16", k)},
-            },
-            "gradient_histograms": {
-                "weights": self.weight_grads.to_dict()["histogram"], "activations": self.activation_grads.to_dict()["histogram"],
-            },
-            "tailoring_notes": list(self.tailoring_notes),
-            "comparisons": [c.to_dict() for c in self.comparisons],
-            "compile_check": self.compile_check.to_dict() if self.compile_check is not None else None,
-            "update_precision": self._update_dict(),
-            "fp8_headroom": self.fp8.to_dict() if self.fp8 is not None else None,
-            "modules": self.modules,
-        }
-
-    def write_json(self, path: str | os.PathLike[str]) -> Path:
-        """Write :meth:`to_dict` to ``path`` atomically (a temporary file renamed into place)."""
-        from ..fileio._checkpoint_files import write_text_atomic
-
-        return write_text_atomic(path, json.dumps(self.to_dict(), indent=1, allow_nan=False) + "\n")
 
 
 def _reference_run(model: nn.Module, batches: Sequence[Any], loss_fn: LossFn, steps: int, optimizer: Optimizer | None, seed: int) -> ModuleRecorder:
@@ -239,6 +110,7 @@ def diagnose(
     compile: bool | str | dict[str, Any] | None = None,
     update_steps: int = UPDATE_STEPS,
     fp8_recipe: str | None = "tensorwise",
+    progress: Progress | None = None,
 ) -> Diagnosis:
     """Diagnose how ``model`` fits fp16/bf16 on ``batches`` and recommend a policy, fp32 modules and a loss scale.
 
@@ -265,6 +137,9 @@ def diagnose(
         fp8_recipe: cast every Linear's operands of one fp32 step as this torchao float8 recipe would
             (``"tensorwise"`` or ``"rowwise"``) and report what flushes (:mod:`~ampkit.numerics._fp8_headroom`);
             None: no fp8 check.
+        progress: told each phase as it starts (``start(total)``, ``update(description, advance)``, ``finish()``,
+            as :class:`ampkit.bench._progress.RichReporter` takes them: ``ampkit doctor`` passes a bar or a line per
+            phase); default: nothing is told.
     """
     if steps < 1:
         raise ValueError(f"steps must be >= 1 (fp32 reference steps to collect statistics from), got {steps}.")
@@ -286,6 +161,8 @@ def diagnose(
     batches = [to_device(b, dev) for b in batches]
     work.train()
     initial = copy.deepcopy(work) if optimizer is not None and update_steps > 0 else None  # before the reference run trains it
+    phase = _Phases(progress, steps + len(get_policy_names(target, dev)) + 1 + (plan is not None) + (initial is not None))
+    phase(f"fp32 reference: {steps} steps", units=steps)
     rec = _reference_run(work, batches, loss_fn, steps, optimizer, seed)
     stats = rec.summaries()
     weight_grads, act_grads = _gradient_totals(stats, work)
@@ -293,6 +170,8 @@ def diagnose(
 
     batch = batches[steps % len(batches)]  # a batch the statistics did not train on, from the trained weights
     ref = reference_step(work, batch, loss_fn, seed=seed)
+    if fp8_recipe is not None:
+        phase("fp8 headroom")
     fp8 = fp8_headroom(work, batch, loss_fn, recipe=fp8_recipe, seed=seed) if fp8_recipe is not None else None
     if target is not None:
         candidates, reasons = [get_policy(target).name], [f"tailored for {get_policy(target).name}, as asked"]
@@ -300,17 +179,38 @@ def diagnose(
     else:
         candidates, reasons = candidate_precisions(dev)
     defaults, tailored = [], []
+
+    def tailor_for(name: str) -> Tailored:
+        return tailor(work, batch, loss_fn, name, reference=ref, stats=stats, order=rec.order, loss_scale_log2=advice.log2)
+
     for name in candidates:
+        phase(f"{name}: tailoring", units=1)
         policy = get_policy(name)
         default_scale = 2.0**16 if policy.loss_scaling == "dynamic" else None  # what Engine(precision=name) starts at
         defaults.append(compare_step(work, batch, loss_fn, name, reference=ref, loss_scale=default_scale, label="default"))
-        tailored.append(tailor(work, batch, loss_fn, name, reference=ref, stats=stats, order=rec.order, loss_scale_log2=advice.log2))
-    chosen = choose_precision(tailored)
-    reasons += _reasons(chosen, tailored, advice)
-    comparisons = [c for pair in zip(defaults, [t.comparison for t in tailored]) for c in pair]
-    shown = [c for c in comparisons if chosen is None or c.policy == chosen.precision] or comparisons
+        tailored.append(tailor_for(name))
+    held = steps % len(batches)
+    train = [b for i, b in enumerate(batches) if i != held] or batches
+    judge: list[TrainingJudge] = []  # built once, on the first need: fp32's control run of update_steps steps
+
+    def make_judge() -> TrainingJudge:
+        if not judge:
+            judge.append(TrainingJudge(initial, train, batch, loss_fn, optimizer, steps=update_steps, seed=seed))  # type: ignore[arg-type]
+        return judge[0]
+
+    # The paste is never a configuration the report says still diverges: trained against fp32 first, else replaced.
+    phase("checking the paste", units=1)
+    chosen, extra, paste = settle_paste(choose_precision(tailored), tailored, tailor_fn=tailor_for, make_judge=make_judge if initial is not None else None, device=dev)
+    tailored += extra
+    reasons += recommendation_reasons(chosen, tailored, advice) + (paste.notes if paste is not None else [])
+    for t in tailored:
+        if chosen is None or t is not chosen:
+            t.comparison.label = "tailored"  # the step as tailored, not what is recommended
+    comparisons = [c for pair in zip(defaults, [t.comparison for t in tailored]) for c in pair] + [t.comparison for t in extra]
+    shown = [c for c in comparisons if chosen is None or c.policy in (chosen.precision, paste.asked if paste is not None else None)] or comparisons
     compiled = None
     if plan is not None:
+        phase("compiled step", units=1)
         scale_log2 = chosen.loss_scale_log2 if chosen is not None else None
         compiled = check_compiled(
             work, batch, loss_fn, chosen.precision if chosen is not None else "32-true", reference=ref, compile=compile,
@@ -318,12 +218,12 @@ def diagnose(
         )
     updates = None
     if initial is not None:
-        held = steps % len(batches)
-        train = [b for i, b in enumerate(batches) if i != held] or batches
-        updates = check_update_precision(initial, train, batch, loss_fn, optimizer, steps=update_steps, seed=seed)  # type: ignore[arg-type]
+        phase("update precision", units=1)
+        updates = _update_check(initial, train, batch, loss_fn, optimizer, update_steps, seed, tailored, tailor_for, paste, dev)  # type: ignore[arg-type]
     precision, keep = (chosen.precision, list(chosen.keep_fp32)) if chosen is not None else ("32-true", [])
     if precision == AUDITED_POLICY and updates is not None:
-        precision, keep = _with_update_remedy(precision, keep, updates, reasons)
+        precision, keep = with_update_remedy(precision, keep, updates, reasons)
+    phase.done()
     return Diagnosis(
         recommended_precision=precision,
         precision_reasons=reasons,
@@ -335,6 +235,8 @@ def diagnose(
         comparisons=shown,
         modules=module_entries(work, stats, rec.order, advice, shown, keep),
         reference_steps=steps,
+        paste_check=paste,
+        keep_fp32_paste=collapse_to_types(work, keep),
         tailoring_notes=[n for t in tailored for n in (f"{t.precision}: {x}" for x in t.notes)],
         target=get_policy(target).name if target is not None else None,
         context={"device": str(dev), "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), **(context or {})},
@@ -344,43 +246,53 @@ def diagnose(
     )
 
 
-def _with_update_remedy(precision: str, keep: list[str], updates: UpdatePrecision, reasons: list[str]) -> tuple[str, list[str]]:
-    """The recommendation when it is the audited policy itself (bf16 weights stepped directly, asked for with
-    ``target``): the update check's prescription joins it, so the doctor prints one engine line, not two."""
-    if updates.prescribed is not None:
-        kept = keep + [m for m in updates.keep_fp32 if m not in keep]
-        what = f"{updates.prescribed}" + (f" with {', '.join(updates.keep_fp32)} in fp32" if updates.keep_fp32 else "")
-        reasons.append(f"{precision} loses updates; {what} recovers fp32's training over {updates.steps} steps (update precision, below)")
-        return updates.prescribed, kept
-    if updates.lost:
-        why = "no remedy tried recovers fp32's training" if updates.judged else "fp32's own loss did not fall enough to judge a remedy"
-        reasons.append(f"{precision} loses updates and {why} (update precision, below): a policy with fp32 weights keeps them")
-    return precision, keep
+def _update_check(
+    initial: nn.Module, train: Sequence[Any], held_out: Any, loss_fn: LossFn, optimizer: Optimizer, steps: int, seed: int,
+    tailored: list[Tailored], tailor_for: Callable[[str], Tailored], paste: PasteCheck | None, device: torch.device,
+) -> UpdatePrecision:
+    """The update-precision check with the forward fixes applied: ``bf16-true`` as the doctor tailors it (its modules
+    kept in fp32), so a fault of the forward pass is not taken for lost updates; where ``bf16-true`` still diverges
+    with them (and did not train when the paste was checked), the check names it a forward fault and tries no remedy."""
+    fixes = next((t for t in tailored if t.precision == AUDITED_POLICY), None)
+    if fixes is None and get_policy(AUDITED_POLICY).support(device).supported:
+        fixes = tailor_for(AUDITED_POLICY)
+    trained = paste is not None and any(t.precision == AUDITED_POLICY and t.trains for t in paste.trials)
+    fault: list[str] = []
+    if fixes is not None and not fixes.agrees and not trained:
+        fault = list(fixes.comparison.diverging) or [fixes.comparison.forward_origin or "(the step goes non-finite)"]
+    keep = fixes.keep_fp32 if fixes is not None else []
+    return check_update_precision(initial, train, held_out, loss_fn, optimizer, steps=steps, seed=seed, keep_fp32=keep, forward_fault=fault)
 
 
-def _reasons(chosen: Tailored | None, tailored: Sequence[Tailored], advice: LossScaleAdvice) -> list[str]:
-    out = []
-    if chosen is None:
-        if tailored:
-            out.append("no 16-bit policy trained a finite step even with modules kept in fp32: stay in 32-true")
-        else:
-            out.append("no 16-bit mixed policy runs fast on this device: 32-true")
-        return out
-    c = chosen.comparison
-    worst = min((m.cosine for m in c.modules.values() if m.cosine is not None), default=None)
-    agreement = f"gradients agree with fp32 (lowest module cosine {worst:.4f})" if worst is not None else "gradients stay finite"
-    if c.diverging:
-        agreement = f"{len(c.diverging)} module(s) still diverge from fp32 ({', '.join(c.diverging[:3])})"
-    out.append(f"{chosen.precision}: one step is finite and {agreement}")
-    if chosen.keep_fp32:
-        out.append(f"{', '.join(chosen.keep_fp32)} must stay in fp32 under {chosen.precision}")
-    for other in tailored:
-        if other is not chosen and not other.agrees:
-            why = "goes non-finite" if not other.comparison.finite else f"diverges in {', '.join(other.comparison.diverging[:3])}"
-            out.append(f"{other.precision} {why} even as tailored")
-    if chosen.loss_scale_log2 is not None:
-        out.append(
-            f"loss scale 2^{chosen.loss_scale_log2}: {fmt_share(advice.underflow_unscaled)} of gradient values are below fp16's 2^-24 "
-            f"unscaled, {fmt_share(advice.underflow_scaled)} at 2^{advice.log2}"
-        )
-    return out
+class Progress(Protocol):
+    """What :func:`diagnose` tells of its phases (the bench's reporters take the same calls)."""
+
+    def start(self, total: int) -> None: ...
+
+    def update(self, description: str, advance: int = 0) -> None: ...
+
+    def finish(self) -> None: ...
+
+
+class _Phases:
+    """Tells ``progress`` each phase as it starts, with the units of work the previous phase did."""
+
+    def __init__(self, progress: Progress | None, total: int) -> None:
+        self._progress, self._pending = progress, 0
+        if progress is not None:
+            progress.start(total)
+
+    def __call__(self, description: str, units: int = 0) -> None:
+        if self._progress is not None:
+            self._progress.update(description, advance=self._pending)
+        self._pending = units
+
+    def done(self) -> None:
+        self("done")
+        if self._progress is not None:
+            self._progress.finish()
+
+
+def get_policy_names(target: str | Policy | None, device: torch.device) -> list[str]:
+    """The policies the doctor tailors: ``target``'s name, or the fast mixed ones on ``device``."""
+    return [get_policy(target).name] if target is not None else candidate_precisions(device)[0]

@@ -134,9 +134,18 @@ def update_lines(data: dict[str, Any], top: int = 5) -> list[str]:
     head = f"over {data['steps']} steps (held-out loss {data['initial_loss']:.4g} -> {data['fp32_loss']:.4g} in fp32)"
     policy = data.get("policy") or "bf16-true"
     judged = data.get("judged", True)
-    if not data.get("lost") and judged:
+    fixes = data.get("forward_keep") or []
+    if fixes:  # the forward fixes the check ran with: a forward fault is not taken for lost updates
+        policy += f" (with the forward fixes applied: {', '.join(module_label(n) for n in fixes)} in fp32)"
+    fault = data.get("forward_fault") or []
+    if not data.get("lost") and judged and not fault:
         return [f"{policy} keeps its updates {head}"]
     lines = [f"{policy} {'loses updates' if data.get('lost') else 'keeps its updates, by the audit,'} {head}"]
+    if fault:
+        lines.append(
+            f"  its forward pass still diverges from fp32 in {', '.join(module_label(n) for n in fault[:3])}: a fault of the "
+            "activations, not of the updates, which no update remedy fixes (they change only how an update lands); none was tried"
+        )
     ranked = sorted(data.get("params", {}).items(), key=lambda kv: (-kv[1]["lost_share"], -kv[1]["discarded_share"]))
     for name, p in ranked[:top]:
         decay = f", decay {fmt_share(p['decay_lost_share'])} lost" if p.get("decay_lost_share") is not None else ""
@@ -148,8 +157,12 @@ def update_lines(data: dict[str, Any], top: int = 5) -> list[str]:
     if not judged:
         lines.append(_unjudged_line(data))
         return lines
+    if fault:
+        return lines
     for name, why in (data.get("skipped") or {}).items():
         lines.append(f"  {name}: not tried: {why}")
+    if data.get("prescribed") and data.get("preferred"):
+        lines.append(f"  {data['preferred']}")
     lines.append(_update_prescription(data))
     return lines
 

@@ -31,28 +31,19 @@ parameter, and the optimizer and its speed stay as they are.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 
 from .._errors import one_line
-from .._util.model_io import batch_parts, call_model, output_as_float
+from .._util.units import fmt_share
 from ..policy import get_policy, policy_names
-from ._compare import LossFn, seeded
-from ._update_audit import (
-    REMEDIES,
-    UPDATE_DISCARDED_WARN,
-    UPDATE_LOST_WARN,
-    UpdateAudit,
-    UpdateReport,
-)
-
-if TYPE_CHECKING:
-    from ..training._engine import Engine
+from ._compare import LossFn
+from ._trial_runs import fall_noise, held_out_loss, train_copy
+from ._update_audit import REMEDIES, UPDATE_DISCARDED_WARN, UPDATE_LOST_WARN, UpdateReport
 
 __all__ = ["AUDITED_POLICY", "NOISE_FACTOR", "RECOVERED_SHARE", "TARGETED_SHARE", "RemedyTrial", "UpdatePrecision", "check_update_precision"]
 
@@ -113,11 +104,21 @@ class UpdatePrecision:
     prescribed: str | None = None
     """The cheapest remedy that recovers; None when nothing is lost or no remedy recovers."""
     keep_fp32: list[str] = field(default_factory=list)
-    """With ``prescribed == "bf16-true"``: the modules the targeted remedy keeps in fp32."""
+    """The modules the prescription keeps in fp32: the forward fixes, and with ``prescribed == "bf16-true"`` those the
+    targeted remedy keeps."""
     fp32_noise: float | None = None
     """The noise of fp32's held-out fall, ``|d_A - d_B| / 2`` over the batch's halves; None for a one-row batch."""
     judged: bool = True
     """fp32's held-out loss fell by more than :data:`NOISE_FACTOR` times its noise, so remedies could be judged by it."""
+    forward_keep: list[str] = field(default_factory=list)
+    """The forward fixes every trial runs with: the modules the doctor's tailoring keeps in fp32 under ``bf16-true``
+    (so a fault in the forward pass is not taken for lost updates)."""
+    forward_fault: list[str] = field(default_factory=list)
+    """Modules whose gradient still diverges from fp32 under ``bf16-true`` with the forward fixes applied: a fault of
+    the forward pass, which no update remedy fixes (they change only how an update lands), so none is tried."""
+    preferred: str | None = None
+    """Why the prescription is preferred to ``bf16-true`` itself when ``bf16-true`` also recovers fp32's decrease over
+    the check's steps (the audit finds parameters whose updates are lost: a longer run leaves them behind)."""
 
     def engine_kwargs(self) -> dict[str, Any] | None:
         """What to pass to ``Engine`` for the prescription; None when nothing is prescribed."""
@@ -131,7 +132,8 @@ class UpdatePrecision:
             "fp32_loss": self.fp32_loss, "fp32_noise": self.fp32_noise, "noise_factor": NOISE_FACTOR, "judged": self.judged,
             "lost": self.lost, "problems": list(self.problems), "params": self.params,
             "trials": [t.to_dict() for t in self.trials], "skipped": dict(self.skipped), "prescribed": self.prescribed,
-            "keep_fp32": list(self.keep_fp32),
+            "keep_fp32": list(self.keep_fp32), "forward_keep": list(self.forward_keep), "forward_fault": list(self.forward_fault),
+            "preferred": self.preferred,
         }
 
 
@@ -144,22 +146,30 @@ def check_update_precision(
     *,
     steps: int = 8,
     seed: int = 0,
+    keep_fp32: Sequence[str] = (),
+    forward_fault: Sequence[str] = (),
 ) -> UpdatePrecision:
     """Train ``steps`` steps on ``batches`` (step ``i`` on ``batches[i % len(batches)]``) under ``32-true``,
     ``bf16-true`` (audited) and, if updates are lost, the remedies; judge each on ``held_out``. ``model`` is left
-    untouched."""
+    untouched.
+
+    ``keep_fp32`` are the forward fixes (modules kept in fp32 under ``bf16-true``), applied to every trial;
+    ``forward_fault`` the modules that still diverge with them: then the audit runs, and no remedy is tried."""
     if steps < 1:
         raise ValueError(f"check_update_precision(steps={steps}): steps must be >= 1 (optimizer steps per policy).")
-    initial = _held_out_loss(model, None, held_out, loss_fn, seed)
-    fp32 = _train(model, batches, loss_fn, optimizer, "32-true", steps, seed)[0]
-    fp32_loss = _held_out_loss(model, fp32, held_out, loss_fn, seed)
-    noise = _fall_noise(model, fp32, held_out, loss_fn, seed)
+    initial = held_out_loss(model, None, held_out, loss_fn, seed)
+    fp32 = train_copy(model, batches, loss_fn, optimizer, "32-true", steps, seed)[0]
+    fp32_loss = held_out_loss(model, fp32, held_out, loss_fn, seed)
+    noise = fall_noise(model, fp32, held_out, loss_fn, seed)
     # fp32 must have gone down, beyond its noise, for a decrease to be recovered: a rise is no trajectory to follow.
     judged = initial - fp32_loss > NOISE_FACTOR * (noise or 0.0)
 
+    base = list(keep_fp32)
+
     def trial(policy: str, nbytes: float | None, stream: int = seed, keep: Sequence[str] = (), label: str | None = None) -> tuple[RemedyTrial, list[UpdateReport]]:
-        trained, reports = _train(model, batches, loss_fn, optimizer, policy, steps, seed, audit=nbytes is None, stream=stream, keep_fp32=keep)
-        loss = _held_out_loss(model, trained, held_out, loss_fn, seed)
+        kept = base + [m for m in keep if m not in base]
+        trained, reports = train_copy(model, batches, loss_fn, optimizer, policy, steps, seed, audit=nbytes is None, stream=stream, keep_fp32=kept)
+        loss = held_out_loss(model, trained, held_out, loss_fn, seed)
         recovered = judged and initial - loss >= RECOVERED_SHARE * (initial - fp32_loss)
         return RemedyTrial(label or policy, nbytes, loss, bool(recovered)), reports
 
@@ -168,16 +178,21 @@ def check_update_precision(
     problems = merged.problems()
     result = UpdatePrecision(
         steps=steps, initial_loss=initial, fp32_loss=fp32_loss, params={n: u.to_dict() for n, u in merged.params.items()},
-        lost=bool(problems) or (judged and not audited.recovered), problems=problems, trials=[audited], fp32_noise=noise, judged=judged,
+        # A forward fault is not a lost update: then only the audit's own findings say updates are lost.
+        lost=bool(problems) or (judged and not audited.recovered and not forward_fault), problems=problems, trials=[audited],
+        fp32_noise=noise, judged=judged, forward_keep=base, forward_fault=list(forward_fault),
     )
-    if not result.lost or not judged:  # unjudged: the audit's findings stand, and no remedy can be told to recover
+    # Unjudged: the audit's findings stand, and no remedy can be told to recover. A forward fault: no remedy fixes it.
+    if not result.lost or not judged or forward_fault:
         return result
     keep, kept_share = _losing_modules(model, merged)
+    keep = [m for m in keep if m not in base]
     if keep and kept_share < TARGETED_SHARE:
-        tried = trial(AUDITED_POLICY, 8 * kept_share, keep=keep, label=f"{AUDITED_POLICY}, keep_fp32={keep}")[0]
+        tried = trial(AUDITED_POLICY, 8 * kept_share, keep=keep, label=f"{AUDITED_POLICY}, keep_fp32={base + keep}")[0]
         result.trials.append(tried)
         if tried.recovered:
-            result.prescribed, result.keep_fp32 = AUDITED_POLICY, keep
+            result.prescribed, result.keep_fp32 = AUDITED_POLICY, base + keep
+            result.preferred = _preferred(f"{AUDITED_POLICY} with {', '.join(keep)} in fp32", audited, merged, steps)
             return result
     known = set(policy_names())
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
@@ -199,9 +214,23 @@ def check_update_precision(
             tried = RemedyTrial(name, nbytes, tried.loss, recovered)
         result.trials.append(tried)
         if tried.recovered:
-            result.prescribed = name
+            result.prescribed, result.keep_fp32 = name, list(base)
+            result.preferred = _preferred(name, audited, merged, steps)
             break
     return result
+
+
+def _preferred(remedy: str, audited: RemedyTrial, report: UpdateReport, steps: int) -> str | None:
+    """Why a remedy is prescribed although ``bf16-true`` itself recovered fp32's decrease over the check's steps;
+    None when it did not (then the remedy is simply the cheapest that recovers)."""
+    if not audited.recovered:
+        return None
+    worst = sorted(report.params.values(), key=lambda u: -u.lost_share)[:3]
+    found = ", ".join(f"{u.name} {fmt_share(u.lost_share)}" for u in worst if u.lost_share > 0) or "updates rounded away"
+    return (
+        f"{remedy} is preferred to plain {AUDITED_POLICY}, which also follows fp32's decrease over these {steps} steps, because "
+        f"the audit finds its updates lost ({found}): over a longer run those parameters fall behind"
+    )
 
 
 def _losing_modules(model: nn.Module, report: UpdateReport) -> tuple[list[str], float]:
@@ -214,81 +243,3 @@ def _losing_modules(model: nn.Module, report: UpdateReport) -> tuple[list[str], 
     kept = {id(p) for m in modules for p in model.get_submodule(m).parameters()}
     total = sum(p.numel() for p in model.parameters())
     return modules, sum(p.numel() for p in model.parameters() if id(p) in kept) / max(total, 1)
-
-
-class _AuditEveryStep:
-    """A step hook: the update audit of every optimizer step, read at once (the doctor is not a training loop)."""
-
-    def __init__(self) -> None:
-        self.audit, self.reports = UpdateAudit(), []  # type: ignore[var-annotated]
-
-    def before_optimizer_step(self, engine: Engine) -> None:
-        self.audit.arm(engine.optimizers, {id(p): n for n, p in engine.named_parameters()})
-
-    def after_optimizer_step(self, engine: Engine) -> None:
-        self.audit.disarm()
-        stats = self.audit.stats()
-        self.reports.append(self.audit.report(stats.flatten().tolist() if stats is not None else []))
-
-
-def _train(
-    model: nn.Module, batches: Sequence[Any], loss_fn: LossFn, optimizer: Callable[[Any], torch.optim.Optimizer],
-    precision: str, steps: int, seed: int, *, audit: bool = False, stream: int | None = None, keep_fp32: Sequence[str] = (),
-) -> tuple[dict[str, torch.Tensor], list[UpdateReport]]:
-    """``steps`` steps of a copy of ``model`` under ``precision``: its trained weights (the fp32 masters where it has
-    them: they are the trajectory, the model holds them rounded) and the audit of each step. Step ``i``'s forward
-    draws its dropout from ``seed + i``; the optimizer's draws come from ``stream`` (default ``seed``)."""
-    # The engine imports the policies; imported here to keep this module light.
-    from ..training._engine import Engine
-
-    hook = _AuditEveryStep() if audit else None
-    work = copy.deepcopy(model).float()
-    device = next((p.device for p in work.parameters()), torch.device("cpu"))
-    engine = Engine(precision, keep_fp32=keep_fp32, hooks=[hook] if hook is not None else [])
-    work, _ = engine.setup(work, optimizer(work.parameters()))
-    work.train()
-    # The optimizer's own draws (stochastic rounding) come from a seeded stream too: the trial is repeatable, and
-    # the caller's random stream is left as it was. Each forward gets its own seed: the same dropout masks in
-    # every policy's trial.
-    with seeded(seed if stream is None else stream, device):
-        for i in range(steps):
-            inputs, target = batch_parts(batches[i % len(batches)])
-            with seeded(seed + i, device), engine.autocast():
-                loss = loss_fn(output_as_float(call_model(work, inputs)), target)
-            engine.backward(loss)
-            engine.step()
-    trained = {k: v.detach().float() for k, v in work.state_dict().items()}
-    if engine.masters is not None:
-        trained.update(engine.masters.state_dict())
-    return trained, hook.reports if hook is not None else []
-
-
-def _fall_noise(model: nn.Module, trained: dict[str, torch.Tensor], batch: Any, loss_fn: LossFn, seed: int) -> float | None:
-    """The standard error of the held-out fall from ``model``'s weights to ``trained``: ``|d_A - d_B| / 2``, each half
-    of the batch's fall measured on its own (the same dropout mask before and after). None when the batch cannot be
-    halved."""
-    from ..training._micro_batching import batch_rows, split_batch
-
-    try:
-        rows = batch_rows(batch)
-    except ValueError:
-        return None
-    if rows < 2:
-        return None
-    falls = []
-    for half in (split_batch(batch, 0, rows // 2), split_batch(batch, rows // 2, rows)):
-        falls.append(_held_out_loss(model, None, half, loss_fn, seed) - _held_out_loss(model, trained, half, loss_fn, seed))
-    return abs(falls[0] - falls[1]) / 2
-
-
-@torch.no_grad()
-def _held_out_loss(model: nn.Module, weights: dict[str, torch.Tensor] | None, batch: Any, loss_fn: LossFn, seed: int) -> float:
-    """The fp32 loss of ``model`` with ``weights`` (None: its own) on ``batch``, in training mode with the dropout
-    mask ``seed`` draws."""
-    work = copy.deepcopy(model).float().train()
-    if weights is not None:
-        work.load_state_dict(weights)
-    device = next((p.device for p in work.parameters()), torch.device("cpu"))
-    inputs, target = batch_parts(batch)
-    with seeded(seed, device):
-        return float(loss_fn(output_as_float(call_model(work, inputs)), target))

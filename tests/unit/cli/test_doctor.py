@@ -163,3 +163,24 @@ def test_an_unknown_framework_is_refused_before_the_doctor_runs(capsys: pytest.C
     monkeypatch.setattr("ampkit.numerics.diagnose", lambda *a, **k: pytest.fail("the doctor ran"))
     assert main(["doctor", "--model", f"{FRAGILE}:overflow_net", "--data", f"{FRAGILE}:batches", "--precision", "fp16"]) == 2
     assert "framework 'keras'" in capsys.readouterr().err
+
+
+# -- exit code and progress ----------------------------------------------------------------------------------
+def test_exit_1_says_why_and_progress_goes_to_stderr_a_line_per_phase(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["doctor", "--model", f"{FRAGILE}:root_shift_net", "--data", f"{FRAGILE}:batches", "--precision", "16-mixed"]
+    code = main([*argv, "--steps", "2", "--update-steps", "0", "--fp8-recipe", "none"])
+    out, err = capsys.readouterr()
+    assert code == 1
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("exit 1: no 16-bit policy trains this model here") and "32-true" in last
+    # stderr is no terminal here: a line per phase, as the bench prints in a log.
+    phases = [line for line in err.splitlines() if re.match(r"\[\d+:\d\d\] \d+/\d+: ", line)]
+    assert phases[0].endswith("fp32 reference: 2 steps") and phases[-1].endswith("done") and len(phases) >= 4
+
+
+def test_exit_0_prints_no_exit_line_and_no_progress_silences_stderr(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["doctor", "--model", f"{FRAGILE}:overflow_net", "--data", f"{FRAGILE}:batches", "--precision", "16-mixed"]
+    code = main([*argv, "--steps", "2", "--update-steps", "0", "--fp8-recipe", "none", "--no-progress"])
+    out, err = capsys.readouterr()
+    assert code == 0 and "exit 1" not in out
+    assert not re.search(r"\[\d+:\d\d\] \d+/\d+: ", err)

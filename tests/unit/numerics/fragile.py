@@ -8,6 +8,14 @@
   which fp16 flushes to zero even at GradScaler's 2^16, while the other layers' gradients allow a scale near
   2^29 that brings them into range. Adam with a tiny eps is invariant to the gradient's size, so in fp32 ``embed``
   learns as much as any layer.
+- :func:`shift_net`: ``shift`` adds 256 to its inputs (values near 1) and the LayerNorm after it takes the mean away
+  again: exact in fp32, while bf16's 8 bits hold 256 + x only to a step of 2, so the signal is lost in the
+  activation handed between the two modules. Under ``bf16-mixed`` keeping the layers before the norm in fp32 hands
+  the norm fp32 values (an island's output stays fp32 under autocast); under ``bf16-true`` an island hands its
+  output back in bf16, so no ``keep_fp32`` repairs it. fp16's 11 bits (a step of 0.25 at 256) lose less.
+- :func:`root_shift_net`: the model's own forward (no submodule) adds 4096 to a matmul's outputs (values near 1)
+  and normalises them away: exact in fp32, lost in fp16 (a step of 4 there) and bf16 (a step of 32), in arithmetic no
+  ``keep_fp32`` can reach, so no 16-bit policy trains it.
 - :func:`grad_scaling_backend`: a torch.compile backend that breaks one module's gradient in the compiled step.
 """
 
@@ -23,6 +31,7 @@ OVERFLOW_LAYER = "amplify"
 UNDERFLOW_LAYER = "embed"
 UNDERFLOW_LOSS_WEIGHT = 2.0**-12
 GRAD_SHRINK = 2.0**-28
+SHIFT = 256.0
 
 
 class OverflowNet(nn.Module):
@@ -59,6 +68,46 @@ class UnderflowNet(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = _ShrinkGrad.apply(torch.relu(self.embed(x)))
         return self.head(torch.relu(self.body(h)))
+
+
+class Shift(nn.Module):
+    def __init__(self, offset: float) -> None:
+        super().__init__()
+        self.offset = offset
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.offset
+
+
+class ShiftNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(16, 32)
+        self.shift = Shift(SHIFT)
+        self.norm = nn.LayerNorm(32)
+        self.head = nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(self.shift(torch.relu(self.embed(x)))))
+
+
+def shift_net() -> nn.Module:
+    torch.manual_seed(0)
+    return ShiftNet()
+
+
+class RootShiftNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(16, 4) / 4)  # a raw parameter: the matmul is the root's own
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.layer_norm(x @ self.weight + 4096.0, (4,))
+
+
+def root_shift_net() -> nn.Module:
+    torch.manual_seed(0)
+    return RootShiftNet()
 
 
 def overflow_net() -> nn.Module:

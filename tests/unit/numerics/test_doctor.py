@@ -346,6 +346,23 @@ def test_under_bf16_true_the_update_remedy_is_part_of_the_one_recommendation(gai
     assert _engine_lines(d) == [f"Paste: {d.engine_code()}", f"Prescribed, and part of the recommendation above: {d.engine_code()}"]
 
 
+def test_a_remedy_prescribed_over_a_bf16_true_that_recovers_says_why(gains_diagnosis) -> None:  # type: ignore[no-untyped-def]
+    from rich.console import Console
+
+    from ampkit.numerics._table import render
+
+    check = gains_diagnosis.update_precision
+    plain = check.trials[0]
+    # bf16-true itself follows fp32's decrease over the check's steps, yet the gains lose their updates: the report
+    # prescribes keeping them in fp32, and must say why it prefers that to the bf16-true it says recovers.
+    assert plain.policy == "bf16-true" and plain.recovered and check.prescribed == "bf16-true" and check.keep_fp32 == ["1"]
+    assert check.preferred is not None and "1.weight" in check.preferred
+    console = Console(file=io.StringIO(), width=400)
+    render(gains_diagnosis.to_dict(), console)
+    printed = console.file.getvalue()  # type: ignore[attr-defined]
+    assert printed.count("bf16-true with 1 in fp32 is preferred to plain bf16-true, which also follows fp32's decrease") == 2  # reasons, check
+
+
 def test_beside_fp32_weights_the_update_remedy_is_an_option_said_as_one(gains_diagnosis, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     from ampkit.numerics import _doctor as doctor
 

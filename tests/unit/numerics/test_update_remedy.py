@@ -137,7 +137,7 @@ def test_a_stochastic_remedy_must_recover_with_every_stream(monkeypatch: pytest.
 
     model, (*train, held) = losing_model(), data()
     streams: list[int | None] = []
-    real = remedy._train
+    real = remedy.train_copy
 
     def lucky_once(model, batches, loss_fn, optimizer, precision, steps, seed, *, audit=False, stream=None, **kwargs):  # type: ignore[no-untyped-def]
         if precision != "bf16-true-sr":
@@ -147,7 +147,7 @@ def test_a_stochastic_remedy_must_recover_with_every_stream(monkeypatch: pytest.
             return real(model, batches, loss_fn, optimizer, "32-true", steps, seed)
         return {k: v.detach().float() for k, v in model.state_dict().items()}, []
 
-    monkeypatch.setattr(remedy, "_train", lucky_once)
+    monkeypatch.setattr(remedy, "train_copy", lucky_once)
     check = check_update_precision(model, train, held, nn.functional.mse_loss, adamw, steps=STEPS, seed=3)
     sr = next(t for t in check.trials if t.policy == "bf16-true-sr")
     assert streams == [3, 4] and not sr.recovered and check.prescribed not in (None, "bf16-true-sr")
