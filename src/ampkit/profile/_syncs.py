@@ -224,8 +224,9 @@ def _user_frame(library: bool = False, stack: list[traceback.FrameSummary] | Non
     The user's line is the innermost one outside torch, ampkit, installed packages, the standard library and the
     console script that started the process: a read inside a package the user's line called is that line's. Without
     any such frame (the CLI calls the user's model from ampkit; a Hugging Face model's code is an installed
-    package's), the model's forward is named: the outermost frame of the code torch called into (a package's or the
-    model's), the reading line beneath it; never ampkit's launcher, which only started the process."""
+    package's), the model's forward is named: the outermost ``forward`` of the code torch called into (a package's
+    or the model's; else its outermost frame), the reading line beneath it; never ampkit's launcher, which only
+    started the process."""
     frames = [f for f in reversed(traceback.extract_stack() if stack is None else stack) if not f.filename.startswith(_PASS_THROUGH)]
     if not frames:
         return None
@@ -234,17 +235,21 @@ def _user_frame(library: bool = False, stack: list[traceback.FrameSummary] | Non
         return _where(reader), (reader.line or "").strip(), "", ""
     if reader.filename.startswith(_LIBRARY_DIRS):
         return None  # torch's or ampkit's own read (an optimizer's step counter), not the loop's
-    model = reader
+    user = outer = forward = None
     for frame in frames:
         if frame.filename.startswith(_DRIVERS) or _launcher(frame.filename):
             break  # an ampkit command runs the step from here (or the process starts): what is above is no loop's
         if frame.filename.startswith(_LIBRARY_DIRS):
             continue  # torch's module call, the engine's and the profiler's wrappers around the forward
         if not _third_party(frame.filename):
-            model = frame  # the user's own line: the innermost one wins
+            user = frame  # the user's own line: the innermost one wins
             break
         if any(d in frame.filename for d in _PACKAGE_DIRS) or not frame.filename.startswith(_STDLIB_DIRS):
-            model = frame  # a package's frame (the model's forward), not the standard library's: the outermost one wins
+            # A package's frame, not the standard library's: the outermost forward wins (a decorator's wrapper
+            # around it, as transformers' are, is not the model), else the outermost frame.
+            outer = frame
+            forward = frame if frame.name == "forward" else forward
+    model = user or forward or outer or reader
     if model is reader:
         return _where(reader), (reader.line or "").strip(), "", ""
     return _where(model), (model.line or "").strip(), _where(reader), (reader.line or "").strip()

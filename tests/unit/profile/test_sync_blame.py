@@ -21,6 +21,7 @@ PACKAGES = sysconfig.get_paths()["purelib"]
 SCRIPTS = sysconfig.get_paths()["scripts"]
 GPT2 = os.path.join(PACKAGES, "transformers", "models", "gpt2", "modeling_gpt2.py")
 MASKS = os.path.join(PACKAGES, "transformers", "masking_utils.py")
+GENERIC = os.path.join(PACKAGES, "transformers", "utils", "generic.py")
 
 
 def _frame(filename: str, lineno: int, name: str, line: str) -> traceback.FrameSummary:
@@ -40,6 +41,7 @@ COMMAND = [
 FORWARD = [  # the engine's wrapper and torch's module calls around GPT-2's two forwards, the read in its mask helper
     _frame(os.path.join(AMPKIT, "training", "_engine.py"), 300, "forward", "return self._forward(*args, **kwargs)"),
     _frame(os.path.join(TORCH, "nn", "modules", "module.py"), 1780, "_call_impl", "return forward_call(*args, **kwargs)"),
+    _frame(GENERIC, 943, "wrapper", "output = func(self, *args, **kwargs)"),  # transformers' decorator on the forward
     _frame(GPT2, 1070, "forward", "transformer_outputs = self.transformer(input_ids, attention_mask=attention_mask)"),
     _frame(os.path.join(TORCH, "nn", "modules", "module.py"), 1780, "_call_impl", "return forward_call(*args, **kwargs)"),
     _frame(GPT2, 880, "forward", "causal_mask = create_causal_mask(config=self.config, input_embeds=inputs_embeds)"),
