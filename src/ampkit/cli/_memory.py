@@ -7,13 +7,19 @@
     ampkit memory -w gpt --size large --fp8 H100                # which Linear layers pay in fp8 on an H100
 
 Every figure comes from one training step run on fake tensors (:func:`ampkit.memory.estimate`): nothing is
-allocated on the device and no GPU is needed. Exit code 0, or 2 for bad input.
+allocated on the device and no GPU is needed. A policy whose step cannot run on fake tensors (an op whose fake
+kernel refuses its inputs, a shape that depends on values) keeps its row: it is measured on real tensors instead
+(:func:`ampkit.memory.measure`) where the device is here, and the row says why; else the row says why it has no
+figures. Progress goes to stderr as bench's does (``--no-progress``: none). Exit code 0, or 2 for bad input.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import logging
+import sys
 from typing import Any
 
 import torch
@@ -22,7 +28,8 @@ from rich.table import Table
 
 from .._util.units import fmt_bytes
 from ..bench._fp8_table import print_fp8_table
-from ..memory._estimate import BREAKDOWN, MemoryEstimate, estimate
+from ..bench._progress import NullReporter, PlainReporter, Reporter, RichReporter
+from ..memory._estimate import BREAKDOWN, EstimateError, MemoryEstimate, estimate, measure
 from ..memory._fit import Fit, largest_batch, resize_batch
 from ..memory._fp8_layers import Fp8Plan, fp8_layer_plan, planned_policy
 from ..policy import Policy, get_policy, policy_names
@@ -35,6 +42,8 @@ from ._parsers import (
 from ._workload_args import device_arg, workload_from_args, workload_size
 
 __all__ = ["register", "run"]
+
+log = logging.getLogger("ampkit")
 
 _HEADERS = {"parameters": "params", "gradients": "grads", "optimizer_state": "optim", "master_weights": "masters",
             "activations": "activ."}
@@ -61,6 +70,44 @@ def _example(workload: Workload, batch_size: int | None) -> Any:
     return resize_batch(batch, batch_size) if batch_size is not None else batch
 
 
+class _PolicyLines(PlainReporter):
+    """bench's plain progress lines (a log, a pipe), counted in policies rather than in a bench's steps."""
+
+    def start(self, total: int) -> None:
+        self._total, self._done = total, 0
+        self._start = self._last = self._clock()
+        self._print(f"progress: {total} policies (one training step each on fake tensors, or measured where it cannot run there)")
+
+    def _line(self, now: float, what: str) -> None:
+        self._last = now
+        minutes, seconds = divmod(int(now - self._start), 60)
+        self._print(f"[{minutes}:{seconds:02d}] {self._done}/{self._total} policies: {what}")
+
+
+def _reporter(args: argparse.Namespace) -> Reporter:
+    if getattr(args, "no_progress", False):
+        return NullReporter()
+    return RichReporter() if sys.stderr.isatty() else _PolicyLines(sys.stderr)
+
+
+_Row = tuple[str, MemoryEstimate | None, Fit | None, str | None]
+"""A policy's name, its figures (None when neither estimated nor measured), its fit, and why it was not estimated."""
+
+
+def _measured_instead(
+    model: torch.nn.Module, batch: Any, workload: Workload, policy: Policy, device: torch.device, error: EstimateError,
+) -> tuple[MemoryEstimate | None, str]:
+    """The row of a policy whose step cannot run on fake tensors: measured on real ones where the device is here."""
+    why = f"not estimable on fake tensors ({error.reason})"
+    if device.type == "cuda" and not torch.cuda.is_available():
+        return None, f"{why}; not measured: no CUDA here (run ampkit memory on the GPU to measure it)"
+    if any(p.device.type == "meta" for p in model.parameters()):
+        return None, f"{why}; not measured: the model is on the meta device (build it with real weights to measure)"
+    m = measure(model, batch, workload.optimizer, policy, device, loss_fn=workload.loss_fn, clip_grad_norm=workload.clip_grad_norm)
+    note = f"{why}: measured on {device} instead"
+    return dataclasses.replace(m, note=note), note
+
+
 def run(args: argparse.Namespace) -> int:
     """Predict and print the memory of one training step per policy."""
     device = device_arg(args.device, command="memory", predicts=True)
@@ -72,31 +119,46 @@ def run(args: argparse.Namespace) -> int:
     options = {"loss_fn": workload.loss_fn, "clip_grad_norm": workload.clip_grad_norm}
 
     plans = _fp8_plans(args.fp8, policies, model, batch)
-    rows: list[tuple[MemoryEstimate, Fit | None]] = []
-    for given in policies:
-        policy = _planned(given, plans)
-        e = estimate(model, batch, workload.optimizer, policy, device, **options)
-        fit = largest_batch(model, batch, workload.optimizer, policy, device, budget=budget, **options) if budget else None
-        rows.append((e, fit))
+    rows: list[_Row] = []
+    reporter = _reporter(args)
+    reporter.start(len(policies))
+    try:
+        for given in policies:
+            policy = _planned(given, plans)
+            reporter.update(f"{policy.name}: {'estimating' + (' the largest batch' if budget else '')}")
+            try:
+                e: MemoryEstimate | None = estimate(model, batch, workload.optimizer, policy, device, **options)
+                fit = largest_batch(model, batch, workload.optimizer, policy, device, budget=budget, **options) if budget else None
+                note = None
+            except EstimateError as exc:
+                log.info("ampkit memory: %s", exc)
+                reporter.update(f"{policy.name}: measuring")
+                e, note = _measured_instead(model, batch, workload, policy, device, exc)
+                fit = None  # the search estimates: a measured row has no largest batch
+            rows.append((given.name, e, fit, note))
+            reporter.update(f"{policy.name}: done", advance=1)
+    finally:
+        reporter.finish()
 
     if args.json:
-        out = []
-        for e, fit in rows:
-            entry = e.to_dict()
-            if fit is not None:
-                entry["device_memory"] = budget
-                entry["max_batch_size"] = fit.batch_size
-                entry["max_batch_size_is_search_limit"] = fit.limit_reached
-            if e.precision in plans:
-                entry["fp8_layers"] = plans[e.precision].to_dict()
-            out.append(entry)
-        print(json.dumps(out, indent=2))
+        print(json.dumps([_json_entry(name, e, fit, note, budget, plans) for name, e, fit, note in rows], indent=2))
         return 0
     console = stdout_console()  # a log gets every column whole (cli/_console.py)
     _table(rows, workload, device, budget, console)
     for plan in plans.values():
         print_fp8_table(plan, console)
     return 0
+
+
+def _json_entry(name: str, e: MemoryEstimate | None, fit: Fit | None, note: str | None, budget: int | None, plans: dict[str, Fp8Plan]) -> dict[str, Any]:
+    entry: dict[str, Any] = e.to_dict() if e is not None else {"precision": name, "method": None, "note": note}
+    if budget:
+        entry["device_memory"] = budget
+        entry["max_batch_size"] = fit.batch_size if fit is not None else None
+        entry["max_batch_size_is_search_limit"] = fit.limit_reached if fit is not None else None
+    if name in plans:
+        entry["fp8_layers"] = plans[name].to_dict()
+    return entry
 
 
 def _fp8_plans(gpu: str | None, policies: list[Policy], model: torch.nn.Module, batch: Any) -> dict[str, Fp8Plan]:
@@ -112,10 +174,12 @@ def _planned(policy: Policy, plans: dict[str, Fp8Plan]) -> Policy:
     return planned_policy(plans[policy.name], policy) if isinstance(policy, FP8Policy) and policy.name in plans else policy
 
 
-def _table(rows: list[tuple[MemoryEstimate, Fit | None]], workload: Workload, device: torch.device, budget: int | None, console: Console) -> None:
-    first = rows[0][0]
-    where = f"{device}" + (" (simulated on this CPU: no CUDA here)" if first.simulated_on else "")
-    console.print(f"[bold]ampkit memory[/bold]: {workload.name}, batch {first.batch_size}, one training step on {where}")
+def _table(rows: list[_Row], workload: Workload, device: torch.device, budget: int | None, console: Console) -> None:
+    first = next((e for _, e, _, _ in rows if e is not None), None)
+    simulated = first is not None and first.simulated_on
+    where = f"{device}" + (" (simulated on this CPU: no CUDA here)" if simulated else "")
+    batch_size = first.batch_size if first is not None else None
+    console.print(f"[bold]ampkit memory[/bold]: {workload.name}, batch {batch_size}, one training step on {where}")
     if workload.description:
         console.print(f"[dim]{workload.description}[/dim]")
     table = Table(show_edge=False)
@@ -124,17 +188,24 @@ def _table(rows: list[tuple[MemoryEstimate, Fit | None]], workload: Workload, de
         table.add_column(header, justify="right", no_wrap=True)
     if budget:
         table.add_column("max batch", justify="right", no_wrap=True)
-    reference = next((e.peak for e, _ in rows if e.precision == "32-true"), None)
-    for e, fit in rows:
-        cells = [e.precision, *(fmt_bytes(getattr(e, k)) for k in BREAKDOWN), fmt_bytes(e.total), fmt_bytes(e.peak)]
-        cells.append(f"{e.peak / reference:.2f}x" if reference else "-")
-        if fit is not None:
-            cells.append(("> " if fit.limit_reached else "") + f"{fit.batch_size:,}" if fit.batch_size else "none")
+    reference = next((e.peak for _, e, _, _ in rows if e is not None and e.precision == "32-true"), None)
+    for name, e, fit, note in rows:
+        mark = "*" if note else ""
+        if e is None:
+            cells = [name + mark, *["-"] * (len(BREAKDOWN) + 3)]
+        else:
+            cells = [name + mark, *(fmt_bytes(getattr(e, k)) for k in BREAKDOWN), fmt_bytes(e.total), fmt_bytes(e.peak)]
+            cells.append(f"{e.peak / reference:.2f}x" if reference else "-")
+        if budget:
+            cells.append("-" if fit is None else ("> " if fit.limit_reached else "") + f"{fit.batch_size:,}" if fit.batch_size else "none")
         table.add_row(*cells)
     console.print(table)
+    for name, _, _, note in rows:
+        if note:
+            console.print(f"* {name}: {note}", markup=False, highlight=False)
     if budget:
         console.print(f"[dim]max batch: the largest batch whose peak fits in {fmt_bytes(budget)}.[/dim]")
-    _attention_note(rows, console)
+    _attention_note([e for _, e, _, _ in rows if e is not None], console)
     console.print(
         "[dim]params, grads, optim (optimizer state), masters (fp32 master weights), activ. (activations saved for "
         "backward); total: their sum. "
@@ -143,10 +214,10 @@ def _table(rows: list[tuple[MemoryEstimate, Fit | None]], workload: Workload, de
     )
 
 
-def _attention_note(rows: list[tuple[MemoryEstimate, Fit | None]], console: Console) -> None:
+def _attention_note(rows: list[MemoryEstimate], console: Console) -> None:
     """Say which CUDA attention kernels a simulated prediction modelled, per policy (nothing when none was)."""
     by_kernel: dict[str, list[str]] = {}
-    for e, _ in rows:
+    for e in rows:
         if e.attention:
             by_kernel.setdefault(e.attention, []).append(e.precision)
     if not by_kernel:

@@ -212,6 +212,11 @@ def add_memory(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--device-memory", type=memory_size, metavar="SIZE", help="memory to fit in, e.g. 24GiB or 80GB: adds the largest batch that fits per policy")
     _add_fp8(p)
     p.add_argument("--json", action="store_true", help="print JSON (one object per policy) instead of the table")
+    p.add_argument(
+        "--no-progress", action="store_true",
+        help="no progress on stderr (by default a bar on a terminal; in a log, a line per run started, starting to "
+        "compile and done, and at most one every 30 s between)",
+    )
     p.set_defaults(func=_runs("memory"))
 
 

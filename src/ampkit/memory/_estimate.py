@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from .._compat import tree_leaves, tree_map
+from .._errors import one_line
 from .._util.model_io import batch_loss, batch_parts, default_loss
 from ..policy import Policy, get_policy
 from ..policy._device import as_device
@@ -39,7 +40,7 @@ from ._accounting import SavedActivations, StepPeak, tensor_bytes, training_stat
 from ._cuda_attention import CudaAttention
 from ._fake import FakeCopies, rebuild_optimizer
 
-__all__ = ["LossFn", "MemoryEstimate", "estimate", "measure"]
+__all__ = ["EstimateError", "LossFn", "MemoryEstimate", "estimate", "measure"]
 
 LossFn = Callable[[Any, Any], torch.Tensor]
 
@@ -76,6 +77,8 @@ class MemoryEstimate:
     """Set when a CUDA step was predicted on this machine's CPU (no CUDA here): autocast used the CPU's op lists."""
     allocator_peak: int | None = None
     """``torch.cuda.max_memory_allocated`` over the measured steps (measure on CUDA only)."""
+    note: str | None = None
+    """Why a row asked for as an estimate was measured instead (``ampkit memory``), else None."""
     attention: str | None = None
     """When simulated: the CUDA kernels ``F.scaled_dot_product_attention`` was modelled with (``flash``, ``efficient``,
     ``math``), since a GPU keeps far less for backward there than the CPU's kernels (see :mod:`~ampkit.memory._cuda_attention`)."""
@@ -88,6 +91,18 @@ class MemoryEstimate:
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready dict, ``total`` included."""
         return {**dataclasses.asdict(self), "total": self.total}
+
+
+class EstimateError(RuntimeError):
+    """The step could not run on fake tensors (a value-dependent shape, an op whose fake kernel refuses the inputs):
+    :func:`measure` runs the same step on real tensors. ``reason`` is the failure in one line."""
+
+    def __init__(self, policy: str, reason: str) -> None:
+        self.policy, self.reason = policy, reason
+        super().__init__(
+            f"estimate() cannot run the {policy} step on fake tensors ({reason}): the model needs a value a fake tensor does "
+            "not have, or an op whose fake kernel refuses these inputs. measure() runs the same step on real tensors."
+        )
 
 
 def _batch_size(batch: Any) -> int | None:
@@ -207,6 +222,11 @@ def estimate(
     is an optimizer of ``model`` (rebuilt with the same settings over the copy) or a factory ``params ->
     optimizer``; None counts no optimizer state. ``device`` is the target (default: the
     model's device, or the CPU). ``engine_options`` go to :class:`ampkit.Engine` (e.g. ``clip_grad_norm=1.0``).
+    Raises :class:`EstimateError` when the step cannot run on fake tensors (a shape that depends on values, an op
+    whose fake kernel refuses its inputs): :func:`measure` runs it on real ones. On the CPU the estimate equals the
+    measure, except that transformers' decoders build their attention mask on fake tensors where an unpadded real
+    batch runs unmasked: at most a B x T x T mask and k, v repeated to the query's heads per attention layer more
+    (docs/guides/memory.md).
 
     >>> from torch import nn
     >>> with torch.device("meta"):
@@ -231,8 +251,11 @@ def estimate(
         fake_model = fake.model(model, run_on)
         fake_opt = rebuild_optimizer(optimizer, model, fake_model)
         fake_batch = fake.batch(example_batch, run_on)
-        with attention or contextlib.nullcontext():
-            parts = _account(fake_model, fake_opt, fake_batch, run_policy, loss_fn, engine_options)
+        try:
+            with attention or contextlib.nullcontext():
+                parts = _account(fake_model, fake_opt, fake_batch, run_policy, loss_fn, engine_options)
+        except (RuntimeError, NotImplementedError) as exc:  # a step that fails on real tensors too fails again in measure()
+            raise EstimateError(requested, one_line(exc, with_type=True)) from exc
     return MemoryEstimate(
         precision=requested, device=str(target), batch_size=_batch_size(example_batch), simulated_on=simulated, method="estimate",
         attention=attention.describe() if attention else None, **parts,
@@ -258,7 +281,7 @@ def measure(
     model: nn.Module,
     example_batch: Any,
     optimizer: Any = None,
-    policy: str = "32-true",
+    policy: str | Policy = "32-true",
     device: torch.device | str | None = None,
     *,
     loss_fn: LossFn = default_loss,

@@ -28,7 +28,7 @@ from ._accounting import storage_key
 if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self from Python 3.11
 
-__all__ = ["FakeCopies", "AssumeCleanReads", "RealOutputDtypes", "rebuild_optimizer"]
+__all__ = ["FakeCopies", "AssumeCleanReads", "GroupedMatmulAnyDtype", "RealOutputDtypes", "rebuild_optimizer"]
 
 
 class AssumeCleanReads(TorchDispatchMode):
@@ -116,6 +116,28 @@ class RealOutputDtypes(TorchDispatchMode):
         return tree_map(lambda t: t.to(next(wanted)) if isinstance(t, torch.Tensor) else t, out)
 
 
+class GroupedMatmulAnyDtype(TorchDispatchMode):
+    """Runs ``aten._grouped_mm`` (the experts of Hugging Face's MoE layers) on fake tensors of any dtype the CPU runs.
+
+    torch's meta kernel for ``_grouped_mm`` takes bf16 inputs only (the GPU kernel's rule), while the CPU's real
+    kernel multiplies fp32 and fp16 too: an fp32 Mixtral's step runs on the CPU and would fail on fake tensors.
+    The output's shape does not depend on the dtype, so the meta kernel is asked in bf16 and its answer given the
+    dtype the real kernel returns (the inputs', or ``out_dtype``). The casts run below the byte counters (this mode
+    sits under :class:`~ampkit.memory._accounting.LiveBytes`): only the output is counted, as on the device.
+    """
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func.overloadpacket.__name__ != "_grouped_mm":
+            return func(*args, **kwargs)
+        mats = [t for t in args[:2] if isinstance(t, torch.Tensor)]
+        if not mats or all(t.dtype == torch.bfloat16 for t in mats) or not all(t.is_floating_point() for t in mats):
+            return func(*args, **kwargs)
+        dtype = kwargs.get("out_dtype") or mats[0].dtype
+        as_bf16 = [t.to(torch.bfloat16) if i < 2 and isinstance(t, torch.Tensor) else t for i, t in enumerate(args)]
+        return func(*as_bf16, **{**kwargs, "out_dtype": None}).to(dtype)
+
+
 class FakeCopies:
     """A FakeTensorMode plus helpers that turn real or meta modules, tensors and batches into fake ones.
 
@@ -126,14 +148,17 @@ class FakeCopies:
         self.mode = FakeTensorMode(allow_non_fake_inputs=False)
         self._dtypes = RealOutputDtypes()
         self._reads = AssumeCleanReads()
+        self._grouped = GroupedMatmulAnyDtype()
 
     def __enter__(self) -> Self:
         self.mode.__enter__()
         self._dtypes.__enter__()
         self._reads.__enter__()
+        self._grouped.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._grouped.__exit__(*exc)
         self._reads.__exit__(*exc)
         self._dtypes.__exit__(*exc)
         self.mode.__exit__(*exc)
