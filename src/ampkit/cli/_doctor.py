@@ -89,10 +89,10 @@ def exit_line(reasons: list[str]) -> str:
     """The last line when the doctor exits 1: what the exit code means, and the reason the recommendation gives.
 
     >>> exit_line(["no 16-bit policy trained a finite step even with modules kept in fp32: stay in 32-true"])
-    'exit 1: no 16-bit policy trains this model here (no 16-bit policy trained a finite step even with modules kept in fp32: stay in 32-true); train in 32-true, the Paste line above'
+    'exit 1: no 16-bit policy was shown to train this model here (no 16-bit policy trained a finite step even with modules kept in fp32: stay in 32-true); train in 32-true, the Paste line above'
     """
     why = next((r for r in reversed(reasons) if "32-true" in r), reasons[-1] if reasons else "")
-    return f"exit 1: no 16-bit policy trains this model here{f' ({why})' if why else ''}; train in 32-true, the Paste line above"
+    return f"exit 1: no 16-bit policy was shown to train this model here{f' ({why})' if why else ''}; train in 32-true, the Paste line above"
 
 
 def _progress(args: argparse.Namespace) -> Progress | None:

@@ -144,5 +144,13 @@ def settle_paste(
             check.notes.append(f"pasted instead, the nearest configuration whose step agrees with fp32: {code}")
         check.pasted = name
         return candidate, extra, check
-    check.notes.append("no 16-bit configuration tried trains this model: stay in 32-true")
+    if judge is not None and not measured:
+        longer = 4 * judge.steps
+        check.notes.append(
+            f"no 16-bit configuration tried agrees with fp32, and fp32's own loss did not fall over {judge.steps} steps to measure "
+            f"whether one trains all the same: stay in 32-true, or measure it over more steps (--update-steps {longer}, "
+            f"diagnose(update_steps={longer}))"
+        )
+    else:
+        check.notes.append("no 16-bit configuration tried trains this model: stay in 32-true")
     return None, extra, check

@@ -172,7 +172,7 @@ def test_exit_1_says_why_and_progress_goes_to_stderr_a_line_per_phase(capsys: py
     out, err = capsys.readouterr()
     assert code == 1
     last = out.strip().splitlines()[-1]
-    assert last.startswith("exit 1: no 16-bit policy trains this model here") and "32-true" in last
+    assert last.startswith("exit 1: no 16-bit policy was shown to train this model here") and "32-true" in last
     # stderr is no terminal here: a line per phase, as the bench prints in a log.
     phases = [line for line in err.splitlines() if re.match(r"\[\d+:\d\d\] \d+/\d+: ", line)]
     assert phases[0].endswith("fp32 reference: 2 steps") and phases[-1].endswith("done") and len(phases) >= 4
