@@ -207,8 +207,11 @@ def lr_differs(i: int, opt: torch.optim.Optimizer, saved: dict[str, Any]) -> lis
     >>> print(lr_differs(0, torch.optim.SGD([w], lr=0.01), saved)[0])  # doctest: +ELLIPSIS
     engine.load(): optimizer 0 (SGD) was built with lr=0.01, the checkpoint holds lr=0.1: the checkpoint's wins, ...
     """
+    groups = saved.get("param_groups")
+    if not isinstance(groups, list) or not all(isinstance(g, dict) for g in groups):
+        return []  # validated elsewhere (a sharded load's groups are checked by torch)
     built = [g.get("initial_lr", g.get("lr")) for g in opt.param_groups]
-    kept = [g.get("initial_lr", g.get("lr")) for g in saved["param_groups"]]
+    kept = [g.get("initial_lr", g.get("lr")) for g in groups]
     if not all(isinstance(v, (int, float)) for v in built + kept) or built == kept:
         return []  # a tensor lr is not read (that could sync); equal rates need no word
     mine, theirs = (f"{v[0]:g}" if len(set(v)) == 1 else str(v) for v in (built, kept))

@@ -30,6 +30,7 @@ from .._errors import CheckpointError, one_line
 from ..fileio._checksums import file_crc32
 from ..training._kernel_guards import guard_optimizer
 from ._dcp_state import grouped, optimizer_owner, sharded_state, single_process_intended
+from ._payload import lr_differs
 from ._safe_dcp import SafeFileSystemReader, SafeLoadPlanner, storage_files
 
 if TYPE_CHECKING:
@@ -128,6 +129,11 @@ def load_shards(engine: EngineLike, directory: Path, metadata: Metadata) -> None
         raise CheckpointError(f"{directory}: reading the shards failed ({causes or exc}); nothing was changed. Load an earlier checkpoint.") from None
     for i, model in enumerate(engine.models):
         set_model_state_dict(model, fresh[f"model.{i}"])
+    notes = []
     for j, opt in enumerate(engine.optimizers):
+        notes += lr_differs(j, opt, fresh[f"optim.{j}"])
         set_optimizer_state_dict(optimizer_owner(engine, opt), opt, fresh[f"optim.{j}"])
         guard_optimizer(opt)  # the saved groups' fused flags come from another machine or torch
+    if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:  # one line per run, not per rank
+        for note in notes:
+            log.warning("%s", note)

@@ -59,3 +59,17 @@ def test_a_value_where_the_model_has_a_tensor_is_refused(tmp_path: Path, trained
         dcp.save(state, checkpoint_id=tmp_path / "ckpt", no_dist=True)
     with pytest.raises(CheckpointError, match=r"shape mismatch \['model.0.0.bias \(tensor vs value\)'\]"):
         load_shards(engine, tmp_path / "ckpt", read_metadata(tmp_path / "ckpt"))
+
+
+def test_a_changed_learning_rate_is_named_by_a_sharded_load_too(tmp_path: Path, trained, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    directory = _save_shards(trained(seed=0), tmp_path / "ckpt")
+    same_rate, changed = trained(seed=1), trained(seed=1)
+    changed.optimizers[0].param_groups[0]["initial_lr"] = 0.05  # as if built with lr=0.05 under its scheduler
+    with caplog.at_level(logging.WARNING, logger="ampkit"):
+        load_shards(same_rate, directory, read_metadata(directory))  # the twin: the rate it was built with
+        assert not [r for r in caplog.records if r.name == "ampkit"]
+        load_shards(changed, directory, read_metadata(directory))
+    (record,) = [r for r in caplog.records if r.name == "ampkit"]  # torch's DCP logs its own events at DEBUG
+    assert "was built with lr=0.05, the checkpoint holds lr=0.01: the checkpoint's wins" in record.getMessage()
