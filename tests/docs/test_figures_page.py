@@ -128,7 +128,7 @@ def _printed_memory_table() -> tuple[list[str], list[str]]:
     e = MemoryEstimate(precision="32-true", device="cpu", parameters=4, gradients=4, optimizer_state=8, master_weights=0,
                        activations=16, peak=64, batch=8, batch_size=2)
     console = _Recorder()
-    memory_table([(e, Fit(2, e, None))], types.SimpleNamespace(name="toy", description=""), torch.device("cpu"), 1000, console)
+    memory_table([("32-true", e, Fit(2, e, None), None)], types.SimpleNamespace(name="toy", description=""), torch.device("cpu"), 1000, console)
     headers = [str(c.header) for t in console.printed if isinstance(t, Table) for c in t.columns]
     lines = [re.sub(r"\[/?dim\]", "", s) for s in console.printed if isinstance(s, str) and s.startswith("[dim]")]
     return headers, lines
