@@ -251,7 +251,7 @@ class Engine(EngineView):
         run.parallel.before_backward(run.models, boundary)
         if size > 1:
             loss = loss / size
-        with self._policy.backward_context(run.device.type), self._watch.backward():
+        with self._policy.backward_context(run.device.type), self._watch:
             scaled = run.step.scale_loss(loss)
             if backward_fn is not None:
                 backward_fn(scaled)

@@ -41,6 +41,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 if TYPE_CHECKING:
     from ._engine_protocol import EngineLike
+    from ._step_state import StepState
 
 __all__ = ["DirectStepGuard", "ForeignStepGuard", "check_window_backward", "direct_step_differs", "guard_optimizers"]
 
@@ -99,16 +100,20 @@ class ForeignStepGuard:
     ampkit_bypassable = True  # as DirectStepGuard: the engine's own compiled steps need not run it
 
     def __init__(self) -> None:
-        self._engines: weakref.WeakSet[EngineLike] = weakref.WeakSet()
+        # Each engine weakly, beside its step state (a plain object read first: the common case costs one attribute).
+        self._watched: list[tuple[weakref.ref[EngineLike], StepState]] = []
         self._holds: weakref.WeakKeyDictionary[torch.optim.Optimizer, dict[int, bool]] = weakref.WeakKeyDictionary()
 
     def watch(self, engine: EngineLike) -> None:
-        self._engines.add(engine)
+        self._watched = [(ref, state) for ref, state in self._watched if ref() is not None]  # a new list: a step may iterate the old
+        self._watched.append((weakref.ref(engine), engine.step_state))
 
     def __call__(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        for engine in self._engines:
-            if engine.step_state.backwards and not any(o is optimizer for o in engine.optimizers):
-                self._check(engine, optimizer)  # gradients of the engine's pending, and not one of its own optimizers
+        for ref, state in self._watched:
+            if state.backwards:
+                engine = ref()
+                if engine is not None and not any(o is optimizer for o in engine.optimizers):
+                    self._check(engine, optimizer)  # gradients of the engine's pending, and not one of its own optimizers
 
     def _check(self, engine: EngineLike, optimizer: torch.optim.Optimizer) -> None:
         known = self._holds.setdefault(optimizer, {})

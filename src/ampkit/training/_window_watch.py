@@ -139,15 +139,15 @@ class WindowWatch:
             h.remove()
         self._handles = []
 
-    @contextlib.contextmanager
-    def backward(self) -> Iterator[None]:
-        """Around the backward of ``engine.backward()``: its passes are the engine's; the gradients are recorded after."""
+    # Entered around the backward of engine.backward(): its passes are the engine's; the gradients are recorded after
+    # (a context of its own, not a generator's: the engine enters it once per micro-batch).
+    def __enter__(self) -> None:
         self.inside = True
-        try:
-            yield
-        finally:
-            self.inside = False
-        self.record()
+
+    def __exit__(self, kind: object, value: object, tb: object) -> None:
+        self.inside = False
+        if kind is None:
+            self.record()
 
     def record(self) -> None:
         """Take the sentinels' gradients as they are now as the engine's."""
@@ -194,7 +194,10 @@ class WindowWatch:
         # every one, while a change to one layer (a test planting an inf, a user's per-layer edit) may be meant.
         changes = []
         for group in self._groups:
-            seen = [s.change() for s in group]
+            first = group[0].change()
+            if first is None:
+                continue  # the common case, one sentinel read per optimizer
+            seen = [first, *(s.change() for s in group[1:])]
             if all(c is not None for c in seen):
                 changes.append("zeroed" if all(c == "zeroed" for c in seen) else "changed")
         if self.outside and (scaled or window > 1):

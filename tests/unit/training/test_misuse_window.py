@@ -119,10 +119,10 @@ def test_another_models_optimizer_steps_freely_and_the_guards_leave_the_fused_st
     held.step()  # nothing of the engine's pending after its step: silent
     hooks = [h for h in optim_module._global_optimizer_pre_hooks.values() if type(h).__name__ == "ForeignStepGuard"]
     assert len(hooks) == 1  # one for the process, however many engines were set up
-    watched = len(hooks[0]._engines)
+    ref = next(r for r, _ in hooks[0]._watched if r() is engine)
     del engine, opt
     gc.collect()
-    assert len(hooks[0]._engines) < watched  # held weakly: a finished run is let go
+    assert ref() is None  # held weakly: a finished run is let go
 
 
 # ------------------------------------------------------------------------------------------ gradients changed in place
