@@ -177,6 +177,31 @@ def test_an_inf_planted_in_one_layer_stays_silent_and_the_step_is_skipped() -> N
     assert_same(weights(engine, model), before)
 
 
+def test_a_gradient_penalty_and_a_layer_without_gradient_stay_silent_and_a_clip_is_still_found() -> None:
+    """engine.grad() (a double backward that accumulates nothing) stays silent; the sentinels are parameters that got
+    a gradient, so an unused first layer does not blind the watch to a hand clip."""
+    torch.manual_seed(0)
+    model = nn.ModuleDict({"unused": nn.Linear(8, 8), "net": nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3))})
+    engine = Engine("16-mixed", accumulate=2)
+    model, _ = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    for i in range(2):
+        x, y = batch(i)
+        x.requires_grad_(True)
+        with engine.autocast():
+            loss = nn.functional.cross_entropy(model["net"](x).float(), y)
+        (gx,) = engine.grad(loss, [x])
+        engine.backward(loss + gx.pow(2).sum())
+        engine.step()
+    assert engine.steps == 1 and model["unused"].weight.grad is None
+    x, y = batch(2)
+    with engine.autocast():
+        engine.backward(nn.functional.cross_entropy(model["net"](x).float(), y))
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    engine.step()
+    with pytest.raises(RuntimeError, match="changed in place"):
+        engine.backward(loss_of(engine, model["net"], 3))
+
+
 # ------------------------------------------------------------------------------------------ a backward of one's own
 @pytest.mark.parametrize(("precision", "accumulate", "why"), [("16-mixed", 1, "loss scale"), ("32-true", 2, "window's 2 micro-batches")])
 def test_a_backward_outside_the_engine_beside_its_own_is_refused(precision: str, accumulate: int, why: str) -> None:
