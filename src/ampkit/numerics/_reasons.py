@@ -34,7 +34,7 @@ def with_update_remedy(precision: str, keep: list[str], updates: UpdatePrecision
 
 
 def recommendation_reasons(chosen: Tailored | None, tailored: Sequence[Tailored], advice: LossScaleAdvice) -> list[str]:
-    out = []
+    out: list[str] = []
     if chosen is None:
         if any(t.comparison.finite for t in tailored):
             return out  # finite but diverging, and no fallback trains: the paste check's notes say so

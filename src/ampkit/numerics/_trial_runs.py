@@ -64,8 +64,12 @@ def train_copy(
     device = next((p.device for p in work.parameters()), torch.device("cpu"))
     from ..scaling import ScalerConfig
 
-    scaler = ScalerConfig(init_scale=init_scale, min_scale=min(1.0, init_scale), max_scale=max(2.0**24, init_scale)) if init_scale is not None else None
-    engine = Engine(precision, keep_fp32=keep_fp32, hooks=[hook] if hook is not None else [], **({"scaler": scaler} if scaler is not None else {}))
+    hooks = [hook] if hook is not None else []
+    if init_scale is not None:  # the scale the doctor settled on, its bounds widened to hold it
+        scaler = ScalerConfig(init_scale=init_scale, min_scale=min(1.0, init_scale), max_scale=max(2.0**24, init_scale))
+        engine = Engine(precision, keep_fp32=keep_fp32, hooks=hooks, scaler=scaler)
+    else:
+        engine = Engine(precision, keep_fp32=keep_fp32, hooks=hooks)
     work, _ = engine.setup(work, optimizer(work.parameters()))
     work.train()
     # The optimizer's own draws (stochastic rounding) come from a seeded stream too: the trial is repeatable, and

@@ -165,7 +165,7 @@ def test_engine_kwargs_and_code_agree(underflow_diagnosis) -> None:  # type: ign
 def test_doctor_json_holds_the_promised_keys(overflow_diagnosis, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     path = overflow_diagnosis.write_json(tmp_path / "doctor.json")
     data = json.loads(path.read_text())
-    for key in ("recommended_precision", "recommended_loss_scale", "keep_fp32", "underflow_share_unscaled", "underflow_share_scaled", "modules", "fp8_headroom"):
+    for key in ("recommended_precision", "recommended_loss_scale", "keep_fp32", "underflow_share_unscaled", "underflow_share_scaled", "modules", "fp8_headroom", "paste_check"):
         assert key in data
     assert data["keep_fp32"] == [fragile.OVERFLOW_LAYER]
     assert {m["name"] for m in data["modules"]} >= {"embed", "amplify", "norm", "head"}
