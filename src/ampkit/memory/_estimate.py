@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from .._compat import tree_leaves, tree_map
-from .._errors import one_line
+from .._errors import AmpkitError, one_line
 from .._util.model_io import batch_loss, batch_parts, default_loss
 from ..policy import Policy, get_policy
 from ..policy._device import as_device
@@ -254,6 +254,8 @@ def estimate(
         try:
             with attention or contextlib.nullcontext():
                 parts = _account(fake_model, fake_opt, fake_batch, run_policy, loss_fn, engine_options)
+        except AmpkitError:
+            raise  # ampkit's own errors (a misuse, a collapsed scale) say what to fix as they are
         except (RuntimeError, NotImplementedError) as exc:  # a step that fails on real tensors too fails again in measure()
             raise EstimateError(requested, one_line(exc, with_type=True)) from exc
     return MemoryEstimate(
