@@ -65,7 +65,7 @@ class Engine(EngineView):
         scaler: loss scaling; default: the policy's (dynamic for fp16, none otherwise); ``"dynamic"``, ``"none"``, a
             float (static), a ScalerConfig, or a scaler of your own with the members of :class:`~ampkit.scaling.StepScaler`.
         skip_nonfinite: skip a step whose loss or gradients hold inf/NaN, under every policy (default); counted in
-            ``skipped_steps``; without a loss scaler each is logged as a WARNING naming the step. ``"raise"``:
+            ``skipped_steps``; without a loss scaler a WARNING names it (the first three, then the 4th, 8th...). ``"raise"``:
             FloatingPointError instead; ``False``: no check (refused with a loss scaler).
         keep_fp32: module names or types that run in fp32, added to the policy's.
         micro_batch_rows: most samples :meth:`train_step` feeds through the model at once (default: the whole batch);

@@ -44,7 +44,7 @@ def step_settings(clip_grad_norm: Any, clip_grad_value: Any, skip_nonfinite: boo
 
     ``skip_nonfinite``: None (the default) skips a step whose loss or gradients are not finite under every policy;
     with a loss scaler (``scaled``) that is an overflow, part of the scaler's work, and stays quiet; without one it
-    is a fault, and each such step is logged as a WARNING naming it. ``"raise"``: raise FloatingPointError instead
+    is a fault, and a WARNING names the step (each of the first three, then the 4th, 8th, 16th...). ``"raise"``: raise FloatingPointError instead
     (the step is skipped first, so the weights stay finite). ``False``: no check (refused with a loss scaler).
 
     >>> step_settings(1.0, None, None, scaled=True)

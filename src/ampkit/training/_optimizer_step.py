@@ -283,7 +283,7 @@ class OptimizerStep:
 
     def _report_skips(self) -> None:
         """Report the skipped steps the host has learnt of: quietly under a loss scaler (an overflow is its work), else
-        a WARNING naming them, or FloatingPointError (``skip_nonfinite='raise'``). A flag read late (a fused optimizer
+        a WARNING naming them (the first three skipped steps, then the 4th, 8th, 16th...), or FloatingPointError (``skip_nonfinite='raise'``). A flag read late (a fused optimizer
         on an accelerator, which the step never waits for) is reported when it is read: at a later step, or at
         ``engine.skipped_steps`` / ``step_was_skipped``."""
         steps = self._state.take_skipped()
@@ -301,6 +301,14 @@ class OptimizerStep:
         )
         if self.settings.on_nonfinite == "raise":
             raise FloatingPointError(f"{message} Engine(skip_nonfinite='raise') stops here; look for the first inf/NaN in the batch, the loss or the model's forward (`ampkit doctor` finds the layer).")
+        total = self._state.skipped
+        # Each of the first three, then the 4th, 8th, 16th...: a run that skips every step (a broken model) says so
+        # in a few lines, not one per step.
+        if not any(n <= 3 or n & (n - 1) == 0 for n in range(total - len(steps) + 1, total + 1)):
+            log.debug("%s", message)
+            return
+        if total >= 3:
+            message += f" The next such WARNING comes at {1 << total.bit_length()} skipped steps."
         log.warning(
             "%s A non-finite loss comes from the batch, the loss or the model's forward (`ampkit doctor` finds the layer); "
             "pass Engine(skip_nonfinite='raise') to stop at such a step, or skip_nonfinite=False to let it reach the weights.",

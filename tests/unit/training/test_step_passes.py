@@ -88,3 +88,16 @@ def test_the_opt_out_lets_the_nan_through_as_torch_would(caplog: pytest.LogCaptu
 def test_raise_with_a_scaler_and_unknown_values_are_refused(kwargs: dict[str, object], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         Engine(**kwargs)  # type: ignore[arg-type]
+
+
+def test_a_run_that_skips_every_step_warns_at_the_first_three_then_at_powers_of_two(caplog: pytest.LogCaptureFixture) -> None:
+    model = mlp()
+    engine = Engine("32-true")
+    model, _ = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    with caplog.at_level(logging.WARNING, logger="ampkit"):
+        for i in range(17):
+            x, y = batch(i)
+            engine.backward(nn.functional.cross_entropy(model(x), y) * float("nan"))
+            engine.step()
+    named = [int(r.getMessage().split()[2].rstrip(":")) for r in caplog.records if r.getMessage().startswith("Optimizer step")]
+    assert engine.skipped_steps == 17 and named == [1, 2, 3, 4, 8, 16]
