@@ -93,7 +93,8 @@ def unfused_step(
         norm = clip_grad_norm([p for ps in params for p in ps], settings.clip_grad_norm)
         if from_norm:
             check_grads([norm.float()], found[0], None, dev)  # multiplies the norm by one: it keeps its value
-            found = [found[0]] * len(found)  # the global norm (FSDP's too): every rank decides alike
+            found = any_rank(found[:1]) if reduce_found_flags else found[:1]  # a rank's own norm where ranks hold their own gradients
+            found = found * len(opts)
         elif len(found) > 1:
             # That norm is inf if any gradient is, and it has just scaled every gradient: one overflow poisons
             # the whole update, so every optimizer of the call skips.
