@@ -129,12 +129,15 @@ def run(args: argparse.Namespace) -> int:
             try:
                 e: MemoryEstimate | None = estimate(model, batch, workload.optimizer, policy, device, **options)
                 fit = largest_batch(model, batch, workload.optimizer, policy, device, budget=budget, **options) if budget else None
-                note = None
+                note: str | None = None
             except EstimateError as exc:
                 log.info("ampkit memory: %s", exc)
                 reporter.update(f"{policy.name}: measuring")
                 e, note = _measured_instead(model, batch, workload, policy, device, exc)
                 fit = None  # the search estimates: a measured row has no largest batch
+                if budget and e is not None:
+                    note += "; max batch not searched (the search runs on fake tensors)"
+                    e = dataclasses.replace(e, note=note)
             rows.append((given.name, e, fit, note))
             reporter.update(f"{policy.name}: done", advance=1)
     finally:

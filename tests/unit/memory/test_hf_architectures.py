@@ -135,6 +135,12 @@ def test_a_row_that_cannot_be_estimated_is_measured_on_the_cpu_and_says_why(tmp_
     model, batch = load_factory(f"{tmp_path / 'router.py'}:model", "--model")(), load_factory(f"{tmp_path / 'router.py'}:data", "--data")()[0]
     control = measure(model, batch, lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=0.01, fused=True), "32-true", clip_grad_norm=1.0)
     assert (rows[0]["total"], rows[0]["peak"]) == (control.total, control.peak)
+    out = io.StringIO()
+    with redirect_stdout(out):  # the largest-batch search runs on fake tensors: the measured row says it has none
+        assert main(["memory", "--model", f"{tmp_path / 'router.py'}:model", "--data", f"{tmp_path / 'router.py'}:data", "--device", "cpu",
+                     "--precision", "32-true", "--device-memory", "1MiB", "--no-progress", "--json"]) == 0
+    [row] = json.loads(out.getvalue())
+    assert row["max_batch_size"] is None and row["note"].endswith("instead; max batch not searched (the search runs on fake tensors)")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="Requires: no CUDA (a prediction for a GPU that is not here)")
