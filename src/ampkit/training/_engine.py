@@ -161,7 +161,7 @@ class Engine(EngineView):
     def setup_optimizers(self, *optimizers: torch.optim.Optimizer, schedulers: Any = None) -> tuple[torch.optim.Optimizer, ...]:
         """Adopt optimizers built on the model :meth:`setup_module` prepared (see there); returns the ones to step."""
         self._require_setup("setup_optimizers")
-        check_fp32_weights(self._policy, optimizers, *self._run.models)
+        check_fp32_weights(self._policy, optimizers, self._run.models)
         parts = StepParts(policy=self._policy, settings=self._settings, scaler=self._run.step.scaler, plan=self._compile_plan,
                           fused_spec=self._fused_spec, state=self._state, hooks=self._hooks, owner=self)
         self._run, opts = adopt_optimizers(self._run, optimizers, schedulers, parts)
@@ -171,7 +171,7 @@ class Engine(EngineView):
     def _set_up(self, models: Any, optimizers: Sequence[torch.optim.Optimizer], schedulers: Any, *, later: bool, device: torch.device | None = None) -> Any:
         if self._run.models:
             raise RuntimeError("Engine.setup() was already called; create one Engine per training run.")
-        check_fp32_weights(self._policy, optimizers, *([models] if isinstance(models, nn.Module) else models))
+        check_fp32_weights(self._policy, optimizers, models)
         self._run, opts = set_up(
             models, optimizers, policy=self._policy, settings=self._settings, scaler=self._run.step.scaler,
             strategy=self._requested, plan=self._compile_plan, fused_spec=self._fused_spec, schedulers=schedulers,
@@ -311,8 +311,8 @@ class Engine(EngineView):
         # unscale_() ended this step's window already, and counted the step: its hooks saw the step's number.
         ended = True if step.unscaled_ahead else self._end_micro_batch("engine.step()")
         if ended:
+            self._watch.forget()  # the step takes the window's gradients (and zeroes them, even where it then raises)
             step.step(opts)
-            self._watch.forget()
         if self._preemption is not None:
             self._preemption.check(boundary=ended)  # after the micro-batch in flight: saves and exits if preempted
         return ended

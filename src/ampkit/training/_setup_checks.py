@@ -21,6 +21,7 @@ legitimate use, and stays silent.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -32,15 +33,18 @@ __all__ = ["check_fp32_weights", "no_optimizer_error"]
 _SIXTEEN_BIT = (torch.float16, torch.bfloat16)
 
 
-def check_fp32_weights(policy: Policy, optimizers: Sequence[torch.optim.Optimizer], *models: nn.Module) -> None:
+def check_fp32_weights(policy: Policy, optimizers: Sequence[Any], models: Any) -> None:
     """Refuse trainable 16-bit parameters in ``optimizers`` under a policy that keeps fp32 weights and autocasts
-    (see the module docstring). Once at setup: a scan of the optimizers' parameters."""
+    (see the module docstring); ``models``: a module or several, where the names come from. Once at setup: a scan of
+    the optimizers' parameters. Arguments of the wrong kind pass untouched: setup's own checks name them."""
     if policy.compute_dtype is None or policy.param_dtype != torch.float32 or policy.master_weights:
         return
-    half = [p for o in optimizers for g in o.param_groups for p in g["params"] if p.requires_grad and p.dtype in _SIXTEEN_BIT]
+    opts = [o for o in optimizers if isinstance(o, torch.optim.Optimizer)]
+    half = [p for o in opts for g in o.param_groups for p in g["params"] if p.requires_grad and p.dtype in _SIXTEEN_BIT]
     if not half:
         return
-    names = {id(p): n for m in models for n, p in m.named_parameters()}
+    mods = [models] if isinstance(models, nn.Module) else [m for m in models if isinstance(m, nn.Module)] if isinstance(models, (list, tuple)) else []
+    names = {id(p): n for m in mods for n, p in m.named_parameters()}
     shown = [names.get(id(p), "?") for p in half[:3]]
     dtype = half[0].dtype
     true = "16-true-masters" if dtype == torch.float16 else "bf16-true-masters"

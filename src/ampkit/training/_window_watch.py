@@ -180,10 +180,10 @@ class WindowWatch:
         self.trusted = True
         try:
             yield
-        finally:
+        finally:  # an error too (train_step's OutOfMemoryError) leaves the gradients as the engine made them
             self.trusted = False
-        if any(s.recorded for s in self._sentinels):
-            self.record()
+            if any(s.recorded for s in self._sentinels):
+                self.record()
 
     def check(self, what: str, *, window: int, scaled: bool) -> None:
         """Refuse what the user's code did to the window's gradients since the last ``engine.backward()``; ``what``

@@ -90,7 +90,7 @@ def test_the_smaller_size_sticks_and_is_announced_once_per_halving(caplog):
     fed: list[int] = []
     model = _model()
     engine = Engine()
-    model = engine.setup(model)
+    model, _ = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))  # a step needs an optimizer to take
     x = _batch()[0]
 
     def loss_fn(rows):
