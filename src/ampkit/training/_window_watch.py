@@ -29,8 +29,9 @@ some), one that spares a sentinel, a backward that reaches no sentinel, and a ch
 (written through ``p.grad.data``). What stays silent on purpose: the user's gradient hooks (they run inside
 ``engine.backward()``, before the record); a clip after ``engine.unscale_()``, the documented way to clip by hand
 (the window has ended there, and the step takes the gradients as they are); a new gradient tensor where the old one
-stood (DDP pointing gradients at its buckets keeps the values); and a ``loss.backward()`` of one's own where nothing
-is scaled and the window is one micro-batch (it gives the gradients ``engine.backward()`` would).
+stood (DDP pointing gradients at its buckets keeps the values); and, where nothing is scaled and the window is one
+micro-batch, a ``loss.backward()`` of one's own (it gives the gradients ``engine.backward()`` would) and a clip of
+one's own (the gradients it clips are the true ones, whole).
 
     >>> import torch
     >>> from torch import nn
@@ -212,13 +213,14 @@ class WindowWatch:
                 + " Drop optimizer.zero_grad() (and model.zero_grad()) from the loop: engine.step() zeroes the gradients at the "
                 "window's end."
             )
+        if not scaled and window == 1:
+            return  # the gradients are the true ones, whole: a clip of one's own here is torch's plain loop
         raise RuntimeError(
             f"the gradients were changed in place (or replaced) between engine.backward() and {what}: a hand "
             "clip_grad_norm_()/clip_grad_value_() there clips "
             + ("gradients still multiplied by the loss scale" if scaled else "")
             + (" and " if scaled and window > 1 else "")
             + (f"the partial sums of a window of {window} micro-batches" if window > 1 else "")
-            + ("the gradients before the engine's own checks" if not scaled and window == 1 else "")
             + "; zero_grad(set_to_none=False) erases them. Clip with Engine(clip_grad_norm=...) (or clip_grad_value=...), which "
             "clips the unscaled gradients of the whole window; to clip by hand, call engine.unscale_() after the window's last "
             "engine.backward(), then clip, then engine.step()."

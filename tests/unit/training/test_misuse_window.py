@@ -153,6 +153,20 @@ def test_a_hand_clip_after_unscale_is_the_engines_clip() -> None:
         torch.testing.assert_close(a, b)
 
 
+def test_a_hand_clip_where_nothing_is_scaled_or_divided_is_the_engines_clip() -> None:
+    """32-true, one micro-batch per step: the gradients between the two calls are the true ones, whole; a hand clip
+    there is torch's plain loop, silent, and equals clip_grad_norm=1.0."""
+    engine, model, _ = run("32-true")
+    control, c_model, _ = run("32-true", clip_grad_norm=1.0)
+    for i in range(2):
+        engine.backward(loss_of(engine, model, i))
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        engine.step()
+    train(control, c_model, range(2))
+    for a, b in zip(weights(engine, model), weights(control, c_model)):
+        torch.testing.assert_close(a, b)
+
+
 def test_a_gradient_hook_of_the_users_own_stays_silent() -> None:
     """A hook changes the gradient inside engine.backward(): the engine's gradients are the hooked ones."""
     engine, model, _ = run("16-mixed", accumulate=2)
