@@ -49,15 +49,3 @@ def test_shared_flags_are_declared_alike(option: str, commands: tuple[str, ...],
     declarations = {_declaration(subparsers[c], option, with_help=with_help) for c in commands}
     assert len(declarations) == 1, declarations
 
-
-def test_tolerance_help_says_which_metrics_are_relative_as_the_metrics_do() -> None:
-    # --help told users eval loss's tolerance was a fraction of 32-true's figure while the code took it in the loss's
-    # units: a user following the help set a tolerance 1/loss times too loose or too tight.
-    from ampkit.workloads._bench_data import EvalLoss
-    from ampkit.workloads._metrics import LanguageModelMetrics, SegmentationMetrics
-
-    action = next(a for a in _subparsers()["bench"]._actions if "--tolerance" in a.option_strings)
-    absolute, relative = action.help.split("a fraction of")
-    assert LanguageModelMetrics.relative and "perplexity" in relative and "perplexity" not in absolute
-    assert not EvalLoss.relative and "eval loss" in absolute and "eval loss" not in relative
-    assert not SegmentationMetrics.relative and "mIoU" in absolute
