@@ -96,8 +96,14 @@ def hand_written_step(policy: ampkit.Policy, model: nn.Module, clip: float, devi
     return step
 
 
-def engine_step(policy: ampkit.Policy, model: nn.Module, clip: float, device: torch.device) -> Step:
-    engine = ampkit.Engine(policy, clip_grad_norm=clip)
+def engine_step(policy: ampkit.Policy, model: nn.Module, clip: float, device: torch.device, nonfinite_check: bool = True) -> Step:
+    # --no-nonfinite-check: the engine without the non-finite check it makes by default under every policy (which the
+    # hand loop does not make), so the table can tell that check's cost from the rest of the engine's. A loss scaler
+    # always checks (it must): there the option changes nothing.
+    try:
+        engine = ampkit.Engine(policy, clip_grad_norm=clip, skip_nonfinite=None if nonfinite_check else False)
+    except ValueError:
+        engine = ampkit.Engine(policy, clip_grad_norm=clip)
     model, _ = engine.setup(model, torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True))
 
     def step(x: torch.Tensor, y: torch.Tensor) -> None:
@@ -193,7 +199,7 @@ def calibrate(
 def measure(policy: ampkit.Policy, width: int, batch: int, args: argparse.Namespace, device: torch.device) -> dict[str, float | int]:
     steps = {
         "hand": hand_written_step(policy, mlp(width, args.depth, 0, device), args.clip, device),
-        "engine": engine_step(policy, mlp(width, args.depth, 0, device), args.clip, device),
+        "engine": engine_step(policy, mlp(width, args.depth, 0, device), args.clip, device, args.nonfinite_check),
     }
     data = batches(args.steps, batch, width, device)
     timer = StepTimer(device)
@@ -246,6 +252,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--probe-steps", type=int, default=6, help="timed steps per calibration probe")
     parser.add_argument("--calibrate-s", type=float, default=None, help="stop probing a row's size after this many seconds (default: no limit)")
     parser.add_argument("--clip", type=float, default=1.0)
+    parser.add_argument("--no-nonfinite-check", dest="nonfinite_check", action="store_false",
+                        help="the engine with skip_nonfinite=False where it has no loss scaler: without the non-finite check it makes by default")
     parser.add_argument("--steps", type=int, default=20, help="steps per round per side")
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=5)
@@ -281,7 +289,8 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     machine = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
     print(f"# engine_overhead  {date.today()}  torch {torch.__version__}  device {device} ({machine}), {torch.get_num_threads()} threads")
     print(f"# command: python {' '.join(sys.argv if argv is None else ['benchmarks/engine_overhead.py', *argv])}")
-    print(f"# MLP depth {args.depth}, fused AdamW, clip_grad_norm {args.clip}; {args.rounds} rounds of {args.steps} steps per side", flush=True)
+    check = "" if args.nonfinite_check else "; engine without the non-finite check (skip_nonfinite=False) where it has no loss scaler"
+    print(f"# MLP depth {args.depth}, fused AdamW, clip_grad_norm {args.clip}; {args.rounds} rounds of {args.steps} steps per side{check}", flush=True)
     deadline = Deadline(args.time_limit)
     emit = Printer().table(HEAD, row_line)
     rows = []
