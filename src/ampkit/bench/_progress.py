@@ -1,4 +1,4 @@
-"""How the bench runner reports progress: a tiny protocol, a silent default, a rich progress bar for a terminal,
+"""How the bench runner reports progress: the tools' protocol and its silent default (:mod:`ampkit._report.progress`), a rich progress bar for a terminal,
 and plain lines for a log (CI, ``nohup``, a pipe), where a bar cannot redraw and would show nothing.
 
 The runner describes what runs as ``"<run>: <phase>"`` (``"bf16-mixed: round 2/5"``, ``"bf16-mixed: done"``,
@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from typing import Protocol, TextIO
+from typing import TextIO
 
 from rich.console import Console
 from rich.progress import (
@@ -26,34 +26,13 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from .._report.progress import NullReporter, Reporter
+
 __all__ = ["PLAIN_INTERVAL_S", "NullReporter", "PlainReporter", "Reporter", "RichReporter"]
 
 PLAIN_INTERVAL_S = 30.0
 """Most seconds between two of :class:`PlainReporter`'s lines while a run is under way (a run's start and end
 print at once): a line a minute or two is enough to see that a long bench lives, and fills no log."""
-
-
-class Reporter(Protocol):
-    """Receives the runner's progress: the total work, then descriptions and advances, then the end."""
-
-    def start(self, total: int) -> None: ...
-
-    def update(self, description: str, advance: int = 0) -> None: ...
-
-    def finish(self) -> None: ...
-
-
-class NullReporter:
-    """Reports nothing (library use and tests)."""
-
-    def start(self, total: int) -> None:
-        pass
-
-    def update(self, description: str, advance: int = 0) -> None:
-        pass
-
-    def finish(self) -> None:
-        pass
 
 
 class RichReporter:

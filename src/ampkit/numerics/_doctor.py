@@ -24,11 +24,12 @@ from __future__ import annotations
 import copy
 import datetime
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch import nn
 
+from .._report.progress import Reporter
 from .._util.model_io import batch_loss, default_loss, to_device
 from ..policy import Policy, get_policy
 from ..training._compile import check_compile_plan, compile_plan
@@ -264,14 +265,7 @@ def _update_check(
     return check_update_precision(initial, train, held_out, loss_fn, optimizer, steps=steps, seed=seed, keep_fp32=keep, forward_fault=fault)
 
 
-class Progress(Protocol):
-    """What :func:`diagnose` tells of its phases (the bench's reporters take the same calls)."""
-
-    def start(self, total: int) -> None: ...
-
-    def update(self, description: str, advance: int = 0) -> None: ...
-
-    def finish(self) -> None: ...
+Progress = Reporter  # what diagnose() tells of its phases: the tools' shared protocol
 
 
 class _Phases:

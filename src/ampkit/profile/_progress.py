@@ -25,7 +25,9 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from typing import Protocol, TextIO
+from typing import TextIO
+
+from .._report.progress import Reporter
 
 __all__ = ["PhaseLines", "Progress", "window_phase"]
 
@@ -47,15 +49,9 @@ def window_phase(window: str) -> str:
     return _WINDOWS.get(window, window)
 
 
-class Progress(Protocol):
-    """Receives a profile's progress: the total steps, then descriptions and advances, then the end (the bench's
-    reporters take the same calls)."""
-
-    def start(self, total: int) -> None: ...
-
-    def update(self, description: str, advance: int = 0) -> None: ...
-
-    def finish(self) -> None: ...
+Progress = Reporter
+"""Receives a profile's progress: the total steps, then descriptions and advances, then the end (the tools'
+shared protocol, :class:`ampkit._report.progress.Reporter`)."""
 
 
 class PhaseLines:

@@ -20,6 +20,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from .. import __version__
+from .._report.progress import NullReporter
 from .._util.cpu_load import CpuMeter
 from .._util.model_io import batch_loss
 from ..policy import Policy, get_policy
@@ -87,19 +88,6 @@ def _cycled(loader: Iterable[Any], count: int, needed: int) -> Iterator[Any]:
             return
         if given == before:
             raise ValueError("the data loader gave no batches; give it at least one batch.")
-
-
-class _Silent:
-    """No progress (the API's default)."""
-
-    def start(self, total: int) -> None:
-        pass
-
-    def update(self, description: str, advance: int = 0) -> None:
-        pass
-
-    def finish(self) -> None:
-        pass
 
 
 ONE_SHOT = "read only once"
@@ -173,7 +161,7 @@ def profile_workload(
     steps = warmup + plain_steps + timed + sync_steps + trace_steps
     total, needed = steps * workload.accumulate, (warmup + plain_steps + timed) * workload.accumulate
     varied = loader if trials and isinstance(loader, DataLoader) and (given_loader or workload.samples is not None) else None
-    report = progress or _Silent()
+    report = progress or NullReporter()
     report.start(steps + (search_size(varied, device) if varied is not None else 0))
     try:
         with profiler:
