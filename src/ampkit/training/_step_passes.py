@@ -34,7 +34,7 @@ from ._kernel_guards import first_step_pending
 from ._rounding_stream import RoundingStream
 from ._step_records import StepSettings
 
-__all__ = ["check_grads", "nonfinite_flag", "read_flags", "unfused_step"]
+__all__ = ["check_grads", "read_flags", "unfused_step"]
 
 
 def check_grads(grads: list[torch.Tensor], found: torch.Tensor, scaler: StepScaler | None, device: torch.device, *, unscale: bool = True) -> None:
@@ -46,18 +46,6 @@ def check_grads(grads: list[torch.Tensor], found: torch.Tensor, scaler: StepScal
         scaler.unscale_(grads, found)
     else:
         scaler.check_(grads, found)
-
-
-def nonfinite_flag(norm: torch.Tensor) -> torch.Tensor:
-    """1.0 where ``norm`` is inf or NaN, else 0.0, as fp32 (the ``found_inf`` torch's fused optimizers read): two ops
-    on the device, no sync. ``norm * 0`` is 0 for a finite norm and NaN for an inf or NaN one; NaN becomes 1. The
-    check-and-unscale kernel would take three here (a zeroed flag, a scale of one and the kernel), and on a step of
-    about a millisecond each op shows.
-
-    >>> nonfinite_flag(torch.tensor([3.0, float("inf"), float("nan"), 0.0]))
-    tensor([0., 1., 1., 0.])
-    """
-    return norm.float().mul(0.0).nan_to_num_(nan=1.0)
 
 
 def unfused_step(
@@ -83,6 +71,7 @@ def unfused_step(
     """
     dev = device if device is not None else torch.device("cpu")
     params = [[p for g in o.param_groups for p in g["params"]] for o in opts]
+    found = [t if t is not None else torch.zeros((), dtype=torch.float32, device=dev) for t in taken] if settings.skip_nonfinite else []
     # A fused optimizer (AdamW/Adam/SGD(fused=True)) takes the flag and skips on the device, scaled or not; a fused
     # SGD with momentum must not see found_inf before its first real step (see kernel_guards).
     fused = [settings.skip_nonfinite and step_supports_amp_scaling(o) and not first_step_pending(o) for o in opts]
@@ -92,8 +81,6 @@ def unfused_step(
     # is (or when finite fp32 gradients sum their squares past 3.4e38, a step no run should take): it is the check,
     # and no pass over the gradients is added to the step.
     from_norm = settings.skip_nonfinite and scaler is None and settings.clip_grad_norm is not None and not any(ahead)
-    # Flags to check into; none made where the norm gives the flag (a zeroed flag per step is an op).
-    found = [t if t is not None else torch.zeros((), dtype=torch.float32, device=dev) for t in taken] if settings.skip_nonfinite and not from_norm else []
     if settings.skip_nonfinite and not from_norm:
         for i, ps in enumerate(params):
             if not ahead[i]:
@@ -105,8 +92,8 @@ def unfused_step(
         # One total norm over everything stepped together, as clip_grad_norm_(model.parameters()) would.
         norm = clip_grad_norm([p for ps in params for p in ps], settings.clip_grad_norm)
         if from_norm:
-            flag = nonfinite_flag(norm)
-            found = any_rank([flag]) if reduce_found_flags else [flag]  # a rank's own norm where ranks hold their own gradients
+            check_grads([norm.float()], found[0], None, dev)  # multiplies the norm by one: it keeps its value
+            found = any_rank(found[:1]) if reduce_found_flags else found[:1]  # a rank's own norm where ranks hold their own gradients
             found = found * len(opts)
         elif len(found) > 1:
             # That norm is inf if any gradient is, and it has just scaled every gradient: one overflow poisons

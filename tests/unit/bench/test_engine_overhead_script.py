@@ -37,8 +37,8 @@ def test_smoke_run_at_two_step_times_prints_and_writes_the_same_rows(script: Mod
         assert r["width"] >= 8 and r["batch"] >= 1
         # one step of each side counted: the engine's ops are the hand loop's (tests/unit/training/test_optimizer_step.py
         # holds the exact allowance) and neither side syncs with the host
-        # (at most 4 more: the non-finite check every policy makes, see ALLOWANCE_UNSCALED there)
-        assert 0 < r["ops_hand"] <= r["ops_engine"] <= r["ops_hand"] + 4 and r["syncs_hand"] == r["syncs_engine"] == 0
+        # (at most 5 more: the non-finite check every policy makes, see ALLOWANCE_UNSCALED there)
+        assert 0 < r["ops_hand"] <= r["ops_engine"] <= r["ops_hand"] + 5 and r["syncs_hand"] == r["syncs_engine"] == 0
     printed = capsys.readouterr().out.strip().splitlines()
     table = [line for line in printed if line.startswith(("| 32-true", f"| {mixed_policy}"))]
     assert len(table) == len(rows) and printed[-1] == table[-1]

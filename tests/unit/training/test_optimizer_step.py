@@ -30,10 +30,9 @@ from ampkit.training._step_state import StepState
 # gradients' device, the sum of the per-device flags).
 ALLOWANCE_16_MIXED = 6 - 3
 # Without loss scaling the engine still skips a step whose gradients are not finite, which the hand loop does not:
-# the flag made from the clipping's total norm, inf/NaN exactly when a gradient is (2: the norm times zero, its NaN
-# made one; the check-and-unscale kernel took 3), fused AdamW's own undoing of its step count on a skipped step (1),
-# the flag's copy to the host (1).
-ALLOWANCE_UNSCALED = 4
+# the flag (1), the check of the clipping's total norm, inf/NaN exactly when a gradient is (2: a one to multiply by
+# and the check), fused AdamW's own undoing of its step count on a skipped step (1), the flag's copy to the host (1).
+ALLOWANCE_UNSCALED = 5
 
 Step = Callable[[torch.Tensor, torch.Tensor], None]
 INF = float("inf")
