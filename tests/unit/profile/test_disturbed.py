@@ -3,7 +3,10 @@ over the steps and the trials, the decision on recorded loads, and a live CPU-bo
 
 from __future__ import annotations
 
+import contextlib
 import io
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -101,18 +104,43 @@ def test_children_ticks_sum_the_live_childrens_cpu_time(monkeypatch: pytest.Monk
     assert meter.read() == Load(2.0, 2.0, 4)
 
 
+# The launcher starts the spinner and exits at once, so the spinner is not this process's child: the profile counts
+# its own children (a DataLoader's workers) as its own load, and a child spinner read as no disturbance at all on a
+# quiet machine (CI, 2026-12-06: 0.02 cores of others). The spinner holds none of the launcher's pipes (run() waits
+# for them to close); the launcher prints its pid.
+_LAUNCH = ("import subprocess, sys\n"
+           "p = subprocess.Popen([sys.executable, '-c', 'while True: pass'], stdin=subprocess.DEVNULL, "
+           "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)\n"
+           "print(p.pid, flush=True)")
+
+
 @pytest.fixture
-def spinner() -> Iterator[subprocess.Popen[bytes]]:
-    """A CPU-bound process beside the test, spinning a core until killed; yielded once it spins."""
-    proc = subprocess.Popen([sys.executable, "-c", "print('spinning', flush=True)\nwhile True: pass"], stdout=subprocess.PIPE)
-    assert proc.stdout is not None and proc.stdout.readline().strip() == b"spinning"
-    yield proc
-    proc.kill()
-    proc.wait()
-    proc.stdout.close()
+def spinner() -> Iterator[int]:
+    """A CPU-bound process beside the test (not its child), spinning a core until killed; yields its pid once it runs."""
+    launcher = subprocess.run([sys.executable, "-c", _LAUNCH], capture_output=True, text=True, timeout=60, check=True)
+    pid = int(launcher.stdout.split()[0])
+    try:
+        deadline = time.monotonic() + 30
+        while _state(pid) != "R" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # past the interpreter's start: spinning
+        yield pid
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
-def test_a_profile_beside_a_cpu_bound_process_names_the_disturbance(spinner: subprocess.Popen[bytes]) -> None:
+def _state(pid: int) -> str:
+    """The process's state letter from /proc (R: running), or '' where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+    except OSError:
+        return ""
+    return text[text.rindex(")") + 2]
+
+
+def test_a_profile_beside_a_cpu_bound_process_names_the_disturbance(spinner: int) -> None:
     if CpuMeter().read().others_cores is None:
         pytest.skip("no /proc/stat here: the OS does not say")
     # One-sided: the machine the tests run on is not quiet either, so a run without the spinner may be flagged too.
