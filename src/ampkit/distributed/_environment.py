@@ -189,10 +189,16 @@ def shutdown() -> None:
     run at exit, before finalization, collects it). A model kept in a module-level variable lives until
     finalization: ``del`` it before ``shutdown()``.
 
+    And the order matters: garbage is collected *before* the group ends. A DDP model's reducer holds the group from
+    C++; if it drops the group's last reference, gloo's destructor runs holding the GIL and waits for its workers,
+    while a worker still freeing a finished all-reduce's tensors waits for the GIL: a hang. Freed while the group is
+    still registered, the reducer's reference is never the last, and the group's own destructor lets the GIL go.
+
     >>> shutdown()  # nothing to end in a single process
     """
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
+        gc.collect()  # a DDP model that is garbage lets go of the group while the group is still registered
         dist.destroy_process_group()
     _release_destroyed_groups()
 

@@ -5,6 +5,7 @@ distributed tests' ranks are."""
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 import tempfile
@@ -37,32 +38,40 @@ def _rank(rank: int, policy: str, init_file: str, port: int, out_dir: str) -> No
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
     try:
-        import ampkit
-        from ampkit.accelerate import AmpkitAccelerator
-
-        accelerator = AmpkitAccelerator(policy, scaler=ampkit.ScalerConfig(init_scale=2.0**8), cpu=True)
-        torch.manual_seed(0)
-        model = nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.GELU(), nn.Linear(16, 3))
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        model, opt = accelerator.prepare(model, opt)
-        g = torch.Generator().manual_seed(100 + rank)  # each rank its own data
-        skipped = []
-        for step in range(STEPS):
-            x, y = torch.randn(8, 8, generator=g), torch.randint(0, 3, (8,), generator=g)
-            loss = nn.functional.cross_entropy(model(x).float(), y)
-            accelerator.backward(loss)
-            if step == POISONED_STEP and rank == 0:
-                model.module[0].weight.grad.view(-1)[0] = float("inf")  # after the all-reduce: rank 0's alone
-            accelerator.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            opt.zero_grad()
-            skipped.append(accelerator.optimizer_step_was_skipped)
-        result = {"skipped": skipped, "scale": accelerator.engine.scale, "wrapped": type(model).__name__,
-                  "dtype": str(model.module[0].weight.dtype), "params": [p.detach().clone() for p in model.module.parameters()],
-                  "distributed": accelerator.distributed_type.value}
-        torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+        _train(rank, policy, out_dir)
+        # The DDP model is gone (with _train's frame) while the group is still registered: had its reducer dropped
+        # the group's last reference after destroy_process_group, gloo's destructor would run holding the GIL, which
+        # a gloo worker still freeing the last all-reduce's tensors waits for (a hang seen under load, 1 run in ~10).
+        gc.collect()
     finally:
         dist.destroy_process_group()
+
+
+def _train(rank: int, policy: str, out_dir: str) -> None:
+    import ampkit
+    from ampkit.accelerate import AmpkitAccelerator
+
+    accelerator = AmpkitAccelerator(policy, scaler=ampkit.ScalerConfig(init_scale=2.0**8), cpu=True)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.GELU(), nn.Linear(16, 3))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, opt = accelerator.prepare(model, opt)
+    g = torch.Generator().manual_seed(100 + rank)  # each rank its own data
+    skipped = []
+    for step in range(STEPS):
+        x, y = torch.randn(8, 8, generator=g), torch.randint(0, 3, (8,), generator=g)
+        loss = nn.functional.cross_entropy(model(x).float(), y)
+        accelerator.backward(loss)
+        if step == POISONED_STEP and rank == 0:
+            model.module[0].weight.grad.view(-1)[0] = float("inf")  # after the all-reduce: rank 0's alone
+        accelerator.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad()
+        skipped.append(accelerator.optimizer_step_was_skipped)
+    result = {"skipped": skipped, "scale": accelerator.engine.scale, "wrapped": type(model).__name__,
+              "dtype": str(model.module[0].weight.dtype), "params": [p.detach().clone() for p in model.module.parameters()],
+              "distributed": accelerator.distributed_type.value}
+    torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
 def _run_ranks(policy: str, tmp_path: Path) -> list[dict[str, Any]]:

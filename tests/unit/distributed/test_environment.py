@@ -66,3 +66,28 @@ def test_an_nccl_group_is_bound_to_its_gpu(monkeypatch: pytest.MonkeyPatch):
     calls.clear()
     init_distributed(device="cpu", rank_zero_logging=False)
     assert [(b, "device_id" in kw) for b, kw in calls] == [("gloo", False)]
+
+
+def test_shutdown_lets_a_garbage_ddp_model_go_before_it_ends_the_group(monkeypatch: pytest.MonkeyPatch):
+    # A DDP model in a reference cycle outlives its training function until a collection. Collected after
+    # destroy_process_group, its reducer drops the group's last reference and gloo's destructor runs holding the GIL:
+    # a worker freeing a finished all-reduce's tensors then waits for that GIL forever (a hang seen 1 run in ~10 of
+    # tests/unit/accelerate/test_ddp.py under load). shutdown() collects first; the reducer is gone by the time the
+    # group ends.
+    _torchrun_env(monkeypatch)
+    init_distributed(device="cpu", rank_zero_logging=False)
+    try:
+        import weakref
+
+        model = nn.parallel.DistributedDataParallel(nn.Linear(4, 2))
+        model.cycle = [model]  # type: ignore[attr-defined]  # garbage only to a collection, like an FSDP or Lightning model
+        model(torch.randn(3, 4)).sum().backward()
+        model_ref = weakref.ref(model)
+        del model
+        alive_when_ended = []
+        destroy = dist.destroy_process_group
+        monkeypatch.setattr(dist, "destroy_process_group", lambda *a, **k: (alive_when_ended.append(model_ref() is not None), destroy(*a, **k))[1])
+    finally:
+        shutdown()
+    assert alive_when_ended == [False]
+    assert not dist.is_initialized()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 
 import pytest
@@ -218,25 +219,32 @@ def test_batch_helpers_and_errors():
 def _rank_main(rank: int, init_file: str, result_dir: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     try:
-        model = nn.parallel.DistributedDataParallel(_model())
-        x, y = _batch(1)
-        half = slice(rank * N // 2, (rank + 1) * N // 2)
-        # Rank 1 learnt a smaller size earlier; rank 0 did not: both must run the same number of passes.
-        engine = Engine(micro_batch_rows=32 if rank == 1 else None)
-        model, opt = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
-        grads = []
-        opt.register_step_pre_hook(lambda o, a, k: grads.append([p.grad.clone() for p in model.parameters()]))
-        passes = []
-
-        def loss_fn(b):
-            passes.append(b[0].shape[0])
-            return nn.functional.cross_entropy(model(b[0]), b[1])
-
-        engine.train_step(loss_fn, (x[half], y[half]))
-        torch.save({"passes": passes, "grads": grads[0]}, f"{result_dir}/{rank}.pt")
+        _rank_step(rank, result_dir)
         dist.barrier()
+        # The DDP model went with _rank_step's frame, while the group is still registered (ampkit.distributed.shutdown
+        # says why that order matters: its reducer dropping the group's last reference can hang).
+        gc.collect()
     finally:
         dist.destroy_process_group()
+
+
+def _rank_step(rank: int, result_dir: str) -> None:
+    model = nn.parallel.DistributedDataParallel(_model())
+    x, y = _batch(1)
+    half = slice(rank * N // 2, (rank + 1) * N // 2)
+    # Rank 1 learnt a smaller size earlier; rank 0 did not: both must run the same number of passes.
+    engine = Engine(micro_batch_rows=32 if rank == 1 else None)
+    model, opt = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    grads = []
+    opt.register_step_pre_hook(lambda o, a, k: grads.append([p.grad.clone() for p in model.parameters()]))
+    passes = []
+
+    def loss_fn(b):
+        passes.append(b[0].shape[0])
+        return nn.functional.cross_entropy(model(b[0]), b[1])
+
+    engine.train_step(loss_fn, (x[half], y[half]))
+    torch.save({"passes": passes, "grads": grads[0]}, f"{result_dir}/{rank}.pt")
 
 
 def test_ranks_split_alike_and_match_the_single_process_step(tmp_path):
