@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._syncs import ENGINE_READ
+
 __all__ = ["CAST_SHARE", "DATA_SHARE", "HOST_SHARE", "IDLE_SHARE", "MIN_SPEEDUP", "PER_PARAMETER_OPS", "UNTESTED", "advise"]
 
 DATA_SHARE = 0.10
@@ -144,6 +146,8 @@ def _pipeline(data: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _sync_change(site: dict[str, Any]) -> str:
     code = site.get("code", "")
+    if site.get("via") == ENGINE_READ:
+        return _engine_read_change(site.get("via_code", ""))
     if site.get("via"):
         return (
             f"the library code this line calls reads the value back ({site['via']}): look for an argument or option "
@@ -158,6 +162,20 @@ def _sync_change(site: dict[str, Any]) -> str:
         "keep the value on the device (total += loss.detach()) and read it every N steps; "
         "for a scheduler or a threshold pass a Python float, not a tensor"
     )
+
+
+def _engine_read_change(why: str) -> str:
+    """What removes the engine's read of its non-finite flag, by the reason its step gave (ampkit.training's
+    ``read_flags``)."""
+    if "not fused" in why:
+        return (
+            "construct the optimizer with fused=True: torch's fused AdamW, Adam and SGD take the flag and skip a "
+            "non-finite step on the device, with no read. (Engine(skip_nonfinite=False) removes it too, under a policy "
+            "without a loss scale, but lets inf and NaN reach the weights.)"
+        )
+    if "raise" in why:
+        return "skip_nonfinite=True (the default) skips a non-finite step instead, with no read where the optimizer is fused"
+    return "nothing to change: the read is what the configuration asks for (one per optimizer step)"
 
 
 def _syncs(data: dict[str, Any]) -> list[dict[str, Any]]:

@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..training._step_passes import read_flags
+
 if TYPE_CHECKING:
     from typing_extensions import Self
 
@@ -78,6 +80,12 @@ _PASS_THROUGH = tuple(
     os.path.join(os.path.dirname(torch.__file__), *parts)
     for parts in (("_compile.py",), ("_dynamo", "eval_frame.py"), ("_ops.py",), ("utils", "_python_dispatch.py"), ("_tensor.py",), ("_tensor_str.py",))
 ) + (__file__, warnings.__file__, functools.__file__)
+
+
+ENGINE_READ = "ampkit's optimizer step, reading its non-finite flag"
+"""The ``via`` of a site where the engine's step read whether to skip (:func:`_engine_read`): one read per optimizer
+step that the user can remove (a fused optimizer) or has asked for (a scheduler given to setup). Its ``via_code``
+is the reason the step gave."""
 
 
 @dataclass(frozen=True)
@@ -151,7 +159,13 @@ class SyncFinder:
             self._stance.__exit__(*exc)
 
     def _record(self, op: str) -> None:
-        site = _user_frame(self.library)
+        why = None if self.library else _engine_read()
+        if why is not None:
+            # ampkit's own read, but one the user's configuration asked for: counted at the user's line that stepped.
+            line = _user_frame(stack=traceback.extract_stack(), own_read=True)
+            site: tuple[str, str, str, str] | None = (line[0], line[1], ENGINE_READ, why) if line is not None else None
+        else:
+            site = _user_frame(self.library)
         if site is not None:
             where, code, via, via_code = site
             self._seen[(where, op, code, via, via_code)] += 1
@@ -216,7 +230,17 @@ def _launcher(filename: str) -> bool:
     return filename.startswith(_LAUNCHER_DIRS)
 
 
-def _user_frame(library: bool = False, stack: list[traceback.FrameSummary] | None = None) -> tuple[str, str, str, str] | None:
+def _engine_read() -> str | None:
+    """The reason the engine's step gave for reading its non-finite flag, where the read under way is that one."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is read_flags.__code__:
+            return str(frame.f_locals.get("why") or "the step must know whether it skipped")
+        frame = frame.f_back  # type: ignore[assignment]
+    return None
+
+
+def _user_frame(library: bool = False, stack: list[traceback.FrameSummary] | None = None, *, own_read: bool = False) -> tuple[str, str, str, str] | None:
     """The user's line that read a value back, its source, and the library line beneath it that made the read and
     its source ('' if none); None when the read is torch's or ampkit's own (with ``library``: the line that read,
     whatever its file). ``stack``: the frames, outermost first (default: this call's).
@@ -226,14 +250,15 @@ def _user_frame(library: bool = False, stack: list[traceback.FrameSummary] | Non
     any such frame (the CLI calls the user's model from ampkit; a Hugging Face model's code is an installed
     package's), the model's forward is named: the outermost ``forward`` of the code torch called into (a package's
     or the model's; else its outermost frame), the reading line beneath it; never ampkit's launcher, which only
-    started the process."""
+    started the process. ``own_read``: the read is torch's or ampkit's but is counted at that user's line all the same
+    (the engine's read of its flag)."""
     frames = [f for f in reversed(traceback.extract_stack() if stack is None else stack) if not f.filename.startswith(_PASS_THROUGH)]
     if not frames:
         return None
     reader = frames[0]
     if library:
         return _where(reader), (reader.line or "").strip(), "", ""
-    if reader.filename.startswith(_LIBRARY_DIRS):
+    if reader.filename.startswith(_LIBRARY_DIRS) and not own_read:
         return None  # torch's or ampkit's own read (an optimizer's step counter), not the loop's
     user = outer = forward = None
     for frame in frames:

@@ -218,7 +218,7 @@ class OptimizerStep:
                 fused.turn_off(failed)
                 return outcome
             # The region skipped what overflowed without asking the host; only schedulers (or 'raise') need the answer now.
-            host_found = read_flags(found) if self._read_host else None
+            host_found = read_flags(found, self._read_host) if self._read_host else None
             return self._finish(opts, found, host_found, late_collapse, fused=True)
         return self._unfused(opts, late_collapse)
 
@@ -276,10 +276,15 @@ class OptimizerStep:
         return StepOutcome(skipped=state.found_host, fused=fused, found=any_found, norm=state.norm)
 
     @property
-    def _read_host(self) -> bool:
-        """Whether every step reads its flag on the host, fused or not: a scheduler steps only after a real step,
-        and skip_nonfinite='raise' stops at the step itself (one sync per optimizer step, on an accelerator)."""
-        return bool(self.schedulers) or self.settings.on_nonfinite == "raise"
+    def _read_host(self) -> str:
+        """Why every step reads its flag on the host, fused or not ('' where none does): a scheduler steps only after
+        a real step, and skip_nonfinite='raise' stops at the step itself (one sync per optimizer step, on an
+        accelerator). The reason is what ampkit.profile names at the read."""
+        if self.schedulers:
+            return "a scheduler given to setup() steps only after a step that was taken"
+        if self.settings.on_nonfinite == "raise":
+            return "skip_nonfinite='raise' stops at the step itself"
+        return ""
 
     def _report_skips(self) -> None:
         """Report the skipped steps the host has learnt of: quietly under a loss scaler (an overflow is its work), else

@@ -59,13 +59,14 @@ def unfused_step(
     reduce_found_flags: bool = False,
     rounding: RoundingStream | None = None,
     library: FusedLibraryStep | None = None,
-    read_host: bool = False,
+    read_host: str = "",
 ) -> tuple[list[torch.Tensor], list[bool] | None, torch.Tensor | None]:
     """Step or skip ``opts`` on their gradients (the masters' where there are masters: copied there already).
 
     ``ahead[i]``: ``unscale_()`` took optimizer ``i``'s gradients already (unscaled and checked), its flag in
-    ``taken[i]`` (None where nothing was checked). ``read_host``: read the flags on the host even if every optimizer
-    is fused (a scheduler steps only after a real step; ``skip_nonfinite='raise'`` stops at the step). Returns each optimizer's overflow flag on the device (empty
+    ``taken[i]`` (None where nothing was checked). ``read_host``: why to read the flags on the host even if every
+    optimizer is fused ('' for no such reason: a scheduler steps only after a real step; ``skip_nonfinite='raise'``
+    stops at the step). Returns each optimizer's overflow flag on the device (empty
     without ``skip_nonfinite``), the flags on the host (None where not read), and the total norm before clipping
     (None without ``clip_grad_norm``).
     """
@@ -107,7 +108,10 @@ def unfused_step(
     # step. Fused optimizers skip on the device, and the flag is sent to the host to be read once it lands (see
     # StepState.record_outcome), keeping the step free of syncs: on the CPU too, so that the ops counted there
     # are an accelerator's.
-    host_found = read_flags(found) if not all(fused) or read_host else None
+    if found and not all(fused):
+        host_found = read_flags(found, _why_unfused(opts, fused))
+    else:
+        host_found = read_flags(found, read_host) if read_host else None
     for i, opt in enumerate(opts):
         if fused[i]:
             # torch's fused optimizers read these attributes (GradScaler sets them too); torch's Optimizer does not declare them.
@@ -127,8 +131,19 @@ def unfused_step(
     return found, host_found, norm
 
 
-def read_flags(found: list[torch.Tensor]) -> list[bool] | None:
+def _why_unfused(opts: Sequence[torch.optim.Optimizer], fused: Sequence[bool]) -> str:
+    """Why the step reads its flags on the host: an optimizer that takes no flag, or a fused SGD's guarded first step."""
+    plain = sorted({type(o).__name__ for o, f in zip(opts, fused, strict=True) if not f and not step_supports_amp_scaling(o)})
+    if plain:
+        return f"{' and '.join(plain)} {'takes' if len(plain) == 1 else 'take'} no found_inf flag (not fused)"
+    return "a fused SGD with momentum is kept from skipping its first step (torch's kernel is wrong after one)"
+
+
+def read_flags(found: list[torch.Tensor], why: str = "") -> list[bool] | None:
     """Each optimizer's overflow flag on the host (the one sync); None without flags.
+
+    ``why``: the reason the step must know on the host. It is not used here: ampkit.profile's sync table, which
+    finds this function's frame under the read, names it beside the user's line.
 
     >>> read_flags([torch.zeros(()), torch.ones(())]), read_flags([])
     ([False, True], None)

@@ -39,7 +39,9 @@ def _profile(delay: float, *, read_back: bool, steps: int = 6, batches: int | No
     torch.manual_seed(0)
     engine = Engine()
     model = nn.Sequential(nn.Linear(32, 128), nn.ReLU(), nn.Linear(128, 1))
-    model, _ = engine.setup(model, torch.optim.AdamW(model.parameters()))
+    # fused: the engine skips a non-finite step on the device; a plain AdamW would have it read its flag each step
+    # (test_syncs.py names that read).
+    model, _ = engine.setup(model, torch.optim.AdamW(model.parameters(), fused=True))
     windows = {"warmup": 2, "plain_steps": 3, "timed": steps, "sync_steps": 3, "trace_steps": 2, **sizes}
     loader = DataLoader(SlowSquares(16 * (batches or sum(windows.values())), delay), batch_size=16)
     with Profiler(engine, **windows) as profiler:

@@ -17,11 +17,13 @@ from ampkit import Engine
 from ampkit.profile import SyncFinder
 
 
-def _train(steps: int, *, read_loss: bool) -> tuple[SyncFinder, int]:
+def _train(steps: int, *, read_loss: bool, fused: bool = True, scheduler: bool = False) -> tuple[SyncFinder, int]:
     torch.manual_seed(0)
     engine = Engine("bf16-mixed", clip_grad_norm=1.0)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
-    model, _ = engine.setup(model, torch.optim.AdamW(model.parameters()))
+    opt = torch.optim.AdamW(model.parameters(), fused=fused)
+    schedulers = [torch.optim.lr_scheduler.StepLR(opt, 10)] if scheduler else None
+    model, _ = engine.setup(model, opt, schedulers=schedulers)
     x = torch.randn(8, 16)
     line = 0
     with SyncFinder() as finder:
@@ -29,7 +31,7 @@ def _train(steps: int, *, read_loss: bool) -> tuple[SyncFinder, int]:
             with engine.autocast():
                 loss = model(x).float().pow(2).mean()
             engine.backward(loss)
-            engine.step()
+            engine.step()  # the engine's read, where it reads, is counted here
             if read_loss:
                 line = inspect.currentframe().f_lineno + 1  # type: ignore[union-attr]
                 logged = loss.item()  # noqa: F841  # the per-step log line every tutorial has
@@ -42,7 +44,27 @@ def test_a_per_step_item_is_counted_at_its_line_and_the_engine_adds_none() -> No
     assert [(s.op, s.count) for s in sites] == [("item", 4)]
     assert sites[0].where.endswith(f"test_syncs.py:{line} in _train") and sites[0].code == "logged = loss.item()  # noqa: F841  # the per-step log line every tutorial has"
     clean, _ = _train(4, read_loss=False)
-    assert clean.total == 0  # the engine's own step (clipping, the overflow check) reads nothing back on the CPU
+    assert clean.total == 0  # with a fused optimizer the engine's step (clipping, the non-finite check) reads nothing back
+
+
+@pytest.mark.parametrize(("fused", "scheduler", "why", "change"), [
+    (False, False, "AdamW takes no found_inf flag (not fused)", "construct the optimizer with fused=True"),
+    (True, True, "a scheduler given to setup() steps only after a step that was taken", "nothing to change"),
+])
+def test_the_engines_read_of_its_flag_is_named_at_the_step_with_its_reason(fused: bool, scheduler: bool, why: str, change: str) -> None:
+    """A plain or foreach optimizer takes no found_inf flag: to skip a non-finite step the engine reads its flag on
+    the host once per step, a sync on a GPU that the user removes with fused=True, so it is counted at the user's
+    engine.step() (not dropped as ampkit's own read); a scheduler given to setup() needs that read by design."""
+    from ampkit.profile import advise
+    from ampkit.profile._syncs import ENGINE_READ
+
+    finder, _ = _train(3, read_loss=False, fused=fused, scheduler=scheduler)
+    (site,) = finder.sites()
+    assert (site.count, site.op, site.via, site.via_code) == (3, "item", ENGINE_READ, why)
+    assert site.where.endswith("in _train") and site.code.startswith("engine.step()")
+    data = {"device": "cuda", "syncs": {"sites": [{**site.__dict__, "per_step": 1.0}]}}
+    (item,) = [a for a in advise(data) if a["topic"] == "host syncs"]
+    assert change in item["change"] and why in item["finding"]
 
 
 def test_bool_and_float_are_reads_too() -> None:
