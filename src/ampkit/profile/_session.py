@@ -19,11 +19,14 @@ before its first step.
 Every window's median step time is kept, so the cost of each measurement (the profiler's own overhead) is read
 against the plain window's. Steps beyond the last window run unobserved, and nothing of them is kept.
 
+Below, the one read per step is the loop's ``loss.item()``: the SGD is fused, so the engine skips a non-finite step
+on the device; a plain SGD would add the engine's own read of its flag, counted at ``engine.step()``.
+
     >>> import torch
     >>> from torch import nn
     >>> from ampkit import Engine
     >>> engine = Engine()
-    >>> model = nn.Linear(8, 1); model, opt = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    >>> model = nn.Linear(8, 1); model, opt = engine.setup(model, torch.optim.SGD(model.parameters(), lr=0.1, fused=True))
     >>> batches = [torch.ones(4, 8)] * 14
     >>> with Profiler(engine, warmup=2, plain_steps=2, timed=4, sync_steps=2, trace_steps=2) as profiler:
     ...     for x in profiler.batches(batches):
