@@ -235,7 +235,8 @@ def _engine_read() -> str | None:
     frame = sys._getframe(1)
     while frame is not None:
         if frame.f_code is read_flags.__code__:
-            return str(frame.f_locals.get("why") or "the step must know whether it skipped")
+            why = frame.f_locals.get("why")
+            return (why() if callable(why) else why) or "the step must know whether it skipped"
         frame = frame.f_back  # type: ignore[assignment]
     return None
 

@@ -20,7 +20,7 @@ only where a non-fused optimizer, a scheduler or ``skip_nonfinite='raise'`` has 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -109,7 +109,8 @@ def unfused_step(
     # StepState.record_outcome), keeping the step free of syncs: on the CPU too, so that the ops counted there
     # are an accelerator's.
     if found and not all(fused):
-        host_found = read_flags(found, _why_unfused(opts, fused))
+        # The reason is worded only where ampkit.profile asks for it: a closure per step, not a string.
+        host_found = read_flags(found, lambda: _why_unfused(opts, fused))
     else:
         host_found = read_flags(found, read_host) if read_host else None
     for i, opt in enumerate(opts):
@@ -139,11 +140,11 @@ def _why_unfused(opts: Sequence[torch.optim.Optimizer], fused: Sequence[bool]) -
     return "a fused SGD with momentum is kept from skipping its first step (torch's kernel is wrong after one)"
 
 
-def read_flags(found: list[torch.Tensor], why: str = "") -> list[bool] | None:
+def read_flags(found: list[torch.Tensor], why: str | Callable[[], str] = "") -> list[bool] | None:
     """Each optimizer's overflow flag on the host (the one sync); None without flags.
 
-    ``why``: the reason the step must know on the host. It is not used here: ampkit.profile's sync table, which
-    finds this function's frame under the read, names it beside the user's line.
+    ``why``: the reason the step must know on the host, or a function that words it. It is not used here:
+    ampkit.profile's sync table, which finds this function's frame under the read, names it beside the user's line.
 
     >>> read_flags([torch.zeros(()), torch.ones(())]), read_flags([])
     ([False, True], None)

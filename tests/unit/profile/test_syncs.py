@@ -17,9 +17,9 @@ from ampkit import Engine
 from ampkit.profile import SyncFinder
 
 
-def _train(steps: int, *, read_loss: bool, fused: bool = True, scheduler: bool = False) -> tuple[SyncFinder, int]:
+def _train(steps: int, *, read_loss: bool, fused: bool = True, scheduler: bool = False, on_nonfinite: bool | str | None = None) -> tuple[SyncFinder, int]:
     torch.manual_seed(0)
-    engine = Engine("bf16-mixed", clip_grad_norm=1.0)
+    engine = Engine("bf16-mixed", clip_grad_norm=1.0, skip_nonfinite=on_nonfinite)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
     opt = torch.optim.AdamW(model.parameters(), fused=fused)
     schedulers = [torch.optim.lr_scheduler.StepLR(opt, 10)] if scheduler else None
@@ -47,18 +47,21 @@ def test_a_per_step_item_is_counted_at_its_line_and_the_engine_adds_none() -> No
     assert clean.total == 0  # with a fused optimizer the engine's step (clipping, the non-finite check) reads nothing back
 
 
-@pytest.mark.parametrize(("fused", "scheduler", "why", "change"), [
-    (False, False, "AdamW takes no found_inf flag (not fused)", "construct the optimizer with fused=True"),
-    (True, True, "a scheduler given to setup() steps only after a step that was taken", "nothing to change"),
+@pytest.mark.parametrize(("fused", "scheduler", "on_nonfinite", "why", "change"), [
+    (False, False, None, "AdamW takes no found_inf flag (not fused)", "construct the optimizer with fused=True"),
+    (True, True, None, "a scheduler given to setup() steps only after a step that was taken", "nothing to change"),
+    (True, False, "raise", "skip_nonfinite='raise' stops at the step itself", "skip_nonfinite=True (the default)"),
 ])
-def test_the_engines_read_of_its_flag_is_named_at_the_step_with_its_reason(fused: bool, scheduler: bool, why: str, change: str) -> None:
+def test_the_engines_read_of_its_flag_is_named_at_the_step_with_its_reason(
+    fused: bool, scheduler: bool, on_nonfinite: str | None, why: str, change: str
+) -> None:
     """A plain or foreach optimizer takes no found_inf flag: to skip a non-finite step the engine reads its flag on
     the host once per step, a sync on a GPU that the user removes with fused=True, so it is counted at the user's
     engine.step() (not dropped as ampkit's own read); a scheduler given to setup() needs that read by design."""
     from ampkit.profile import advise
     from ampkit.profile._syncs import ENGINE_READ
 
-    finder, _ = _train(3, read_loss=False, fused=fused, scheduler=scheduler)
+    finder, _ = _train(3, read_loss=False, fused=fused, scheduler=scheduler, on_nonfinite=on_nonfinite)
     (site,) = finder.sites()
     assert (site.count, site.op, site.via, site.via_code) == (3, "item", ENGINE_READ, why)
     assert site.where.endswith("in _train") and site.code.startswith("engine.step()")
